@@ -1,0 +1,5 @@
+import sys
+
+from ktae.cli import main
+
+sys.exit(main())

@@ -1,0 +1,4 @@
+"""The pure-torch core: advantage estimators, statistics, losses, calibration.
+
+Nothing here imports a model, tokenizer or trainer.
+"""

@@ -1,0 +1,129 @@
+"""``compute_advantages``: validate once, then dispatch to a registered estimator.
+
+Estimators are pure functions ``fn(batch: AdvantageBatch, **options) -> Tensor``
+registered by name in :data:`ADVANTAGE_ESTIMATORS`; they return ``[B]`` (sequence level)
+or ``[B, T]`` (token level). :func:`compute_advantages` broadcasts sequence-level
+results over the mask, so every estimator is usable at token level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ktae.core.baselines import SEQUENCE_BASELINES
+from ktae.core.checks import as_tensor, check_float, check_mask
+from ktae.core.groups import group_index
+from ktae.core.registry import Registry
+
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
+
+
+@dataclass(frozen=True)
+class AdvantageBatch:
+    """A validated batch. Shapes: B responses, T tokens, P groups.
+
+    Attributes:
+        rewards: ``[B]`` float32 or float64 (bfloat16/half are promoted to float32).
+        gid: ``[B]`` int64 dense group ids in ``0..P-1``.
+        num_groups: P.
+        token_ids: ``[B, T]`` int64, or None for sequence-level calls.
+        mask: ``[B, T]`` bool (True = real response token), or None.
+    """
+
+    rewards: torch.Tensor
+    gid: torch.Tensor
+    num_groups: int
+    token_ids: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.rewards.device
+
+
+def make_batch(*, rewards, group, token_ids=None, mask=None) -> AdvantageBatch:
+    """Validate user input into an :class:`AdvantageBatch` (errors name the argument)."""
+    device = rewards.device if isinstance(rewards, torch.Tensor) else None
+    rewards = check_float(as_tensor(rewards, "rewards", device=device), "rewards", ndim=1)
+    device = rewards.device
+    if rewards.dtype not in (torch.float32, torch.float64):
+        rewards = rewards.to(torch.float32)
+    B = rewards.shape[0]
+    if B == 0:
+        raise ValueError("rewards: expected at least one response, got an empty batch")
+    gid, num_groups = group_index(group, B, device)
+    if token_ids is not None:
+        token_ids = as_tensor(token_ids, "token_ids", device=device)
+        if token_ids.dim() != 2 or token_ids.shape[0] != B:
+            raise ValueError(f"token_ids: expected shape ({B}, T), got {tuple(token_ids.shape)}")
+        if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
+            raise ValueError(f"token_ids: expected integer ids, got dtype {token_ids.dtype}")
+        token_ids = token_ids.long()
+    if mask is not None:
+        mask = as_tensor(mask, "mask", device=device)
+        if token_ids is not None:
+            shape = tuple(token_ids.shape)
+        elif mask.dim() == 2 and mask.shape[0] == B:
+            shape = tuple(mask.shape)
+        else:
+            raise ValueError(f"mask: expected shape ({B}, T), got {tuple(mask.shape)}")
+        mask = check_mask(mask, "mask", shape)
+    elif token_ids is not None:
+        mask = torch.ones_like(token_ids, dtype=torch.bool)
+    if token_ids is not None and token_ids.numel() and bool((token_ids[mask] < 0).any()):
+        raise ValueError("token_ids: expected non-negative ids where mask is 1")
+    return AdvantageBatch(rewards, gid, num_groups, token_ids, mask)
+
+
+def broadcast(seq_adv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``[B] -> [B, T]``: every real token gets its response's advantage, padding 0."""
+    if mask is None:
+        return seq_adv
+    return seq_adv[:, None] * mask.to(seq_adv.dtype)
+
+
+def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
+                       **options) -> torch.Tensor:
+    """Advantages from a registered estimator.
+
+    Args:
+        name: ``"grpo"``, ``"drgrpo"``, ``"rloo"``, ``"ktae"`` or any registered name
+            (see :data:`ADVANTAGE_ESTIMATORS`).
+        rewards: ``[B]`` rewards (float32/float64/bfloat16).
+        group: ``[B]`` group ids: integer tensor/array or a sequence of hashable ids.
+        token_ids: ``[B, T]`` integer token ids (required by token-level estimators).
+        mask: ``[B, T]`` 0/1 or bool, 1 = real response token. Defaults to all ones when
+            ``token_ids`` is given.
+        **options: estimator options (e.g. KTAE's ``h1``, ``mode``).
+
+    Returns:
+        ``[B, T]`` (zero where mask is 0) when ``token_ids`` or ``mask`` is given, else
+        ``[B]``; on the device of ``rewards``, float32 (float64 for float64 rewards).
+
+    Example:
+        >>> import torch, ktae
+        >>> ktae.compute_advantages("grpo", rewards=torch.tensor([1., 0., 1., 1.]),
+        ...                         group=[0, 0, 1, 1])
+        tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
+    """
+    fn = ADVANTAGE_ESTIMATORS.get(name)
+    batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask)
+    out = fn(batch, **options)
+    if out.dim() == 1:
+        out = broadcast(out, batch.mask)
+    return out
+
+
+def _register_baseline(name: str, fn) -> None:
+    def estimator(batch: AdvantageBatch) -> torch.Tensor:
+        return fn(batch.rewards, batch.gid, batch.num_groups)
+
+    estimator.__doc__ = fn.__doc__
+    estimator.__name__ = f"{name}_estimator"
+    ADVANTAGE_ESTIMATORS.register(name)(estimator)
+
+
+for _name, _fn in SEQUENCE_BASELINES.items():
+    _register_baseline(_name, _fn)

@@ -1,0 +1,57 @@
+"""Argument validation shared by every public function: errors name the argument."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def as_tensor(x, name: str, *, device: torch.device | None = None) -> torch.Tensor:
+    """Turn ``x`` (tensor, array, list) into a tensor without copying tensors."""
+    if isinstance(x, torch.Tensor):
+        return x if device is None else x.to(device)
+    try:
+        arr = np.asarray(x)
+    except Exception as e:  # pragma: no cover - numpy raises many kinds
+        raise ValueError(f"{name}: expected a tensor or array, got {type(x).__name__}") from e
+    if arr.dtype == object:
+        raise ValueError(f"{name}: expected a numeric tensor or array, got objects")
+    return torch.as_tensor(arr, device=device)
+
+
+def check_float(x: torch.Tensor, name: str, *, ndim: int | Sequence[int]) -> torch.Tensor:
+    """Require a finite floating (or integer, converted) tensor of the given rank."""
+    ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    if x.dim() not in ndims:
+        raise ValueError(f"{name}: expected {' or '.join(f'{n}-D' for n in ndims)}, "
+                         f"got shape {tuple(x.shape)}")
+    if x.dtype == torch.bool or x.is_complex():
+        raise ValueError(f"{name}: expected a real-valued tensor, got dtype {x.dtype}")
+    if not x.is_floating_point():
+        x = x.to(torch.float32)
+    if x.numel() and not torch.isfinite(x).all():
+        raise ValueError(f"{name}: contains NaN or inf")
+    return x
+
+
+def check_mask(mask: torch.Tensor, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Require a 0/1 (or bool) mask of exactly ``shape``; return it as bool."""
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(mask.shape)}")
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_floating_point() and mask.numel() and not torch.isfinite(mask).all():
+        raise ValueError(f"{name}: expected values 0 or 1, got NaN/inf")
+    if mask.numel() and not ((mask == 0) | (mask == 1)).all():
+        raise ValueError(f"{name}: expected values 0 or 1 only")
+    return mask != 0
+
+
+def check_same_device(**tensors: torch.Tensor) -> torch.device:
+    devices = {n: t.device for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    uniq = set(devices.values())
+    if len(uniq) > 1:
+        raise ValueError(f"tensors on different devices: {devices}")
+    return next(iter(uniq)) if uniq else torch.device("cpu")
