@@ -1,0 +1,355 @@
+"""Slow, plain reference implementations of SPEC sections 1, 2 and 2b, for tests.
+
+Nothing here is vectorised: every function loops in Python over groups and distinct
+tokens and writes each equation the way SPEC states it, so that the library's
+vectorised code can be checked against an implementation that is easy to read.
+
+- :func:`exact_ktae` / :func:`exact_token_stats`: SPEC 1 and 2 in float64, with the
+  two-sided Fisher p-value taken from ``scipy.stats.fisher_exact``.
+- :func:`runtime_ktae`: SPEC 2b, an emulation of the authors' released runtime with its
+  float32 quirks, in the per-group loop style of that runtime.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import scipy.stats
+import torch
+
+GRPO_EPS = 1e-6
+TF_EPS = 1e-5
+P_ONE_TOL = 1e-9
+QWEN_EOS_ID = 151643
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _np(x, dtype=None) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            x = x.float()
+        x = x.numpy()
+    arr = np.asarray(x)
+    return arr.astype(dtype) if dtype is not None else arr
+
+
+def _labels(group) -> list:
+    """Group labels as a list of hashables (tensors/arrays -> Python ints)."""
+    if isinstance(group, (torch.Tensor, np.ndarray)):
+        return [int(g) for g in _np(group).tolist()]
+    return list(group)
+
+
+def _groups_in_order(labels: list) -> dict:
+    """label -> list of row indices, labels in order of first appearance."""
+    out: dict = {}
+    for i, g in enumerate(labels):
+        out.setdefault(g, []).append(i)
+    return out
+
+
+def _responses(token_ids: np.ndarray, mask: np.ndarray, rows: list[int]) -> list[list[int]]:
+    """The masked tokens of each response, in order."""
+    return [[int(t) for t, m in zip(token_ids[i], mask[i], strict=True) if m] for i in rows]
+
+
+def _entropy_bits(counts: list[float]) -> float:
+    total = sum(counts)
+    if total == 0:
+        return 0.0
+    h = 0.0
+    for c in counts:
+        if c > 0:  # 0 log 0 = 0
+            q = c / total
+            h -= q * math.log2(q)
+    return h
+
+
+def information_gain_bits(a: int, b: int, c: int, d: int) -> float:
+    """SPEC 2, Eq. 6-7: ``IG = H(Y) - H(Y|X)`` in bits, Y = correct, X = token present."""
+    n = a + b + c + d
+    if n == 0:
+        return 0.0
+    h_y = _entropy_bits([a + c, b + d])
+    h_y_x = ((a + b) / n) * _entropy_bits([a, b]) + ((c + d) / n) * _entropy_bits([c, d])
+    return h_y - h_y_x
+
+
+def fisher_pvalue(a: int, b: int, c: int, d: int) -> float:
+    """Two-sided Fisher exact p-value of ``[[a, b], [c, d]]`` (scipy)."""
+    return float(scipy.stats.fisher_exact([[a, b], [c, d]], alternative="two-sided")[1])
+
+
+def fisher_score(p: float) -> float:
+    """SPEC 2, Eq. 4-5: ``F = exp(-2p)``; 0 when ``p >= 1 - 1e-9`` (no evidence)."""
+    return math.exp(-2.0 * p) if p < 1.0 - P_ONE_TOL else 0.0
+
+
+def bm25_tf(count: int, length: int, other_length: int, k1: float, b: float) -> float:
+    """SPEC 2, Eq. 8 (released-runtime form) for one class; 0 for a class with no tokens."""
+    if length == 0:
+        return 0.0
+    f = count / length
+    avg = (length + other_length) / 2.0
+    K = k1 * (1.0 - b + b * length / avg)
+    return f * (k1 + 1.0) / (f + K)
+
+
+def base_advantages(rewards: np.ndarray, groups: dict, base: str) -> np.ndarray:
+    """SPEC 1: sequence-level advantages ``[B]`` in float64, one group at a time."""
+    adv = np.zeros(len(rewards), dtype=np.float64)
+    for rows in groups.values():
+        r = [float(rewards[i]) for i in rows]
+        n = len(r)
+        if base == "grpo":
+            if n == 1:
+                mean, std = 0.0, 1.0
+            else:
+                mean = sum(r) / n
+                std = math.sqrt(sum((x - mean) ** 2 for x in r) / (n - 1))
+            for i, x in zip(rows, r, strict=True):
+                adv[i] = (x - mean) / (std + GRPO_EPS)
+        elif base == "drgrpo":
+            mean = 0.0 if n == 1 else sum(r) / n
+            for i, x in zip(rows, r, strict=True):
+                adv[i] = x - mean
+        elif base == "rloo":
+            for j, (i, x) in enumerate(zip(rows, r, strict=True)):
+                others = r[:j] + r[j + 1:]
+                adv[i] = x - sum(others) / len(others) if others else 0.0
+        else:
+            raise ValueError(f"base: unknown {base!r}")
+    return adv
+
+
+# --------------------------------------------------------------------- exact (SPEC 2)
+
+
+def _correctness(rewards: np.ndarray, correct, reward_threshold: float) -> np.ndarray:
+    if correct is not None:
+        return _np(correct).astype(bool)
+    return rewards > reward_threshold
+
+
+def exact_token_stats(rewards, group, token_ids, mask, *, correct=None,
+                      reward_threshold: float = 0.0, h1: float = 1.0, h2: float = 1.0,
+                      h3: float = 1.0, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
+                      ignore_token_ids=(), variant: str = "runtime", **_unused) -> dict:
+    """Per (group label, token id) statistics of SPEC 2, float64.
+
+    Returns:
+        ``{(label, token): {a, b, c, d, p_value, fisher, info_gain, tf_correct,
+        tf_incorrect, direction, value}}`` for every token present (mask = 1) in a group,
+        groups and tokens in order of first appearance. In a group without both classes,
+        ``value`` is 0 and ``direction`` is NaN (Cohen's h is undefined there, so tests
+        only require it to be finite in the library). Ignored ids keep their statistics
+        and get value 0; their occurrences still count in the class lengths L_T, L_F.
+    """
+    rewards = _np(rewards, np.float64)
+    token_ids = _np(token_ids).astype(np.int64)
+    mask = _np(mask).astype(bool)
+    is_correct = _correctness(rewards, correct, reward_threshold)
+    ignored = {int(t) for t in ignore_token_ids}
+    stats: dict = {}
+    for label, rows in _groups_in_order(_labels(group)).items():
+        resp = _responses(token_ids, mask, rows)
+        cls = [bool(is_correct[i]) for i in rows]
+        n_t = sum(cls)
+        n_f = len(rows) - n_t
+        both = n_t > 0 and n_f > 0
+        count_t, count_f = Counter(), Counter()
+        has_t, has_f = Counter(), Counter()
+        for toks, c in zip(resp, cls, strict=True):
+            (count_t if c else count_f).update(toks)
+            (has_t if c else has_f).update(set(toks))
+        L_t, L_f = sum(count_t.values()), sum(count_f.values())
+        order = list(dict.fromkeys(t for toks in resp for t in toks))
+        for v in order:
+            a, bb = has_t[v], has_f[v]
+            c, d = n_t - a, n_f - bb
+            p = fisher_pvalue(a, bb, c, d)
+            F = fisher_score(p)
+            ig = information_gain_bits(a, bb, c, d)
+            tf_t = bm25_tf(count_t[v], L_t, L_f, k1, b)
+            tf_f = bm25_tf(count_f[v], L_f, L_t, k1, b)
+            if both:
+                cohen = math.asin(math.sqrt(a / (a + c))) - math.asin(math.sqrt(bb / (bb + d)))
+                D = cohen + h3 * (tf_t / (tf_f + TF_EPS) - tf_f / (tf_t + TF_EPS))
+                k = (h1 * F + h2 * ig) * D / (h1 + h2)
+                # 2 sigmoid(k) - 1 = tanh(k / 2), without overflow for large |k|
+                if variant == "runtime":
+                    value = top * math.tanh(k / 2.0)
+                elif variant == "paper":
+                    value = top * 0.5 * math.tanh(k / 2.0)
+                else:
+                    raise ValueError(f"variant: unknown {variant!r}")
+                if v in ignored:
+                    value = 0.0
+            else:
+                D, value = math.nan, 0.0
+            stats[(label, v)] = dict(a=a, b=bb, c=c, d=d, p_value=p, fisher=F, info_gain=ig,
+                                     tf_correct=tf_t, tf_incorrect=tf_f, direction=D,
+                                     value=value)
+    return stats
+
+
+def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=None,
+               reward_threshold: float = 0.0, h1: float = 1.0, h2: float = 1.0,
+               h3: float = 1.0, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
+               ignore_token_ids=(), variant: str = "runtime") -> np.ndarray:
+    """SPEC 2, Eq. 10: ``A[i, t] = A_base[i] + value(group(i), token_ids[i, t])`` on mask.
+
+    Returns:
+        ``[B, T]`` float64, zero where mask is 0.
+    """
+    rewards_np = _np(rewards, np.float64)
+    tok = _np(token_ids).astype(np.int64)
+    m = _np(mask).astype(bool)
+    labels = _labels(group)
+    groups = _groups_in_order(labels)
+    adv = base_advantages(rewards_np, groups, base)
+    stats = exact_token_stats(rewards_np, labels, tok, m, correct=correct,
+                              reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1,
+                              b=b, top=top, ignore_token_ids=ignore_token_ids, variant=variant)
+    out = np.zeros(tok.shape, dtype=np.float64)
+    for i in range(tok.shape[0]):
+        for t in range(tok.shape[1]):
+            if m[i, t]:
+                out[i, t] = adv[i] + stats[(labels[i], int(tok[i, t]))]["value"]
+    return out
+
+
+# ------------------------------------------------------------ released runtime (SPEC 2b)
+
+
+def _lgamma_comb(n: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``lgC(n, k) = lgamma(n+1) - lgamma(k+1) - lgamma(n-k+1)``, float32 in, float32 out."""
+    return torch.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+
+
+def _runtime_fisher_p(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                      d: torch.Tensor) -> torch.Tensor:
+    """Two-sided Fisher p of the runtime: float32 ``[tokens, K]`` grid summed along K.
+
+    Decisions (unspecified by SPEC 2b, taken as a float32 torch code writes them):
+    the support grid is ``arange(K)`` in float32 broadcast against ``[tokens, 1]``
+    margins; entries outside a token's support are replaced by 0 with ``torch.where``
+    (their lgamma terms may be inf there); the observed probability ``p_obs`` is the
+    same expression evaluated at ``k = a`` on the ``[tokens]`` vector.
+    """
+    N = a + b + c + d
+    R1 = a + b
+    C1 = a + c
+    lo = torch.clamp(R1 + C1 - N, min=0)
+    hi = torch.minimum(R1, C1)
+    K = int(hi.max().item()) + 1
+    k = torch.arange(K, dtype=torch.float32)[None, :]
+    R1_, C1_, N_ = R1[:, None], C1[:, None], N[:, None]
+    valid = (k >= lo[:, None]) & (k <= hi[:, None])
+    k_safe = torch.where(valid, k, lo[:, None])  # keep lgamma finite off-support
+    log_pk = (_lgamma_comb(C1_, k_safe) + _lgamma_comb(N_ - C1_, R1_ - k_safe)
+              - _lgamma_comb(N_, R1_))
+    pk = torch.exp(log_pk)
+    log_pobs = _lgamma_comb(C1, a) + _lgamma_comb(N - C1, R1 - a) - _lgamma_comb(N, R1)
+    p_obs = torch.exp(log_pobs)
+    keep = valid & (pk <= p_obs[:, None])  # no tolerance
+    return torch.where(keep, pk, torch.zeros_like(pk)).sum(dim=-1)
+
+
+def _runtime_entropy(p: torch.Tensor) -> torch.Tensor:
+    """Binary entropy in bits of a float32 probability, 0 log 0 = 0 (float32)."""
+    q = 1 - p
+    t1 = torch.where(p > 0, -p * torch.log2(torch.where(p > 0, p, torch.ones_like(p))),
+                     torch.zeros_like(p))
+    t2 = torch.where(q > 0, -q * torch.log2(torch.where(q > 0, q, torch.ones_like(q))),
+                     torch.zeros_like(q))
+    return t1 + t2
+
+
+def runtime_ktae(rewards, group, token_ids, mask, *, ignore_token_id: int = QWEN_EOS_ID,
+                 h1: float = 1.0, h2: float = 1.0, h3: float = 1.0, k1: float = 2.0,
+                 b: float = 0.5, top: float = 1.0) -> np.ndarray:
+    """Emulation of the released KTAE runtime (SPEC 2b), float32, one group at a time.
+
+    Decisions where SPEC 2b is silent (how a float32 torch implementation would go):
+    - scores are the rewards cast to float32; a response is correct when score > 0;
+    - GRPO statistics: ``torch.mean`` and ``torch.std`` (unbiased) of the group's float32
+      scores, advantage ``(score - mean) / (std + 1e-6)``; a singleton uses mean 0, std 1;
+    - present tokens: ``torch.unique`` (sorted) of the group's masked tokens; counts a, b
+      and per-class occurrence counts are float32;
+    - IG: float32 binary entropies ``H(Y) - P(X=1) H(Y|X=1) - P(X=0) H(Y|X=0)`` with
+      0 log 0 = 0 (``torch.log2``);
+    - TF: ``f = count / L`` in float32 with f = 0 when the class has no tokens (L = 0;
+      never happens in the runtime, whose responses end with EOS), then SPEC 2 Eq. 8;
+    - Cohen's h: ``asin(sqrt(clamp(a / (a + c + 1e-10), 0, 1)))`` (float32; the 1e-10 is
+      below float32 resolution for a + c >= 1 and only matters for an empty class);
+    - value: ``top * (2 * sigmoid(k) - 1)``; id 151643 forced to 0 after the fact.
+
+    Returns:
+        ``[B, T]`` float32 numpy array, zero where mask is 0.
+    """
+    f32 = torch.float32
+    scores = torch.as_tensor(_np(rewards, np.float64)).to(f32)
+    tok = torch.as_tensor(_np(token_ids).astype(np.int64))
+    m = torch.as_tensor(_np(mask).astype(bool))
+    out = torch.zeros(tok.shape, dtype=f32)
+    for rows in _groups_in_order(_labels(group)).values():
+        idx = torch.tensor(rows, dtype=torch.long)
+        s = scores[idx]
+        if len(rows) == 1:
+            mean, std = torch.tensor(0.0, dtype=f32), torch.tensor(1.0, dtype=f32)
+        else:
+            mean, std = s.mean(), s.std()
+        adv = (s - mean) / (std + 1e-6)
+        g_tok, g_mask = tok[idx], m[idx]
+        values = {}
+        correct = s > 0
+        n_t = correct.sum().to(f32)
+        n_f = (~correct).sum().to(f32)
+        present = torch.unique(g_tok[g_mask])
+        if len(rows) > 1 and n_t > 0 and n_f > 0 and present.numel() > 0:
+            contains = torch.stack([((g_tok[j] == present[:, None]) & g_mask[j]).any(-1)
+                                    for j in range(len(rows))])  # [G, V]
+            occ = torch.stack([((g_tok[j] == present[:, None]) & g_mask[j]).sum(-1)
+                               for j in range(len(rows))]).to(f32)  # [G, V]
+            a = contains[correct].sum(0).to(f32)
+            bb = contains[~correct].sum(0).to(f32)
+            c = n_t - a
+            d = n_f - bb
+            N = n_t + n_f
+            p = _runtime_fisher_p(a, bb, c, d)
+            F = torch.where(p == 1.0, torch.zeros_like(p), torch.exp(-2 * p))
+            h_y = _runtime_entropy(n_t / N)
+            px = (a + bb) / N
+            h_x1 = _runtime_entropy(torch.where(a + bb > 0, a / (a + bb), torch.zeros_like(a)))
+            h_x0 = _runtime_entropy(torch.where(c + d > 0, c / (c + d), torch.zeros_like(c)))
+            ig = h_y - (px * h_x1 + (1 - px) * h_x0)
+            cnt_t = occ[correct].sum(0)
+            cnt_f = occ[~correct].sum(0)
+            L_t = g_mask[correct].sum().to(f32)
+            L_f = g_mask[~correct].sum().to(f32)
+            f_t = cnt_t / L_t if L_t > 0 else torch.zeros_like(cnt_t)
+            f_f = cnt_f / L_f if L_f > 0 else torch.zeros_like(cnt_f)
+            avg = (L_t + L_f) / 2
+            K_t = k1 * (1 - b + b * L_t / avg)
+            K_f = k1 * (1 - b + b * L_f / avg)
+            tf_t = f_t * (k1 + 1) / (f_t + K_t) if L_t > 0 else torch.zeros_like(f_t)
+            tf_f = f_f * (k1 + 1) / (f_f + K_f) if L_f > 0 else torch.zeros_like(f_f)
+            ratio_t = torch.clamp(a / (a + c + 1e-10), 0, 1)
+            ratio_f = torch.clamp(bb / (bb + d + 1e-10), 0, 1)
+            cohen = torch.asin(torch.sqrt(ratio_t)) - torch.asin(torch.sqrt(ratio_f))
+            D = cohen + h3 * (tf_t / (tf_f + 1e-5) - tf_f / (tf_t + 1e-5))
+            k = (h1 * F + h2 * ig) * D / (h1 + h2)
+            val = top * (2 * torch.sigmoid(k) - 1)
+            val = torch.where(present == ignore_token_id, torch.zeros_like(val), val)
+            values = dict(zip(present.tolist(), val.tolist(), strict=True))
+        for j, i in enumerate(rows):
+            for t in range(tok.shape[1]):
+                if m[i, t]:
+                    out[i, t] = adv[j] + torch.tensor(values.get(int(tok[i, t]), 0.0), dtype=f32)
+    return out.numpy()
