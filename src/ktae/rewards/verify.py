@@ -1,0 +1,166 @@
+"""The rule-based math reward (SPEC section 7): strict boxed extraction, then equivalence.
+
+Equivalence of the extracted answer and the reference, in order:
+
+1. normalised exact match (:func:`ktae.rewards.extract.normalize_answer`), in process;
+2. plain decimal numbers on both sides are compared exactly as fractions, in process
+   (``7.0 == 7``; ``07 == 7``: leading zeros are formatting, as in AIME's ``007``);
+3. otherwise math-verify (``parse`` + ``verify``: fractions, LaTeX expressions,
+   sets/intervals, percentages, simple units) in a verifier process with a hard deadline
+   (:mod:`ktae.rewards.pool`). A check that misses the deadline counts as incorrect and
+   as a timeout (:func:`reward_stats`); answers longer than ``MAX_SYMBOLIC_CHARS`` are
+   not sent to sympy at all.
+
+math-verify on its own would also accept unboxed or unclosed answers (``"7"``,
+``"\\boxed{7"``); here extraction is strict, so those score 0 and are not "formatted".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from dataclasses import dataclass
+from fractions import Fraction
+
+from ktae.rewards.extract import extract_boxed, normalize_answer
+from ktae.rewards.pool import VerifierTimeout, WorkerError, get_pool
+
+MAX_SYMBOLIC_CHARS = 1000
+"""Answers (extracted or reference) longer than this are compared by exact match only."""
+
+_PLAIN_NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)$")
+
+_STATS_LOCK = threading.Lock()
+_STATS = {"calls": 0, "exact": 0, "symbolic": 0, "timeouts": 0, "errors": 0}
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """Outcome of one check. ``score`` is 1.0 when ``correct`` else 0.0.
+
+    ``formatted``: the completion closes a non-empty ``\\boxed{}``; ``extracted``: its
+    content (None when there is no complete box); ``timed_out``: the symbolic check was
+    killed at its deadline (the answer then counts as incorrect).
+    """
+
+    score: float
+    correct: bool
+    formatted: bool
+    extracted: str | None
+    timed_out: bool = False
+
+
+def _count(key: str) -> None:
+    with _STATS_LOCK:
+        _STATS[key] += 1
+
+
+def reward_stats() -> dict[str, int]:
+    """Counters of this process since the last reset.
+
+    ``calls`` (math_reward calls), ``exact`` (decided in process), ``symbolic`` (sent to
+    a verifier process), ``timeouts`` (killed at the deadline), ``errors`` (the verifier
+    failed or crashed: counted incorrect).
+    """
+    with _STATS_LOCK:
+        return dict(_STATS)
+
+
+def reset_reward_stats() -> None:
+    with _STATS_LOCK:
+        for key in _STATS:
+            _STATS[key] = 0
+
+
+def _clean(text: str) -> str:
+    """Replace lone surrogates (invalid UTF-8, e.g. ``"\\ud800"``) by ``?``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _reference_text(reference) -> str:
+    if isinstance(reference, bool) or not isinstance(reference, (str, int, float, Fraction)):
+        raise ValueError(f"reference: expected a string or number, got {type(reference).__name__}")
+    if isinstance(reference, float):
+        if not math.isfinite(reference):
+            raise ValueError(f"reference: expected a finite number, got {reference}")
+        return str(int(reference)) if reference.is_integer() else repr(reference)
+    return _clean(str(reference))
+
+
+def _check_timeout(timeout) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def _plain_number(s: str) -> Fraction | None:
+    return Fraction(s) if len(s) <= 100 and _PLAIN_NUMBER.match(s) else None
+
+
+def answers_equivalent(answer: str, reference: str, *, timeout: float = 5.0) -> tuple[bool, bool]:
+    """Whether two final answers are equal: ``(equal, timed_out)``.
+
+    ``answer`` and ``reference`` are bare answers (no ``\\boxed``). Never raises on odd
+    input and never takes (much) longer than ``timeout`` seconds.
+    """
+    timeout = _check_timeout(timeout)
+    a, r = normalize_answer(_clean(answer)), normalize_answer(_clean(reference))
+    if not a or not r:
+        _count("exact")
+        return False, False
+    if a == r:
+        _count("exact")
+        return True, False
+    na, nr = _plain_number(a), _plain_number(r)
+    if na is not None and nr is not None:
+        _count("exact")
+        return na == nr, False
+    if len(a) > MAX_SYMBOLIC_CHARS or len(r) > MAX_SYMBOLIC_CHARS:
+        _count("exact")
+        return False, False
+    _count("symbolic")
+    try:
+        reply = get_pool().run({"gold": reference, "pred": answer}, timeout)
+    except VerifierTimeout:
+        _count("timeouts")
+        return False, True
+    except WorkerError:
+        _count("errors")
+        return False, False
+    if "error" in reply:
+        _count("errors")
+    return bool(reply.get("equal", False)), False
+
+
+def math_reward(completion: str, reference, *, timeout: float = 5.0) -> RewardResult:
+    """Score a completion against a reference answer: 1.0 if its last box is equivalent.
+
+    Args:
+        completion: model output; its final answer is the last ``\\boxed{...}`` or
+            ``\\fbox{...}`` (:func:`ktae.rewards.extract_boxed`), nothing else.
+        reference: the ground-truth answer, bare (``"\\frac{1}{2}"``) or a number.
+        timeout: hard limit in seconds on the symbolic check; safe from any thread and
+            inside multiprocessing workers.
+
+    Returns:
+        RewardResult(score, correct, formatted, extracted, timed_out).
+
+    >>> math_reward("so the answer is $\\\\boxed{0.5}$", "\\\\frac{1}{2}").correct
+    True
+    """
+    if not isinstance(completion, str):
+        raise ValueError(f"completion: expected a string, got {type(completion).__name__}")
+    ref = _reference_text(reference)
+    timeout = _check_timeout(timeout)
+    _count("calls")
+    extracted = extract_boxed(_clean(completion))
+    if extracted is None or not extracted.strip():
+        return RewardResult(0.0, False, False, extracted, False)
+    correct, timed_out = answers_equivalent(extracted, ref, timeout=timeout)
+    return RewardResult(1.0 if correct else 0.0, correct, True, extracted, timed_out)
