@@ -1,0 +1,78 @@
+"""Trainer callbacks of ``ktae train``: metrics.jsonl lines, held-out eval, progress bar."""
+
+from __future__ import annotations
+
+import sys
+
+from transformers import TrainerCallback
+
+from ktae.train.evaluation import greedy_accuracy
+from ktae.train.rundir import RunDir
+
+
+class MetricsCallback(TrainerCallback):
+    """Writes one ``metrics.jsonl`` line per logged training step (main process only)."""
+
+    def __init__(self, rundir: RunDir):
+        self.rundir = rundir
+        self.last: dict = {}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "reward" not in logs:
+            return
+        self.last = self.rundir.metrics_record(state.global_step, logs)
+        self.rundir.append(self.rundir.metrics_path, self.last)
+
+
+class EvalCallback(TrainerCallback):
+    """Greedy held-out evaluation every ``every`` steps (0 = never during training)."""
+
+    def __init__(self, rundir: RunDir, rows: list[dict], *, every: int, max_new_tokens: int,
+                 tokenizer):
+        self.rundir, self.rows, self.every = rundir, rows, every
+        self.max_new_tokens, self.tokenizer = max_new_tokens, tokenizer
+        self.last: dict = {}
+
+    def evaluate(self, model, step: int) -> dict:
+        report = {"step": int(step), **greedy_accuracy(model, self.tokenizer, self.rows,
+                                                       max_new_tokens=self.max_new_tokens)}
+        self.rundir.append(self.rundir.eval_path, report)
+        self.last = report
+        return report
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every and state.global_step % self.every == 0 and state.is_world_process_zero \
+                and state.global_step < state.max_steps:
+            self.evaluate(model, state.global_step)
+
+
+class ProgressCallback(TrainerCallback):
+    """A tqdm bar with live reward / accuracy / length / held-out accuracy."""
+
+    def __init__(self, metrics: MetricsCallback, evals: EvalCallback):
+        self.metrics, self.evals, self.bar = metrics, evals, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="ktae train",
+                            file=sys.stderr, dynamic_ncols=True)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is None:
+            return
+        m, post = self.metrics.last, {}
+        for key, short in (("accuracy", "acc"), ("reward", "reward"), ("response_length", "len"),
+                           ("generation_rounds", "rounds")):
+            if key in m:
+                post[short] = f"{m[key]:.2f}" if key != "response_length" else f"{m[key]:.1f}"
+        if self.evals.last:
+            post["heldout"] = f"{self.evals.last['accuracy']:.3f}"
+        self.bar.set_postfix(post, refresh=False)  # MetricsCallback ran first: this step
+        self.bar.update(state.global_step - self.bar.n)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,227 @@
+"""``TrainConfig``: every knob of ``ktae train`` in one dataclass (CleanRL-style ``Args``).
+
+Names follow TRL's ``GRPOConfig`` where one exists (``num_generations``, ``beta``,
+``loss_type``, ``temperature``); TRL's ``epsilon``/``epsilon_high`` are called
+``clip_low``/``clip_high`` here, as in the DAPO paper. Fields left as ``None`` are filled
+by :meth:`TrainConfig.resolve` from the chosen ``algo`` (SPEC sections 1, 3 and 4):
+
+=========  ==========  =============  =============  ================  ===============
+algo       loss_type   advantage      clip low/high  dynamic sampling  overlong buffer
+=========  ==========  =============  =============  ================  ===============
+grpo       grpo        grpo (std)     0.2 / 0.2      off               off
+dapo       dapo        grpo (std)     0.2 / 0.28     on                max_new_tokens/5
+drgrpo     dr_grpo     drgrpo (mean)  0.2 / 0.2      off               off
+=========  ==========  =============  =============  ================  ===============
+
+``credit`` picks the token-level credit on top: ``none`` (the algo's own sequence-level
+advantage), ``ktae`` (SPEC section 2), ``taco`` (SPEC section 5), any registered advantage
+estimator or calibration name, or ``estimator+calibration`` (e.g. ``ktae+taco``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ALGOS = ("grpo", "dapo", "drgrpo")
+"""Algorithms accepted by ``TrainConfig.algo``."""
+
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+"""TRL loss types: grpo = seq-mean-token-mean, dapo = token-mean, dr_grpo = token-sum / L."""
+
+_ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "grpo": dict(loss_type="grpo", advantage_base="grpo", clip_high=0.2, dynamic_sampling=False,
+                 overlong_shaping=False),
+    "dapo": dict(loss_type="dapo", advantage_base="grpo", clip_high=0.28, dynamic_sampling=True,
+                 overlong_shaping=True),
+    "drgrpo": dict(loss_type="dr_grpo", advantage_base="drgrpo", clip_high=0.2,
+                   dynamic_sampling=False, overlong_shaping=False),
+}
+
+
+@dataclass
+class TrainConfig:
+    """Resolved settings of one training run (see the module docstring for algo presets)."""
+
+    model: str | None = None
+    """Local path or hub id of a causal LM; None = the cached warm-started tiny default."""
+    task: str = "embedded"
+    """Training prompts: ``embedded``, ``math500`` or ``jsonl:PATH`` (fields question/answer)."""
+    template: str | None = None
+    """Prompt template (``compact``/``qwen-math``); None = compact for the tiny default."""
+    algo: str = "dapo"
+    """``grpo``, ``dapo`` or ``drgrpo``: fills the fields marked "None = algo default"."""
+    credit: str = "ktae"
+    """``none``, ``ktae``, ``taco``, any estimator/calibration name, or ``est+calib``."""
+    seed: int = 0
+    """Seed of model init (when built), data order, sampling and dynamic-sampling refills."""
+    output_dir: str | None = None
+    """Run directory; None = ``runs/{algo}-{credit}-seed{seed}``."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint in ``output_dir``."""
+    max_steps: int = 400
+    """Optimizer steps (one generation batch each)."""
+    num_prompts: int = 8
+    """Prompts per step (the global batch holds num_prompts * num_generations responses)."""
+    num_generations: int = 8
+    """Responses sampled per prompt (G, the group size)."""
+    max_new_tokens: int = 40
+    """Maximum response length L_max in tokens (TRL's max_completion_length)."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    learning_rate: float = 3e-5
+    """AdamW learning rate (TRL's default 1e-6 is far too small for the tiny model)."""
+    lr_scheduler: str = "constant"
+    """transformers scheduler name (constant, cosine, linear, ...)."""
+    warmup_steps: int = 0
+    """Linear warmup steps."""
+    beta: float = 0.0
+    """KL coefficient to the reference model (>0 needs a model loadable from a path)."""
+    clip_low: float = 0.2
+    """Lower PPO clip epsilon (TRL ``epsilon``)."""
+    clip_high: float | None = None
+    """Upper clip epsilon (TRL ``epsilon_high``); None = algo default (DAPO: 0.28)."""
+    loss_type: str | None = None
+    """TRL loss aggregation (grpo/dapo/dr_grpo/bnpo); None = algo default."""
+    advantage_base: str | None = None
+    """Sequence-level baseline under KTAE/calibration (grpo/drgrpo/rloo); None = algo default."""
+    dynamic_sampling: bool | None = None
+    """DAPO dynamic sampling (drop all-correct/all-wrong groups, refill); None = algo default."""
+    max_generation_rounds: int = 3
+    """Most generation rounds per step under dynamic sampling (1 = no refill)."""
+    overlong_buffer: int | None = None
+    """Overlong shaping cache L_c in tokens (0 = off); None = algo default."""
+    overlong_factor: float = 1.0
+    """Overlong penalty factor."""
+    ktae_h1: float = 1.0
+    """KTAE weight of the Fisher score (SPEC 2)."""
+    ktae_h2: float = 1.0
+    """KTAE weight of the information gain."""
+    ktae_h3: float = 1.0
+    """KTAE weight of the term-frequency direction."""
+    ktae_mode: str = "exact"
+    """KTAE statistics: ``exact`` or ``reference`` (the released runtime's float32 quirks)."""
+    taco_alpha: float = 0.01
+    """TACO tail-risk threshold alpha (SPEC 5)."""
+    taco_lambda: float = 0.9
+    """TACO damping lambda of flagged positive advantages."""
+    credit_options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword options for the estimator/calibration (e.g. ``{"top": 0.5}``)."""
+    eval_every: int = 100
+    """Held-out evaluation every this many steps (0 = only before and after)."""
+    eval_size: int = 300
+    """Held-out problems per evaluation (embedded test split, greedy, strict reward)."""
+    save_every: int = 50
+    """Checkpoint every this many steps (0 = only at the end)."""
+    train_size: int = 20000
+    """Embedded-task training problems generated for the run."""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for the tiny model on a busy 2-core CPU)."""
+    bf16: bool = False
+    """bfloat16 mixed precision (GPU only; fp32 on CPU)."""
+    progress: bool = True
+    """Show a progress bar with live metrics."""
+
+    # ------------------------------------------------------------------ resolution
+
+    def resolve(self) -> TrainConfig:
+        """A copy with algo defaults filled in and every field validated."""
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo: expected one of {ALGOS}, got {self.algo!r}")
+        preset = _ALGO_DEFAULTS[self.algo]
+        out = dataclasses.replace(self, credit_options=dict(self.credit_options))
+        if out.clip_high is None:
+            out.clip_high = preset["clip_high"]
+        if out.loss_type is None:
+            out.loss_type = preset["loss_type"]
+        if out.advantage_base is None:
+            out.advantage_base = preset["advantage_base"]
+        if out.dynamic_sampling is None:
+            out.dynamic_sampling = preset["dynamic_sampling"]
+        if out.overlong_buffer is None:
+            shaping = preset["overlong_shaping"]
+            out.overlong_buffer = max(1, out.max_new_tokens // 5) if shaping else 0
+        if out.output_dir is None:
+            out.output_dir = f"runs/{out.algo}-{out.credit.replace('+', '-')}-seed{out.seed}"
+        out._validate()
+        return out
+
+    def _validate(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type: expected one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.advantage_base not in ("grpo", "drgrpo", "rloo"):
+            raise ValueError("advantage_base: expected 'grpo', 'drgrpo' or 'rloo', "
+                             f"got {self.advantage_base!r}")
+        for name in ("max_steps", "num_prompts", "max_new_tokens", "max_generation_rounds",
+                     "torch_threads", "train_size", "eval_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive integer, "
+                                 f"got {getattr(self, name)!r}")
+        if not isinstance(self.num_generations, int) or self.num_generations < 2:
+            raise ValueError("num_generations: expected an integer >= 2 (groups need two "
+                             f"responses), got {self.num_generations!r}")
+        for name in ("eval_every", "save_every", "warmup_steps", "overlong_buffer", "seed"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected a non-negative integer, "
+                                 f"got {getattr(self, name)!r}")
+        if self.overlong_buffer >= self.max_new_tokens:
+            raise ValueError(f"overlong_buffer: expected < max_new_tokens={self.max_new_tokens}, "
+                             f"got {self.overlong_buffer}")
+        for name in ("learning_rate", "temperature"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: expected > 0, got {getattr(self, name)!r}")
+        for name in ("beta", "clip_low", "clip_high", "overlong_factor"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)!r}")
+        if self.ktae_mode not in ("exact", "reference"):
+            raise ValueError(f"ktae_mode: expected 'exact' or 'reference', got {self.ktae_mode!r}")
+        if not 0 < self.taco_alpha:
+            raise ValueError(f"taco_alpha: expected > 0, got {self.taco_alpha!r}")
+        if not 0 <= self.taco_lambda <= 1:
+            raise ValueError(f"taco_lambda: expected in [0, 1], got {self.taco_lambda!r}")
+        if not (self.task in ("embedded", "math500") or self.task.startswith("jsonl:")):
+            raise ValueError("task: expected 'embedded', 'math500' or 'jsonl:PATH', "
+                             f"got {self.task!r}")
+
+    # ------------------------------------------------------------------ I/O
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (JSON/YAML-serialisable)."""
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        """Write the config as YAML (``.yaml``/``.yml``) or JSON (anything else)."""
+        path = Path(path)
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        else:
+            text = json.dumps(self.to_dict(), indent=2) + "\n"
+        path.write_text(text)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> TrainConfig:
+        """Build from a dict; unknown keys raise ValueError naming them."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a mapping of field names, "
+                             f"got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrainConfig:
+        """Load a YAML or JSON file of field values (unresolved: call :meth:`resolve`)."""
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config: file not found: {path}")
+        data = yaml.safe_load(path.read_text()) or {}
+        return cls.from_dict(data, source=f"config {path}")

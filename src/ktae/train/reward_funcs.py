@@ -1,0 +1,46 @@
+"""TRL reward functions of ``ktae train``: strict boxed accuracy and DAPO overlong shaping.
+
+TRL calls each with ``prompts``, ``completions``, ``completion_ids`` and every dataset
+column (here ``answer``) as keyword lists, and sums their outputs (weights 1). The first
+function is the verifier's accuracy, which the trainer also uses as the correctness
+signal of KTAE and dynamic sampling (so shaping never flips "correct").
+"""
+
+from __future__ import annotations
+
+from ktae.rewards import batch_math_reward, overlong_penalty
+
+
+def make_accuracy_reward(*, timeout: float = 5.0, num_workers: int | None = 1):
+    """``accuracy(completions, answer) -> [1.0 | 0.0]``: the STRICT last-``\\boxed{}`` reward
+    (:func:`ktae.rewards.math_reward`; an unclosed box or a bare number scores 0)."""
+
+    def accuracy(completions, answer, **_):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return [r.score for r in batch_math_reward(texts, list(answer), timeout=timeout,
+                                                   num_workers=num_workers)]
+
+    return accuracy
+
+
+def make_overlong_reward(*, max_length: int, cache_length: int, factor: float = 1.0):
+    """``overlong(completion_ids) -> [penalty]``: DAPO's soft overlong punishment (SPEC 4)
+    on the response length in tokens, ``L_max = max_length``, ``L_c = cache_length``."""
+    overlong_penalty([1], max_length=max_length, cache_length=cache_length, factor=factor)
+
+    def overlong(completion_ids, **_):
+        lengths = [len(ids) for ids in completion_ids]
+        return overlong_penalty(lengths, max_length=max_length, cache_length=cache_length,
+                                factor=factor).tolist()
+
+    return overlong
+
+
+def make_reward_funcs(*, max_new_tokens: int, overlong_buffer: int, overlong_factor: float,
+                      timeout: float = 5.0) -> list:
+    """Accuracy first (the correctness signal), then overlong shaping when the buffer > 0."""
+    funcs = [make_accuracy_reward(timeout=timeout)]
+    if overlong_buffer > 0:
+        funcs.append(make_overlong_reward(max_length=max_new_tokens, cache_length=overlong_buffer,
+                                          factor=overlong_factor))
+    return funcs

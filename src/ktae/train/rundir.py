@@ -1,0 +1,189 @@
+"""The run directory: resolved config, ``metrics.jsonl``, checkpoints, plots.
+
+Layout of ``output_dir``::
+
+    config.yaml            the resolved TrainConfig
+    metrics.jsonl          one JSON object per optimizer step (see METRIC_KEYS)
+    eval.jsonl             one JSON object per held-out evaluation
+    checkpoint-N/          transformers/TRL checkpoints; complete ones hold COMPLETE_MARKER
+    final/                 the final model and tokenizer
+    plots/*.png            accuracy, response length, entropy over steps
+    summary.json           before/after held-out accuracy, wall time, mean step time
+
+Checkpoint atomicity: transformers writes ``checkpoint-N`` in place, file by file. The
+trainer writes :data:`COMPLETE_MARKER` (itself via write-to-temp + fsync + rename) only after
+everything else, and resume only considers checkpoints holding it, so a checkpoint cut
+short by a kill is ignored. On resume, ``metrics.jsonl``/``eval.jsonl`` lines past the
+checkpoint's step are dropped, so the resumed run writes the same lines as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+COMPLETE_MARKER = "ktae_checkpoint.json"
+"""File written last into a checkpoint directory once it is complete."""
+
+# logged key (TRL/Trainer name) -> metrics.jsonl name
+METRIC_KEYS = {
+    "reward": "reward",
+    "ktae/accuracy": "accuracy",
+    "ktae/response_length": "response_length",
+    "entropy": "entropy",
+    "clip_ratio/low_mean": "clip_low_fraction",
+    "clip_ratio/high_mean": "clip_high_fraction",
+    "clip_ratio/region_mean": "clip_fraction",
+    "kl": "kl",
+    "ktae/zero_variance_group_fraction": "zero_variance_group_fraction",
+    "ktae/informative_group_fraction": "informative_group_fraction",
+    "ktae/generation_rounds": "generation_rounds",
+    "ktae/flagged_token_rate": "flagged_token_rate",
+    "ktae/advantage_seconds": "advantage_seconds",
+    "step_time": "step_time",
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "learning_rate": "learning_rate",
+}
+
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def mark_checkpoint_complete(folder: str | os.PathLike, step: int) -> None:
+    """Write the completion marker into ``folder`` (call after every other file)."""
+    folder = Path(folder)
+    files = sorted(p.name for p in folder.iterdir() if p.is_file())
+    _atomic_write(folder / COMPLETE_MARKER, json.dumps({"step": int(step), "files": files}))
+
+
+def is_complete_checkpoint(folder: str | os.PathLike) -> bool:
+    """True when ``folder`` holds the marker and every file the marker lists."""
+    folder = Path(folder)
+    marker = folder / COMPLETE_MARKER
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(info, dict) or not isinstance(info.get("files"), list):
+        return False
+    return all((folder / name).is_file() for name in info["files"]) and \
+        (folder / "trainer_state.json").is_file()
+
+
+def latest_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The complete ``checkpoint-N`` with the largest N in ``output_dir``, or None."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return None
+    found = []
+    for p in output_dir.iterdir():
+        m = _CHECKPOINT_RE.match(p.name)
+        if m and p.is_dir() and is_complete_checkpoint(p):
+            found.append((int(m.group(1)), p))
+    return max(found)[1] if found else None
+
+
+def checkpoint_step(folder: str | os.PathLike) -> int:
+    """Global step of a checkpoint directory (from its marker)."""
+    return int(json.loads((Path(folder) / COMPLETE_MARKER).read_text())["step"])
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunDir:
+    """Files of one run under ``path`` (created if missing)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.eval_path = self.path / "eval.jsonl"
+        self.plots_dir = self.path / "plots"
+
+    def append(self, path: Path, record: dict) -> None:
+        """Append one JSON line (non-finite floats become null) and flush it to disk."""
+        line = json.dumps({k: _clean(v) for k, v in record.items()})
+        with open(path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+
+    def metrics_record(self, step: int, logs: dict) -> dict:
+        """The metrics.jsonl line of a step from the trainer's logged dict."""
+        record = {"step": int(step)}
+        for src, dst in METRIC_KEYS.items():
+            if src in logs and logs[src] is not None:
+                record[dst] = float(logs[src])
+        if "advantage_seconds" in record and record.get("step_time"):
+            record["advantage_share"] = record["advantage_seconds"] / record["step_time"]
+        return record
+
+    def truncate(self, max_step: int) -> None:
+        """Drop metrics/eval lines with step > ``max_step`` (resume from that step)."""
+        for path in (self.metrics_path, self.eval_path):
+            if not path.exists():
+                continue
+            keep = [ln for ln in path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("step", 0) <= max_step]
+            _atomic_write(path, "".join(ln + "\n" for ln in keep))
+
+    @staticmethod
+    def read_jsonl(path: str | os.PathLike) -> list[dict]:
+        """All records of a JSONL file ([] when missing)."""
+        path = Path(path)
+        if not path.exists():
+            return []
+        return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+    def write_json(self, name: str, data: dict) -> None:
+        """Write ``name`` atomically as indented JSON."""
+        _atomic_write(self.path / name, json.dumps(data, indent=2) + "\n")
+
+    def plot(self) -> list[Path]:
+        """PNG plots of accuracy (train and held-out), response length and entropy."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        metrics = self.read_jsonl(self.metrics_path)
+        evals = self.read_jsonl(self.eval_path)
+        self.plots_dir.mkdir(exist_ok=True)
+        written = []
+        panels = [("accuracy", "accuracy"), ("response_length", "response length (tokens)"),
+                  ("entropy", "entropy (nats)")]
+        for key, label in panels:
+            fig, ax = plt.subplots(figsize=(5, 3.2))
+            pts = [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), lw=1, alpha=0.8, label="train (sampled)")
+            if key == "accuracy" and evals:
+                ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-",
+                        label="held-out (greedy)")
+            ax.set_xlabel("step")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+            fig.tight_layout()
+            out = self.plots_dir / f"{key}.png"
+            fig.savefig(out, dpi=110)
+            plt.close(fig)
+            written.append(out)
+        return written
