@@ -282,3 +282,13 @@ def test_validation_names_the_argument(kwargs, name):
     positional = [args.pop(k) for k in ("logprobs", "old_logprobs", "advantages", "mask")]
     with pytest.raises(ValueError, match=name):
         policy_loss(*positional, **args)
+
+
+def test_advantages_and_old_logprobs_are_constants():
+    lp = torch.zeros(1, 2, requires_grad=True)
+    old = torch.zeros(1, 2, requires_grad=True)
+    adv = torch.tensor([1.0], requires_grad=True)
+    loss, _ = policy_loss(lp, old, adv, torch.ones(1, 2))
+    loss.backward()
+    assert adv.grad is None and old.grad is None
+    assert lp.grad.tolist() == [[-0.5, -0.5]]
