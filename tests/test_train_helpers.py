@@ -1,0 +1,49 @@
+"""Shared fixtures of the ``ktae train`` tests (no tests here).
+
+A tiny random Llama (hidden 32, one layer) with the character tokenizer, saved once per
+session, and a cheap stand-in reward: a response is "correct" when it contains a digit.
+A random model writes one in about half of its 8-token responses, so most groups mix
+correct and incorrect responses and the digit tokens are KTAE's key tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ktae.train.config import TrainConfig
+
+DETERMINISTIC_KEYS = ("reward", "accuracy", "response_length", "entropy", "loss", "grad_norm",
+                      "clip_fraction", "zero_variance_group_fraction", "generation_rounds",
+                      "flagged_token_rate")
+
+
+def save_tiny_model(path: Path, seed: int = 0) -> Path:
+    from ktae.models import build_char_tokenizer, build_tiny_model
+
+    torch.manual_seed(seed)
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64,
+                             num_heads=2, seed=seed)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def contains_digit(completions, **_):
+    """1.0 when the response holds a digit, else 0.0."""
+    return [1.0 if any(ch.isdigit() for ch in c) else 0.0 for c in completions]
+
+
+def tiny_config(model_path: Path, out: Path, **overrides) -> TrainConfig:
+    base = dict(model=str(model_path), output_dir=str(out), max_steps=2, num_prompts=4,
+                num_generations=4, max_new_tokens=8, train_size=64, eval_size=8, eval_every=0,
+                save_every=0, progress=False)
+    base.update(overrides)
+    return TrainConfig(**base).resolve()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
