@@ -1,0 +1,146 @@
+"""Batched generation for evaluation: transformers (always) or vLLM (when usable).
+
+Greedy decoding gives pass@1; with ``k > 1`` every prompt is sampled ``k`` times
+(avg@k). Response length counts the generated tokens up to and including the first
+end-of-sequence token (the whole continuation when none is generated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled response: decoded ``text`` and its length in tokens."""
+
+    text: str
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Decoding settings shared by both backends.
+
+    ``temperature == 0`` is greedy (only with ``k == 1``); ``None`` picks 0 for ``k == 1``
+    and 0.6 for ``k > 1``.
+    """
+
+    k: int = 1
+    temperature: float | None = None
+    top_p: float = 1.0
+    max_new_tokens: int = 1024
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"k: expected a positive integer, got {self.k!r}")
+        if self.temperature is not None and not (isinstance(self.temperature, (int, float))
+                                                 and 0 <= self.temperature < float("inf")):
+            raise ValueError(f"temperature: expected a number >= 0, got {self.temperature!r}")
+        if self.k > 1 and self.temperature == 0:
+            raise ValueError("temperature: k > 1 samples need temperature > 0 (avg@k)")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected a positive integer, "
+                             f"got {self.max_new_tokens!r}")
+
+    @property
+    def effective_temperature(self) -> float:
+        if self.temperature is not None:
+            return float(self.temperature)
+        return 0.0 if self.k == 1 else 0.6
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    return ids
+
+
+def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, *,
+                batch_size: int = 16, add_special_tokens: bool = True,
+                on_batch: Callable[[int], None] | None = None) -> list[list[Generation]]:
+    """``k`` generations per prompt with ``model.generate`` (left padding, no gradient).
+
+    Returns ``out[i][j]``: sample ``j`` of prompt ``i``. ``on_batch(n)`` is called after
+    each batch of ``n`` prompts (progress bars). The model's training mode and the
+    tokenizer's padding side are restored afterwards.
+    """
+    import torch
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    eos = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = min(eos) if eos else 0
+    temperature = sampling.effective_temperature
+    kwargs = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=pad_id,
+                  eos_token_id=sorted(eos) or None, num_return_sequences=sampling.k)
+    if temperature > 0:
+        kwargs.update(do_sample=True, temperature=temperature, top_p=sampling.top_p, top_k=0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    device = next(model.parameters()).device
+    was_training, side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = pad_id
+    torch.manual_seed(sampling.seed)
+    out: list[list[Generation]] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk = list(prompts[start:start + batch_size])
+            enc = tokenizer(chunk, return_tensors="pt", padding=True,
+                            add_special_tokens=add_special_tokens).to(device)
+            with torch.no_grad():
+                seqs = model.generate(**enc, **kwargs)
+            new = seqs[:, enc["input_ids"].shape[1]:].tolist()
+            for i in range(len(chunk)):
+                gens = []
+                for row in new[i * sampling.k:(i + 1) * sampling.k]:
+                    n = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
+                    gens.append(Generation(
+                        tokenizer.decode(row[:n], skip_special_tokens=True), n))
+                out.append(gens)
+            if on_batch is not None:
+                on_batch(len(chunk))
+    finally:
+        model.train(was_training)
+        tokenizer.padding_side = side
+    return out
+
+
+def vllm_available() -> bool:
+    """True when vLLM is importable and a CUDA device is present."""
+    try:
+        import torch
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def generate_vllm(model_path: str, prompts: Sequence[str], sampling: SamplingConfig, *,
+                  dtype: str = "auto", on_batch: Callable[[int], None] | None = None
+                  ) -> list[list[Generation]]:  # pragma: no cover - needs vLLM and a GPU
+    """Same contract as :func:`generate_hf`, with a vLLM engine on ``model_path``."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model_path, dtype=dtype, seed=sampling.seed)
+    temperature = sampling.effective_temperature
+    params = SamplingParams(n=sampling.k, temperature=temperature,
+                            top_p=sampling.top_p if temperature > 0 else 1.0,
+                            max_tokens=sampling.max_new_tokens, seed=sampling.seed)
+    results = llm.generate(list(prompts), params)
+    if on_batch is not None:
+        on_batch(len(prompts))
+    return [[Generation(o.text, len(o.token_ids)) for o in r.outputs] for r in results]
