@@ -353,3 +353,67 @@ def runtime_ktae(rewards, group, token_ids, mask, *, ignore_token_id: int = QWEN
                 if m[i, t]:
                     out[i, t] = adv[j] + torch.tensor(values.get(int(tok[i, t]), 0.0), dtype=f32)
     return out.numpy()
+
+
+# ------------------------------------------------------------------ random test batches
+
+
+def random_batch(seed: int, *, sizes: list[int], vocab: int, max_len: int,
+                 reward_kind: str = "binary", string_labels: bool = False,
+                 left_pad: bool = False, empty_class: bool = False, pad_only_token: bool = True,
+                 eos_id: int | None = None, id_range: int = 151_936) -> dict:
+    """A batch with shared tokens and the awkward cases KTAE must handle.
+
+    Groups get uneven ``sizes`` and non-contiguous labels (ints or strings), interleaved in
+    the batch; responses have variable lengths (0 included), right or left padding; padding
+    holds real vocabulary ids (and, with ``pad_only_token``, an id found only in padding);
+    ``empty_class`` empties every incorrect (or correct) response of one group;
+    ``eos_id`` ends every non-empty response with that id.
+
+    Returns:
+        dict with ``rewards`` [B] float64, ``group`` (list of labels), ``token_ids`` [B, T]
+        int64, ``mask`` [B, T] int64 (numpy arrays).
+    """
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(id_range - 1, size=vocab + 1, replace=False)
+    pad_id, vocab_ids = int(ids[0]), ids[1:]
+    weights = 1.0 / np.arange(1, vocab + 1)  # Zipf-like: frequent tokens are shared
+    weights /= weights.sum()
+    raw = rng.choice(10_000, size=len(sizes), replace=False)
+    labels = [f"uid-{g}" for g in raw] if string_labels else [int(g) * 7 - 3000 for g in raw]
+    rows = [lab for lab, n in zip(labels, sizes, strict=True) for _ in range(n)]
+    order = rng.permutation(len(rows))
+    rows = [rows[i] for i in order]
+    B, T = len(rows), max(1, max_len)
+    if reward_kind == "binary":
+        rewards = rng.integers(0, 2, size=B).astype(np.float64)
+    else:  # continuous, on a 0.05 grid so that distinct rewards are not nearly equal
+        rewards = np.round(rng.uniform(-1.0, 1.5, size=B) * 20) / 20
+    lengths = rng.integers(0, T + 1, size=B)
+    if empty_class:  # in a group with both classes (by reward > 0) if there is one
+        mixed = [lab for lab in labels
+                 if len({bool(rewards[i] > 0) for i, r in enumerate(rows) if r == lab}) == 2]
+        target = mixed[0] if mixed else rows[0]
+        empty_correct = bool(rng.integers(0, 2))
+        for i, r in enumerate(rows):
+            if r == target and bool(rewards[i] > 0) == empty_correct:
+                lengths[i] = 0
+    token_ids = rng.choice(vocab_ids, size=(B, T), p=weights)
+    mask = np.zeros((B, T), dtype=np.int64)
+    for i, n in enumerate(lengths):
+        if left_pad:
+            mask[i, T - n:] = 1
+        else:
+            mask[i, :n] = 1
+        if eos_id is not None and n > 0:
+            last = T - 1 if left_pad else n - 1
+            token_ids[i, last] = eos_id
+    if pad_only_token:
+        token_ids[mask == 0] = np.where(rng.random(int((mask == 0).sum())) < 0.5, pad_id,
+                                        token_ids[mask == 0])
+    return dict(rewards=rewards, group=rows, token_ids=token_ids.astype(np.int64), mask=mask)
+
+
+def dense_group_index(group) -> dict:
+    """label -> dense index in order of first appearance (the library's numbering)."""
+    return {lab: i for i, lab in enumerate(_groups_in_order(_labels(group)))}
