@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, template=args.template,
         batch_size=args.batch_size, seed=args.seed, output_dir=output_dir,
         timeout=args.timeout, show_progress=not args.no_progress, backend=backend,
-        model_path=args.model, config={"model": args.model, "benchmarks": names})
+        model_path=args.model,
+        config={"model": args.model, "benchmarks": names, "limit": args.limit})
     console.print(results_table(results))
     console.print(f"wrote {output_dir / 'results.json'}")
     return 0
