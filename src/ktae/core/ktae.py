@@ -1,0 +1,223 @@
+"""KTAE: Key-token Advantage Estimation (SPEC section 2; paper section 3, Eq. 4-10).
+
+For every distinct token ``v`` of a group, the correct (T) and incorrect (F) responses
+give a 2x2 table ``[[a, b], [c, d]]`` (responses containing ``v`` or not). Then
+
+    F  = exp(-2 p)          p: two-sided Fisher exact p-value        (Eq. 4-5)
+    IG = H(Y) - H(Y | X)    bits                                      (Eq. 6-7)
+    TF = f (k1 + 1) / (f + k1 (1 - b + b L / avg))                    (Eq. 8)
+    D  = asin(sqrt(a/(a+c))) - asin(sqrt(b/(b+d)))
+         + h3 (TF_T / (TF_F + 1e-5) - TF_F / (TF_T + 1e-5))            (Eq. 9)
+    k  = (h1 F + h2 IG) D / (h1 + h2);   value = top (2 sigmoid(k) - 1)
+    A_KTAE[i, t] = A_base[i] + value(token_ids[i, t])                  (Eq. 10)
+
+``mode="exact"`` (default) computes these exactly (float64); ``mode="reference"``
+reproduces the authors' released runtime including its float32 quirks (SPEC 2b, see
+:mod:`ktae.core.ktae_reference`). Both run as one vectorised pass over the batch
+(:func:`ktae.core.token_counts.count_tokens`): no Python loop over groups or tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+import torch
+
+from ktae.core import stats
+from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, broadcast, make_batch
+from ktae.core.baselines import SEQUENCE_BASELINES
+from ktae.core.checks import as_tensor
+from ktae.core.token_counts import TokenCounts, count_tokens, unique_small_keys
+
+#: Qwen2.5's ``<|endoftext|>`` (its EOS and pad), ignored by the released runtime.
+QWEN_ENDOFTEXT_ID = 151643
+
+#: Default hyper-parameters of the released runtime (SPEC 2) and of the paper variant.
+RUNTIME_DEFAULTS = {"h1": 1.0, "h2": 1.0, "h3": 1.0}
+PAPER_DEFAULTS = {"h1": 1.0, "h2": 2.0, "h3": 1.0}
+
+
+@dataclass(frozen=True)
+class KeyTokenTable:
+    """Per (group, distinct token) statistics of KTAE: one row per pair, 1-D tensors.
+
+    ``group`` is the dense group index (groups numbered in order of first appearance in
+    the batch); ``token`` the token id; ``a, b, c, d`` the 2x2 table (present/absent x
+    correct/incorrect); ``p_value`` and ``fisher`` (F), ``info_gain`` (bits),
+    ``tf_correct``/``tf_incorrect`` (Eq. 8), ``direction`` (D, Eq. 9) and ``value``
+    (the key-token value added to the base advantage). Groups lacking a correct or an
+    incorrect response, and ignored tokens, have ``value == 0``.
+    """
+
+    group: torch.Tensor
+    token: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    d: torch.Tensor
+    p_value: torch.Tensor
+    fisher: torch.Tensor
+    info_gain: torch.Tensor
+    tf_correct: torch.Tensor
+    tf_incorrect: torch.Tensor
+    direction: torch.Tensor
+    value: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.group.numel())
+
+    def to_rows(self) -> list[dict]:
+        """The table as a list of plain dicts (ints and floats), one per pair."""
+        cols = {f.name: getattr(self, f.name).detach().cpu().tolist() for f in fields(self)}
+        return [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
+
+    def lookup(self, group: int, token: int) -> dict:
+        """The row of one (dense group, token id): "why did this token get this credit?"."""
+        hit = ((self.group == group) & (self.token == token)).nonzero()
+        if hit.numel() == 0:
+            raise KeyError(f"token {token} does not occur in group {group}")
+        i = int(hit[0, 0])
+        return {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
+
+
+def _resolve_options(mode: str, variant: str, h1, h2, h3, k1: float, b: float, top: float):
+    if mode not in ("exact", "reference"):
+        raise ValueError(f"mode: expected 'exact' or 'reference', got {mode!r}")
+    if variant not in ("runtime", "paper"):
+        raise ValueError(f"variant: expected 'runtime' or 'paper', got {variant!r}")
+    defaults = PAPER_DEFAULTS if variant == "paper" else RUNTIME_DEFAULTS
+    h1 = defaults["h1"] if h1 is None else float(h1)
+    h2 = defaults["h2"] if h2 is None else float(h2)
+    h3 = defaults["h3"] if h3 is None else float(h3)
+    for name, val in (("h1", h1), ("h2", h2), ("h3", h3), ("top", top), ("k1", k1)):
+        if not val >= 0:
+            raise ValueError(f"{name}: expected a non-negative number, got {val}")
+    if h1 + h2 <= 0:
+        raise ValueError("h1, h2: expected h1 + h2 > 0 (at least one of F and IG on)")
+    if not 0.0 <= b <= 1.0:
+        raise ValueError(f"b: expected 0 <= b <= 1, got {b}")
+    return h1, h2, h3
+
+
+def _correctness(batch: AdvantageBatch, correct, reward_threshold: float) -> torch.Tensor:
+    if correct is None:
+        return batch.rewards > reward_threshold
+    correct = as_tensor(correct, "correct", device=batch.device)
+    if correct.shape != batch.rewards.shape:
+        raise ValueError(f"correct: expected shape {tuple(batch.rewards.shape)}, "
+                         f"got {tuple(correct.shape)}")
+    if correct.dtype != torch.bool:
+        if correct.is_floating_point() or not ((correct == 0) | (correct == 1)).all():
+            raise ValueError("correct: expected booleans (or 0/1 integers)")
+        correct = correct != 0
+    return correct
+
+
+def _ignored(token: torch.Tensor, ignore_token_ids: Iterable[int] | None) -> torch.Tensor:
+    ids = [] if ignore_token_ids is None else [int(i) for i in ignore_token_ids]
+    if not ids:
+        return torch.zeros_like(token, dtype=torch.bool)
+    return torch.isin(token, torch.tensor(ids, dtype=token.dtype, device=token.device))
+
+
+def _scale(k: torch.Tensor, top: float, variant: str) -> torch.Tensor:
+    if variant == "paper":  # paper Eq. 10: sigmoid(k) - 0.5
+        return top * (torch.sigmoid(k) - 0.5)
+    return top * (2.0 * torch.sigmoid(k) - 1.0)
+
+
+def _exact_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant) -> KeyTokenTable:
+    a, bb = cnt.a, cnt.b
+    c, d = cnt.n_correct - a, cnt.n_incorrect - bb
+    # F, IG and Cohen's h depend on the table only: evaluate once per distinct table.
+    base = int(max(cnt.n_correct.max().item(), cnt.n_incorrect.max().item())) + 1 if a.numel() else 1
+    tkey = ((a * base + bb) * base + cnt.n_correct) * base + cnt.n_incorrect
+    uniq, inv = unique_small_keys(tkey, base**4)
+    ua = uniq // base**3
+    ub = (uniq // base**2) % base
+    unt = (uniq // base) % base
+    unf = uniq % base
+    p = stats.fisher_exact_pvalue(ua, ub, unt - ua, unf - ub)[inv]
+    ig = stats.information_gain(ua, ub, unt - ua, unf - ub)[inv]
+    h = stats.cohens_h(ua, ub, unt - ua, unf - ub)[inv]
+    fisher = stats.fisher_score(p)
+    tf_t = stats.bm25_term_frequency(cnt.count_correct, cnt.len_correct, cnt.len_incorrect, k1=k1, b=b)
+    tf_f = stats.bm25_term_frequency(cnt.count_incorrect, cnt.len_incorrect, cnt.len_correct, k1=k1, b=b)
+    dirn = stats.direction(h, tf_t, tf_f, h3)
+    value = _scale((h1 * fisher + h2 * ig) * dirn / (h1 + h2), top, variant)
+    return KeyTokenTable(cnt.group, cnt.token, a, bb, c, d, p, fisher, ig, tf_t, tf_f, dirn, value)
+
+
+def _table(batch: AdvantageBatch, *, correct=None, reward_threshold: float = 0.0, h1=None, h2=None,
+           h3=None, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
+           ignore_token_ids: Iterable[int] | None = None, mode: str = "exact",
+           variant: str = "runtime") -> tuple[KeyTokenTable, TokenCounts]:
+    if batch.token_ids is None:
+        raise ValueError("token_ids: required by the 'ktae' estimator")
+    h1, h2, h3 = _resolve_options(mode, variant, h1, h2, h3, k1, b, top)
+    if mode == "reference":
+        if correct is not None:
+            raise ValueError("correct: the reference mode uses the runtime's rule (reward > 0)")
+        reward_threshold = 0.0
+        if ignore_token_ids is None:
+            ignore_token_ids = (QWEN_ENDOFTEXT_ID,)
+    is_correct = _correctness(batch, correct, reward_threshold)
+    cnt = count_tokens(batch.token_ids, batch.mask, batch.gid, batch.num_groups, is_correct)
+    if mode == "reference":
+        from ktae.core.ktae_reference import reference_table
+
+        table = reference_table(cnt, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top, variant=variant)
+    else:
+        table = _exact_table(cnt, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top, variant=variant)
+    keep = (cnt.n_correct > 0) & (cnt.n_incorrect > 0) & ~_ignored(cnt.token, ignore_token_ids)
+    table = KeyTokenTable(**{**{f.name: getattr(table, f.name) for f in fields(table)},
+                             "value": torch.where(keep, table.value, torch.zeros_like(table.value))})
+    return table, cnt
+
+
+@ADVANTAGE_ESTIMATORS.register("ktae")
+def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", **options) -> torch.Tensor:
+    """Token-level KTAE advantages ``[B, T]`` (Eq. 10), zero on padding.
+
+    Options (see :func:`ktae.compute_advantages`): ``base`` ("grpo", "drgrpo", "rloo"),
+    ``correct`` (bool ``[B]``) or ``reward_threshold`` (correct = reward > threshold,
+    default 0), ``h1``, ``h2``, ``h3`` (defaults 1, 1, 1; ``variant="paper"``: 1, 2, 1;
+    set one to 0 for the paper's ablations), ``k1`` (2.0), ``b`` (0.5), ``top`` (1.0),
+    ``ignore_token_ids`` (value 0; none by default, 151643 in reference mode),
+    ``mode`` ("exact" or "reference"), ``variant`` ("runtime": ``top (2 sigmoid(k) - 1)``,
+    or "paper": ``top (sigmoid(k) - 0.5)``).
+
+    Degenerate input: a group of one gets its base advantage (GRPO: mean 0, std 1) and no
+    key-token values; a group that is all correct or all incorrect gets values 0; empty
+    responses are all padding and get 0; a class whose responses are all empty has
+    f = TF = 0 for every token.
+    """
+    if base not in SEQUENCE_BASELINES:
+        raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
+    table, cnt = _table(batch, **options)
+    mode = options.get("mode", "exact")
+    rewards = batch.rewards.to(torch.float32) if mode == "reference" else batch.rewards
+    out_dtype = torch.float64 if batch.rewards.dtype == torch.float64 else torch.float32
+    seq = SEQUENCE_BASELINES[base](rewards, batch.gid, batch.num_groups)
+    out = broadcast(seq.to(out_dtype), batch.mask)
+    out[batch.mask] += cnt.spread(table.value.to(out_dtype))
+    return out
+
+
+def key_token_table(*, rewards, group, token_ids, mask=None, **options) -> KeyTokenTable:
+    """Diagnostics: KTAE's statistics for every (group, distinct token) of a batch.
+
+    Takes the same arguments and options as ``compute_advantages("ktae", ...)`` (``base``
+    is accepted and ignored) and returns a :class:`KeyTokenTable`: the counts a, b, c, d,
+    the p-value, F, IG, TF_T, TF_F, D and the key-token value of each token in each group.
+
+    Example:
+        >>> t = key_token_table(rewards=[1., 0.], group=[0, 0], token_ids=[[5, 6], [5, 7]])
+        >>> t.lookup(0, 6)["a"], t.lookup(0, 6)["b"]
+        (1, 0)
+    """
+    options.pop("base", None)
+    batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask)
+    table, _ = _table(batch, **options)
+    return table

@@ -1,0 +1,145 @@
+"""One sort of the batch -> the 2x2 table and term counts of every (group, token).
+
+This is the hot path of KTAE. The released runtime loops in Python over groups and
+distinct tokens; here every real token of the batch gets one int64 key
+
+    key = (group * V + token) << S  |  incorrect << s  |  rank of its response in the group
+
+and a single ``torch.sort`` of the keys puts the occurrences of each (group, token) next
+to each other, subdivided by response, with the response's class readable from the key.
+Run boundaries then give, with cumulative sums only: ``a``/``b`` (responses containing
+the token, by class) and the occurrence counts by class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_KEY_BITS = 62
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """Counts per (group, distinct token) present with mask = 1. U = number of pairs.
+
+    Attributes:
+        group: ``[U]`` dense group id. token: ``[U]`` token id.
+        a, b: ``[U]`` correct / incorrect responses containing the token.
+        n_correct, n_incorrect: ``[U]`` the group's class sizes (so c = n_correct - a).
+        count_correct, count_incorrect: ``[U]`` occurrences in each class's responses.
+        len_correct, len_incorrect: ``[U]`` tokens in each class's responses (L_T, L_F).
+        run_length: ``[U]`` occurrences of the pair (runs of the sorted keys, in order).
+        order: ``[M]`` for the k-th real token in sorted order, its index among the real
+            tokens in row-major order (``token_ids[mask]``).
+    """
+
+    group: torch.Tensor
+    token: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    n_correct: torch.Tensor
+    n_incorrect: torch.Tensor
+    count_correct: torch.Tensor
+    count_incorrect: torch.Tensor
+    len_correct: torch.Tensor
+    len_incorrect: torch.Tensor
+    run_length: torch.Tensor
+    order: torch.Tensor
+
+    def spread(self, per_pair: torch.Tensor) -> torch.Tensor:
+        """``[U] -> [M]``: each real token (row-major order) gets its pair's value."""
+        sorted_vals = per_pair.repeat_interleave(self.run_length)
+        out = torch.empty_like(sorted_vals)
+        out[self.order] = sorted_vals
+        return out
+
+
+def _segment_sums(flags: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    cs = torch.zeros(flags.numel() + 1, dtype=torch.int64, device=flags.device)
+    torch.cumsum(flags, 0, out=cs[1:])
+    return cs[ends] - cs[starts]
+
+
+def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
+                 num_groups: int, correct: torch.Tensor) -> TokenCounts:
+    """Build :class:`TokenCounts` for a validated batch in one vectorised pass.
+
+    Args:
+        token_ids: ``[B, T]`` integer ids (non-negative where mask). mask: ``[B, T]`` bool.
+        gid: ``[B]`` dense group ids. correct: ``[B]`` bool.
+    """
+    device = token_ids.device
+    B = token_ids.shape[0]
+    sizes = torch.bincount(gid, minlength=num_groups)
+    g_max = int(sizes.max().item())
+    order_rows = torch.argsort(gid, stable=True)
+    starts_g = torch.cumsum(sizes, 0) - sizes
+    rank = torch.empty(B, dtype=torch.int64, device=device)
+    rank[order_rows] = torch.arange(B, device=device) - starts_g[gid[order_rows]]
+
+    row_len = mask.sum(1)
+    tok = token_ids[mask].long()
+    vocab = int(tok.max().item()) + 1 if tok.numel() else 1
+    s = max(1, (g_max - 1).bit_length())  # bits for the rank
+    shift = s + 1  # plus one bit for "incorrect"
+    remap = None
+    if (num_groups * vocab).bit_length() + shift > _KEY_BITS:  # huge ids: rank them first
+        remap, tok = torch.unique(tok, return_inverse=True)
+        vocab = remap.numel()
+    row_key = ((gid * vocab) << shift) | ((~correct).long() << s) | rank
+    key = row_key.repeat_interleave(row_len)
+    key += tok << shift
+    del tok
+    key, order = torch.sort(key)
+
+    m = key.numel()
+    pair_key = key >> shift
+    new_pair = torch.ones(m, dtype=torch.bool, device=device)
+    new_resp = torch.ones(m, dtype=torch.bool, device=device)
+    if m > 1:
+        torch.ne(pair_key[1:], pair_key[:-1], out=new_pair[1:])
+        torch.ne(key[1:], key[:-1], out=new_resp[1:])
+    corr = ((key >> s) & 1) == 0
+    del key
+    starts = new_pair.nonzero().squeeze(1)
+    del new_pair
+    ends = torch.cat([starts[1:], torch.tensor([m], device=device)])
+    run_length = ends - starts
+    count_correct = _segment_sums(corr, starts, ends)
+    a = _segment_sums(new_resp & corr, starts, ends)
+    b = _segment_sums(new_resp, starts, ends) - a
+    del corr, new_resp
+    pk = pair_key[starts]
+    del pair_key
+    group = pk // vocab
+    token = pk - group * vocab
+    if remap is not None:
+        token = remap[token]
+
+    n_c = torch.zeros(num_groups, dtype=torch.int64, device=device).index_add_(0, gid, correct.long())
+    len_c = torch.zeros_like(n_c).index_add_(0, gid, row_len * correct)
+    len_all = torch.zeros_like(n_c).index_add_(0, gid, row_len)
+    return TokenCounts(
+        group=group, token=token, a=a, b=b,
+        n_correct=n_c[group], n_incorrect=(sizes - n_c)[group],
+        count_correct=count_correct, count_incorrect=run_length - count_correct,
+        len_correct=len_c[group], len_incorrect=(len_all - len_c)[group],
+        run_length=run_length, order=order,
+    )
+
+
+def unique_small_keys(key: torch.Tensor, keyspace: int, limit: int = 1 << 24):
+    """``torch.unique(key, return_inverse=True)`` for keys in ``[0, keyspace)``.
+
+    Statistics that depend only on a 2x2 table are evaluated once per distinct table;
+    table keys live in a small space, where a presence bitmap beats a sort.
+    """
+    if keyspace > limit:
+        return torch.unique(key, return_inverse=True)
+    present = torch.zeros(keyspace, dtype=torch.bool, device=key.device)
+    present[key] = True
+    uniq = present.nonzero().squeeze(1)
+    lookup = torch.cumsum(present, 0) - 1
+    return uniq, lookup[key]
