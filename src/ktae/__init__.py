@@ -2,13 +2,25 @@
 
 Core API (pure torch):
     compute_advantages(name, *, rewards, group, token_ids=None, mask=None, **options)
+    key_token_table(*, rewards, group, token_ids, mask=None, **options)
+    policy_loss(logprobs, old_logprobs, advantages, mask, ...)
+    calibrate_advantages(name, advantages, *, logprobs, entropies, mask, ...)
 """
 
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from ktae.core.calibration import CALIBRATIONS, CalibrationResult, calibrate_advantages
+from ktae.core.ktae import KeyTokenTable, key_token_table  # registers "ktae"
 from ktae.core.policy_loss import kl_penalty, policy_loss
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "compute_advantages"]
-__all__ += ["CALIBRATIONS", "CalibrationResult", "calibrate_advantages"]
-__all__ += ["kl_penalty", "policy_loss"]
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "CALIBRATIONS",
+    "CalibrationResult",
+    "KeyTokenTable",
+    "calibrate_advantages",
+    "compute_advantages",
+    "key_token_table",
+    "kl_penalty",
+    "policy_loss",
+]
 __version__ = "0.1.0"
