@@ -162,3 +162,20 @@ def test_evaluate_validation(tiny):
         evaluate(model, tok, ["embedded"], backend="tpu")
     with pytest.raises(ValueError, match="template"):
         evaluate(model, tok, ["embedded"], template="chat", limit=1)
+
+
+def test_ktae_eval_data_dir_and_errors(model_dir, tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "gsm8k.jsonl").write_text(fixture_path("gsm8k").read_text())
+    out = tmp_path / "dd"
+    assert main(["eval", str(model_dir), "--benchmarks", "gsm8k", "--data-dir", str(data),
+                 "--limit", "2", "--max-new-tokens", "4", "--output-dir", str(out),
+                 "--no-progress"]) == 0
+    rows = _read_jsonl(out / "samples_gsm8k.jsonl")
+    assert [r["answer"] for r in rows] == ["72", "10"]
+    assert "gsm8k" in capsys.readouterr().out  # the results table
+    assert main(["eval", str(model_dir), "--benchmarks", "nope", "--no-progress"]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err
+    assert main(["eval", str(model_dir), "--benchmarks", "embedded", "--k", "2",
+                 "--temperature", "0", "--output-dir", str(out)]) == 2

@@ -3,7 +3,8 @@
 Public API:
     load_benchmark(name, *, path=None, split=None, limit=None, field_map=None)
     evaluate(model, tokenizer, benchmarks, ...) -> dict
-Needs the ``eval`` extra (transformers, datasets, rich, math-verify).
+Needs the ``eval`` extra (transformers, datasets, rich, math-verify). ``evaluate`` and
+``load_records`` are imported on first use, so ``ktae eval --help`` stays fast.
 """
 
 from ktae.eval.benchmarks import (
@@ -13,7 +14,14 @@ from ktae.eval.benchmarks import (
     fixture_path,
     load_benchmark,
 )
-from ktae.eval.runner import evaluate, load_records
 
 __all__ = ["BENCHMARKS", "BENCHMARK_NAMES", "BenchmarkRecord", "evaluate", "fixture_path",
            "load_benchmark", "load_records"]
+
+
+def __getattr__(name: str):
+    if name in ("evaluate", "load_records"):
+        from ktae.eval import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'ktae.eval' has no attribute {name!r}")

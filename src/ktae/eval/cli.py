@@ -59,13 +59,23 @@ def _benchmark_names(spec: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Evaluate; bad arguments or data print one error line and return 2."""
     from rich.console import Console
+
+    try:
+        return _run(args, Console())
+    except ValueError as e:
+        Console(stderr=True).print(f"[red]ktae eval: error:[/red] {e}", markup=True,
+                                   highlight=False)
+        return 2
+
+
+def _run(args: argparse.Namespace, console) -> int:
 
     from ktae.eval.generate import vllm_available
     from ktae.eval.results import results_table
     from ktae.eval.runner import evaluate, load_records
 
-    console = Console()
     names = _benchmark_names(args.benchmarks)
     records = load_records(names, limit=args.limit, data_dir=args.data_dir,
                            fixtures=args.fixtures, split=args.split)
