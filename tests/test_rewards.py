@@ -7,6 +7,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ktae.rewards import (
     RewardResult,
@@ -242,3 +244,41 @@ def test_reward_components():
     assert format_reward(comps) == [1.0, 1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match=r"completions\[1\]"):
         format_reward(["\\boxed{1}", 3])
+
+
+def test_a_dead_worker_is_replaced():
+    pool = get_pool()
+    pool.warm_up(1)
+    with pool._lock:
+        victim = pool._idle[-1]
+    victim.proc.kill()
+    victim.proc.wait()
+    assert math_reward("\\boxed{\\frac{3}{6}}", "0.5", timeout=10.0).correct
+
+
+@given(st.text(alphabet="ab1+-^_ {}\\", max_size=40), st.text(alphabet="xy23 .", max_size=20))
+@settings(max_examples=200, deadline=None)
+def test_extract_boxed_property(content, prefix):
+    """Balanced content is returned verbatim; unbalanced content is never over-read."""
+    text = prefix + "\\boxed{" + content + "} done."
+    got = extract_boxed(text)
+    depth, balanced, i = 0, True, 0
+    while i < len(content):
+        if content[i] == "\\":
+            i += 2
+            continue
+        depth += {"{": 1, "}": -1}.get(content[i], 0)
+        balanced &= depth >= 0
+        i += 1
+    if balanced and depth == 0 and not content.endswith("\\"):
+        assert got == content
+    if got is not None:
+        assert got in text and got.count("{") - got.count("\\{") >= 0
+
+
+def test_extract_boxed_is_linear():
+    for text in ("\\boxed{" * 200_000, "{" * 1_000_000 + "\\boxed{1}",
+                 "\\boxed{" + "{" * 500_000 + "}" * 500_000 + "}"):
+        start = time.monotonic()
+        extract_boxed(text)
+        assert time.monotonic() - start < 2.0
