@@ -106,3 +106,218 @@ def test_tiny_model_forward_on_task_text(tok):
 def test_tiny_model_rejects_bad_sizes(tok, kwargs, name):
     with pytest.raises(ValueError, match=name):
         build_tiny_model(tok, **kwargs)
+
+
+# --------------------------------------------------------------------------- warm start
+
+import json  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from ktae.models import warmstart as ws  # noqa: E402
+from ktae.tasks.embedded import Problem, has_carry_or_borrow  # noqa: E402
+
+SMALL = ws.WarmStartRecipe(steps=3, batch_size=8, eval_size=12, hidden_size=32, num_layers=1,
+                           intermediate_size=64, warmup_steps=2)
+
+
+@pytest.fixture
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_lr_schedule():
+    f = [ws.lr_factor(s, steps=100, warmup_steps=10, min_lr_ratio=0.1) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert f[10] == pytest.approx(1.0)
+    assert f[55] == pytest.approx(0.55, abs=0.01)  # halfway through the cosine
+    assert f[-1] == pytest.approx(0.1, abs=1e-3)
+    assert all(a >= b for a, b in zip(f[10:], f[11:], strict=False))
+
+
+def test_sft_batch_masks_prompt_and_padding(tok):
+    problems = [Problem("a", "37+45-18", "64", 2), Problem("b", "1+2", "3", 1)]
+    ids, mask, labels = ws.sft_batch(tok, problems, random.Random(0), 0.0)
+    assert ids.shape == mask.shape == labels.shape and ids.shape[0] == 2
+    for i, p in enumerate(problems):
+        kept = labels[i][labels[i] != -100].tolist()
+        assert kept[-1] == tok.eos_token_id
+        assert tok.decode(kept, skip_special_tokens=True) == worked_solution(p)
+        row = ids[i][mask[i].bool()].tolist()
+        assert tok.decode(row, skip_special_tokens=True) == format_prompt(p) + worked_solution(p)
+    assert (ids[1][mask[1] == 0] == tok.pad_token_id).all() and mask[1].sum() < mask[0].sum()
+
+
+def test_extract_boxed_int_is_strict():
+    assert ws.extract_boxed_int("1+2=3. \\boxed{3}") == 3
+    assert ws.extract_boxed_int("\\boxed{4} then \\boxed{ 5 }") == 5
+    for text in ["\\boxed{7", "7", "\\boxed{7.0}", "\\boxed{}", "\\boxed{x}", ""]:
+        assert ws.extract_boxed_int(text) is None
+
+
+class _ScriptedModel:
+    """Stands in for a causal LM: 'generates' a fixed completion per prompt."""
+
+    training = True
+
+    def __init__(self, tok, completions):
+        self.tok, self.completions = tok, completions
+
+    def eval(self):
+        self.training = False
+
+    def train(self, mode=True):
+        self.training = mode
+
+    def generate(self, input_ids, attention_mask, **kw):
+        assert kw["do_sample"] is False and (attention_mask[:, -1] == 1).all()  # left padding
+        rows = []
+        for row, m in zip(input_ids, attention_mask, strict=True):
+            prompt = self.tok.decode(row[m.bool()], skip_special_tokens=True)
+            text = self.completions[prompt]
+            rows.append(row.tolist() + self.tok(text, add_special_tokens=False)["input_ids"])
+        width = max(map(len, rows))
+        return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+
+
+def test_greedy_accuracy_accounting(tok):
+    problems = generate(40, split="test")
+    # Right on problems without carry/borrow, wrong (or unboxed) on the others.
+    completions = {}
+    for i, p in enumerate(problems):
+        if has_carry_or_borrow(p):
+            completions[format_prompt(p)] = f"\\boxed{{{p.answer}" if i % 2 else "oops"
+        else:
+            completions[format_prompt(p)] = worked_solution(p)
+    model = _ScriptedModel(tok, completions)
+    res = ws.greedy_accuracy(model, tok, problems, batch_size=16)
+    carry = sum(map(has_carry_or_borrow, problems))
+    assert res["n"] == 40 and res["n_carry"] == carry and 0 < carry < 40
+    assert res["carry_accuracy"] == 0.0 and res["other_accuracy"] == 1.0
+    assert res["accuracy"] == pytest.approx((40 - carry) / 40)
+    assert res["formatted"] == pytest.approx((40 - carry) / 40)
+    assert set(res["level_accuracy"]) <= {"1", "2", "3"}
+    assert model.training  # mode restored
+    empty = ws.greedy_accuracy(model, tok, [])
+    assert empty["accuracy"] is None and empty["n"] == 0
+
+
+def test_warm_start_deterministic_and_loadable(tmp_path, one_thread):
+    from transformers import AutoModelForCausalLM
+
+    a = ws.warm_start(tmp_path / "a", steps=3, seed=5, batch_size=8, recipe=SMALL, progress=False)
+    b = ws.warm_start(tmp_path / "b", steps=3, seed=5, batch_size=8, recipe=SMALL, progress=True)
+    c = ws.warm_start(tmp_path / "c", steps=3, seed=6, batch_size=8, recipe=SMALL, progress=False)
+    assert len(a["losses"]) == 3 and all(map(np_isfinite, a["losses"]))
+    assert a["losses"] == b["losses"] and a["losses"] != c["losses"]
+    assert a["losses"][-1] < a["losses"][0]  # it learns
+    saved = json.loads((tmp_path / "a" / ws.METRICS_FILE).read_text())
+    assert saved["recipe"]["seed"] == 5 and saved["eval"]["n"] == 12
+    assert 0.0 <= saved["eval"]["accuracy"] <= 1.0
+    ma = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    mb = AutoModelForCausalLM.from_pretrained(tmp_path / "b")
+    for (na, pa), (_, pb) in zip(ma.state_dict().items(), mb.state_dict().items(), strict=True):
+        assert torch.equal(pa, pb), na
+    assert AutoTokenizer.from_pretrained(tmp_path / "a")("Q:1+2 A:")["input_ids"][0] == 1
+
+
+def np_isfinite(x):
+    return x == x and abs(x) != float("inf")
+
+
+def test_warm_start_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="steps"):
+        ws.warm_start(tmp_path, steps=-1, recipe=SMALL, progress=False)
+    with pytest.raises(ValueError, match="lr"):
+        ws.warm_start(tmp_path, steps=1, lr=0.0, recipe=SMALL, progress=False)
+    with pytest.raises(ValueError, match="batch_size"):
+        ws.default_model_path(tmp_path, recipe=ws.WarmStartRecipe(batch_size=0))
+
+
+def test_default_model_path_builds_once_and_keys_on_recipe(tmp_path, monkeypatch, one_thread):
+    calls = []
+    real = ws.warm_start
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["seed"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ws, "warm_start", counting)
+    monkeypatch.setenv("KTAE_CACHE", str(tmp_path / "env-cache"))
+    p1 = ws.default_model_path(recipe=SMALL, progress=False)
+    assert p1.parent == tmp_path / "env-cache" and ws.is_complete(p1)
+    mtime = (p1 / ws.METRICS_FILE).stat().st_mtime_ns
+    assert ws.default_model_path(recipe=SMALL, progress=False) == p1
+    assert calls == [0] and (p1 / ws.METRICS_FILE).stat().st_mtime_ns == mtime
+    p2 = ws.default_model_path(tmp_path / "env-cache", seed=1, recipe=SMALL, progress=False)
+    p3 = ws.default_model_path(tmp_path / "env-cache", steps=2, recipe=SMALL, progress=False)
+    assert len({p1, p2, p3}) == 3 and calls == [0, 1, 0]
+    assert not [q for q in (tmp_path / "env-cache").iterdir() if q.name.startswith(".tmp-")]
+
+
+def test_concurrent_builds_train_once(tmp_path, monkeypatch, one_thread):
+    calls = []
+    real = ws.warm_start
+
+    def slow(*args, **kwargs):
+        calls.append(1)
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ws, "warm_start", slow)
+    paths = []
+    threads = [threading.Thread(
+        target=lambda: paths.append(ws.default_model_path(tmp_path, recipe=SMALL,
+                                                          progress=False)))
+        for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(set(paths)) == 1 and ws.is_complete(paths[0])
+
+
+_KILLED_BUILD = """
+import json, sys, time
+from ktae.models import warmstart as ws
+def hang(output_dir, **kw):
+    import pathlib
+    out = pathlib.Path(output_dir); out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")  # a partial build
+    print("STARTED", flush=True)
+    time.sleep(60)
+ws.warm_start = hang
+ws.default_model_path(sys.argv[1], recipe=ws.WarmStartRecipe(**json.loads(sys.argv[2])),
+                      progress=False)
+"""
+
+
+def test_killed_build_leaves_nothing_valid_and_is_cleaned(tmp_path, one_thread):
+    small = {k: getattr(SMALL, k) for k in ("steps", "batch_size", "eval_size", "hidden_size",
+                                            "num_layers", "intermediate_size", "warmup_steps")}
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILD, str(tmp_path), json.dumps(small)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "STARTED"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    leftovers = [q for q in tmp_path.iterdir() if q.name.startswith(".tmp-")]
+    final = tmp_path / f"embedded-{SMALL.key()}"
+    assert len(leftovers) == 1 and (leftovers[0] / "config.json").exists()
+    assert not final.exists()
+    # A half-written entry under the final name (not made by this code) is not trusted.
+    final.mkdir()
+    (final / "config.json").write_text("{}")
+    assert not ws.is_complete(final)
+    path = ws.default_model_path(tmp_path, recipe=SMALL, progress=False)
+    assert path == final and ws.is_complete(path)
+    assert not [q for q in tmp_path.iterdir() if q.name.startswith(".tmp-")]
