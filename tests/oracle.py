@@ -18,6 +18,7 @@ from collections import Counter
 import numpy as np
 import scipy.stats
 import torch
+from hypothesis import strategies as st
 
 GRPO_EPS = 1e-6
 TF_EPS = 1e-5
@@ -417,3 +418,20 @@ def random_batch(seed: int, *, sizes: list[int], vocab: int, max_len: int,
 def dense_group_index(group) -> dict:
     """label -> dense index in order of first appearance (the library's numbering)."""
     return {lab: i for i, lab in enumerate(_groups_in_order(_labels(group)))}
+
+
+@st.composite
+def batch_specs(draw, *, max_groups: int = 6, max_size: int = 8, vocab=(3, 12), length=(1, 10)):
+    """Keyword arguments of :func:`random_batch` (hypothesis strategy)."""
+    n_groups = draw(st.integers(1, max_groups))
+    return dict(
+        seed=draw(st.integers(0, 2**31 - 1)),
+        sizes=draw(st.lists(st.integers(1, max_size), min_size=n_groups, max_size=n_groups)),
+        vocab=draw(st.integers(*vocab)),
+        max_len=draw(st.integers(*length)),
+        reward_kind=draw(st.sampled_from(["binary", "binary", "continuous"])),
+        string_labels=draw(st.booleans()),
+        left_pad=draw(st.booleans()),
+        empty_class=draw(st.booleans()),
+        pad_only_token=draw(st.booleans()),
+    )

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracle import (
     QWEN_EOS_ID,
+    batch_specs,
     dense_group_index,
     exact_ktae,
     exact_token_stats,
@@ -34,22 +35,6 @@ SETTINGS = dict(deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 FLOAT_FIELDS = ("p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", "direction",
                 "value")
-
-
-@st.composite
-def batch_specs(draw, *, max_groups: int = 6, max_size: int = 8, vocab=(3, 12), length=(1, 10)):
-    n_groups = draw(st.integers(1, max_groups))
-    return dict(
-        seed=draw(st.integers(0, 2**31 - 1)),
-        sizes=draw(st.lists(st.integers(1, max_size), min_size=n_groups, max_size=n_groups)),
-        vocab=draw(st.integers(*vocab)),
-        max_len=draw(st.integers(*length)),
-        reward_kind=draw(st.sampled_from(["binary", "binary", "continuous"])),
-        string_labels=draw(st.booleans()),
-        left_pad=draw(st.booleans()),
-        empty_class=draw(st.booleans()),
-        pad_only_token=draw(st.booleans()),
-    )
 
 
 @st.composite

@@ -1,0 +1,176 @@
+"""Symmetries of KTAE (SPEC 2) that any correct implementation must respect.
+
+Permuting responses within a group, moving whole groups around the batch, relabelling
+token ids injectively and changing the padding length leave every advantage unchanged
+(permuted accordingly); swapping the correct and incorrect classes negates every
+key-token value; the ablations h1 = 0, h2 = 0, h3 = 0 switch off F, IG and TF.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracle import batch_specs, random_batch
+
+import ktae
+
+SETTINGS = dict(max_examples=40, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow])
+MODES = st.sampled_from(["exact", "reference"])
+ATOL = {"exact": 1e-12, "reference": 1e-6}  # float32 mean/std may move by an ulp
+
+
+def advantages(batch: dict, **opts) -> np.ndarray:
+    rewards = torch.as_tensor(batch["rewards"], dtype=torch.float64)
+    return ktae.compute_advantages("ktae", rewards=rewards, group=batch["group"],
+                                   token_ids=batch["token_ids"], mask=batch["mask"],
+                                   **opts).double().numpy()
+
+
+def table_by_label(batch: dict, **opts) -> dict:
+    """``{(group label, token id): row}`` of the diagnostic table."""
+    labels = list(dict.fromkeys(batch["group"]))
+    rows = ktae.key_token_table(rewards=torch.as_tensor(batch["rewards"]), group=batch["group"],
+                                token_ids=batch["token_ids"], mask=batch["mask"],
+                                **opts).to_rows()
+    return {(labels[r["group"]], r["token"]): r for r in rows}
+
+
+def permuted(batch: dict, perm: np.ndarray) -> dict:
+    out = {k: v[perm] for k, v in batch.items() if k != "group"}
+    out["group"] = [batch["group"][i] for i in perm]
+    return out
+
+
+def within_group_permutation(group: list, rng: np.random.Generator) -> np.ndarray:
+    """A permutation that shuffles rows only among the positions of their own group."""
+    perm = np.arange(len(group))
+    for lab in dict.fromkeys(group):
+        pos = np.array([i for i, g in enumerate(group) if g == lab])
+        perm[pos] = rng.permutation(pos)
+    return perm
+
+
+@settings(**SETTINGS)
+@given(spec=batch_specs(), mode=MODES)
+def test_permuting_responses_within_groups(spec, mode):
+    batch = random_batch(**spec)
+    perm = within_group_permutation(batch["group"], np.random.default_rng(spec["seed"]))
+    base = advantages(batch, mode=mode)
+    np.testing.assert_allclose(advantages(permuted(batch, perm), mode=mode), base[perm],
+                               rtol=0, atol=ATOL[mode])
+
+
+@settings(**SETTINGS)
+@given(spec=batch_specs(), mode=MODES)
+def test_moving_groups_around_the_batch(spec, mode):
+    batch = random_batch(**spec)
+    rng = np.random.default_rng(spec["seed"] + 1)
+    labels = list(dict.fromkeys(batch["group"]))
+    new_order = [labels[i] for i in rng.permutation(len(labels))]
+    # whole groups, contiguous, in a new order (rows keep their order within a group)
+    perm = np.array([i for lab in new_order for i, g in enumerate(batch["group"]) if g == lab])
+    moved = permuted(batch, perm)
+    np.testing.assert_allclose(advantages(moved, mode=mode), advantages(batch, mode=mode)[perm],
+                               rtol=0, atol=ATOL[mode])
+    before, after = table_by_label(batch, mode=mode), table_by_label(moved, mode=mode)
+    assert set(before) == set(after)
+    for key, row in before.items():
+        for f in ("a", "b", "c", "d", "p_value", "fisher", "info_gain", "value"):
+            assert math.isclose(after[key][f], row[f], rel_tol=1e-12, abs_tol=ATOL[mode]), (key, f)
+
+
+@settings(**SETTINGS)
+@given(spec=batch_specs(), mode=MODES, big=st.booleans())
+def test_relabelling_token_ids(spec, mode, big):
+    batch = random_batch(**spec)
+    rng = np.random.default_rng(spec["seed"] + 2)
+    ids = np.unique(batch["token_ids"])
+    high = 256_000 if big else 151_936
+    new = rng.choice(np.arange(high), size=len(ids), replace=False)
+    new[new == 151643] = high  # keep the runtime's special id out of the relabelling
+    relabel = dict(zip(ids.tolist(), new.tolist(), strict=True))
+    moved = {**batch, "token_ids": np.vectorize(relabel.get)(batch["token_ids"])}
+    np.testing.assert_allclose(advantages(moved, mode=mode), advantages(batch, mode=mode),
+                               rtol=0, atol=ATOL[mode])
+    before, after = table_by_label(batch, mode=mode), table_by_label(moved, mode=mode)
+    assert {(g, relabel[t]) for g, t in before} == set(after)
+    for (g, t), row in before.items():
+        assert after[(g, relabel[t])]["value"] == row["value"]
+
+
+@settings(**SETTINGS)
+@given(spec=batch_specs(), mode=MODES, extra=st.integers(1, 5), left=st.booleans())
+def test_padding_length(spec, mode, extra, left):
+    batch = random_batch(**spec)
+    rng = np.random.default_rng(spec["seed"] + 3)
+    B = len(batch["rewards"])
+    pad_tok = rng.integers(0, 50_000, size=(B, extra))
+    cat = (lambda x, y: np.concatenate([y, x], 1)) if left else (
+        lambda x, y: np.concatenate([x, y], 1))
+    padded = {**batch, "token_ids": cat(batch["token_ids"], pad_tok),
+              "mask": cat(batch["mask"], np.zeros((B, extra), dtype=np.int64))}
+    got = advantages(padded, mode=mode)
+    core = got[:, extra:] if left else got[:, :-extra]
+    np.testing.assert_allclose(core, advantages(batch, mode=mode), rtol=0, atol=ATOL[mode])
+    assert (got[:, :extra] if left else got[:, -extra:]).sum() == 0
+
+
+@settings(**SETTINGS)
+@given(spec=batch_specs(), data=st.data())
+def test_swapping_classes_negates_values(spec, data):
+    batch = random_batch(**spec)
+    B = len(batch["rewards"])
+    correct = np.array(data.draw(st.lists(st.booleans(), min_size=B, max_size=B)))
+    opts = dict(base=data.draw(st.sampled_from(["grpo", "drgrpo", "rloo"])),
+                h3=data.draw(st.sampled_from([0.0, 1.0])),
+                variant=data.draw(st.sampled_from(["runtime", "paper"])))
+    t1 = table_by_label(batch, correct=correct, **opts)
+    t2 = table_by_label(batch, correct=~correct, **opts)
+    assert set(t1) == set(t2)
+    for key, row in t1.items():
+        assert math.isclose(t2[key]["value"], -row["value"], rel_tol=1e-9, abs_tol=1e-12), key
+        assert (t2[key]["a"], t2[key]["c"]) == (row["b"], row["d"])
+        assert math.isclose(t2[key]["p_value"], row["p_value"], rel_tol=1e-12)
+    # on the advantages: A_KTAE - A_base is negated
+    seq = ktae.compute_advantages(opts["base"], rewards=torch.as_tensor(batch["rewards"]),
+                                  group=batch["group"], token_ids=batch["token_ids"],
+                                  mask=batch["mask"]).numpy()
+    v1 = advantages(batch, correct=correct, **opts) - seq
+    v2 = advantages(batch, correct=~correct, **opts) - seq
+    np.testing.assert_allclose(v2, -v1, rtol=0, atol=1e-12)
+
+
+def _sigmoid_scale(k: float) -> float:
+    return 2.0 / (1.0 + math.exp(-k)) - 1.0 if k > -700 else -1.0
+
+
+@settings(**SETTINGS)
+@given(spec=batch_specs())
+def test_ablations(spec):
+    batch = random_batch(**spec)
+    # h3 = 0: D is Cohen's h alone, so the BM25 parameters no longer matter
+    pure = table_by_label(batch, h3=0.0)
+    other = table_by_label(batch, h3=0.0, k1=0.7, b=1.0)
+    for key, row in pure.items():
+        a, b, c, d = (row[f] for f in "abcd")
+        if a + c == 0 or b + d == 0:
+            continue  # one-class group: no direction, value 0
+        h = math.asin(math.sqrt(a / (a + c))) - math.asin(math.sqrt(b / (b + d)))
+        assert math.isclose(row["direction"], h, abs_tol=1e-12), key
+        assert math.isclose(other[key]["value"], row["value"], abs_tol=1e-12), key
+    # h1 = 0: F is off, k = IG * D; h2 = 0: IG is off, k = F * D
+    for h1, h2, field in ((0.0, 1.0, "info_gain"), (1.0, 0.0, "fisher")):
+        t = table_by_label(batch, h1=h1, h2=h2)
+        full = table_by_label(batch)
+        for key, row in t.items():
+            assert row["direction"] == full[key]["direction"]
+            if row["a"] + row["c"] == 0 or row["b"] + row["d"] == 0:
+                assert row["value"] == 0.0
+                continue  # one-class group
+            expect = _sigmoid_scale(row[field] * row["direction"])
+            assert math.isclose(row["value"], expect, rel_tol=1e-9, abs_tol=1e-12), (key, field)
