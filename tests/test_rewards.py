@@ -282,3 +282,15 @@ def test_extract_boxed_is_linear():
         start = time.monotonic()
         extract_boxed(text)
         assert time.monotonic() - start < 2.0
+
+
+def test_answers_equivalent_directly():
+    from ktae.rewards import answers_equivalent
+
+    assert answers_equivalent("\\frac{1}{2}", "0.5") == (True, False)
+    assert answers_equivalent("", "0") == (False, False)
+    assert answers_equivalent("\ud800", "1") == (False, False)
+    assert answers_equivalent("x" * 5000, "x" * 5000) == (True, False)  # exact only
+    assert answers_equivalent("x" * 5000, "y") == (False, False)
+    with pytest.raises(ValueError, match="answer"):
+        answers_equivalent(1, "1")

@@ -41,6 +41,8 @@ def _limit_memory() -> None:
 
 def main() -> int:
     _setup()
+    out = sys.stdout  # the protocol channel; stray prints of any library go to stderr
+    sys.stdout = sys.stderr
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
@@ -51,7 +53,6 @@ def main() -> int:
 
     parse_gold = lru_cache(maxsize=4096)(_parse)
     _limit_memory()
-    out = sys.stdout
     out.write('{"ready": true}\n')
     out.flush()
     for line in sys.stdin:

@@ -54,7 +54,11 @@ class _Worker:
         except VerifierTimeout as e:
             self.kill()
             raise WorkerError("the verifier process did not start in time") from e
-        if json.loads(ready).get("ready") is not True:
+        try:
+            greeting = json.loads(ready)
+        except ValueError:
+            greeting = None
+        if not isinstance(greeting, dict) or greeting.get("ready") is not True:
             self.kill()
             raise WorkerError(f"unexpected greeting from the verifier: {ready!r}")
 
@@ -84,9 +88,12 @@ class _Worker:
             raise WorkerError(f"the verifier process is gone: {e}") from e
         line = self._read_line(time.monotonic() + timeout)
         try:
-            return json.loads(line)
-        except ValueError as e:
-            raise WorkerError(f"garbled answer from the verifier: {line[:100]!r}") from e
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise WorkerError(f"garbled answer from the verifier: {line[:100]!r}")
+        return reply
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -107,10 +107,16 @@ def answers_equivalent(answer: str, reference: str, *, timeout: float = 5.0) -> 
     """Whether two final answers are equal: ``(equal, timed_out)``.
 
     ``answer`` and ``reference`` are bare answers (no ``\\boxed``). Never raises on odd
-    input and never takes (much) longer than ``timeout`` seconds.
+    strings and never takes (much) longer than ``timeout`` seconds (a fresh verifier
+    process, needed after a timeout, starts in the background or, at worst, on the next
+    call, bounded by ``pool.STARTUP_TIMEOUT``).
     """
     timeout = _check_timeout(timeout)
-    a, r = normalize_answer(_clean(answer)), normalize_answer(_clean(reference))
+    if not isinstance(answer, str) or not isinstance(reference, str):
+        raise ValueError("answer, reference: expected strings, got "
+                         f"{type(answer).__name__}, {type(reference).__name__}")
+    answer, reference = _clean(answer), _clean(reference)
+    a, r = normalize_answer(answer), normalize_answer(reference)
     if not a or not r:
         _count("exact")
         return False, False
