@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from functools import cache
 
 import numpy as np
+import pytest
 import scipy.stats
 import torch
 from hypothesis import strategies as st
@@ -27,6 +29,18 @@ QWEN_EOS_ID = 151643
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Run a test module with one torch thread (fast and steady on a busy 2-core CPU).
+
+    Import it into a test module (``from oracle import single_thread``) to activate it.
+    """
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _np(x, dtype=None) -> np.ndarray:
@@ -81,6 +95,7 @@ def information_gain_bits(a: int, b: int, c: int, d: int) -> float:
     return h_y - h_y_x
 
 
+@cache  # tables repeat a lot across tokens and batches
 def fisher_pvalue(a: int, b: int, c: int, d: int) -> float:
     """Two-sided Fisher exact p-value of ``[[a, b], [c, d]]`` (scipy)."""
     return float(scipy.stats.fisher_exact([[a, b], [c, d]], alternative="two-sided")[1])
@@ -173,7 +188,7 @@ def exact_token_stats(rewards, group, token_ids, mask, *, correct=None,
         for v in order:
             a, bb = has_t[v], has_f[v]
             c, d = n_t - a, n_f - bb
-            p = fisher_pvalue(a, bb, c, d)
+            p = fisher_pvalue(int(a), int(bb), int(c), int(d))
             F = fisher_score(p)
             ig = information_gain_bits(a, bb, c, d)
             tf_t = bm25_tf(count_t[v], L_t, L_f, k1, b)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from oracle import information_gain_bits
+from oracle import information_gain_bits, single_thread  # noqa: F401
 
 from ktae.core.stats import fisher_exact_pvalue, information_gain
 

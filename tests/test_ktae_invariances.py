@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import batch_specs, random_batch
+from oracle import batch_specs, random_batch, single_thread  # noqa: F401
 
 import ktae
 

@@ -14,6 +14,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from oracle import single_thread  # noqa: F401  (autouse fixture)
 
 import ktae
 
