@@ -111,6 +111,8 @@ def bm25_tf(count: int, length: int, other_length: int, k1: float, b: float) -> 
     if length == 0:
         return 0.0
     f = count / length
+    if f == 0:
+        return 0.0
     avg = (length + other_length) / 2.0
     K = k1 * (1.0 - b + b * length / avg)
     return f * (k1 + 1.0) / (f + K)

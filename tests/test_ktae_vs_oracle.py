@@ -76,14 +76,15 @@ def oracle_options(opts: dict) -> dict:
 
 
 def as_library_inputs(batch: dict, flavour: int) -> dict:
-    """Vary the input types: tensors or arrays, int32/int64 ids, bool/int/float masks."""
+    """Vary the input types: tensors, arrays or lists; int32/int64 ids; bool/int/float
+    masks; ``flavour`` in 0..8 picks one of the 9 pairings of ids/mask and group kinds."""
     tok, mask, group = batch["token_ids"], batch["mask"], batch["group"]
     if flavour % 3 == 0:
         tok, mask = torch.from_numpy(tok), torch.from_numpy(mask).bool()
     elif flavour % 3 == 1:
         tok, mask = torch.from_numpy(tok).int(), torch.from_numpy(mask).float()
-    if flavour % 2 == 0 and not isinstance(group[0], str):
-        group = torch.tensor(group)
+    if not isinstance(group[0], str):
+        group = (torch.tensor(group), np.array(group), group)[flavour // 3]
     return dict(rewards=torch.from_numpy(batch["rewards"]), group=group, token_ids=tok,
                 mask=mask)
 
@@ -122,7 +123,7 @@ def test_exact_mode_matches_oracle(spec, data):
     opts = with_ignored(opts, batch["token_ids"], batch["mask"], data.draw(st.integers(0, 3)))
     if data.draw(st.booleans()):
         opts["mode"] = "exact"
-    inputs = as_library_inputs(batch, data.draw(st.integers(0, 5)))
+    inputs = as_library_inputs(batch, data.draw(st.integers(0, 8)))
     got = ktae.compute_advantages("ktae", **inputs, **opts)
     expect = exact_ktae(batch["rewards"], batch["group"], batch["token_ids"], batch["mask"],
                         **oracle_options(opts))
@@ -227,11 +228,12 @@ def test_batch_of_only_empty_responses():
 # -------------------------------------------------------------------------- reference mode
 
 
-def check_reference(batch: dict, **kw) -> None:
-    got = ktae.compute_advantages("ktae", rewards=torch.from_numpy(batch["rewards"]).float(),
-                                  group=batch["group"], token_ids=batch["token_ids"],
-                                  mask=batch["mask"], mode="reference", **kw)
-    assert got.dtype == torch.float32
+def check_reference(batch: dict, dtype: torch.dtype = torch.float32, **kw) -> None:
+    rewards = torch.from_numpy(batch["rewards"]).to(dtype)
+    got = ktae.compute_advantages("ktae", rewards=rewards, group=batch["group"],
+                                  token_ids=batch["token_ids"], mask=batch["mask"],
+                                  mode="reference", **kw)
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     expect = runtime_ktae(batch["rewards"], batch["group"], batch["token_ids"], batch["mask"],
                           **kw)
     got = got.numpy()
@@ -244,9 +246,13 @@ def check_reference(batch: dict, **kw) -> None:
 
 
 @settings(max_examples=150, **SETTINGS)
-@given(spec=batch_specs(max_size=16), eos=st.booleans())
-def test_reference_mode_matches_runtime_emulation(spec, eos):
-    check_reference(random_batch(**spec, eos_id=QWEN_EOS_ID if eos else None))
+@given(spec=batch_specs(max_size=16), eos=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
+def test_reference_mode_matches_runtime_emulation(spec, eos, dtype):
+    batch = random_batch(**spec, eos_id=QWEN_EOS_ID if eos else None)
+    if dtype == torch.bfloat16:  # the runtime sees the rounded rewards
+        batch["rewards"] = torch.from_numpy(batch["rewards"]).to(dtype).double().numpy()
+    check_reference(batch, dtype)
 
 
 @settings(max_examples=25, **SETTINGS)
