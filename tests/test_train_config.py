@@ -8,7 +8,7 @@ import pytest
 
 from ktae.train.cli_train import add_arguments, config_from_args
 from ktae.train.config import TrainConfig
-from ktae.train.session import credit_settings
+from ktae.train.credit import credit_settings
 
 
 def test_algo_presets():
@@ -62,6 +62,8 @@ def test_cli_flags_override_config_file(tmp_path):
     assert (cfg.algo, cfg.max_steps, cfg.learning_rate, cfg.credit) == ("grpo", 3, 1e-4, "none")
     assert cfg.dynamic_sampling is False
     assert config_from_args(parser.parse_args([])) == TrainConfig().resolve()
+    with pytest.raises(ValueError, match="magic"):
+        config_from_args(parser.parse_args(["--credit", "magic"]))
 
 
 def test_credit_settings():

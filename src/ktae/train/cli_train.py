@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ktae.train.config import ALGOS, TrainConfig
+from ktae.train.credit import credit_settings
 
 # flag -> (TrainConfig field, type, help); defaults come from TrainConfig
 _FLAGS = [
@@ -81,7 +82,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         value = getattr(args, f.name, None)
         if value is not None:
             overrides[f.name] = value
-    return dataclasses.replace(cfg, **overrides).resolve()
+    cfg = dataclasses.replace(cfg, **overrides).resolve()
+    credit_settings(cfg)  # unknown credit names fail here, before any model is loaded
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,56 +14,9 @@ from pathlib import Path
 import torch
 
 from ktae.train.config import TrainConfig
+from ktae.train.credit import credit_settings
 from ktae.train.rundir import RunDir, checkpoint_step, latest_complete_checkpoint
-from ktae.train.trainer import CreditSettings, KTAEGRPOTrainer
-
-CREDIT_NONE = "none"
-
-
-def credit_settings(cfg: TrainConfig) -> CreditSettings:
-    """Translate ``cfg.credit`` (``none``/``ktae``/``taco``/names/``est+calib``)."""
-    import ktae
-
-    estimators = set(ktae.ADVANTAGE_ESTIMATORS.names())
-    calibrations = set(_calibration_names())
-    estimator, calibration = None, None
-    parts = [p.strip() for p in cfg.credit.split("+") if p.strip()]
-    if not parts:
-        raise ValueError(f"credit: expected a name, got {cfg.credit!r}")
-    for part in parts:
-        if part == CREDIT_NONE:
-            continue
-        if part in estimators and estimator is None:
-            estimator = part
-        elif part in calibrations and calibration is None:
-            calibration = part
-        else:
-            raise ValueError(
-                f"credit: {part!r} is not a registered advantage estimator {sorted(estimators)} "
-                f"or calibration {sorted(calibrations)}, or repeats a kind in {cfg.credit!r}")
-    estimator = estimator or cfg.advantage_base
-    est_opts: dict = {}
-    cal_opts: dict = {}
-    if estimator == "ktae":
-        est_opts = dict(base=cfg.advantage_base, h1=cfg.ktae_h1, h2=cfg.ktae_h2, h3=cfg.ktae_h3,
-                        mode=cfg.ktae_mode)
-    if calibration is not None and calibration.startswith("taco"):
-        cal_opts = dict(alpha=cfg.taco_alpha, lam=cfg.taco_lambda)
-    extra = dict(cfg.credit_options)
-    (cal_opts if calibration is not None and estimator != "ktae" else est_opts).update(extra)
-    return CreditSettings(estimator=estimator, estimator_options=est_opts,
-                          calibration=calibration, calibration_options=cal_opts,
-                          dynamic_sampling=bool(cfg.dynamic_sampling),
-                          max_generation_rounds=cfg.max_generation_rounds, seed=cfg.seed)
-
-
-def _calibration_names() -> list[str]:
-    try:
-        import ktae
-
-        return list(ktae.CALIBRATIONS.names())
-    except AttributeError:
-        return []
+from ktae.train.trainer import KTAEGRPOTrainer
 
 
 def load_model(cfg: TrainConfig):

@@ -27,13 +27,12 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from trl import GRPOTrainer
 
 import ktae
+from ktae.train.credit import CreditSettings
 from ktae.train.dynamic_sampling import (
     MERGEABLE_KEYS,
     informative_groups,
@@ -47,28 +46,6 @@ def derived_seed(*parts: int) -> int:
     """A stable 63-bit seed from integers (same on every run and process, unlike ``hash``)."""
     digest = hashlib.sha256(",".join(str(int(p)) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-@dataclass(frozen=True)
-class CreditSettings:
-    """How the trainer assigns credit (built from :class:`ktae.train.config.TrainConfig`)."""
-
-    estimator: str = "grpo"
-    """Registered advantage estimator (``grpo``, ``drgrpo``, ``rloo``, ``ktae``, ...)."""
-    estimator_options: dict[str, Any] = field(default_factory=dict)
-    """Keyword options of the estimator (KTAE: base, h1, h2, h3, mode, ...)."""
-    calibration: str | None = None
-    """Registered loss-time calibration (``taco``, ...) or None."""
-    calibration_options: dict[str, Any] = field(default_factory=dict)
-    """Keyword options of the calibration (TACO: alpha, lam)."""
-    dynamic_sampling: bool = False
-    """Drop all-correct/all-wrong groups and refill from extra generation rounds."""
-    max_generation_rounds: int = 3
-    """Most generation rounds per step under dynamic sampling."""
-    correct_reward_index: int = 0
-    """Which reward function's output (> 0.5) marks a response correct."""
-    seed: int = 0
-    """Seed of refill prompt draws and random calibrations (combined with the step)."""
 
 
 class KTAEGRPOTrainer(GRPOTrainer):
