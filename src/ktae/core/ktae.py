@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ktae.core import stats
-from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, broadcast, make_batch
+from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, make_batch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor
 from ktae.core.token_counts import TokenCounts, count_tokens, unique_small_keys
@@ -127,32 +127,70 @@ def _scale(k: torch.Tensor, top: float, variant: str) -> torch.Tensor:
     return top * (2.0 * torch.sigmoid(k) - 1.0)
 
 
-def _exact_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant) -> KeyTokenTable:
-    a, bb = cnt.a, cnt.b
-    c, d = cnt.n_correct - a, cnt.n_incorrect - bb
-    # F, IG and Cohen's h depend on the table only: evaluate once per distinct table.
+def _distinct_tables(cnt: TokenCounts):
+    """Distinct 2x2 tables of the batch: ``(a, b, c, d)`` each ``[D]`` and the ``[U]`` map."""
+    a, b = cnt.a, cnt.b
     base = int(max(cnt.n_correct.max().item(), cnt.n_incorrect.max().item())) + 1 if a.numel() else 1
-    tkey = ((a * base + bb) * base + cnt.n_correct) * base + cnt.n_incorrect
+    tkey = ((a * base + b) * base + cnt.n_correct) * base + cnt.n_incorrect
     uniq, inv = unique_small_keys(tkey, base**4)
     ua = uniq // base**3
     ub = (uniq // base**2) % base
     unt = (uniq // base) % base
     unf = uniq % base
-    p = stats.fisher_exact_pvalue(ua, ub, unt - ua, unf - ub)[inv]
-    ig = stats.information_gain(ua, ub, unt - ua, unf - ub)[inv]
-    h = stats.cohens_h(ua, ub, unt - ua, unf - ub)[inv]
-    fisher = stats.fisher_score(p)
+    return (ua, ub, unt - ua, unf - ub), inv
+
+
+def _term_frequencies(cnt: TokenCounts, k1: float, b: float):
     tf_t = stats.bm25_term_frequency(cnt.count_correct, cnt.len_correct, cnt.len_incorrect, k1=k1, b=b)
     tf_f = stats.bm25_term_frequency(cnt.count_incorrect, cnt.len_incorrect, cnt.len_correct, k1=k1, b=b)
+    return tf_t, tf_f
+
+
+def _exact_values(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant) -> torch.Tensor:
+    """``[U]`` key-token values; F, IG and Cohen's h evaluated once per distinct table."""
+    tables, inv = _distinct_tables(cnt)
+    p = stats.fisher_exact_pvalue(*tables)
+    weight = (h1 * stats.fisher_score(p) + h2 * stats.information_gain(*tables)) / (h1 + h2)
+    h = stats.cohens_h(*tables)
+    tf_t, tf_f = _term_frequencies(cnt, k1, b)
+    return _scale(weight[inv] * stats.direction(h[inv], tf_t, tf_f, h3), top, variant)
+
+
+def _exact_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant) -> KeyTokenTable:
+    tables, inv = _distinct_tables(cnt)
+    p_u = stats.fisher_exact_pvalue(*tables)
+    p, ig, h = p_u[inv], stats.information_gain(*tables)[inv], stats.cohens_h(*tables)[inv]
+    fisher = stats.fisher_score(p)
+    tf_t, tf_f = _term_frequencies(cnt, k1, b)
     dirn = stats.direction(h, tf_t, tf_f, h3)
     value = _scale((h1 * fisher + h2 * ig) * dirn / (h1 + h2), top, variant)
+    a, bb = cnt.a, cnt.b
+    c, d = cnt.n_correct - a, cnt.n_incorrect - bb
     return KeyTokenTable(cnt.group, cnt.token, a, bb, c, d, p, fisher, ig, tf_t, tf_f, dirn, value)
 
 
-def _table(batch: AdvantageBatch, *, correct=None, reward_threshold: float = 0.0, h1=None, h2=None,
-           h3=None, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
+@dataclass(frozen=True)
+class _Settings:
+    h1: float
+    h2: float
+    h3: float
+    k1: float
+    b: float
+    top: float
+    variant: str
+    mode: str
+    ignore_token_ids: tuple[int, ...]
+
+    def stats_kwargs(self) -> dict:
+        return dict(h1=self.h1, h2=self.h2, h3=self.h3, k1=self.k1, b=self.b, top=self.top,
+                    variant=self.variant)
+
+
+def _count(batch: AdvantageBatch, *, correct=None, reward_threshold: float = 0.0, h1=None,
+           h2=None, h3=None, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
            ignore_token_ids: Iterable[int] | None = None, mode: str = "exact",
-           variant: str = "runtime") -> tuple[KeyTokenTable, TokenCounts]:
+           variant: str = "runtime") -> tuple[TokenCounts, _Settings]:
+    """Validate the options and count every (group, token) of the batch."""
     if batch.token_ids is None:
         raise ValueError("token_ids: required by the 'ktae' estimator")
     h1, h2, h3 = _resolve_options(mode, variant, h1, h2, h3, k1, b, top)
@@ -162,18 +200,36 @@ def _table(batch: AdvantageBatch, *, correct=None, reward_threshold: float = 0.0
         reward_threshold = 0.0
         if ignore_token_ids is None:
             ignore_token_ids = (QWEN_ENDOFTEXT_ID,)
-    is_correct = _correctness(batch, correct, reward_threshold)
+    ignored = tuple(int(i) for i in (ignore_token_ids or ()))
+    if mode == "reference":  # the runtime's scores are float32: 1e-50 is not > 0 there
+        is_correct = batch.rewards.to(torch.float32) > 0
+    else:
+        is_correct = _correctness(batch, correct, reward_threshold)
     cnt = count_tokens(batch.token_ids, batch.mask, batch.gid, batch.num_groups, is_correct)
-    if mode == "reference":
+    return cnt, _Settings(h1, h2, h3, float(k1), float(b), float(top), variant, mode, ignored)
+
+
+def _keep(cnt: TokenCounts, settings: _Settings) -> torch.Tensor:
+    """Pairs that get a value: groups with both classes, tokens not ignored."""
+    return (cnt.n_correct > 0) & (cnt.n_incorrect > 0) & ~_ignored(cnt.token, settings.ignore_token_ids)
+
+
+def _table(cnt: TokenCounts, settings: _Settings) -> KeyTokenTable:
+    if settings.mode == "reference":
         from ktae.core.ktae_reference import reference_table
 
-        table = reference_table(cnt, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top, variant=variant)
+        table = reference_table(cnt, **settings.stats_kwargs())
     else:
-        table = _exact_table(cnt, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top, variant=variant)
-    keep = (cnt.n_correct > 0) & (cnt.n_incorrect > 0) & ~_ignored(cnt.token, ignore_token_ids)
-    table = KeyTokenTable(**{**{f.name: getattr(table, f.name) for f in fields(table)},
-                             "value": torch.where(keep, table.value, torch.zeros_like(table.value))})
-    return table, cnt
+        table = _exact_table(cnt, **settings.stats_kwargs())
+    value = torch.where(_keep(cnt, settings), table.value, torch.zeros_like(table.value))
+    return KeyTokenTable(**{**{f.name: getattr(table, f.name) for f in fields(table)}, "value": value})
+
+
+def _values(cnt: TokenCounts, settings: _Settings) -> torch.Tensor:
+    if settings.mode == "reference":
+        return _table(cnt, settings).value
+    value = _exact_values(cnt, **settings.stats_kwargs())
+    return torch.where(_keep(cnt, settings), value, torch.zeros_like(value))
 
 
 @ADVANTAGE_ESTIMATORS.register("ktae")
@@ -195,14 +251,14 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", **options) -> 
     """
     if base not in SEQUENCE_BASELINES:
         raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
-    table, cnt = _table(batch, **options)
-    mode = options.get("mode", "exact")
-    rewards = batch.rewards.to(torch.float32) if mode == "reference" else batch.rewards
+    cnt, settings = _count(batch, **options)
+    value = _values(cnt, settings)
+    rewards = batch.rewards.to(torch.float32) if settings.mode == "reference" else batch.rewards
     out_dtype = torch.float64 if batch.rewards.dtype == torch.float64 else torch.float32
-    seq = SEQUENCE_BASELINES[base](rewards, batch.gid, batch.num_groups)
-    out = broadcast(seq.to(out_dtype), batch.mask)
-    out[batch.mask] += cnt.spread(table.value.to(out_dtype))
-    return out
+    seq = SEQUENCE_BASELINES[base](rewards, batch.gid, batch.num_groups).to(out_dtype)
+    out = torch.zeros(batch.mask.shape, dtype=out_dtype, device=batch.device)
+    out.masked_scatter_(batch.mask, cnt.spread(value.to(out_dtype)))
+    return out.add_(torch.where(batch.mask, seq[:, None], 0.0))
 
 
 def key_token_table(*, rewards, group, token_ids, mask=None, **options) -> KeyTokenTable:
@@ -219,5 +275,4 @@ def key_token_table(*, rewards, group, token_ids, mask=None, **options) -> KeyTo
     """
     options.pop("base", None)
     batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask)
-    table, _ = _table(batch, **options)
-    return table
+    return _table(*_count(batch, **options))

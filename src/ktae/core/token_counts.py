@@ -51,15 +51,25 @@ class TokenCounts:
     def spread(self, per_pair: torch.Tensor) -> torch.Tensor:
         """``[U] -> [M]``: each real token (row-major order) gets its pair's value."""
         sorted_vals = per_pair.repeat_interleave(self.run_length)
-        out = torch.empty_like(sorted_vals)
-        out[self.order] = sorted_vals
-        return out
+        return torch.empty_like(sorted_vals).index_put_((self.order,), sorted_vals)
 
 
 def _segment_sums(flags: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    cs = torch.zeros(flags.numel() + 1, dtype=torch.int64, device=flags.device)
-    torch.cumsum(flags, 0, out=cs[1:])
-    return cs[ends] - cs[starts]
+    """Sums of ``flags`` over the runs ``[starts, ends)``, via one cumulative sum."""
+    dtype = torch.int32 if flags.numel() < 2**31 else torch.int64
+    cs = torch.empty(flags.numel() + 1, dtype=dtype, device=flags.device)
+    cs[0] = 0
+    torch.cumsum(flags, 0, dtype=dtype, out=cs[1:])
+    return (cs[ends] - cs[starts]).long()
+
+
+def _run_starts(values: torch.Tensor) -> torch.Tensor:
+    """``[M]`` bool: True where a sorted array starts a new run of equal values."""
+    new = torch.empty(values.numel(), dtype=torch.bool, device=values.device)
+    if values.numel():
+        new[0] = True
+        torch.ne(values[1:], values[:-1], out=new[1:])
+    return new
 
 
 def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
@@ -80,39 +90,39 @@ def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
     rank[order_rows] = torch.arange(B, device=device) - starts_g[gid[order_rows]]
 
     row_len = mask.sum(1)
-    tok = token_ids[mask].long()
-    vocab = int(tok.max().item()) + 1 if tok.numel() else 1
+    vocab = int(token_ids.masked_fill(~mask, 0).max().item()) + 1 if mask.any() else 1
     s = max(1, (g_max - 1).bit_length())  # bits for the rank
     shift = s + 1  # plus one bit for "incorrect"
+    row_key = ((gid * vocab) << shift) | ((~correct).long() << s) | rank
+    # Real tokens in row-major order (nonzero + index_select beats boolean indexing).
+    flat = mask.reshape(-1).nonzero().squeeze(1)
     remap = None
     if (num_groups * vocab).bit_length() + shift > _KEY_BITS:  # huge ids: rank them first
-        remap, tok = torch.unique(tok, return_inverse=True)
+        remap, tok = torch.unique(token_ids.reshape(-1).index_select(0, flat), return_inverse=True)
         vocab = remap.numel()
-    row_key = ((gid * vocab) << shift) | ((~correct).long() << s) | rank
-    key = row_key.repeat_interleave(row_len)
-    key += tok << shift
-    del tok
+        row_key = ((gid * vocab) << shift) | ((~correct).long() << s) | rank
+        key = row_key.repeat_interleave(row_len) + (tok << shift)
+        del tok
+    else:  # dense elementwise work on [B, T] beats a gather per real token
+        key = (token_ids.long() << shift).add_(row_key[:, None]).reshape(-1).index_select(0, flat)
+    del flat
     key, order = torch.sort(key)
 
     m = key.numel()
+    new_resp = _run_starts(key)
+    corr = torch.bitwise_and(key, 1 << s) == 0
     pair_key = key >> shift
-    new_pair = torch.ones(m, dtype=torch.bool, device=device)
-    new_resp = torch.ones(m, dtype=torch.bool, device=device)
-    if m > 1:
-        torch.ne(pair_key[1:], pair_key[:-1], out=new_pair[1:])
-        torch.ne(key[1:], key[:-1], out=new_resp[1:])
-    corr = ((key >> s) & 1) == 0
     del key
-    starts = new_pair.nonzero().squeeze(1)
-    del new_pair
+    starts = _run_starts(pair_key).nonzero().squeeze(1)
     ends = torch.cat([starts[1:], torch.tensor([m], device=device)])
-    run_length = ends - starts
-    count_correct = _segment_sums(corr, starts, ends)
-    a = _segment_sums(new_resp & corr, starts, ends)
-    b = _segment_sums(new_resp, starts, ends) - a
-    del corr, new_resp
     pk = pair_key[starts]
     del pair_key
+    run_length = ends - starts
+    count_correct = _segment_sums(corr, starts, ends)
+    corr &= new_resp
+    a = _segment_sums(corr, starts, ends)
+    b = _segment_sums(new_resp, starts, ends) - a
+    del corr, new_resp
     group = pk // vocab
     token = pk - group * vocab
     if remap is not None:
