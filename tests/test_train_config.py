@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,9 @@ def test_credit_settings():
     for bad in ("magic", "ktae+rloo", "taco+stapo", "+"):
         with pytest.raises(ValueError, match="credit"):
             credit_settings(TrainConfig(credit=bad).resolve())
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("configs/*.yaml")))
+def test_example_configs_load(path):
+    cfg = TrainConfig.from_file(path).resolve()
+    credit_settings(cfg)

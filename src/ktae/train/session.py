@@ -129,13 +129,13 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
         eval_cb.evaluate(trainer.model, 0)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     step = trainer.state.global_step
+    trainer.save_model(str(out / "final"))  # every process: may synchronise
     summary: dict = {"is_main": is_main, "steps": step}
     if is_main:
         evals = RunDir.read_jsonl(rundir.eval_path)
         if not any(e["step"] == step for e in evals):
             eval_cb.evaluate(trainer.accelerator.unwrap_model(trainer.model), step)
             evals = RunDir.read_jsonl(rundir.eval_path)
-        trainer.save_model(str(out / "final"))
         tokenizer.save_pretrained(str(out / "final"))
         metrics = RunDir.read_jsonl(rundir.metrics_path)
         step_times = [m["step_time"] for m in metrics if m.get("step_time") is not None]

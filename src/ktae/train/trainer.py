@@ -201,7 +201,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
             mask = self.accelerator.pad_across_processes(mask, dim=1, pad_index=0)
             ids, mask = self.accelerator.gather(ids), self.accelerator.gather(mask)
             rewards = self.accelerator.gather(rewards)
-            correct = self.accelerator.gather(correct)
+            correct = self.accelerator.gather(correct.to(torch.uint8)).bool()  # gloo: no bool
         G = self.num_generations if mode == "train" else self.num_generations_eval
         if rewards.numel() % G:
             raise ValueError(f"global batch of {rewards.numel()} responses is not a whole number "

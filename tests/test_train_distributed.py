@@ -1,0 +1,85 @@
+"""Two CPU processes (torchrun, gloo): KTAE stays exact when a group's rows are split
+across processes, and dynamic sampling refuses a layout that would split groups."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_train_helpers import save_tiny_model
+
+import ktae
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_train_helpers import contains_digit, tiny_config
+from ktae.train.session import train
+from ktae.train.trainer import KTAEGRPOTrainer
+torch.set_num_threads(1)
+
+class Dump(KTAEGRPOTrainer):
+    def _finish_batch(self, batch, rewards, correct, mode):
+        out = super()._finish_batch(batch, rewards, correct, mode)
+        rank = self.accelerator.process_index
+        torch.save({{"ids": batch["completion_ids"], "mask": batch["completion_mask"],
+                    "rewards": rewards, "correct": correct, "adv": out["advantages"],
+                    "pad": self._tokenizer.pad_token_id, "ignore": self.ignore_token_ids}},
+                   f"{out_dir}/rank{{rank}}.pt")
+        return out
+
+# 3 prompts x 4 responses = 12 rows, 6 per process: the second group is split
+try:
+    train(tiny_config({model!r}, {out_dir!r} + "/dapo", algo="dapo", num_prompts=3,
+                      max_steps=1), reward_funcs=[contains_digit])
+    print("NOT REFUSED")
+except ValueError as err:
+    print("REFUSED:", err)
+train(tiny_config({model!r}, {out_dir!r} + "/grpo", algo="grpo", credit="ktae", num_prompts=3,
+                  max_steps=1), trainer_cls=Dump, reward_funcs=[contains_digit])
+"""
+
+
+def _pad(t: torch.Tensor, length: int, value) -> torch.Tensor:
+    return torch.cat([t, t.new_full((t.shape[0], length - t.shape[1]), value)], dim=1)
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+                    reason="torchrun not installed")
+def test_two_processes_split_groups(tmp_path):
+    model = save_tiny_model(tmp_path / "model")
+    script = tmp_path / "dist.py"
+    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent), model=str(model),
+                                    out_dir=str(tmp_path)))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517",
+                           str(script)], env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert out.count("REFUSED: dynamic sampling") == 2, out[-3000:]
+    assert "multiple of num_generations=4" in out
+    parts = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    T = max(p["ids"].shape[1] for p in parts)
+    pad = parts[0]["pad"]
+    ids = torch.cat([_pad(p["ids"], T, pad) for p in parts])
+    mask = torch.cat([_pad(p["mask"], T, 0) for p in parts]).bool()
+    adv = torch.cat([_pad(p["adv"], T, 0.0) for p in parts])
+    rewards = torch.cat([p["rewards"] for p in parts])
+    correct = torch.cat([p["correct"] for p in parts])
+    assert ids.shape[0] == 12
+    expected = ktae.compute_advantages("ktae", rewards=rewards, group=torch.arange(12) // 4,
+                                       token_ids=ids, mask=mask, correct=correct, base="grpo",
+                                       ignore_token_ids=parts[0]["ignore"])
+    assert torch.allclose(adv, expected.to(adv.dtype), atol=1e-6)
+    # the split group (rows 4..7) really has token-level values when it is mixed
+    if correct[4:8].any() and not correct[4:8].all():
+        spread = [(a[m].max() - a[m].min()).item() for a, m in zip(adv[4:8], mask[4:8],
+                                                                     strict=True)]
+        assert max(spread) > 0
