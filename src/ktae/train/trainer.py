@@ -109,8 +109,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
         per_func = self._last_rewards_per_func[self._local_slice(len(inputs))]
         weights = self.reward_weights.to(per_func.device)
         rewards = torch.nan_to_num(per_func * weights[None, :], nan=0.0).sum(dim=1)
-        correct = per_func[:, self.credit.correct_reward_index] > 0.5
-        return {"batch": out, "rewards": rewards, "correct": correct}
+        idx = self.credit.correct_reward_index
+        correct = per_func[:, idx] > 0.5
+        global_correct = self._last_rewards_per_func[:, idx] > 0.5
+        return {"batch": out, "rewards": rewards, "correct": correct,
+                "global_correct": global_correct}
 
     # ------------------------------------------------------------------ generation
 
@@ -121,8 +124,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
             return self._finish_batch(out["batch"], out["rewards"], out["correct"], mode)
         rounds = [self._one_round(inputs)]
         G = self.num_generations
-        first_informative = informative_groups(rounds[0]["correct"], G) if len(inputs) % G == 0 \
-            else None
+        first_informative = informative_groups(rounds[0]["global_correct"], G)
         if self.credit.dynamic_sampling:
             rounds = self._dynamic_sampling(inputs, rounds)
             need = len(inputs) // G
@@ -142,13 +144,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
             batch, rewards, correct = rounds[0]["batch"], rounds[0]["rewards"], rounds[0]["correct"]
         self._metrics[mode]["ktae/generation_rounds"].append(float(len(rounds)))
         first = rounds[0]
-        self._metrics[mode]["ktae/accuracy"].append(
-            self._mean_across_processes(first["correct"].float().mean().item()))
+        self._metrics[mode]["ktae/accuracy"].append(first["global_correct"].float().mean().item())
         lengths = first["batch"]["completion_mask"].sum(dim=1).float().mean().item()
         self._metrics[mode]["ktae/response_length"].append(self._mean_across_processes(lengths))
-        if first_informative is not None:
-            self._metrics[mode]["ktae/zero_variance_group_fraction"].append(
-                self._mean_across_processes(1.0 - first_informative.float().mean().item()))
+        self._metrics[mode]["ktae/zero_variance_group_fraction"].append(
+            1.0 - first_informative.float().mean().item())
         return self._finish_batch(batch, rewards, correct, mode)
 
     def _dynamic_sampling(self, inputs: list[dict], rounds: list[dict]) -> list[dict]:
