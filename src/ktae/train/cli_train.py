@@ -60,8 +60,11 @@ _FLAGS = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``ktae train`` flags (defaults: see ``TrainConfig``)."""
     parser.add_argument("--config", help="YAML/JSON file of TrainConfig fields")
+    defaults = TrainConfig()
     for flag, dest, typ, help_text in _FLAGS:
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=help_text)
+        default = getattr(defaults, dest)
+        shown = "" if default is None else f" (default {default})"
+        parser.add_argument(flag, dest=dest, type=typ, default=None, help=help_text + shown)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--dynamic-sampling", dest="dynamic_sampling", action="store_true",
                        default=None, help="force DAPO dynamic sampling on")

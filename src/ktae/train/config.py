@@ -62,7 +62,7 @@ class TrainConfig:
     """Run directory; None = ``runs/{algo}-{credit}-seed{seed}``."""
     resume: bool = False
     """Continue from the newest complete checkpoint in ``output_dir``."""
-    max_steps: int = 400
+    max_steps: int = 200
     """Optimizer steps (one generation batch each)."""
     num_prompts: int = 8
     """Prompts per step (the global batch holds num_prompts * num_generations responses)."""
@@ -110,7 +110,7 @@ class TrainConfig:
     """TACO damping lambda of flagged positive advantages."""
     credit_options: dict[str, Any] = field(default_factory=dict)
     """Extra keyword options for the estimator/calibration (e.g. ``{"top": 0.5}``)."""
-    eval_every: int = 100
+    eval_every: int = 50
     """Held-out evaluation every this many steps (0 = only before and after)."""
     eval_size: int = 300
     """Held-out problems per evaluation (embedded test split, greedy, strict reward)."""

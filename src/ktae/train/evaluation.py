@@ -33,8 +33,9 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
         with torch.random.fork_rng(devices=[]):
             for start in range(0, len(rows), batch_size):
                 chunk = rows[start:start + batch_size]
-                enc = tokenizer([r["prompt"] for r in chunk], return_tensors="pt", padding=True,
-                                add_special_tokens=False).to(device)
+                # special tokens as TRL adds them to training prompts (e.g. a leading BOS)
+                enc = tokenizer([r["prompt"] for r in chunk], return_tensors="pt",
+                                padding=True).to(device)
                 out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
                                      pad_token_id=tokenizer.pad_token_id,
                                      eos_token_id=tokenizer.eos_token_id, temperature=None,
