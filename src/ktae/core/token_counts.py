@@ -27,26 +27,44 @@ class TokenCounts:
     Attributes:
         group: ``[U]`` dense group id. token: ``[U]`` token id.
         a, b: ``[U]`` correct / incorrect responses containing the token.
-        n_correct, n_incorrect: ``[U]`` the group's class sizes (so c = n_correct - a).
         count_correct, count_incorrect: ``[U]`` occurrences in each class's responses.
-        len_correct, len_incorrect: ``[U]`` tokens in each class's responses (L_T, L_F).
         run_length: ``[U]`` occurrences of the pair (runs of the sorted keys, in order).
         order: ``[M]`` for the k-th real token in sorted order, its index among the real
             tokens in row-major order (``token_ids[mask]``).
+        group_n_correct, group_n_incorrect: ``[P]`` class sizes of each group; the
+            properties ``n_correct``/``n_incorrect`` give them per pair (c = n_correct - a).
+        group_len_correct, group_len_incorrect: ``[P]`` tokens in each class's responses
+            (L_T, L_F); per pair as ``len_correct``/``len_incorrect``.
     """
 
     group: torch.Tensor
     token: torch.Tensor
     a: torch.Tensor
     b: torch.Tensor
-    n_correct: torch.Tensor
-    n_incorrect: torch.Tensor
     count_correct: torch.Tensor
     count_incorrect: torch.Tensor
-    len_correct: torch.Tensor
-    len_incorrect: torch.Tensor
     run_length: torch.Tensor
     order: torch.Tensor
+    group_n_correct: torch.Tensor
+    group_n_incorrect: torch.Tensor
+    group_len_correct: torch.Tensor
+    group_len_incorrect: torch.Tensor
+
+    @property
+    def n_correct(self) -> torch.Tensor:
+        return self.group_n_correct[self.group]
+
+    @property
+    def n_incorrect(self) -> torch.Tensor:
+        return self.group_n_incorrect[self.group]
+
+    @property
+    def len_correct(self) -> torch.Tensor:
+        return self.group_len_correct[self.group]
+
+    @property
+    def len_incorrect(self) -> torch.Tensor:
+        return self.group_len_incorrect[self.group]
 
     def spread(self, per_pair: torch.Tensor) -> torch.Tensor:
         """``[U] -> [M]``: each real token (row-major order) gets its pair's value."""
@@ -79,6 +97,9 @@ def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
     Args:
         token_ids: ``[B, T]`` integer ids (non-negative where mask). mask: ``[B, T]`` bool.
         gid: ``[B]`` dense group ids. correct: ``[B]`` bool.
+
+    Raises:
+        ValueError: a negative token id where mask is 1.
     """
     device = token_ids.device
     B = token_ids.shape[0]
@@ -89,23 +110,28 @@ def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
     rank = torch.empty(B, dtype=torch.int64, device=device)
     rank[order_rows] = torch.arange(B, device=device) - starts_g[gid[order_rows]]
 
-    row_len = mask.sum(1)
-    vocab = int(token_ids.masked_fill(~mask, 0).max().item()) + 1 if mask.any() else 1
-    s = max(1, (g_max - 1).bit_length())  # bits for the rank
-    shift = s + 1  # plus one bit for "incorrect"
-    row_key = ((gid * vocab) << shift) | ((~correct).long() << s) | rank
+    row_len = mask.sum(1, dtype=torch.int32).long()
     # Real tokens in row-major order (nonzero + index_select beats boolean indexing).
     flat = mask.reshape(-1).nonzero().squeeze(1)
+    tok = token_ids.reshape(-1).index_select(0, flat).long()
+    if tok.numel():
+        lo, hi = tok.aminmax()
+        if lo < 0:
+            raise ValueError("token_ids: expected non-negative ids where mask is 1")
+        vocab = int(hi) + 1
+    else:
+        vocab = 1
+    s = max(1, (g_max - 1).bit_length())  # bits for the rank
+    shift = s + 1  # plus one bit for "incorrect"
     remap = None
     if (num_groups * vocab).bit_length() + shift > _KEY_BITS:  # huge ids: rank them first
-        remap, tok = torch.unique(token_ids.reshape(-1).index_select(0, flat), return_inverse=True)
+        remap, tok = torch.unique(tok, return_inverse=True)
         vocab = remap.numel()
-        row_key = ((gid * vocab) << shift) | ((~correct).long() << s) | rank
-        key = row_key.repeat_interleave(row_len) + (tok << shift)
-        del tok
-    else:  # dense elementwise work on [B, T] beats a gather per real token
-        key = (token_ids.long() << shift).add_(row_key[:, None]).reshape(-1).index_select(0, flat)
+    row_key = ((gid * vocab) << shift) | ((~correct).long() << s) | rank
+    key = row_key.index_select(0, flat.div_(token_ids.shape[1], rounding_mode="floor"))
     del flat
+    key += tok.bitwise_left_shift_(shift)
+    del tok
     key, order = torch.sort(key)
 
     m = key.numel()
@@ -133,10 +159,10 @@ def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
     len_all = torch.zeros_like(n_c).index_add_(0, gid, row_len)
     return TokenCounts(
         group=group, token=token, a=a, b=b,
-        n_correct=n_c[group], n_incorrect=(sizes - n_c)[group],
         count_correct=count_correct, count_incorrect=run_length - count_correct,
-        len_correct=len_c[group], len_incorrect=(len_all - len_c)[group],
         run_length=run_length, order=order,
+        group_n_correct=n_c, group_n_incorrect=sizes - n_c,
+        group_len_correct=len_c, group_len_incorrect=len_all - len_c,
     )
 
 
