@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ktae  # noqa: E402
 from synthetic import PRESETS, make_batch  # noqa: E402
+
+import ktae  # noqa: E402
 
 
 def _sync(device: str) -> None:
@@ -125,6 +126,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk-tokens", type=int, default=None,
                     help="KTAE's chunk_tokens option (default: the library's)")
+    ap.add_argument("--loop-baseline", action="store_true",
+                    help="also time a per-group, per-token Python loop in the released runtime's "
+                         "style (tests/oracle.py:runtime_ktae), once; slow beyond --preset small")
     ap.add_argument("--memory-probe", choices=["exact", "reference"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
@@ -157,6 +161,16 @@ def main(argv=None) -> int:
         ratio = statistics.median(t / f for t, f in zip(ts, floor, strict=True))
         m = f"{mem[name]:.2f}" if name in mem else ""
         print(f"{name:<16}{statistics.median(ts):>10.4f}{ratio:>15.2f}{m:>20}")
+    if args.loop_baseline:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from oracle import runtime_ktae
+
+        t0 = time.perf_counter()
+        runtime_ktae(**{k: v.cpu() for k, v in kw.items()})
+        loop = time.perf_counter() - t0
+        fast = statistics.median(times["ktae reference"])
+        print(f"{'python loop':<16}{loop:>10.4f}   (one run; {loop / fast:.0f}x the vectorised "
+              f"reference mode, which matches it)")
     print(f"\ninput tensors {input_bytes / 2**20:.0f} MiB; {args.repeats} paired rounds "
           f"(ratio = median over rounds of time / sort time in the same round); peak memory "
           f"from one call in a fresh process")

@@ -205,3 +205,14 @@ def test_table_rows_as_dicts():
     assert len(rows) == len(table) > 0
     assert set(rows[0]) == {"group", "token", "a", "b", "c", "d", "p_value", "fisher",
                             "info_gain", "tf_correct", "tf_incorrect", "direction", "value"}
+
+
+def test_table_format_lists_the_strongest_tokens_first():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    ids = torch.tensor([[1, 9, 2], [1, 9, 3], [1, 4, 2], [1, 5, 3]])
+    table = ktae.key_token_table(rewards=rewards, group=[0] * 4, token_ids=ids)
+    text = table.format(top=3, decode=lambda t: f"<{t}>")
+    lines = text.splitlines()
+    assert len(lines) == 4 and "value" in lines[0] and "text" in lines[0]
+    assert any("'<9>'" in line for line in lines[1:])  # only in correct responses: value 1
+    assert "'<1>'" not in text  # in every response: value 0, not among the top 3

@@ -77,6 +77,25 @@ class KeyTokenTable:
         cols = {f.name: getattr(self, f.name).detach().cpu().tolist() for f in fields(self)}
         return [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
 
+    def format(self, top: int = 20, decode=None) -> str:
+        """A plain-text table of the ``top`` pairs with the largest ``|value|``.
+
+        ``decode``: optional ``token id -> str`` (e.g. ``tokenizer.decode``) for a text column.
+        """
+        order = torch.argsort(self.value.abs(), descending=True, stable=True)[:top].tolist()
+        head = ["group", "token"] + (["text"] if decode else []) + [
+            "a", "b", "c", "d", "p", "F", "IG", "TF_T", "TF_F", "D", "value"]
+        lines = ["  ".join(f"{h:>9}" for h in head)]
+        for i in order:
+            cells = [str(int(self.group[i])), str(int(self.token[i]))]
+            if decode:
+                cells.append(repr(decode(int(self.token[i])))[:9])
+            cells += [str(int(getattr(self, k)[i])) for k in "abcd"]
+            cells += [f"{float(getattr(self, k)[i]):.3g}" for k in (
+                "p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", "direction", "value")]
+            lines.append("  ".join(f"{c:>9}" for c in cells))
+        return "\n".join(lines)
+
     def lookup(self, group: int, token: int) -> dict:
         """The row of one (dense group, token id): "why did this token get this credit?"."""
         hit = ((self.group == group) & (self.token == token)).nonzero()
