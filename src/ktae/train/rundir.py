@@ -172,7 +172,12 @@ class RunDir:
             fig, ax = plt.subplots(figsize=(5, 3.2))
             pts = [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
             if pts:
-                ax.plot(*zip(*pts, strict=True), lw=1, alpha=0.8, label="train (sampled)")
+                steps, values = zip(*pts, strict=True)
+                ax.plot(steps, values, lw=0.8, alpha=0.4, label="train (sampled)")
+                k = min(10, len(values))
+                if k > 1:  # moving average: per-step values of 64 samples are noisy
+                    smooth = [sum(values[i - k + 1:i + 1]) / k for i in range(k - 1, len(values))]
+                    ax.plot(steps[k - 1:], smooth, lw=1.5, label=f"train ({k}-step mean)")
             if key == "accuracy" and evals:
                 ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-",
                         label="held-out (greedy)")
