@@ -63,6 +63,7 @@ def test_two_processes_split_groups(tmp_path):
     proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517",
                            str(script)], env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
     assert out.count("REFUSED: dynamic sampling") == 2, out[-3000:]
     assert "multiple of num_generations=4" in out
     parts = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
