@@ -88,3 +88,13 @@ def test_credit_settings():
 def test_example_configs_load(path):
     cfg = TrainConfig.from_file(path).resolve()
     credit_settings(cfg)
+
+
+def test_train_refuses_an_existing_run_without_resume(tmp_path, capsys):
+    from ktae.cli import main
+
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert main(["train", "--output-dir", str(tmp_path)]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main(["train", "--credit", "magic", "--output-dir", str(tmp_path / "x")]) == 2
+    assert "magic" in capsys.readouterr().err

@@ -97,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"ktae train: {err}", file=sys.stderr)
         return 2
+    if not cfg.resume and (Path(cfg.output_dir) / "metrics.jsonl").exists():
+        print(f"ktae train: output_dir: {cfg.output_dir} already holds a run; pass --resume to "
+              "continue it or choose another --output-dir", file=sys.stderr)
+        return 2
     from ktae.train.session import train
 
     start = time.perf_counter()
