@@ -7,6 +7,12 @@ carry/borrow on a good share of the steps that need one. It starts well below it
 ceiling (about 60% greedy accuracy, much lower on carry/borrow problems), which leaves
 RL something specific to fix: a few key tokens (the carry digit) decide each answer.
 
+Measured with the default recipe (seed 0, 900 steps, one torch thread on a shared 2-core
+CPU under load: 28 min, 1.9 s/step): greedy accuracy 60.5% on 200 held-out
+problems, 26% on the 106 that carry or borrow and 99% on the others; sampling at
+temperature 1, 91% are solved at least once in 8 samples (34% of such groups all right,
+9% all wrong).
+
 :func:`default_model_path` builds that model once per recipe and caches it;
 :func:`warm_start` is the reusable training function; :func:`greedy_accuracy` measures it.
 """
@@ -47,8 +53,10 @@ class WarmStartRecipe:
 
     seed: int = 0
     """Seeds model initialisation, the problem stream and the noise."""
-    steps: int = 500
-    """Optimiser steps (batches)."""
+    steps: int = 900
+    """Optimiser steps (batches). Accuracy jumps between steps 400 and 600, then
+    plateaus near the noise-limited greedy ceiling (seed 0, 1 thread: 56% at 600 planned
+    steps, 60.5% at 900)."""
     batch_size: int = 128
     lr: float = 3e-3
     """Peak AdamW learning rate."""
