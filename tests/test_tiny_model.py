@@ -318,6 +318,11 @@ def test_killed_build_leaves_nothing_valid_and_is_cleaned(tmp_path, one_thread):
     final.mkdir()
     (final / "config.json").write_text("{}")
     assert not ws.is_complete(final)
+    # A dead build of another recipe is cleaned too; a live one (this process) is kept.
+    other_dead = tmp_path / f".tmp-embedded-0123456789ab-{proc.pid}-deadbeef"
+    other_live = tmp_path / ".tmp-embedded-0123456789ab-1-cafe0000"  # pid 1 is alive
+    other_dead.mkdir()
+    other_live.mkdir()
     path = ws.default_model_path(tmp_path, recipe=SMALL, progress=False)
     assert path == final and ws.is_complete(path)
-    assert not [q for q in tmp_path.iterdir() if q.name.startswith(".tmp-")]
+    assert [q for q in tmp_path.iterdir() if q.name.startswith(".tmp-")] == [other_live]

@@ -330,7 +330,7 @@ def default_model_path(cache_dir=None, *, seed: int = 0, steps: int | None = Non
     with _file_lock(root / f"{name}.lock"):
         if is_complete(final):  # built by another process while we waited
             return final
-        _remove_stale_temporaries(root, name)
+        _remove_stale_temporaries(root)
         tmp = root / f"{_TMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             warm_start(tmp, steps=recipe.steps, seed=recipe.seed, batch_size=recipe.batch_size,
@@ -358,10 +358,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove_stale_temporaries(root: Path, name: str) -> None:
-    """Delete ``.tmp-<name>-<pid>-*`` directories whose building process is gone."""
-    for tmp in root.glob(f"{_TMP_PREFIX}{name}-*"):
-        match = re.fullmatch(rf"{re.escape(_TMP_PREFIX + name)}-(\d+)-[0-9a-f]+", tmp.name)
+def _remove_stale_temporaries(root: Path) -> None:
+    """Delete ``.tmp-embedded-<key>-<pid>-*`` directories whose building process is gone.
+
+    Any recipe's, so leftovers of a killed build of an older recipe go too; a live
+    build (of any recipe) keeps its directory.
+    """
+    for tmp in root.glob(f"{_TMP_PREFIX}embedded-*"):
+        match = re.fullmatch(rf"{re.escape(_TMP_PREFIX)}embedded-[0-9a-f]+-(\d+)-[0-9a-f]+",
+                             tmp.name)
         if match and (int(match.group(1)) == os.getpid() or not _pid_alive(int(match.group(1)))):
             shutil.rmtree(tmp, ignore_errors=True)
 
