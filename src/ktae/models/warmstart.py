@@ -102,7 +102,7 @@ def extract_boxed_int(text: str) -> int | None:
     return int(inner) if re.fullmatch(r"-?\d+", inner) else None
 
 
-def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens: int = 40,
+def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int = 40, *,
                     batch_size: int = 256, template: str = "compact") -> dict:
     """Greedy pass@1 of ``model`` on ``problems`` (batched, left-padded generation).
 
