@@ -57,14 +57,6 @@ def runtime_fisher_pvalue(a, b, c, d, width) -> torch.Tensor:
     return out
 
 
-def _entropy_bits32(pos: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    q = pos.to(_F32) / total.to(_F32).clamp_min(1)
-    safe = (q > 0) & (q < 1)
-    qs = torch.where(safe, q, torch.full_like(q, 0.5))
-    h = -(qs * torch.log2(qs) + (1 - qs) * torch.log2(1 - qs))
-    return torch.where(safe, h, torch.zeros_like(h))
-
-
 def reference_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant):
     """The runtime's per-(group, token) statistics, as a ``KeyTokenTable`` (float32)."""
     from ktae.core.ktae import KeyTokenTable, _scale
@@ -91,8 +83,9 @@ def reference_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant):
     fisher = torch.where(p == 1.0, torch.zeros_like(p), torch.exp(-2.0 * p))
 
     nf = n.to(_F32)
-    h_y = _entropy_bits32(c1, n)
-    h_y_x = (r1.to(_F32) / nf) * _entropy_bits32(a, r1) + ((c + d).to(_F32) / nf) * _entropy_bits32(c, c + d)
+    h_y = stats.entropy_bits(c1, n, _F32)
+    h_y_x = ((r1.to(_F32) / nf) * stats.entropy_bits(a, r1, _F32)
+             + ((c + d).to(_F32) / nf) * stats.entropy_bits(c, c + d, _F32))
     ig = h_y - h_y_x
 
     p_t = (a.to(_F32) / (a + c).to(_F32).add(1e-10)).clamp(0.0, 1.0)

@@ -94,10 +94,9 @@ def fisher_score(p: torch.Tensor) -> torch.Tensor:
     return torch.where(p >= 1.0 - P_ONE_ATOL, torch.zeros_like(p), torch.exp(-2.0 * p))
 
 
-def _entropy_bits(pos: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+def entropy_bits(pos: torch.Tensor, total: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
     """Binary entropy (bits) of ``pos/total``; 0 for an empty or pure split."""
-    total = total.to(torch.float64)
-    q = pos.to(torch.float64) / total.clamp_min(1)
+    q = pos.to(dtype) / total.to(dtype).clamp_min(1)
     safe = (q > 0) & (q < 1)
     qs = torch.where(safe, q, torch.full_like(q, 0.5))
     h = -(qs * torch.log2(qs) + (1 - qs) * torch.log2(1 - qs))
@@ -116,8 +115,8 @@ def information_gain(a, b, c, d) -> torch.Tensor:
     a, b, c, d = _table(a, b, c, d)
     n = (a + b + c + d).to(torch.float64)
     r1, r0 = a + b, c + d
-    h_y = _entropy_bits(a + c, a + b + c + d)
-    h_y_x = (r1 / n.clamp_min(1)) * _entropy_bits(a, r1) + (r0 / n.clamp_min(1)) * _entropy_bits(c, r0)
+    h_y = entropy_bits(a + c, a + b + c + d)
+    h_y_x = (r1 / n.clamp_min(1)) * entropy_bits(a, r1) + (r0 / n.clamp_min(1)) * entropy_bits(c, r0)
     return (h_y - h_y_x).clamp_min(0.0)
 
 

@@ -83,22 +83,18 @@ class WarmStartRecipe:
 
 # --------------------------------------------------------------------------- evaluation
 
-_BOXED = "\\boxed{"
 
 
 def extract_boxed_int(text: str) -> int | None:
     """Integer in the last ``\\boxed{...}`` of ``text``; None if unclosed or not an integer.
 
     Strict on purpose: ``\\boxed{7`` (unclosed), ``\\boxed{7.0}`` and an unboxed ``7``
-    give None.
+    give None. The extraction is the reward's (:func:`ktae.rewards.extract_boxed`).
     """
-    start = text.rfind(_BOXED)
-    if start < 0:
-        return None
-    end = text.find("}", start + len(_BOXED))
-    if end < 0:
-        return None
-    inner = text[start + len(_BOXED):end].strip()
+    from ktae.rewards.extract import extract_boxed
+
+    inner = extract_boxed(text)
+    inner = inner.strip() if inner is not None else ""
     return int(inner) if re.fullmatch(r"-?\d+", inner) else None
 
 
