@@ -110,6 +110,7 @@ def test_tiny_model_rejects_bad_sizes(tok, kwargs, name):
 
 # --------------------------------------------------------------------------- warm start
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -118,6 +119,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from ktae.models import warmstart as ws  # noqa: E402
 from ktae.tasks.embedded import Problem, has_carry_or_borrow  # noqa: E402
@@ -326,3 +328,35 @@ def test_killed_build_leaves_nothing_valid_and_is_cleaned(tmp_path, one_thread):
     path = ws.default_model_path(tmp_path, recipe=SMALL, progress=False)
     assert path == final and ws.is_complete(path)
     assert [q for q in tmp_path.iterdir() if q.name.startswith(".tmp-")] == [other_live]
+
+
+def test_default_recipe_resolves_to_the_shipped_model(tmp_path, monkeypatch):
+    """The default recipe's model ships with the package: no build, and it matches the recipe
+    (a changed recipe changes the key, and this test then asks for a re-shipped model)."""
+    monkeypatch.setattr(ws, "warm_start", lambda *a, **k: pytest.fail("must not train"))
+    path = ws.default_model_path(tmp_path, progress=False)
+    assert path.parent == ws.SHIPPED_DIR and ws.is_complete(path)
+    meta = json.loads((path / ws.METRICS_FILE).read_text())
+    assert meta["recipe"] == dataclasses.asdict(ws.WarmStartRecipe())
+    assert meta["recipe_key"] == ws.WarmStartRecipe().key()
+    assert 0.40 <= meta["eval"]["accuracy"] <= 0.65  # well below its ceiling, room for RL
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert sum(p.numel() for p in model.parameters()) == 865_920
+    assert tok.decode(tok("Q:1+2 A:", add_special_tokens=False)["input_ids"]) == "Q:1+2 A:"
+
+
+def test_rebuild_trains_even_when_shipped(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(out, **kwargs):
+        calls.append(kwargs["steps"])
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "config.json").write_text("{}")
+        (Path(out) / ws.METRICS_FILE).write_text("{}")
+
+    monkeypatch.setattr(ws, "warm_start", fake)
+    path = ws.default_model_path(tmp_path, progress=False, rebuild=True)
+    assert calls == [ws.WarmStartRecipe().steps] and path.parent == tmp_path

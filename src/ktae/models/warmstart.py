@@ -303,9 +303,18 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ktae"
 
 
+#: Models built by :func:`default_model_path` and shipped as package data.
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+
+
 def default_model_path(cache_dir=None, *, seed: int = 0, steps: int | None = None,
-                       progress: bool = True, recipe: WarmStartRecipe | None = None) -> Path:
+                       progress: bool = True, recipe: WarmStartRecipe | None = None,
+                       rebuild: bool = False) -> Path:
     """Path of the warm-started default model for ``recipe``, building it on first use.
+
+    The default recipe's model ships with the package (built by this function, 3.5 MB:
+    ``ktae/models/shipped/``), so the default job starts at once; ``rebuild=True`` (or any
+    other recipe or seed) trains it here instead.
 
     The entry ``<cache_dir>/embedded-<recipe hash>`` is built in a temporary directory
     beside it and renamed into place only when complete, under a file lock, so a
@@ -320,11 +329,13 @@ def default_model_path(cache_dir=None, *, seed: int = 0, steps: int | None = Non
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     name = f"embedded-{recipe.key()}"
+    if not rebuild and is_complete(SHIPPED_DIR / name):
+        return SHIPPED_DIR / name
     final = root / name
-    if is_complete(final):
+    if is_complete(final) and not rebuild:
         return final
     with _file_lock(root / f"{name}.lock"):
-        if is_complete(final):  # built by another process while we waited
+        if is_complete(final) and not rebuild:  # built by another process while we waited
             return final
         _remove_stale_temporaries(root)
         tmp = root / f"{_TMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
