@@ -179,3 +179,23 @@ def test_ktae_eval_data_dir_and_errors(model_dir, tmp_path, capsys):
     assert "unknown benchmark" in capsys.readouterr().err
     assert main(["eval", str(model_dir), "--benchmarks", "embedded", "--k", "2",
                  "--temperature", "0", "--output-dir", str(out)]) == 2
+
+
+def test_generation_leaves_the_global_rng_alone():
+    """Evaluating inside a training loop must not change the training trajectory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ktae.eval.generate import SamplingConfig, generate_hf
+    from ktae.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    model = LlamaForCausalLM(cfg)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    generate_hf(model, tok, ["Q:1+2 A:"], SamplingConfig(k=2, temperature=1.0, max_new_tokens=4))
+    assert torch.equal(torch.rand(3), expected)

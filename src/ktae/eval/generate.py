@@ -94,28 +94,31 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = pad_id
-    torch.manual_seed(sampling.seed)
     out: list[list[Generation]] = []
-    try:
-        for start in range(0, len(prompts), batch_size):
-            chunk = list(prompts[start:start + batch_size])
-            enc = tokenizer(chunk, return_tensors="pt", padding=True,
-                            add_special_tokens=add_special_tokens).to(device)
-            with torch.no_grad():
-                seqs = model.generate(**enc, **kwargs)
-            new = seqs[:, enc["input_ids"].shape[1]:].tolist()
-            for i in range(len(chunk)):
-                gens = []
-                for row in new[i * sampling.k:(i + 1) * sampling.k]:
-                    n = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
-                    gens.append(Generation(
-                        tokenizer.decode(row[:n], skip_special_tokens=True), n))
-                out.append(gens)
-            if on_batch is not None:
-                on_batch(len(chunk))
-    finally:
-        model.train(was_training)
-        tokenizer.padding_side = side
+    # Seeded sampling that leaves the caller's global RNG as it was (evaluating during
+    # training must not change the training trajectory).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(sampling.seed)
+        try:
+            for start in range(0, len(prompts), batch_size):
+                chunk = list(prompts[start:start + batch_size])
+                enc = tokenizer(chunk, return_tensors="pt", padding=True,
+                                add_special_tokens=add_special_tokens).to(device)
+                with torch.no_grad():
+                    seqs = model.generate(**enc, **kwargs)
+                new = seqs[:, enc["input_ids"].shape[1]:].tolist()
+                for i in range(len(chunk)):
+                    gens = []
+                    for row in new[i * sampling.k:(i + 1) * sampling.k]:
+                        n = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
+                        gens.append(Generation(
+                            tokenizer.decode(row[:n], skip_special_tokens=True), n))
+                    out.append(gens)
+                if on_batch is not None:
+                    on_batch(len(chunk))
+        finally:
+            model.train(was_training)
+            tokenizer.padding_side = side
     return out
 
 

@@ -107,30 +107,19 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: i
     per-level accuracies ``level_accuracy``, the counts, and ``formatted`` (share of
     completions with a strict integer ``\\boxed{}``). An empty list gives accuracy None.
     """
-    import torch
-
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+    from ktae.eval.generate import SamplingConfig, generate_hf
+
+    prompts = [format_prompt(p, template) for p in problems]
+    gens = generate_hf(model, tokenizer, prompts,
+                       SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens),
+                       batch_size=batch_size)
     correct, formatted = [], []
-    was_training = model.training
-    model.eval()
-    try:
-        for i in range(0, len(problems), batch_size):
-            chunk = problems[i:i + batch_size]
-            batch = tokenizer([format_prompt(p, template) for p in chunk], return_tensors="pt",
-                              padding=True, padding_side="left")
-            with torch.no_grad():
-                out = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens,
-                                     pad_token_id=tokenizer.pad_token_id,
-                                     eos_token_id=tokenizer.eos_token_id)
-            texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:],
-                                           skip_special_tokens=True)
-            for p, text in zip(chunk, texts, strict=True):
-                got = extract_boxed_int(text)
-                formatted.append(got is not None)
-                correct.append(got is not None and got == int(p.answer))
-    finally:
-        model.train(was_training)
+    for p, g in zip(problems, gens, strict=True):
+        got = extract_boxed_int(g[0].text)
+        formatted.append(got is not None)
+        correct.append(got is not None and got == int(p.answer))
 
     def mean(flags):
         return sum(flags) / len(flags) if flags else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ktae.eval.generate import SamplingConfig, generate_hf
 from ktae.rewards import batch_math_reward
 
 
@@ -23,34 +24,13 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
     """
     if not rows:
         raise ValueError("rows: expected at least one problem")
-    was_training = model.training
-    model.eval()
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    device = next(model.parameters()).device
-    texts, lengths = [], []
-    try:
-        with torch.random.fork_rng(devices=[]):
-            for start in range(0, len(rows), batch_size):
-                chunk = rows[start:start + batch_size]
-                # special tokens as TRL adds them to training prompts (e.g. a leading BOS)
-                enc = tokenizer([r["prompt"] for r in chunk], return_tensors="pt",
-                                padding=True).to(device)
-                out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
-                                     pad_token_id=tokenizer.pad_token_id,
-                                     eos_token_id=tokenizer.eos_token_id, temperature=None,
-                                     top_p=None, top_k=None)
-                new = out[:, enc["input_ids"].shape[1]:]
-                for ids in new:
-                    ids = ids.tolist()
-                    n = len(ids)
-                    if tokenizer.eos_token_id in ids:
-                        n = ids.index(tokenizer.eos_token_id) + 1
-                    lengths.append(n)
-                texts += tokenizer.batch_decode(new, skip_special_tokens=True)
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
+    prompts = [r["prompt"] for r in rows]
+    # special tokens as TRL adds them to training prompts (e.g. a leading BOS)
+    gens = generate_hf(model, tokenizer, prompts,
+                       SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens),
+                       batch_size=batch_size)
+    texts = [g[0].text for g in gens]
+    lengths = [g[0].num_tokens for g in gens]
     results = batch_math_reward(texts, [r["answer"] for r in rows], num_workers=1)
     correct = [r.correct for r in results]
     report = {
