@@ -48,10 +48,3 @@ def check_mask(mask: torch.Tensor, name: str, shape: tuple[int, ...]) -> torch.T
         raise ValueError(f"{name}: expected values 0 or 1 only")
     return mask != 0
 
-
-def check_same_device(**tensors: torch.Tensor) -> torch.device:
-    devices = {n: t.device for n, t in tensors.items() if isinstance(t, torch.Tensor)}
-    uniq = set(devices.values())
-    if len(uniq) > 1:
-        raise ValueError(f"tensors on different devices: {devices}")
-    return next(iter(uniq)) if uniq else torch.device("cpu")

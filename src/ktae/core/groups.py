@@ -58,7 +58,3 @@ def _first_appearance_order(inverse: torch.Tensor) -> torch.Tensor:
     rank[torch.argsort(first)] = torch.arange(n, device=inverse.device)
     return rank[inverse]
 
-
-def group_sizes(gid: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """``[P]`` number of responses per group."""
-    return torch.bincount(gid, minlength=num_groups)
