@@ -1,0 +1,23 @@
+"""The advantage benchmark runs end to end on its small preset and prints its table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_advantages.py"
+
+
+def test_small_preset_prints_ratios_and_memory():
+    out = subprocess.run([sys.executable, str(BENCH), "--preset", "small", "--repeats", "1",
+                          "--threads", "1"], capture_output=True, text=True, check=True,
+                         timeout=300).stdout
+    cells = {}
+    for name in ("sort (floor)", "grpo", "ktae exact", "ktae reference"):
+        line = next(x for x in out.splitlines() if x.startswith(name + " "))
+        cells[name] = [float(v) for v in line[len(name):].split()]
+    assert cells["sort (floor)"][1] == 1.0  # the floor's ratio to itself
+    for name in ("ktae exact", "ktae reference"):
+        seconds, ratio, memory = cells[name]
+        assert seconds > 0 and ratio > 0 and memory >= 0
