@@ -265,7 +265,9 @@ def credit_png(responses, advantages, path, *, rewards=None, decode=None,
                 ax.add_patch(Rectangle((j, y + 0.1), 1, 0.8, facecolor=rgb, edgecolor="white",
                                        linewidth=0.5))
                 shown = "".join(_VISIBLE.get(ch, ch) if ch != "\n" else "\\n" for ch in t)
-                ax.text(j + 0.5, y + 0.5, shown[:4], ha="center", va="center",
+                if len(shown) > 5:
+                    shown = shown[:4] + "\u2026"
+                ax.text(j + 0.5, y + 0.5, shown, ha="center", va="center",
                         fontsize=7, family="monospace", parse_math=False,
                         color="white" if abs(v) / scale > 0.6 else "black")
             if len(text_row) > max_tokens:
