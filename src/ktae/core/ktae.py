@@ -15,12 +15,18 @@ give a 2x2 table ``[[a, b], [c, d]]`` (responses containing ``v`` or not). Then
 reproduces the authors' released runtime including its float32 quirks (SPEC 2b, see
 :mod:`ktae.core.ktae_reference`). Both run as one vectorised pass over the batch
 (:func:`ktae.core.token_counts.count_tokens`): no Python loop over groups or tokens.
+
+``ngram=N > 1`` (exact mode) scores spans of N consecutive tokens instead of single
+tokens, with the same formulas per (group, distinct span); each token then gets the
+value of the spans covering it, reduced by ``ngram_reduce`` (:mod:`ktae.core.ngrams`,
+docs/ngram.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -28,127 +34,30 @@ from ktae.core import stats
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, make_batch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor
-from ktae.core.token_counts import TokenCounts, count_tokens, unique_small_keys
+from ktae.core.ktae_options import (
+    PAPER_DEFAULTS,
+    QWEN_ENDOFTEXT_ID,
+    RUNTIME_DEFAULTS,
+    KTAEOptions,
+    check_chunk_tokens,
+    keyword_options,
+    resolve_options,
+)
+from ktae.core.ktae_reference import reference_table
+from ktae.core.ktae_table import KeyTokenTable
+from ktae.core.ngrams import Spans, find_spans, reduce_to_tokens
+from ktae.core.token_counts import TokenCounts, count_tokens, count_units, unique_small_keys
 
-#: Qwen2.5's ``<|endoftext|>`` (its EOS and pad), ignored by the released runtime.
-QWEN_ENDOFTEXT_ID = 151643
+__all__ = ["PAPER_DEFAULTS", "QWEN_ENDOFTEXT_ID", "RUNTIME_DEFAULTS", "KeyTokenTable",
+           "key_token_table", "ktae_advantages"]
 
 #: Real tokens per chunk (see ``chunk_tokens``): measured fastest on CPU with memory below
 #: the input's; accelerators prefer fewer, larger launches.
 CPU_CHUNK_TOKENS = 1 << 19
 DEVICE_CHUNK_TOKENS = 1 << 23
 
-#: Default hyper-parameters of the released runtime (SPEC 2) and of the paper variant.
-RUNTIME_DEFAULTS = {"h1": 1.0, "h2": 1.0, "h3": 1.0}
-PAPER_DEFAULTS = {"h1": 1.0, "h2": 2.0, "h3": 1.0}
 
-
-@dataclass(frozen=True)
-class KeyTokenTable:
-    """Per (group, distinct token) statistics of KTAE: one row per pair, 1-D tensors.
-
-    ``group`` is the dense group index (groups numbered in order of first appearance in
-    the batch); ``token`` the token id; ``a, b, c, d`` the 2x2 table (present/absent x
-    correct/incorrect); ``p_value`` and ``fisher`` (F), ``info_gain`` (bits),
-    ``tf_correct``/``tf_incorrect`` (Eq. 8), ``direction`` (D, Eq. 9) and ``value``
-    (the key-token value added to the base advantage). Groups lacking a correct or an
-    incorrect response, and ignored tokens, have ``value == 0``.
-    """
-
-    group: torch.Tensor
-    token: torch.Tensor
-    a: torch.Tensor
-    b: torch.Tensor
-    c: torch.Tensor
-    d: torch.Tensor
-    p_value: torch.Tensor
-    fisher: torch.Tensor
-    info_gain: torch.Tensor
-    tf_correct: torch.Tensor
-    tf_incorrect: torch.Tensor
-    direction: torch.Tensor
-    value: torch.Tensor
-
-    def __len__(self) -> int:
-        return int(self.group.numel())
-
-    def to_rows(self) -> list[dict]:
-        """The table as a list of plain dicts (ints and floats), one per pair."""
-        cols = {f.name: getattr(self, f.name).detach().cpu().tolist() for f in fields(self)}
-        return [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
-
-    def format(self, top: int = 20, decode=None) -> str:
-        """A plain-text table of the ``top`` pairs with the largest ``|value|``.
-
-        ``decode``: optional ``token id -> str`` (e.g. ``tokenizer.decode``) for a text column.
-        """
-        order = torch.argsort(self.value.abs(), descending=True, stable=True)[:top].tolist()
-        head = ["group", "token"] + (["text"] if decode else []) + [
-            "a", "b", "c", "d", "p", "F", "IG", "TF_T", "TF_F", "D", "value"]
-        lines = ["  ".join(f"{h:>9}" for h in head)]
-        for i in order:
-            cells = [str(int(self.group[i])), str(int(self.token[i]))]
-            if decode:
-                cells.append(repr(decode(int(self.token[i])))[:9])
-            cells += [str(int(getattr(self, k)[i])) for k in "abcd"]
-            cells += [f"{float(getattr(self, k)[i]):.3g}" for k in (
-                "p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", "direction", "value")]
-            lines.append("  ".join(f"{c:>9}" for c in cells))
-        return "\n".join(lines)
-
-    def lookup(self, group: int, token: int) -> dict:
-        """The row of one (dense group, token id): "why did this token get this credit?"."""
-        hit = ((self.group == group) & (self.token == token)).nonzero()
-        if hit.numel() == 0:
-            raise KeyError(f"token {token} does not occur in group {group}")
-        i = int(hit[0, 0])
-        return {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
-
-
-def _resolve_options(mode: str, variant: str, h1, h2, h3, k1: float, b: float, top: float):
-    if mode not in ("exact", "reference"):
-        raise ValueError(f"mode: expected 'exact' or 'reference', got {mode!r}")
-    if variant not in ("runtime", "paper"):
-        raise ValueError(f"variant: expected 'runtime' or 'paper', got {variant!r}")
-    defaults = PAPER_DEFAULTS if variant == "paper" else RUNTIME_DEFAULTS
-    h1 = defaults["h1"] if h1 is None else float(h1)
-    h2 = defaults["h2"] if h2 is None else float(h2)
-    h3 = defaults["h3"] if h3 is None else float(h3)
-    for name, val in (("h1", h1), ("h2", h2), ("h3", h3), ("top", top), ("k1", k1)):
-        if not val >= 0:
-            raise ValueError(f"{name}: expected a non-negative number, got {val}")
-    if h1 + h2 <= 0:
-        raise ValueError("h1, h2: expected h1 + h2 > 0 (at least one of F and IG on)")
-    if not 0.0 <= b <= 1.0:
-        raise ValueError(f"b: expected 0 <= b <= 1, got {b}")
-    return h1, h2, h3
-
-
-def _correctness(batch: AdvantageBatch, correct, reward_threshold: float) -> torch.Tensor:
-    if correct is None:
-        return batch.rewards > reward_threshold
-    correct = as_tensor(correct, "correct", device=batch.device)
-    if correct.shape != batch.rewards.shape:
-        raise ValueError(f"correct: expected shape {tuple(batch.rewards.shape)}, "
-                         f"got {tuple(correct.shape)}")
-    if correct.dtype != torch.bool:
-        if correct.is_floating_point() or not ((correct == 0) | (correct == 1)).all():
-            raise ValueError("correct: expected booleans (or 0/1 integers)")
-        correct = correct != 0
-    return correct
-
-
-def _ignored(token: torch.Tensor, ignore_token_ids: Iterable[int] | None) -> torch.Tensor:
-    ids = [] if ignore_token_ids is None else [int(i) for i in ignore_token_ids]
-    if not ids:
-        return torch.zeros_like(token, dtype=torch.bool)
-    return torch.isin(token, torch.tensor(ids, dtype=token.dtype, device=token.device))
-
-
-def _scale(k: torch.Tensor, top: float, variant: str) -> torch.Tensor:
-    if variant == "paper":  # paper Eq. 10: sigmoid(k) - 0.5
-        return top * (torch.sigmoid(k) - 0.5)
-    return top * (2.0 * torch.sigmoid(k) - 1.0)
+# ------------------------------------------------------------------ statistics per pair
 
 
 def _distinct_tables(cnt: TokenCounts):
@@ -188,7 +97,8 @@ def _exact_values(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant) -> torch
     weight = (h1 * stats.fisher_score(p) + h2 * stats.information_gain(*tables)) / (h1 + h2)
     h = stats.cohens_h(*tables)
     tf_t, tf_f = _term_frequencies(cnt, k1, b)
-    return _scale(weight[inv] * stats.direction(h[inv], tf_t, tf_f, h3), top, variant)
+    return stats.scale_key_value(weight[inv] * stats.direction(h[inv], tf_t, tf_f, h3), top,
+                                 variant)
 
 
 def _exact_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant) -> KeyTokenTable:
@@ -198,54 +108,63 @@ def _exact_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant) -> KeyTok
     fisher = stats.fisher_score(p)
     tf_t, tf_f = _term_frequencies(cnt, k1, b)
     dirn = stats.direction(h, tf_t, tf_f, h3)
-    value = _scale((h1 * fisher + h2 * ig) * dirn / (h1 + h2), top, variant)
+    value = stats.scale_key_value((h1 * fisher + h2 * ig) * dirn / (h1 + h2), top, variant)
     a, bb = cnt.a, cnt.b
     c, d = cnt.n_correct - a, cnt.n_incorrect - bb
     return KeyTokenTable(cnt.group, cnt.token, a, bb, c, d, p, fisher, ig, tf_t, tf_f, dirn, value)
 
 
-@dataclass(frozen=True)
-class _Settings:
-    h1: float
-    h2: float
-    h3: float
-    k1: float
-    b: float
-    top: float
-    variant: str
-    mode: str
-    ignore_token_ids: tuple[int, ...]
-
-    def stats_kwargs(self) -> dict:
-        return dict(h1=self.h1, h2=self.h2, h3=self.h3, k1=self.k1, b=self.b, top=self.top,
-                    variant=self.variant)
+def _keep(cnt: TokenCounts, opts: KTAEOptions) -> torch.Tensor:
+    """Pairs that get a value: groups with both classes, tokens not ignored (spans never
+    contain an ignored token)."""
+    both = (cnt.group_n_correct > 0) & (cnt.group_n_incorrect > 0)
+    keep = both[cnt.group]
+    if opts.ngram == 1 and opts.ignore_token_ids:
+        ids = torch.tensor(opts.ignore_token_ids, dtype=cnt.token.dtype, device=cnt.token.device)
+        keep &= ~torch.isin(cnt.token, ids)
+    return keep
 
 
-def _prepare(batch: AdvantageBatch, *, correct=None, reward_threshold: float = 0.0, h1=None,
-             h2=None, h3=None, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
-             ignore_token_ids: Iterable[int] | None = None, mode: str = "exact",
-             variant: str = "runtime") -> tuple[_Settings, torch.Tensor]:
-    """Validate the options; return them and the ``[B]`` correctness of each response."""
-    if batch.token_ids is None:
-        raise ValueError("token_ids: required by the 'ktae' estimator")
-    h1, h2, h3 = _resolve_options(mode, variant, h1, h2, h3, k1, b, top)
-    if mode == "reference":
-        if correct is not None:
-            raise ValueError("correct: the reference mode uses the runtime's rule (reward > 0)")
-        if ignore_token_ids is None:
-            ignore_token_ids = (QWEN_ENDOFTEXT_ID,)
-        # The runtime's scores are float32: 1e-50 is not > 0 there.
-        is_correct = batch.rewards.to(torch.float32) > 0
+def _table(cnt: TokenCounts, opts: KTAEOptions) -> KeyTokenTable:
+    if opts.mode == "reference":
+        table = reference_table(cnt, **opts.stats_kwargs())
     else:
-        is_correct = _correctness(batch, correct, reward_threshold)
-    ignored = tuple(int(i) for i in (ignore_token_ids or ()))
-    return _Settings(h1, h2, h3, float(k1), float(b), float(top), variant, mode, ignored), is_correct
+        table = _exact_table(cnt, **opts.stats_kwargs())
+    value = torch.where(_keep(cnt, opts), table.value, torch.zeros_like(table.value))
+    return dataclasses.replace(table, value=value)
 
 
-def _count(batch: AdvantageBatch, **options) -> tuple[TokenCounts, _Settings]:
-    settings, is_correct = _prepare(batch, **options)
-    cnt = count_tokens(batch.token_ids, batch.mask, batch.gid, batch.num_groups, is_correct)
-    return cnt, settings
+def _values(cnt: TokenCounts, opts: KTAEOptions) -> torch.Tensor:
+    if opts.mode == "reference":
+        return _table(cnt, opts).value
+    value = _exact_values(cnt, **opts.stats_kwargs())
+    return torch.where(_keep(cnt, opts), value, torch.zeros_like(value))
+
+
+# ------------------------------------------------------------------ chunks of groups
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Consecutive groups of a batch: rows (None = the whole batch), inputs, first group."""
+
+    rows: torch.Tensor | None
+    first_group: int
+    token_ids: torch.Tensor
+    mask: torch.Tensor
+    gid: torch.Tensor
+    num_groups: int
+    correct: torch.Tensor
+
+    def count(self, opts: KTAEOptions) -> tuple[TokenCounts, Spans | None]:
+        """Counts per (group, token), or per (group, span) with their spans."""
+        if opts.ngram == 1:
+            return count_tokens(self.token_ids, self.mask, self.gid, self.num_groups,
+                                self.correct), None
+        spans = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids)
+        cnt = count_units(spans.key, spans.row, spans.row_len, self.gid, self.num_groups,
+                          self.correct)
+        return cnt, spans
 
 
 def _group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max_tokens: int):
@@ -274,33 +193,59 @@ def _group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max
         start = end
 
 
-def _keep(cnt: TokenCounts, settings: _Settings) -> torch.Tensor:
-    """Pairs that get a value: groups with both classes, tokens not ignored."""
-    both = (cnt.group_n_correct > 0) & (cnt.group_n_incorrect > 0)
-    return both[cnt.group] & ~_ignored(cnt.token, settings.ignore_token_ids)
+def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | None
+            ) -> Iterator[_Chunk]:
+    if chunk_tokens is None:
+        chunk_tokens = CPU_CHUNK_TOKENS if batch.device.type == "cpu" else DEVICE_CHUNK_TOKENS
+    row_len = batch.mask.sum(1, dtype=torch.int32).long()
+    for rows, g0, n_groups in _group_chunks(batch.gid, batch.num_groups, row_len, chunk_tokens):
+        if rows is None:  # one chunk: the whole batch, no copies
+            yield _Chunk(None, 0, batch.token_ids, batch.mask, batch.gid, n_groups, correct)
+        else:
+            yield _Chunk(rows, g0, batch.token_ids[rows], batch.mask[rows],
+                         batch.gid[rows] - g0, n_groups, correct[rows])
 
 
-def _table(cnt: TokenCounts, settings: _Settings) -> KeyTokenTable:
-    if settings.mode == "reference":
-        from ktae.core.ktae_reference import reference_table
-
-        table = reference_table(cnt, **settings.stats_kwargs())
-    else:
-        table = _exact_table(cnt, **settings.stats_kwargs())
-    value = torch.where(_keep(cnt, settings), table.value, torch.zeros_like(table.value))
-    return KeyTokenTable(**{**{f.name: getattr(table, f.name) for f in fields(table)}, "value": value})
+# ------------------------------------------------------------------ public functions
 
 
-def _values(cnt: TokenCounts, settings: _Settings) -> torch.Tensor:
-    if settings.mode == "reference":
-        return _table(cnt, settings).value
-    value = _exact_values(cnt, **settings.stats_kwargs())
-    return torch.where(_keep(cnt, settings), value, torch.zeros_like(value))
+def _prepare(batch: AdvantageBatch, correct, options: dict) -> tuple[KTAEOptions, torch.Tensor]:
+    """Validate the options; return them and the ``[B]`` correctness of each response."""
+    if batch.token_ids is None:
+        raise ValueError("token_ids: required by the 'ktae' estimator")
+    opts = resolve_options(**options)
+    if opts.mode == "reference":
+        if correct is not None:
+            raise ValueError("correct: the reference mode uses the runtime's rule (reward > 0)")
+        # The runtime's scores are float32: 1e-50 is not > 0 there.
+        return opts, batch.rewards.to(torch.float32) > 0
+    if correct is None:
+        return opts, batch.rewards > opts.reward_threshold
+    correct = as_tensor(correct, "correct", device=batch.device)
+    if correct.shape != batch.rewards.shape:
+        raise ValueError(f"correct: expected shape {tuple(batch.rewards.shape)}, "
+                         f"got {tuple(correct.shape)}")
+    if correct.dtype != torch.bool:
+        if correct.is_floating_point() or not ((correct == 0) | (correct == 1)).all():
+            raise ValueError("correct: expected booleans (or 0/1 integers)")
+        correct = correct != 0
+    return opts, correct
+
+
+def _check_base(base) -> None:
+    if not isinstance(base, str) or base not in SEQUENCE_BASELINES:
+        raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
 
 
 @ADVANTAGE_ESTIMATORS.register("ktae")
-def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", chunk_tokens: int | None = None,
-                    **options) -> torch.Tensor:
+@keyword_options("the 'ktae' estimator")
+def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
+                    reward_threshold: float | None = None, h1: float | None = None,
+                    h2: float | None = None, h3: float | None = None, k1: float = 2.0,
+                    b: float = 0.5, top: float = 1.0, ignore_token_ids=None,
+                    mode: str = "exact", variant: str = "runtime", ngram: int = 1,
+                    ngram_reduce: str = "maxabs", chunk_tokens: int | None = None
+                    ) -> torch.Tensor:
     """Token-level KTAE advantages ``[B, T]`` (Eq. 10), zero on padding.
 
     Options (see :func:`ktae.compute_advantages`): ``base`` ("grpo", "drgrpo", "rloo"),
@@ -309,51 +254,104 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", chunk_tokens: 
     set one to 0 for the paper's ablations), ``k1`` (2.0), ``b`` (0.5), ``top`` (1.0),
     ``ignore_token_ids`` (value 0; none by default, 151643 in reference mode),
     ``mode`` ("exact" or "reference"), ``variant`` ("runtime": ``top (2 sigmoid(k) - 1)``,
-    or "paper": ``top (sigmoid(k) - 0.5)``), ``chunk_tokens`` (groups are processed in
-    chunks of about this many real tokens, which bounds memory and keeps sorts in cache;
-    results do not depend on it; default 2**19 on CPU, 2**23 on accelerators).
+    or "paper": ``top (sigmoid(k) - 0.5)``), ``ngram`` (1: key tokens; N > 1: key spans
+    of N tokens, exact mode only) and ``ngram_reduce`` ("maxabs": a token gets the value
+    of largest magnitude among the spans covering it; "mean": their mean), ``chunk_tokens``
+    (groups are processed in chunks of about this many real tokens, which bounds memory and
+    keeps sorts in cache; results do not depend on it; default 2**19 on CPU, 2**23 on
+    accelerators). Bounds: :mod:`ktae.core.ktae_options`.
 
     Degenerate input: a group of one gets its base advantage (GRPO: mean 0, std 1) and no
     key-token values; a group that is all correct or all incorrect gets values 0; empty
     responses are all padding and get 0; a class whose responses are all empty has
-    f = TF = 0 for every token.
+    f = TF = 0 for every token. With ``ngram = N > 1``, a token covered by no span (in a
+    run of fewer than N real tokens between padding or ignored tokens, or an ignored token)
+    gets value 0, i.e. its base advantage.
+
+    Raises:
+        ValueError: an unknown option (the message lists the valid ones) or an invalid value.
     """
-    if base not in SEQUENCE_BASELINES:
-        raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
-    settings, is_correct = _prepare(batch, **options)
-    if chunk_tokens is None:
-        chunk_tokens = CPU_CHUNK_TOKENS if batch.device.type == "cpu" else DEVICE_CHUNK_TOKENS
-    elif int(chunk_tokens) < 1:
-        raise ValueError(f"chunk_tokens: expected a positive integer, got {chunk_tokens}")
-    rewards = batch.rewards.to(torch.float32) if settings.mode == "reference" else batch.rewards
+    _check_base(base)
+    opts, is_correct = _prepare(batch, correct, dict(
+        reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top,
+        ignore_token_ids=ignore_token_ids, mode=mode, variant=variant, ngram=ngram,
+        ngram_reduce=ngram_reduce))
+    chunk_tokens = check_chunk_tokens(chunk_tokens)
+    rewards = batch.rewards.to(torch.float32) if opts.mode == "reference" else batch.rewards
     out_dtype = torch.float64 if batch.rewards.dtype == torch.float64 else torch.float32
     seq = SEQUENCE_BASELINES[base](rewards, batch.gid, batch.num_groups).to(out_dtype)
     out = torch.zeros(batch.mask.shape, dtype=out_dtype, device=batch.device)
-    row_len = batch.mask.sum(1, dtype=torch.int32).long()
-    for rows, g0, n_groups in _group_chunks(batch.gid, batch.num_groups, row_len, chunk_tokens):
-        if rows is None:  # one chunk: the whole batch, no copies
-            cnt = count_tokens(batch.token_ids, batch.mask, batch.gid, n_groups, is_correct)
-            out.masked_scatter_(batch.mask, cnt.spread(_values(cnt, settings).to(out_dtype)))
-            continue
-        mask = batch.mask[rows]
-        cnt = count_tokens(batch.token_ids[rows], mask, batch.gid[rows] - g0, n_groups, is_correct[rows])
-        per_token = cnt.spread(_values(cnt, settings).to(out_dtype))
-        out.index_copy_(0, rows, torch.zeros_like(out[rows]).masked_scatter_(mask, per_token))
+    for chunk in _chunks(batch, is_correct, chunk_tokens):
+        cnt, spans = chunk.count(opts)
+        if spans is None:
+            per_token = cnt.spread(_values(cnt, opts).to(out_dtype))
+        else:
+            per_span = cnt.spread(_values(cnt, opts))
+            per_token = reduce_to_tokens(per_span, spans, opts.ngram_reduce).to(out_dtype)
+        if chunk.rows is None:
+            out.masked_scatter_(chunk.mask, per_token)
+        else:
+            out.index_copy_(0, chunk.rows,
+                            torch.zeros_like(out[chunk.rows]).masked_scatter_(chunk.mask, per_token))
     return out.add_(seq[:, None]).masked_fill_(~batch.mask, 0.0)
 
 
-def key_token_table(*, rewards, group, token_ids, mask=None, **options) -> KeyTokenTable:
+def _span_columns(table: KeyTokenTable, cnt: TokenCounts, spans: Spans) -> KeyTokenTable:
+    """Add the token ids of each row's span (from its first occurrence)."""
+    first = torch.cumsum(cnt.run_length, 0) - cnt.run_length  # sorted index of each run
+    return dataclasses.replace(table, span=spans.token_ids(cnt.order[first]))
+
+
+@keyword_options("key_token_table")
+def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = None,
+                    correct=None, reward_threshold: float | None = None,
+                    h1: float | None = None, h2: float | None = None,
+                    h3: float | None = None, k1: float = 2.0, b: float = 0.5,
+                    top: float = 1.0, ignore_token_ids=None, mode: str = "exact",
+                    variant: str = "runtime", ngram: int = 1, ngram_reduce: str = "maxabs",
+                    chunk_tokens: int | None = None) -> KeyTokenTable:
     """Diagnostics: KTAE's statistics for every (group, distinct token) of a batch.
 
     Takes the same arguments and options as ``compute_advantages("ktae", ...)`` (``base``
-    is accepted and ignored) and returns a :class:`KeyTokenTable`: the counts a, b, c, d,
-    the p-value, F, IG, TF_T, TF_F, D and the key-token value of each token in each group.
+    and ``ngram_reduce`` are checked and do not change the table) and returns a
+    :class:`KeyTokenTable`: the counts a, b, c, d, the p-value, F, IG, TF_T, TF_F, D and
+    the key-token value of each token in each group. With ``ngram = N > 1`` the rows are
+    (group, distinct span of N tokens) and the table's ``span`` column holds the token
+    ids of each span.
 
     Example:
         >>> t = key_token_table(rewards=[1., 0.], group=[0, 0], token_ids=[[5, 6], [5, 7]])
         >>> t.lookup(0, 6)["a"], t.lookup(0, 6)["b"]
         (1, 0)
+        >>> t2 = key_token_table(rewards=[1., 0.], group=[0, 0], token_ids=[[5, 6], [5, 7]],
+        ...                      ngram=2)
+        >>> t2.lookup(0, span=[5, 6])["a"], t2.lookup(0, span=[5, 6])["value"] > 0
+        (1, True)
     """
-    options.pop("base", None)
+    if base is not None:
+        _check_base(base)
     batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask)
-    return _table(*_count(batch, **options))
+    opts, is_correct = _prepare(batch, correct, dict(
+        reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top,
+        ignore_token_ids=ignore_token_ids, mode=mode, variant=variant, ngram=ngram,
+        ngram_reduce=ngram_reduce))
+    chunk_tokens = check_chunk_tokens(chunk_tokens)
+    parts = []
+    for chunk in _chunks(batch, is_correct, chunk_tokens):
+        cnt, spans = chunk.count(opts)
+        table = _table(cnt, opts)
+        if spans is not None:
+            table = _span_columns(table, cnt, spans)
+        if chunk.first_group:
+            table = dataclasses.replace(table, group=table.group + chunk.first_group)
+        parts.append(table)
+    if len(parts) == 1:
+        table = parts[0]
+    else:
+        table = KeyTokenTable(**{f.name: None if getattr(parts[0], f.name) is None else
+                                 torch.cat([getattr(p, f.name) for p in parts])
+                                 for f in dataclasses.fields(KeyTokenTable)})
+    if table.span is not None:  # span ids: lexicographic rank over the whole table
+        ids = torch.unique(table.span, dim=0, return_inverse=True)[1] if len(table) else table.token
+        table = dataclasses.replace(table, token=ids.reshape(-1))
+    return table

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ktae.core import stats
+from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.token_counts import TokenCounts, unique_small_keys
 
 _F32 = torch.float32
@@ -59,8 +60,6 @@ def runtime_fisher_pvalue(a, b, c, d, width) -> torch.Tensor:
 
 def reference_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant):
     """The runtime's per-(group, token) statistics, as a ``KeyTokenTable`` (float32)."""
-    from ktae.core.ktae import KeyTokenTable, _scale
-
     a, bb = cnt.a, cnt.b
     c, d = cnt.n_correct - a, cnt.n_incorrect - bb
     n = a + bb + c + d
@@ -104,5 +103,5 @@ def reference_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant):
     tf_f = tf(cnt.count_incorrect, cnt.len_incorrect, cnt.len_correct)
     eps = stats.TF_RATIO_EPS
     dirn = h + h3 * (tf_t / (tf_f + eps) - tf_f / (tf_t + eps))
-    value = _scale((h1 * fisher + h2 * ig) * dirn / (h1 + h2), top, variant)
+    value = stats.scale_key_value((h1 * fisher + h2 * ig) * dirn / (h1 + h2), top, variant)
     return KeyTokenTable(cnt.group, cnt.token, a, bb, c, d, p, fisher, ig, tf_t, tf_f, dirn, value)

@@ -157,6 +157,17 @@ def cohens_h(a, b, c, d) -> torch.Tensor:
     return torch.asin(p_t.sqrt()) - torch.asin(p_f.sqrt())
 
 
+def scale_key_value(k: torch.Tensor, top: float, variant: str = "runtime") -> torch.Tensor:
+    """Key-token value from the weighted direction ``k`` (Eq. 10's scaling).
+
+    ``variant="runtime"`` (the released runtime): ``top * (2 sigmoid(k) - 1)``, in
+    ``(-top, top)``; ``variant="paper"`` (paper Eq. 10): ``top * (sigmoid(k) - 0.5)``.
+    """
+    if variant == "paper":
+        return top * (torch.sigmoid(k) - 0.5)
+    return top * (2.0 * torch.sigmoid(k) - 1.0)
+
+
 def direction(h: torch.Tensor, tf_correct: torch.Tensor, tf_incorrect: torch.Tensor,
               h3: float = 1.0) -> torch.Tensor:
     """Direction of association (Eq. 9): Cohen's h plus ``h3`` times the TF contrast."""

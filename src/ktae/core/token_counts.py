@@ -24,8 +24,11 @@ _KEY_BITS = 62
 class TokenCounts:
     """Counts per (group, distinct token) present with mask = 1. U = number of pairs.
 
+    The counted units may also be spans of n tokens (:func:`count_units`): read "span"
+    for "token" below, and "spans" for "tokens" in the lengths.
+
     Attributes:
-        group: ``[U]`` dense group id. token: ``[U]`` token id.
+        group: ``[U]`` dense group id. token: ``[U]`` token id (or span id).
         a, b: ``[U]`` correct / incorrect responses containing the token.
         count_correct, count_incorrect: ``[U]`` occurrences in each class's responses.
         run_length: ``[U]`` occurrences of the pair (runs of the sorted keys, in order).
@@ -101,8 +104,36 @@ def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
     Raises:
         ValueError: a negative token id where mask is 1.
     """
-    device = token_ids.device
-    B = token_ids.shape[0]
+    # Real tokens in row-major order (nonzero + index_select beats boolean indexing).
+    flat = mask.reshape(-1).nonzero().squeeze(1)
+    tok = real_token_ids(token_ids, flat)
+    row = flat.div_(token_ids.shape[1], rounding_mode="floor")
+    row_len = mask.sum(1, dtype=torch.int32).long()
+    return count_units(tok, row, row_len, gid, num_groups, correct)
+
+
+def real_token_ids(token_ids: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``[M]`` int64 ids at the row-major positions ``flat``; refuses negative ids."""
+    tok = token_ids.reshape(-1).index_select(0, flat).long()
+    if tok.numel() and tok.min() < 0:
+        raise ValueError("token_ids: expected non-negative ids where mask is 1")
+    return tok
+
+
+def count_units(unit: torch.Tensor, row: torch.Tensor, row_len: torch.Tensor,
+                gid: torch.Tensor, num_groups: int, correct: torch.Tensor) -> TokenCounts:
+    """:class:`TokenCounts` of counted units: tokens, or spans of n tokens (n-grams).
+
+    Args:
+        unit: ``[M]`` non-negative int64 ids (equal ids = the same token or span).
+        row: ``[M]`` the response of each unit (units in row-major order).
+        row_len: ``[B]`` units per response (the class lengths L_T, L_F sum them).
+        gid: ``[B]`` dense group ids. correct: ``[B]`` bool.
+
+    ``TokenCounts.token`` then holds the unit ids and ``order``/``spread`` index units.
+    """
+    device = unit.device
+    B = gid.shape[0]
     sizes = torch.bincount(gid, minlength=num_groups)
     g_max = int(sizes.max().item())
     order_rows = torch.argsort(gid, stable=True)
@@ -110,17 +141,8 @@ def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
     rank = torch.empty(B, dtype=torch.int64, device=device)
     rank[order_rows] = torch.arange(B, device=device) - starts_g[gid[order_rows]]
 
-    row_len = mask.sum(1, dtype=torch.int32).long()
-    # Real tokens in row-major order (nonzero + index_select beats boolean indexing).
-    flat = mask.reshape(-1).nonzero().squeeze(1)
-    tok = token_ids.reshape(-1).index_select(0, flat).long()
-    if tok.numel():
-        lo, hi = tok.aminmax()
-        if lo < 0:
-            raise ValueError("token_ids: expected non-negative ids where mask is 1")
-        vocab = int(hi) + 1
-    else:
-        vocab = 1
+    vocab = int(unit.max()) + 1 if unit.numel() else 1
+    tok = unit
     s = max(1, (g_max - 1).bit_length())  # bits for the rank
     shift = s + 1  # plus one bit for "incorrect"
     remap = None
@@ -128,9 +150,8 @@ def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
         remap, tok = torch.unique(tok, return_inverse=True)
         vocab = remap.numel()
     row_key = ((gid * vocab) << shift) | ((~correct).long() << s) | rank
-    key = row_key.index_select(0, flat.div_(token_ids.shape[1], rounding_mode="floor"))
-    del flat
-    key += tok.bitwise_left_shift_(shift)
+    key = row_key.index_select(0, row)
+    key += tok << shift
     del tok
     key, order = torch.sort(key)
 

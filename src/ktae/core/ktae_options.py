@@ -1,0 +1,183 @@
+"""KTAE's options: defaults, validation and bounds, shared by both modes (SPEC 2, 2b).
+
+Every check raises ``ValueError`` naming the option and what it expects. Numeric options
+must be finite and within bounds that keep every intermediate finite:
+
+- ``h1, h2, h3, k1`` in ``[0, 1e6]`` (``h1 + h2 > 0``) and ``top`` in ``[0, 1e6]``: a key
+  value is at most ``top`` in magnitude, so a token's advantage stays below
+  ``1e6 + |A_base|`` and a float32 loss summed over any realistic batch stays far from
+  overflow; h3 and k1 beyond 1e6 could turn ``0 * inf`` into NaN (h3) or saturate every
+  term frequency to 0 (k1). Useful settings are of order 1.
+- ``b`` in ``[0, 1]``; ``reward_threshold`` finite.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+#: Qwen2.5's ``<|endoftext|>`` (its EOS and pad), ignored by the released runtime.
+QWEN_ENDOFTEXT_ID = 151643
+
+#: Default hyper-parameters of the released runtime (SPEC 2) and of the paper variant.
+RUNTIME_DEFAULTS = {"h1": 1.0, "h2": 1.0, "h3": 1.0}
+PAPER_DEFAULTS = {"h1": 1.0, "h2": 2.0, "h3": 1.0}
+
+#: Upper bound of ``h1, h2, h3, k1`` and ``top`` (see the module docstring).
+MAX_WEIGHT = 1e6
+
+#: How the values of the spans covering a token become its value (``ngram > 1``).
+NGRAM_REDUCES = ("maxabs", "mean")
+
+MODES = ("exact", "reference")
+VARIANTS = ("runtime", "paper")
+
+
+@dataclass(frozen=True)
+class KTAEOptions:
+    """Validated options of one KTAE call (see :func:`ktae.core.ktae.ktae_advantages`)."""
+
+    h1: float
+    h2: float
+    h3: float
+    k1: float
+    b: float
+    top: float
+    variant: str
+    mode: str
+    reward_threshold: float
+    ignore_token_ids: tuple[int, ...]
+    ngram: int
+    ngram_reduce: str
+
+    def stats_kwargs(self) -> dict:
+        """The options the statistics take (both modes)."""
+        return dict(h1=self.h1, h2=self.h2, h3=self.h3, k1=self.k1, b=self.b, top=self.top,
+                    variant=self.variant)
+
+
+def keyword_options(what: str):
+    """Decorator: unknown keyword options raise ``ValueError`` listing the valid ones.
+
+    The decorated function keeps its signature (``inspect.signature`` sees its explicit
+    keyword-only parameters).
+    """
+    def deco(fn):
+        params = inspect.signature(fn).parameters
+        valid = [p.name for p in params.values() if p.kind is p.KEYWORD_ONLY]
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            unknown = [k for k in kwargs if k not in params]
+            if unknown:
+                raise ValueError(f"{unknown[0]}: unknown option for {what}; expected one of "
+                                 f"{', '.join(valid)}")
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return deco
+
+
+def _number(name: str, value, lo: float, hi: float, expected: str) -> float:
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}: expected {expected}, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and lo <= v <= hi):
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return v
+
+
+def _integer(name: str, value, lo: int, expected: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < lo:
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return int(value)
+
+
+def _choice(name: str, value, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        expected = " or ".join(repr(c) for c in choices)
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return value
+
+
+def token_id_list(value, name: str = "ignore_token_ids") -> tuple[int, ...]:
+    """A list, tuple, set or 1-D integer tensor/array of token ids in ``[0, 2**63)``."""
+    if value is None:
+        return ()
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if isinstance(value, torch.Tensor):
+            integer = not (value.is_floating_point() or value.is_complex()
+                           or value.dtype == torch.bool)
+        else:
+            integer = np.issubdtype(value.dtype, np.integer)
+        if value.ndim != 1 or not integer:
+            raise ValueError(f"{name}: expected a 1-D integer tensor or a list of token ids, "
+                             f"got {type(value).__name__} of shape {tuple(value.shape)} and "
+                             f"dtype {value.dtype}")
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset,
+                                                                   range)):
+        hint = f" (e.g. [{value}])" if isinstance(value, numbers.Integral) else ""
+        raise ValueError(f"{name}: expected a list of token ids{hint}, "
+                         f"got {type(value).__name__} {value!r}")
+    out = []
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise ValueError(f"{name}: expected integer token ids, got {x!r}")
+        if not 0 <= int(x) < 2**63:
+            raise ValueError(f"{name}: expected token ids in [0, 2**63), got {int(x)}")
+        out.append(int(x))
+    return tuple(sorted(set(out)))
+
+
+def resolve_options(*, reward_threshold=None, h1=None, h2=None, h3=None, k1=2.0, b=0.5,
+                    top=1.0, ignore_token_ids=None, mode="exact", variant="runtime", ngram=1,
+                    ngram_reduce="maxabs") -> KTAEOptions:
+    """Validate KTAE's options and fill the variant's defaults (h's None = default)."""
+    mode = _choice("mode", mode, MODES)
+    variant = _choice("variant", variant, VARIANTS)
+    defaults = PAPER_DEFAULTS if variant == "paper" else RUNTIME_DEFAULTS
+    bounded = f"a non-negative finite number <= {MAX_WEIGHT:g}"
+    hs = {}
+    for name, val in (("h1", h1), ("h2", h2), ("h3", h3)):
+        hs[name] = defaults[name] if val is None else _number(name, val, 0.0, MAX_WEIGHT, bounded)
+    if hs["h1"] + hs["h2"] <= 0:
+        raise ValueError("h1, h2: expected h1 + h2 > 0 (at least one of F and IG on)")
+    k1 = _number("k1", k1, 0.0, MAX_WEIGHT, bounded)
+    b = _number("b", b, 0.0, 1.0, "0 <= b <= 1")
+    top = _number("top", top, 0.0, MAX_WEIGHT, bounded)
+    ngram = _integer("ngram", ngram, 1, "a positive integer (span length in tokens)")
+    ngram_reduce = _choice("ngram_reduce", ngram_reduce, NGRAM_REDUCES)
+    if reward_threshold is not None:
+        reward_threshold = _number("reward_threshold", reward_threshold, -math.inf, math.inf,
+                                   "a finite number")
+    ignored = token_id_list(ignore_token_ids)
+    if mode == "reference":
+        if ngram != 1:
+            raise ValueError("ngram: the reference mode reproduces the released runtime, which "
+                             "scores single tokens only; use mode='exact' for ngram > 1")
+        if reward_threshold not in (None, 0.0):
+            raise ValueError("reward_threshold: the reference mode uses the runtime's rule "
+                             "(reward > 0)")
+        if ignore_token_ids is None:
+            ignored = (QWEN_ENDOFTEXT_ID,)
+    return KTAEOptions(h1=hs["h1"], h2=hs["h2"], h3=hs["h3"], k1=k1, b=b, top=top,
+                       variant=variant, mode=mode,
+                       reward_threshold=0.0 if reward_threshold is None else reward_threshold,
+                       ignore_token_ids=ignored, ngram=ngram, ngram_reduce=ngram_reduce)
+
+
+def check_chunk_tokens(chunk_tokens) -> int | None:
+    """``chunk_tokens``: None (the device's default) or a positive integer."""
+    if chunk_tokens is None:
+        return None
+    return _integer("chunk_tokens", chunk_tokens, 1, "a positive integer")

@@ -1,0 +1,136 @@
+"""Spans of n consecutive tokens for KTAE over n-grams: exact ids, vectorised.
+
+A *span* of length ``n`` starts at a real token of a response when the ``n`` positions
+from there are consecutive columns of that row, all real (mask 1) and none an ignored id:
+spans never cross padding, masked-out tokens or ignored tokens. The statistics of KTAE
+(SPEC 2) are then computed per (group, distinct span) exactly as per (group, distinct
+token), with the spans as the counted units (:func:`ktae.core.token_counts.count_units`):
+a response contains a span when those ``n`` tokens occur consecutively in it; ``L_T``
+and ``L_F`` count the spans of each class's responses.
+
+Span ids are exact (no hashing, so two different spans never share an id): the key of a
+span is built token by token as ``key * V + next token`` (``V``: the vocabulary bound),
+the span's lexicographic code, while that fits in 62 bits; when the next step would not,
+the keys are first replaced by their dense rank (one ``torch.unique``: the rank of each
+(prefix, next token) pair among those present). Both steps keep lexicographic order.
+With a 152k vocabulary, trigrams need no ranking and 4-grams one.
+
+A token's value is a reduction of the values of the spans covering it
+(:func:`reduce_to_tokens`); a token covered by no span gets 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ktae.core.token_counts import real_token_ids
+
+_KEY_LIMIT = 1 << 62
+
+#: ``ngram_reduce="maxabs"``: span values whose magnitudes differ by less than this
+#: relative amount are ties (as scipy's Fisher test treats nearly equal probabilities),
+#: so that mirrored tables, equal in exact arithmetic, break ties by position, not by
+#: the last bit of their rounding.
+MAXABS_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Spans:
+    """The spans of a batch. S spans, M real tokens (row-major order), B responses.
+
+    Attributes:
+        n: span length.
+        start: ``[S]`` index of each span's first token among the real tokens.
+        key: ``[S]`` non-negative int64 ids: equal ids exactly when the spans are equal.
+        row: ``[S]`` the response of each span (non-decreasing).
+        row_len: ``[B]`` spans per response.
+        tokens: ``[M]`` the real tokens' ids.
+    """
+
+    n: int
+    start: torch.Tensor
+    key: torch.Tensor
+    row: torch.Tensor
+    row_len: torch.Tensor
+    tokens: torch.Tensor
+
+    def token_ids(self, which: torch.Tensor) -> torch.Tensor:
+        """``[K, n]`` token ids of the spans ``which`` (``[K]`` span indices)."""
+        pos = self.start[which][:, None] + torch.arange(self.n, device=self.start.device)
+        return self.tokens[pos]
+
+
+def find_spans(token_ids: torch.Tensor, mask: torch.Tensor, n: int,
+               ignore_token_ids: tuple[int, ...] = ()) -> Spans:
+    """Every span of ``n >= 2`` tokens of a validated ``[B, T]`` batch, with exact ids."""
+    B, T = token_ids.shape
+    device = token_ids.device
+    flat = mask.reshape(-1).nonzero().squeeze(1)  # row-major positions of the real tokens
+    tokens = real_token_ids(token_ids, flat)
+    m = tokens.numel()
+    if m < n:
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        return Spans(n, empty, empty, empty, torch.zeros(B, dtype=torch.int64, device=device),
+                     tokens)
+    head = flat[: m - n + 1]
+    # n real tokens in consecutive columns of one row: the last is n - 1 positions on.
+    ok = (flat[n - 1:] - head == n - 1) & (head % T <= T - n)
+    if ignore_token_ids:
+        ids = torch.tensor(ignore_token_ids, dtype=torch.int64, device=device)
+        hits = torch.zeros(m + 1, dtype=torch.int64, device=device)
+        torch.cumsum(torch.isin(tokens, ids), 0, out=hits[1:])
+        ok &= hits[n:] == hits[: m - n + 1]
+    start = ok.nonzero().squeeze(1)
+    row = head[start].div_(T, rounding_mode="floor")
+    row_len = torch.bincount(row, minlength=B)
+    return Spans(n, start, _span_keys(tokens, start, n), row, row_len, tokens)
+
+
+def _span_keys(tokens: torch.Tensor, start: torch.Tensor, n: int) -> torch.Tensor:
+    """Exact ids of the spans starting at ``start``: lexicographic codes, ranked if too big."""
+    vocab = int(tokens.max()) + 1 if tokens.numel() else 1
+    if vocab * vocab > _KEY_LIMIT:  # huge ids (not a real vocabulary): rank the tokens
+        uniq, tokens = torch.unique(tokens, return_inverse=True)
+        vocab = uniq.numel()
+    key = tokens[start]
+    bound = vocab  # keys lie in [0, bound)
+    for j in range(1, n):  # a loop over the span length only
+        if bound * vocab > _KEY_LIMIT:
+            uniq, key = torch.unique(key, return_inverse=True)
+            bound = uniq.numel()
+        key = key * vocab + tokens[start + j]
+        bound *= vocab
+    return key
+
+
+def reduce_to_tokens(span_values: torch.Tensor, spans: Spans, reduce: str) -> torch.Tensor:
+    """``[S]`` span values -> ``[M]`` token values (real tokens, row-major order).
+
+    ``reduce="maxabs"``: the covering span value of largest magnitude, sign kept (ties,
+    magnitudes within a relative :data:`MAXABS_RTOL`, go to the span that starts first:
+    spans are visited from the earliest start and a later one wins only when larger by
+    more than that); ``"mean"``: the mean of the covering spans' values.
+    Tokens covered by no span get 0.
+    """
+    m = spans.tokens.numel()
+    out = torch.zeros(m, dtype=span_values.dtype, device=span_values.device)
+    if spans.start.numel() == 0:
+        return out
+    if reduce == "mean":
+        covering = torch.zeros(m, dtype=span_values.dtype, device=span_values.device)
+        ones = torch.ones_like(span_values)
+        for j in range(spans.n):  # position j of every span at once
+            out.index_add_(0, spans.start + j, span_values)
+            covering.index_add_(0, spans.start + j, ones)
+        return out.div_(covering.clamp_min(1))
+    if reduce != "maxabs":
+        raise ValueError(f"ngram_reduce: expected 'maxabs' or 'mean', got {reduce!r}")
+    magnitude = span_values.abs()
+    for j in reversed(range(spans.n)):  # later positions first: earlier-starting spans
+        idx = spans.start + j           # are visited first and keep ties
+        current = out[idx]
+        larger = magnitude > current.abs() * (1.0 + MAXABS_RTOL)
+        out[idx] = torch.where(larger, span_values, current)
+    return out
