@@ -26,6 +26,7 @@ GRPO_EPS = 1e-6
 TF_EPS = 1e-5
 P_ONE_TOL = 1e-9
 QWEN_EOS_ID = 151643
+MAXABS_RTOL = 1e-9  # near-equal magnitudes are ties under ngram_reduce="maxabs"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -71,6 +72,26 @@ def _groups_in_order(labels: list) -> dict:
 def _responses(token_ids: np.ndarray, mask: np.ndarray, rows: list[int]) -> list[list[int]]:
     """The masked tokens of each response, in order."""
     return [[int(t) for t, m in zip(token_ids[i], mask[i], strict=True) if m] for i in rows]
+
+
+def response_spans(token_ids: np.ndarray, mask: np.ndarray, i: int, n: int,
+                   ignored: set) -> list[tuple[int, tuple]]:
+    """The spans of response ``i`` as ``(first column, token ids)``, left to right.
+
+    A span is n consecutive columns of the row, all real (mask 1), none holding an
+    ignored id when n > 1 (a unigram of an ignored id is counted: its value is 0).
+    """
+    out = []
+    T = token_ids.shape[1]
+    for t in range(T - n + 1):
+        cols = range(t, t + n)
+        if not all(mask[i, c] for c in cols):
+            continue
+        ids = tuple(int(token_ids[i, c]) for c in cols)
+        if n > 1 and any(x in ignored for x in ids):
+            continue
+        out.append((t, ids))
+    return out
 
 
 def _entropy_bits(counts: list[float]) -> float:
@@ -157,7 +178,8 @@ def _correctness(rewards: np.ndarray, correct, reward_threshold: float) -> np.nd
 def exact_token_stats(rewards, group, token_ids, mask, *, correct=None,
                       reward_threshold: float = 0.0, h1: float = 1.0, h2: float = 1.0,
                       h3: float = 1.0, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
-                      ignore_token_ids=(), variant: str = "runtime", **_unused) -> dict:
+                      ignore_token_ids=(), variant: str = "runtime", ngram: int = 1,
+                      **_unused) -> dict:
     """Per (group label, token id) statistics of SPEC 2, float64.
 
     Returns:
@@ -167,6 +189,10 @@ def exact_token_stats(rewards, group, token_ids, mask, *, correct=None,
         ``value`` is 0 and ``direction`` is NaN (Cohen's h is undefined there, so tests
         only require it to be finite in the library). Ignored ids keep their statistics
         and get value 0; their occurrences still count in the class lengths L_T, L_F.
+
+        With ``ngram = n > 1`` the units are the spans of :func:`response_spans` and the
+        keys ``(label, tuple of n token ids)``: a, b count the responses of each class
+        holding the span, the counts and the lengths L_T, L_F count spans.
     """
     rewards = _np(rewards, np.float64)
     token_ids = _np(token_ids).astype(np.int64)
@@ -175,7 +201,11 @@ def exact_token_stats(rewards, group, token_ids, mask, *, correct=None,
     ignored = {int(t) for t in ignore_token_ids}
     stats: dict = {}
     for label, rows in _groups_in_order(_labels(group)).items():
-        resp = _responses(token_ids, mask, rows)
+        if ngram == 1:
+            resp = _responses(token_ids, mask, rows)
+        else:
+            resp = [[ids for _, ids in response_spans(token_ids, mask, i, ngram, ignored)]
+                    for i in rows]
         cls = [bool(is_correct[i]) for i in rows]
         n_t = sum(cls)
         n_f = len(rows) - n_t
@@ -219,8 +249,15 @@ def exact_token_stats(rewards, group, token_ids, mask, *, correct=None,
 def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=None,
                reward_threshold: float = 0.0, h1: float = 1.0, h2: float = 1.0,
                h3: float = 1.0, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
-               ignore_token_ids=(), variant: str = "runtime") -> np.ndarray:
+               ignore_token_ids=(), variant: str = "runtime", ngram: int = 1,
+               ngram_reduce: str = "maxabs") -> np.ndarray:
     """SPEC 2, Eq. 10: ``A[i, t] = A_base[i] + value(group(i), token_ids[i, t])`` on mask.
+
+    With ``ngram = n > 1`` a token's value comes from the spans covering it (those
+    starting at columns t-n+1 .. t): ``ngram_reduce="maxabs"`` takes the value of largest
+    magnitude (the first such span, left to right, on ties: a later span wins only when
+    larger by a relative ``MAXABS_RTOL``), ``"mean"`` their mean; a token covered by no
+    span gets 0.
 
     Returns:
         ``[B, T]`` float64, zero where mask is 0.
@@ -233,12 +270,31 @@ def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=N
     adv = base_advantages(rewards_np, groups, base)
     stats = exact_token_stats(rewards_np, labels, tok, m, correct=correct,
                               reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1,
-                              b=b, top=top, ignore_token_ids=ignore_token_ids, variant=variant)
+                              b=b, top=top, ignore_token_ids=ignore_token_ids, variant=variant,
+                              ngram=ngram)
+    ignored = {int(t) for t in ignore_token_ids}
     out = np.zeros(tok.shape, dtype=np.float64)
     for i in range(tok.shape[0]):
+        if ngram > 1:
+            span_value = {t: stats[(labels[i], ids)]["value"]
+                          for t, ids in response_spans(tok, m, i, ngram, ignored)}
         for t in range(tok.shape[1]):
-            if m[i, t]:
+            if not m[i, t]:
+                continue
+            if ngram == 1:
                 out[i, t] = adv[i] + stats[(labels[i], int(tok[i, t]))]["value"]
+                continue
+            covering = [span_value[s] for s in range(t - ngram + 1, t + 1) if s in span_value]
+            value = 0.0
+            if covering and ngram_reduce == "mean":
+                value = sum(covering) / len(covering)
+            elif covering and ngram_reduce == "maxabs":
+                for v in covering:
+                    if abs(v) > abs(value) * (1 + MAXABS_RTOL):
+                        value = v
+            elif covering:
+                raise ValueError(f"ngram_reduce: unknown {ngram_reduce!r}")
+            out[i, t] = adv[i] + value
     return out
 
 

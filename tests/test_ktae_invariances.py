@@ -174,3 +174,76 @@ def test_ablations(spec):
                 continue  # one-class group
             expect = _sigmoid_scale(row[field] * row["direction"])
             assert math.isclose(row["value"], expect, rel_tol=1e-9, abs_tol=1e-12), (key, field)
+
+
+# ------------------------------------------------------------------- n-grams (exact mode)
+
+NGRAM_OPTS = st.fixed_dictionaries({"ngram": st.sampled_from([2, 3]),
+                                    "ngram_reduce": st.sampled_from(["maxabs", "mean"])})
+NGRAM_SETTINGS = {**SETTINGS, "max_examples": 25}
+
+
+def span_table_by_label(batch: dict, **opts) -> dict:
+    """``{(group label, span token ids): row}`` of an n-gram table."""
+    labels = list(dict.fromkeys(batch["group"]))
+    rows = ktae.key_token_table(rewards=torch.as_tensor(batch["rewards"]), group=batch["group"],
+                                token_ids=batch["token_ids"], mask=batch["mask"],
+                                **opts).to_rows()
+    return {(labels[r["group"]], r["span"]): r for r in rows}
+
+
+@settings(**NGRAM_SETTINGS)
+@given(spec=batch_specs(vocab=(2, 6)), opts=NGRAM_OPTS)
+def test_ngram_permuting_responses_within_groups(spec, opts):
+    batch = random_batch(**spec)
+    perm = within_group_permutation(batch["group"], np.random.default_rng(spec["seed"]))
+    np.testing.assert_allclose(advantages(permuted(batch, perm), **opts),
+                               advantages(batch, **opts)[perm], rtol=0, atol=1e-12)
+
+
+@settings(**NGRAM_SETTINGS)
+@given(spec=batch_specs(vocab=(2, 6)), opts=NGRAM_OPTS, big=st.booleans())
+def test_ngram_relabelling_token_ids(spec, opts, big):
+    batch = random_batch(**spec)
+    rng = np.random.default_rng(spec["seed"] + 2)
+    ids = np.unique(batch["token_ids"])
+    new = rng.choice(2**40 if big else 151_936, size=len(ids), replace=False)
+    relabel = dict(zip(ids.tolist(), new.tolist(), strict=True))
+    moved = {**batch, "token_ids": np.vectorize(relabel.get)(batch["token_ids"])}
+    np.testing.assert_allclose(advantages(moved, **opts), advantages(batch, **opts),
+                               rtol=0, atol=1e-12)
+    before, after = span_table_by_label(batch, **opts), span_table_by_label(moved, **opts)
+    assert {(g, tuple(relabel[t] for t in span)) for g, span in before} == set(after)
+    for (g, span), row in before.items():
+        assert after[(g, tuple(relabel[t] for t in span))]["value"] == row["value"]
+
+
+@settings(**NGRAM_SETTINGS)
+@given(spec=batch_specs(vocab=(2, 6)), opts=NGRAM_OPTS, extra=st.integers(1, 5),
+       left=st.booleans())
+def test_ngram_padding_length(spec, opts, extra, left):
+    batch = random_batch(**spec)
+    rng = np.random.default_rng(spec["seed"] + 3)
+    B = len(batch["rewards"])
+    pad_tok = rng.integers(0, 50_000, size=(B, extra))
+    cat = (lambda x, y: np.concatenate([y, x], 1)) if left else (
+        lambda x, y: np.concatenate([x, y], 1))
+    padded = {**batch, "token_ids": cat(batch["token_ids"], pad_tok),
+              "mask": cat(batch["mask"], np.zeros((B, extra), dtype=np.int64))}
+    got = advantages(padded, **opts)
+    core = got[:, extra:] if left else got[:, :-extra]
+    np.testing.assert_allclose(core, advantages(batch, **opts), rtol=0, atol=1e-12)
+    assert (got[:, :extra] if left else got[:, -extra:]).sum() == 0
+
+
+@settings(**NGRAM_SETTINGS)
+@given(spec=batch_specs(vocab=(2, 6)), opts=NGRAM_OPTS, data=st.data())
+def test_ngram_swapping_classes_negates_span_values(spec, opts, data):
+    batch = random_batch(**spec)
+    B = len(batch["rewards"])
+    correct = np.array(data.draw(st.lists(st.booleans(), min_size=B, max_size=B)))
+    t1 = span_table_by_label(batch, correct=correct, **opts)
+    t2 = span_table_by_label(batch, correct=~correct, **opts)
+    assert set(t1) == set(t2)
+    for key, row in t1.items():
+        assert math.isclose(t2[key]["value"], -row["value"], rel_tol=1e-9, abs_tol=1e-12), key

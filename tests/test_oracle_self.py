@@ -20,6 +20,7 @@ from oracle import (
     exact_token_stats,
     fisher_pvalue,
     information_gain_bits,
+    response_spans,
     runtime_ktae,
 )
 
@@ -135,3 +136,28 @@ def test_runtime_emulation_on_worked_example():
     tok[tok == 5] = 151643
     rt2 = runtime_ktae(REW, [0, 0, 0, 0], tok, MASK)
     assert rt2[0, 0] == pytest.approx(base, abs=1e-6)
+
+
+def test_spans_by_hand():
+    tok = np.array([[1, 2, 3, 4, 9, 5, 6, 7]])
+    mask = np.array([[1, 1, 0, 1, 1, 1, 1, 1]])
+    assert response_spans(tok, mask, 0, 2, {9}) == [(0, (1, 2)), (5, (5, 6)), (6, (6, 7))]
+    assert response_spans(tok, mask, 0, 3, {9}) == [(5, (5, 6, 7))]
+    assert response_spans(tok, mask, 0, 3, set()) == [(3, (4, 9, 5)), (4, (9, 5, 6)),
+                                                      (5, (5, 6, 7))]
+    assert [ids for _, ids in response_spans(tok, mask, 0, 1, {9})] == [
+        (1,), (2,), (4,), (9,), (5,), (6,), (7,)]  # a unigram of an ignored id is kept
+
+
+def test_bigram_statistics_and_reductions_by_hand():
+    """Bigrams of the worked example: correct (5,6), (5,7); incorrect (6,8); the last
+    response has none. L_T = 2 spans, L_F = 1."""
+    stats = exact_token_stats(REW, [0] * 4, TOK, MASK, ngram=2)
+    assert set(stats) == {(0, (5, 6)), (0, (5, 7)), (0, (6, 8))}
+    s = stats[(0, (5, 6))]
+    assert (s["a"], s["b"], s["c"], s["d"]) == (1, 0, 1, 2)
+    assert s["tf_correct"] == pytest.approx(bm25_tf(1, 2, 1, 2.0, 0.5), rel=1e-12)
+    adv = exact_ktae(REW, [0] * 4, TOK, MASK, ngram=2)
+    base = base_advantages(REW, {0: [0, 1, 2, 3]}, "grpo")
+    np.testing.assert_allclose(adv[0, :2] - base[0], stats[(0, (5, 6))]["value"], rtol=1e-12)
+    assert adv[3, 0] == pytest.approx(base[3])  # one token: no bigram covers it
