@@ -3,13 +3,16 @@
 Usage:
     python benchmarks/bench_advantages.py --preset small      # seconds
     python benchmarks/bench_advantages.py --preset paper      # 1024 x 16 x 3072
+    python benchmarks/bench_advantages.py --ngram 1,3         # KTAE over spans too
 
 Prints the median of ``--repeats`` rounds (each function once per round, in rotation, in
 one process), the median ratio to a single ``torch.sort`` of the batch's int64 keys (one
 key per real token) timed in the same round, and the peak extra memory of one KTAE call
 (resident memory sampled in a fresh process, or the CUDA allocator's peak) relative to
 the input tensors. Runs on
-CUDA when available (``--device``).
+CUDA when available (``--device``). With ``--ngram 1,3`` KTAE's exact mode is also timed
+with ``ngram=3`` in the same rounds, and a last column gives each row's median ratio to
+``ngram=1`` (``ktae exact``) in the same round.
 """
 
 from __future__ import annotations
@@ -93,20 +96,24 @@ def _memory_probe(args) -> int:
     """Child process: peak extra memory of one call, relative to the input tensors."""
     _, kw = _inputs(args)
     input_bytes = sum(t.element_size() * t.numel() for t in kw.values())
-    mode = args.memory_probe
+    mode, _, ngram = args.memory_probe.partition(":")
+    opts = {"mode": mode, "ngram": int(ngram or 1), "ngram_reduce": args.ngram_reduce}
     tiny = make_batch(4, 4, 16, 100, seed=1, device=args.device)  # load code pages first
-    ktae.compute_advantages("ktae", mode=mode, rewards=tiny.rewards, group=tiny.group,
-                            token_ids=tiny.token_ids, mask=tiny.mask)
-    opts = {"chunk_tokens": args.chunk_tokens} if args.chunk_tokens else {}
-    extra = peak_extra_memory(lambda: ktae.compute_advantages("ktae", mode=mode, **kw, **opts),
+    ktae.compute_advantages("ktae", rewards=tiny.rewards, group=tiny.group,
+                            token_ids=tiny.token_ids, mask=tiny.mask, **opts)
+    if args.chunk_tokens:
+        opts["chunk_tokens"] = args.chunk_tokens
+    extra = peak_extra_memory(lambda: ktae.compute_advantages("ktae", **kw, **opts),
                               args.device)
     print(f"{extra / input_bytes:.3f}")
     return 0
 
 
-def _measure_memory(args, mode: str) -> float:
+def _measure_memory(args, probe: str) -> float:
+    """Peak extra memory / input of one call in a fresh process (``probe``: mode[:ngram])."""
     cmd = [sys.executable, __file__, "--preset", args.preset, "--device", args.device,
-           "--seed", str(args.seed), "--memory-probe", mode]
+           "--seed", str(args.seed), "--memory-probe", probe,
+           "--ngram-reduce", args.ngram_reduce]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     if args.chunk_tokens:
@@ -129,8 +136,19 @@ def main(argv=None) -> int:
     ap.add_argument("--loop-baseline", action="store_true",
                     help="also time a per-group, per-token Python loop in the released runtime's "
                          "style (tests/oracle.py:runtime_ktae), once; slow beyond --preset small")
-    ap.add_argument("--memory-probe", choices=["exact", "reference"], help=argparse.SUPPRESS)
+    ap.add_argument("--ngram", default="1",
+                    help="comma list of KTAE span lengths for the exact mode, e.g. 1,3 "
+                         "(1 is always timed: the ratios refer to it)")
+    ap.add_argument("--ngram-reduce", default="maxabs", choices=["maxabs", "mean"],
+                    help="KTAE's ngram_reduce for span lengths > 1")
+    ap.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    try:
+        ngrams = sorted({1} | {int(x) for x in args.ngram.split(",") if x.strip()})
+    except ValueError:
+        ap.error(f"--ngram: expected a comma list of positive integers, got {args.ngram!r}")
+    if ngrams[0] < 1:
+        ap.error(f"--ngram: expected positive integers, got {args.ngram!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_probe:
@@ -150,17 +168,28 @@ def main(argv=None) -> int:
         "ktae exact": lambda: ktae.compute_advantages("ktae", **kw, **opts),
         "ktae reference": lambda: ktae.compute_advantages("ktae", mode="reference", **kw, **opts),
     }
+    probes = {"ktae exact": "exact", "ktae reference": "reference"}
+    for n in ngrams[1:]:
+        runs[f"ktae ngram={n}"] = (lambda n=n: ktae.compute_advantages(
+            "ktae", **kw, **opts, ngram=n, ngram_reduce=args.ngram_reduce))
+        probes[f"ktae ngram={n}"] = f"exact:{n}"
     for fn in runs.values():  # warm-up (allocator, lazy init)
         fn()
     times = paired_rounds(runs, args.repeats, args.device)
-    floor = times["sort (floor)"]
+    floor, unigram = times["sort (floor)"], times["ktae exact"]
     input_bytes = sum(t.element_size() * t.numel() for t in kw.values())
-    mem = {f"ktae {m}": _measure_memory(args, m) for m in ("exact", "reference")}
-    print(f"\n{'what':<16}{'median s':>10}{'median x sort':>15}{'peak extra / input':>20}")
+    mem = {name: _measure_memory(args, probe) for name, probe in probes.items()}
+    width = max(16, *(len(name) + 2 for name in runs))
+    extra_col = len(ngrams) > 1
+    print(f"\n{'what':<{width}}{'median s':>10}{'median x sort':>15}{'peak extra / input':>20}"
+          + (f"{'x ngram=1':>11}" if extra_col else ""))
     for name, ts in times.items():
         ratio = statistics.median(t / f for t, f in zip(ts, floor, strict=True))
         m = f"{mem[name]:.2f}" if name in mem else ""
-        print(f"{name:<16}{statistics.median(ts):>10.4f}{ratio:>15.2f}{m:>20}")
+        line = f"{name:<{width}}{statistics.median(ts):>10.4f}{ratio:>15.2f}{m:>20}"
+        if extra_col and name.startswith("ktae"):
+            line += f"{statistics.median(t / u for t, u in zip(ts, unigram, strict=True)):>11.2f}"
+        print(line)
     if args.loop_baseline:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from oracle import runtime_ktae
@@ -173,7 +202,8 @@ def main(argv=None) -> int:
               f"reference mode, which matches it)")
     print(f"\ninput tensors {input_bytes / 2**20:.0f} MiB; {args.repeats} paired rounds "
           f"(ratio = median over rounds of time / sort time in the same round); peak memory "
-          f"from one call in a fresh process")
+          f"from one call in a fresh process"
+          + (f"; span lengths > 1 with ngram_reduce={args.ngram_reduce!r}" if extra_col else ""))
     return 0
 
 

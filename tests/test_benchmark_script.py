@@ -11,13 +11,15 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_advantages.p
 
 def test_small_preset_prints_ratios_and_memory():
     out = subprocess.run([sys.executable, str(BENCH), "--preset", "small", "--repeats", "1",
-                          "--threads", "1"], capture_output=True, text=True, check=True,
-                         timeout=300).stdout
+                          "--threads", "1", "--ngram", "1,2"], capture_output=True, text=True,
+                         check=True, timeout=300).stdout
     cells = {}
-    for name in ("sort (floor)", "grpo", "ktae exact", "ktae reference"):
+    for name in ("sort (floor)", "grpo", "ktae exact", "ktae reference", "ktae ngram=2"):
         line = next(x for x in out.splitlines() if x.startswith(name + " "))
         cells[name] = [float(v) for v in line[len(name):].split()]
     assert cells["sort (floor)"][1] == 1.0  # the floor's ratio to itself
-    for name in ("ktae exact", "ktae reference"):
-        seconds, ratio, memory = cells[name]
-        assert seconds > 0 and ratio > 0 and memory >= 0
+    for name in ("ktae exact", "ktae reference", "ktae ngram=2"):
+        seconds, ratio, memory, to_unigram = cells[name]
+        assert seconds > 0 and ratio > 0 and memory >= 0 and to_unigram > 0
+    assert cells["ktae exact"][3] == 1.0  # the unigram's ratio to itself
+    assert "x ngram=1" in out and "ngram_reduce='maxabs'" in out

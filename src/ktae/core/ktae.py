@@ -161,8 +161,8 @@ class _Chunk:
         if opts.ngram == 1:
             return count_tokens(self.token_ids, self.mask, self.gid, self.num_groups,
                                 self.correct), None
-        spans = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids)
-        cnt = count_units(spans.key, spans.row, spans.row_len, self.gid, self.num_groups,
+        spans, key = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids)
+        cnt = count_units(key, spans.row, spans.row_len, self.gid, self.num_groups,
                           self.correct)
         return cnt, spans
 

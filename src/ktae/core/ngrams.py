@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ktae.core.token_counts import real_token_ids
+from ktae.core.token_counts import real_token_ids, unique_small_keys
 
 _KEY_LIMIT = 1 << 62
 
@@ -43,7 +43,6 @@ class Spans:
     Attributes:
         n: span length.
         start: ``[S]`` index of each span's first token among the real tokens.
-        key: ``[S]`` non-negative int64 ids: equal ids exactly when the spans are equal.
         row: ``[S]`` the response of each span (non-decreasing).
         row_len: ``[B]`` spans per response.
         tokens: ``[M]`` the real tokens' ids.
@@ -51,7 +50,6 @@ class Spans:
 
     n: int
     start: torch.Tensor
-    key: torch.Tensor
     row: torch.Tensor
     row_len: torch.Tensor
     tokens: torch.Tensor
@@ -63,8 +61,9 @@ class Spans:
 
 
 def find_spans(token_ids: torch.Tensor, mask: torch.Tensor, n: int,
-               ignore_token_ids: tuple[int, ...] = ()) -> Spans:
-    """Every span of ``n >= 2`` tokens of a validated ``[B, T]`` batch, with exact ids."""
+               ignore_token_ids: tuple[int, ...] = ()) -> tuple[Spans, torch.Tensor]:
+    """Every span of ``n >= 2`` tokens of a validated ``[B, T]`` batch, and their ``[S]``
+    exact ids (non-negative int64: equal ids exactly when the spans are equal)."""
     B, T = token_ids.shape
     device = token_ids.device
     flat = mask.reshape(-1).nonzero().squeeze(1)  # row-major positions of the real tokens
@@ -72,8 +71,8 @@ def find_spans(token_ids: torch.Tensor, mask: torch.Tensor, n: int,
     m = tokens.numel()
     if m < n:
         empty = torch.zeros(0, dtype=torch.int64, device=device)
-        return Spans(n, empty, empty, empty, torch.zeros(B, dtype=torch.int64, device=device),
-                     tokens)
+        return Spans(n, empty, empty, torch.zeros(B, dtype=torch.int64, device=device),
+                     tokens), empty.clone()
     head = flat[: m - n + 1]
     # n real tokens in consecutive columns of one row: the last is n - 1 positions on.
     ok = (flat[n - 1:] - head == n - 1) & (head % T <= T - n)
@@ -85,15 +84,16 @@ def find_spans(token_ids: torch.Tensor, mask: torch.Tensor, n: int,
     start = ok.nonzero().squeeze(1)
     row = head[start].div_(T, rounding_mode="floor")
     row_len = torch.bincount(row, minlength=B)
-    return Spans(n, start, _span_keys(tokens, start, n), row, row_len, tokens)
+    return Spans(n, start, row, row_len, tokens), _span_keys(tokens, start, n)
 
 
 def _span_keys(tokens: torch.Tensor, start: torch.Tensor, n: int) -> torch.Tensor:
     """Exact ids of the spans starting at ``start``: lexicographic codes, ranked if too big."""
+    # Dense token ids first (a presence bitmap for real vocabularies: no sort), so that
+    # codes grow by the number of distinct tokens per step, not by the vocabulary size.
     vocab = int(tokens.max()) + 1 if tokens.numel() else 1
-    if vocab * vocab > _KEY_LIMIT:  # huge ids (not a real vocabulary): rank the tokens
-        uniq, tokens = torch.unique(tokens, return_inverse=True)
-        vocab = uniq.numel()
+    uniq, tokens = unique_small_keys(tokens, vocab)
+    vocab = max(1, uniq.numel())
     key = tokens[start]
     bound = vocab  # keys lie in [0, bound)
     for j in range(1, n):  # a loop over the span length only
@@ -118,19 +118,21 @@ def reduce_to_tokens(span_values: torch.Tensor, spans: Spans, reduce: str) -> to
     out = torch.zeros(m, dtype=span_values.dtype, device=span_values.device)
     if spans.start.numel() == 0:
         return out
+    # by_start[s]: the value of the span starting at real token s (0 where none starts).
+    # A span starting at s covers tokens s .. s + n - 1, all in its row, so token p's
+    # covering spans start at p - j (j < n): shifted slices, no gathers.
+    by_start = torch.zeros_like(out).index_put_((spans.start,), span_values)
     if reduce == "mean":
-        covering = torch.zeros(m, dtype=span_values.dtype, device=span_values.device)
-        ones = torch.ones_like(span_values)
-        for j in range(spans.n):  # position j of every span at once
-            out.index_add_(0, spans.start + j, span_values)
-            covering.index_add_(0, spans.start + j, ones)
+        starts = torch.zeros_like(out).index_fill_(0, spans.start, 1.0)
+        covering = torch.zeros_like(out)
+        for j in range(spans.n):
+            out[j:] += by_start[: m - j]
+            covering[j:] += starts[: m - j]
         return out.div_(covering.clamp_min(1))
     if reduce != "maxabs":
         raise ValueError(f"ngram_reduce: expected 'maxabs' or 'mean', got {reduce!r}")
-    magnitude = span_values.abs()
-    for j in reversed(range(spans.n)):  # later positions first: earlier-starting spans
-        idx = spans.start + j           # are visited first and keep ties
-        current = out[idx]
-        larger = magnitude > current.abs() * (1.0 + MAXABS_RTOL)
-        out[idx] = torch.where(larger, span_values, current)
+    for j in reversed(range(spans.n)):  # the earliest-starting span first: it keeps ties
+        candidate, current = by_start[: m - j], out[j:]
+        larger = candidate.abs() > current.abs().mul_(1.0 + MAXABS_RTOL)
+        current.copy_(torch.where(larger, candidate, current))
     return out

@@ -125,7 +125,8 @@ def count_units(unit: torch.Tensor, row: torch.Tensor, row_len: torch.Tensor,
     """:class:`TokenCounts` of counted units: tokens, or spans of n tokens (n-grams).
 
     Args:
-        unit: ``[M]`` non-negative int64 ids (equal ids = the same token or span).
+        unit: ``[M]`` non-negative int64 ids (equal ids = the same token or span);
+            consumed: the caller must not use it afterwards (shifted in place).
         row: ``[M]`` the response of each unit (units in row-major order).
         row_len: ``[B]`` units per response (the class lengths L_T, L_F sum them).
         gid: ``[B]`` dense group ids. correct: ``[B]`` bool.
@@ -151,8 +152,8 @@ def count_units(unit: torch.Tensor, row: torch.Tensor, row_len: torch.Tensor,
         vocab = remap.numel()
     row_key = ((gid * vocab) << shift) | ((~correct).long() << s) | rank
     key = row_key.index_select(0, row)
-    key += tok << shift
-    del tok
+    key += tok.bitwise_left_shift_(shift)
+    del tok, unit
     key, order = torch.sort(key)
 
     m = key.numel()
