@@ -8,6 +8,14 @@ step time spent estimating advantages), ``comparison.json`` and ``curves.png`` (
 and sampled training accuracy over steps, mean over seeds). Finished runs are reused and
 interrupted ones resumed, so the command can be re-run after a kill. All other
 ``ktae train`` flags apply to every run.
+
+An entry of ``--credit`` may change settings for its own runs only:
+``CREDIT@KEY=VALUE[@KEY=VALUE...]``, where KEY is a ``ktae train`` setting (its
+``TrainConfig`` field name, e.g. ``ktae_ngram``, ``taco_lambda``, ``learning_rate``) or
+that name without the prefix of a credit in the entry (``ktae@ngram=3`` sets
+``ktae_ngram``; ``taco@lambda=0.5`` sets ``taco_lambda``). So
+``--credit none,ktae,ktae@ngram=3`` compares GRPO, KTAE and KTAE over trigrams; that
+arm's runs live in ``ktae-ngram=3-seed{s}/``.
 """
 
 from __future__ import annotations
@@ -17,16 +25,83 @@ import dataclasses
 import json
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ktae.train import cli_train
 from ktae.train.rundir import RunDir
+
+#: Settings an arm may not change: they define the grid itself.
+_GRID_FIELDS = ("credit", "seed", "output_dir", "resume")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One entry of ``--credit``: a credit and the settings its runs change."""
+
+    label: str
+    """The entry as written (``ktae@ngram=3``): the row name in the table."""
+    credit: str
+    """The credit part (``ktae``)."""
+    overrides: dict = field(default_factory=dict)
+    """``TrainConfig`` field -> value for this arm's runs."""
+
+    @property
+    def dirname(self) -> str:
+        """Run directory prefix: ``ktae-taco``, ``ktae-ngram=3``."""
+        return self.label.replace("+", "-").replace("@", "-").replace("/", "_")
+
+
+def parse_arm(text: str) -> Arm:
+    """``CREDIT[@KEY=VALUE...]`` -> :class:`Arm` (values typed as the ``ktae train`` flag)."""
+    credit, *settings = [p.strip() for p in text.split("@")]
+    if not credit:
+        raise ValueError(f"credit: expected a name before '@' in {text!r}")
+    types = {dest: typ for _, dest, typ, _ in cli_train._FLAGS if dest not in _GRID_FIELDS}
+    prefixes = [p.strip() for p in credit.split("+") if p.strip()]
+    overrides: dict = {}
+    for setting in settings:
+        key, sep, raw = (x.strip() for x in setting.partition("="))
+        if not sep or not key or not raw:
+            raise ValueError(f"credit: expected KEY=VALUE after '@' in {text!r}, got {setting!r}")
+        names = [key] + [f"{p}_{key}" for p in prefixes]
+        name = next((n for n in names if n in types), None)
+        if name is None:
+            raise ValueError(f"credit: {key!r} in {text!r} is not a setting an entry can change; "
+                             f"expected one of {sorted(types)} (or without the credit's prefix)")
+        if name in overrides:
+            raise ValueError(f"credit: {name} set twice in {text!r}")
+        try:
+            overrides[name] = types[name](raw)
+        except ValueError:
+            raise ValueError(f"credit: {key}={raw!r} in {text!r}: expected "
+                             f"{types[name].__name__}") from None
+    return Arm(label=text.strip(), credit=credit, overrides=overrides)
+
+
+def parse_arms(spec: str) -> list[Arm]:
+    """The comma list of ``--credit`` as arms; duplicate run directories are refused."""
+    arms = [parse_arm(c) for c in str(spec).split(",") if c.strip()]
+    if not arms:
+        raise ValueError("credit: expected a comma-separated list of names")
+    seen: dict[str, str] = {}
+    for arm in arms:
+        if arm.dirname in seen:
+            raise ValueError(f"credit: {seen[arm.dirname]!r} and {arm.label!r} would share the "
+                             f"run directory {arm.dirname}-seed*")
+        seen[arm.dirname] = arm.label
+    return arms
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``ktae train`` flags, with ``--credit`` a comma list and ``--seeds N``."""
     cli_train.add_arguments(parser)
     parser.set_defaults(credit="none,ktae,taco")
+    for action in parser._actions:
+        if action.dest == "credit":
+            action.help = ("comma list of credits, each optionally with its own settings: "
+                           "CREDIT@KEY=VALUE[@...], e.g. none,ktae,ktae@ngram=3 (KEY: a ktae "
+                           "train setting, or its name without the credit's prefix)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per credit")
     parser.set_defaults(output_dir="runs/compare")
 
@@ -45,18 +120,19 @@ def _fmt(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
     return f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}"
 
 
-def summarize(root: Path, credits: list[str], seeds: list[int]) -> dict:
-    """Per-credit lists of each seed's summary numbers, read from the run directories."""
+def summarize(root: Path, arms: list[Arm | str], seeds: list[int]) -> dict:
+    """Per-arm lists of each seed's summary numbers, read from the run directories."""
     table = {}
-    for credit in credits:
+    for arm in arms:
+        arm = parse_arm(arm) if isinstance(arm, str) else arm
         rows = []
         for seed in seeds:
-            run = root / f"{credit.replace('+', '-')}-seed{seed}"
+            run = root / f"{arm.dirname}-seed{seed}"
             summary = json.loads((run / "summary.json").read_text())
             summary["evals"] = RunDir.read_jsonl(run / "eval.jsonl")
             summary["metrics"] = RunDir.read_jsonl(run / "metrics.jsonl")
             rows.append(summary)
-        table[credit] = rows
+        table[arm.label] = rows
     return table
 
 
@@ -115,9 +191,10 @@ def plot_curves(table: dict, path: Path, *, window: int = 20) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae compare``."""
-    credits = [c.strip() for c in str(args.credit).split(",") if c.strip()]
-    if not credits:
-        print("ktae compare: credit: expected a comma-separated list of names", file=sys.stderr)
+    try:
+        arms = parse_arms(args.credit)
+    except ValueError as err:
+        print(f"ktae compare: {err}", file=sys.stderr)
         return 2
     if args.seeds < 1:
         print(f"ktae compare: seeds: expected >= 1, got {args.seeds}", file=sys.stderr)
@@ -129,11 +206,11 @@ def run(args: argparse.Namespace) -> int:
 
     configs = []
     try:
-        for credit in credits:
+        for arm in arms:
             for seed in seeds:
-                ns = argparse.Namespace(**vars(base_args))
-                ns.credit, ns.seed = credit, seed
-                ns.output_dir = str(root / f"{credit.replace('+', '-')}-seed{seed}")
+                ns = argparse.Namespace(**{**vars(base_args), **arm.overrides})
+                ns.credit, ns.seed = arm.credit, seed
+                ns.output_dir = str(root / f"{arm.dirname}-seed{seed}")
                 ns.resume = None
                 configs.append(cli_train.config_from_args(ns))
     except ValueError as err:
@@ -146,9 +223,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{i + 1}/{len(configs)}] {out} done, reused", file=sys.stderr)
             continue
         resume = (out / "metrics.jsonl").exists()
-        print(f"[{i + 1}/{len(configs)}] {cfg.credit} seed {cfg.seed} -> {out}", file=sys.stderr)
+        print(f"[{i + 1}/{len(configs)}] {arms[i // len(seeds)].label} seed {cfg.seed} -> {out}",
+              file=sys.stderr)
         train(dataclasses.replace(cfg, resume=resume))
-    table = summarize(root, credits, seeds)
+    table = summarize(root, arms, seeds)
     text = markdown_table(table, algo=configs[0].algo, steps=configs[0].max_steps)
     (root / "comparison.md").write_text(text)
     (root / "comparison.json").write_text(json.dumps(

@@ -104,6 +104,10 @@ class TrainConfig:
     """KTAE weight of the term-frequency direction."""
     ktae_mode: str = "exact"
     """KTAE statistics: ``exact`` or ``reference`` (the released runtime's float32 quirks)."""
+    ktae_ngram: int = 1
+    """KTAE span length N: 1 scores single tokens; N > 1 spans of N tokens (docs/ngram.md)."""
+    ktae_ngram_reduce: str = "maxabs"
+    """How a token's value comes from its spans' (N > 1): ``maxabs`` or ``mean``."""
     taco_alpha: float = 0.01
     """TACO tail-risk threshold alpha (SPEC 5)."""
     taco_lambda: float = 0.9
@@ -178,6 +182,15 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)!r}")
         if self.ktae_mode not in ("exact", "reference"):
             raise ValueError(f"ktae_mode: expected 'exact' or 'reference', got {self.ktae_mode!r}")
+        if isinstance(self.ktae_ngram, bool) or not isinstance(self.ktae_ngram, int) \
+                or self.ktae_ngram < 1:
+            raise ValueError(f"ktae_ngram: expected a positive integer, got {self.ktae_ngram!r}")
+        if self.ktae_ngram > 1 and self.ktae_mode == "reference":
+            raise ValueError("ktae_ngram: the reference mode reproduces the released runtime, "
+                             "which scores single tokens only; use ktae_mode exact")
+        if self.ktae_ngram_reduce not in ("maxabs", "mean"):
+            raise ValueError("ktae_ngram_reduce: expected 'maxabs' or 'mean', "
+                             f"got {self.ktae_ngram_reduce!r}")
         if not 0 < self.taco_alpha:
             raise ValueError(f"taco_alpha: expected > 0, got {self.taco_alpha!r}")
         if not 0 <= self.taco_lambda <= 1:

@@ -64,7 +64,8 @@ def credit_settings(cfg: TrainConfig) -> CreditSettings:
     cal_opts: dict = {}
     if estimator == "ktae":
         est_opts = dict(base=cfg.advantage_base, h1=cfg.ktae_h1, h2=cfg.ktae_h2, h3=cfg.ktae_h3,
-                        mode=cfg.ktae_mode)
+                        mode=cfg.ktae_mode, ngram=cfg.ktae_ngram,
+                        ngram_reduce=cfg.ktae_ngram_reduce)
     if calibration is not None and calibration.startswith("taco"):
         cal_opts = dict(alpha=cfg.taco_alpha, lam=cfg.taco_lambda)
     extra = dict(cfg.credit_options)

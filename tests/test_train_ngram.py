@@ -1,0 +1,110 @@
+"""KTAE over n-grams in the trainer: config fields, flags, credit options, and compare arms
+(``--credit none,ktae@ngram=2``) that reach ``ktae.compute_advantages``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from test_train_helpers import save_tiny_model
+
+import ktae
+from ktae.cli import main
+from ktae.train import cli_train
+from ktae.train.cli_compare import parse_arm, parse_arms
+from ktae.train.config import TrainConfig
+from ktae.train.credit import credit_settings
+
+
+def test_config_fields_reach_the_estimator_options():
+    cfg = TrainConfig(ktae_ngram=3, ktae_ngram_reduce="mean").resolve()
+    opts = credit_settings(cfg).estimator_options
+    assert opts["ngram"] == 3 and opts["ngram_reduce"] == "mean"
+    default = credit_settings(TrainConfig().resolve()).estimator_options
+    assert default["ngram"] == 1 and default["ngram_reduce"] == "maxabs"
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(ktae_ngram=0), "ktae_ngram: expected a positive integer"),
+    (dict(ktae_ngram=True), "ktae_ngram: expected a positive integer"),
+    (dict(ktae_ngram="3"), "ktae_ngram: expected a positive integer"),
+    (dict(ktae_ngram=2, ktae_mode="reference"), "ktae_ngram: the reference mode"),
+    (dict(ktae_ngram_reduce="max"), "ktae_ngram_reduce: expected 'maxabs' or 'mean'"),
+])
+def test_config_validation(change, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**change).resolve()
+
+
+def test_train_flags():
+    parser = argparse.ArgumentParser()
+    cli_train.add_arguments(parser)
+    cfg = cli_train.config_from_args(parser.parse_args(
+        ["--ktae-ngram", "4", "--ktae-ngram-reduce", "mean", "--output-dir", "x"]))
+    assert (cfg.ktae_ngram, cfg.ktae_ngram_reduce) == (4, "mean")
+
+
+def test_compare_arms_parse():
+    assert parse_arm("none") == parse_arm(" none ")
+    arm = parse_arm("ktae@ngram=3")
+    assert (arm.credit, arm.overrides, arm.dirname) == ("ktae", {"ktae_ngram": 3}, "ktae-ngram=3")
+    arm = parse_arm("ktae+taco@lambda=0.5@ktae_ngram=2@learning_rate=1e-4")
+    assert arm.credit == "ktae+taco"
+    assert arm.overrides == {"taco_lambda": 0.5, "ktae_ngram": 2, "learning_rate": 1e-4}
+    assert arm.dirname == "ktae-taco-lambda=0.5-ktae_ngram=2-learning_rate=1e-4"
+    assert [a.label for a in parse_arms("none,ktae,ktae@ngram=3")] == [
+        "none", "ktae", "ktae@ngram=3"]
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("ktae@foo=1", "'foo' in 'ktae@foo=1' is not a setting"),
+    ("ktae@ngram", "expected KEY=VALUE"),
+    ("ktae@ngram=", "expected KEY=VALUE"),
+    ("ktae@ngram=x", "ngram='x' in 'ktae@ngram=x': expected int"),
+    ("ktae@seed=3", "'seed' in 'ktae@seed=3' is not a setting"),
+    ("@ngram=2", "expected a name before '@'"),
+    ("ktae@ngram=2@ktae_ngram=3", "ktae_ngram set twice"),
+    ("ktae,ktae", "would share the run directory ktae-seed"),
+    ("", "expected a comma-separated list"),
+])
+def test_compare_arms_refuse_bad_entries(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_arms(spec)
+
+
+def test_compare_refuses_bad_arms_before_training(tmp_path, capsys):
+    assert main(["compare", "--credit", "none,ktae@ngram=0", "--output-dir", str(tmp_path)]) == 2
+    assert "ktae_ngram: expected a positive integer" in capsys.readouterr().err
+    assert main(["compare", "--credit", "ktae@bogus=1", "--output-dir", str(tmp_path)]) == 2
+    assert "'bogus'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_compare_arm_reaches_the_estimator(tmp_path, monkeypatch, capsys):
+    torch.set_num_threads(1)
+    model = save_tiny_model(tmp_path / "model")
+    seen = []
+    real = ktae.compute_advantages
+
+    def spy(name, **kw):
+        seen.append((name, kw.get("ngram")))
+        return real(name, **kw)
+
+    monkeypatch.setattr(ktae, "compute_advantages", spy)
+    root = tmp_path / "cmp"
+    argv = ["compare", "--model", str(model), "--credit", "ktae,ktae@ngram=2", "--seeds", "1",
+            "--max-steps", "1", "--num-prompts", "2", "--num-generations", "4",
+            "--max-new-tokens", "6", "--train-size", "32", "--eval-size", "4",
+            "--output-dir", str(root), "--no-progress"]
+    assert main(argv) == 0
+    assert ("ktae", 1) in seen and ("ktae", 2) in seen
+    rows = [ln for ln in (root / "comparison.md").read_text().splitlines()
+            if ln.startswith("| ktae")]
+    assert [r.split("|")[1].strip() for r in rows] == ["ktae", "ktae@ngram=2"]
+    assert sorted(json.loads((root / "comparison.json").read_text())) == ["ktae", "ktae@ngram=2"]
+    assert (root / "ktae-ngram=2-seed0" / "summary.json").exists()
+    assert "ktae_ngram: 2" in (root / "ktae-ngram=2-seed0" / "config.yaml").read_text()
+    capsys.readouterr()
