@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ngram", default="1",
                     help="comma list of KTAE span lengths for the exact mode, e.g. 1,3 "
                          "(1 is always timed: the ratios refer to it)")
-    ap.add_argument("--ngram-reduce", default="maxabs", choices=["maxabs", "mean"],
+    ap.add_argument("--ngram-reduce", default="mean", choices=["mean", "maxabs"],
                     help="KTAE's ngram_reduce for span lengths > 1")
     ap.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

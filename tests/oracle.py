@@ -250,7 +250,7 @@ def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=N
                reward_threshold: float = 0.0, h1: float = 1.0, h2: float = 1.0,
                h3: float = 1.0, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
                ignore_token_ids=(), variant: str = "runtime", ngram: int = 1,
-               ngram_reduce: str = "maxabs") -> np.ndarray:
+               ngram_reduce: str = "mean") -> np.ndarray:
     """SPEC 2, Eq. 10: ``A[i, t] = A_base[i] + value(group(i), token_ids[i, t])`` on mask.
 
     With ``ngram = n > 1`` a token's value comes from the spans covering it (those

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_advantages.py"
 
@@ -22,4 +25,19 @@ def test_small_preset_prints_ratios_and_memory():
         seconds, ratio, memory, to_unigram = cells[name]
         assert seconds > 0 and ratio > 0 and memory >= 0 and to_unigram > 0
     assert cells["ktae exact"][3] == 1.0  # the unigram's ratio to itself
-    assert "x ngram=1" in out and "ngram_reduce='maxabs'" in out
+    assert "x ngram=1" in out and "ngram_reduce='mean'" in out
+
+
+@pytest.mark.slow
+def test_ngram_coverage_script(tmp_path):
+    script = BENCH.parent / "ngram_coverage.py"
+    out = subprocess.run([sys.executable, str(script), "--prompts", "6", "--samples", "4",
+                          "--ngram", "1,2", "--json", str(tmp_path / "c.json")],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    assert "6 held-out prompts x 4 samples" in out
+    table = [ln for ln in out.splitlines() if ln.startswith("| 1 ") or ln.startswith("| 2 ")]
+    assert len(table) == 3  # N = 1, and N = 2 with both reductions
+    rows = json.loads((tmp_path / "c.json").read_text())["rows"]
+    assert [(r["ngram"], r["reduce"]) for r in rows] == [(1, "mean"), (2, "mean"), (2, "maxabs")]
+    for r in rows:
+        assert 0 <= r["nonzero_all"] <= 1

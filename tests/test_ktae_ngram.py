@@ -192,7 +192,7 @@ def test_reductions_by_hand():
     v12, v23 = t.lookup(0, span=[1, 2])["value"], t.lookup(0, span=[2, 3])["value"]
     assert v12 > 0 and abs(v23) < abs(v12)
     base = ktae.compute_advantages("grpo", rewards=rewards, group=[0] * 4)
-    maxabs = ktae.compute_advantages("ktae", **kw, ngram=2) - base[:, None]
+    maxabs = ktae.compute_advantages("ktae", **kw, ngram=2, ngram_reduce="maxabs") - base[:, None]
     mean = ktae.compute_advantages("ktae", **kw, ngram=2, ngram_reduce="mean") - base[:, None]
     assert maxabs[0, 1].item() == pytest.approx(v12, abs=1e-15)
     assert mean[0, 1].item() == pytest.approx((v12 + v23) / 2, abs=1e-15)
@@ -210,7 +210,7 @@ def test_maxabs_ties_go_to_the_earlier_span():
     v12, v23 = t.lookup(0, span=[1, 2])["value"], t.lookup(0, span=[2, 3])["value"]
     assert v12 > 0.1 and v23 == pytest.approx(-v12, rel=1e-12)
     base = ktae.compute_advantages("grpo", rewards=rewards, group=[0] * 4)
-    value = ktae.compute_advantages("ktae", **kw) - base[:, None]
+    value = ktae.compute_advantages("ktae", **kw, ngram_reduce="maxabs") - base[:, None]
     assert value[0, 1].item() == pytest.approx(v12, abs=1e-15)  # (1, 2) starts first
     assert value[2, 1].item() == pytest.approx(v12, abs=1e-15)
     mean = ktae.compute_advantages("ktae", **kw, ngram_reduce="mean") - base[:, None]

@@ -19,11 +19,11 @@ from ktae.train.credit import credit_settings
 
 
 def test_config_fields_reach_the_estimator_options():
-    cfg = TrainConfig(ktae_ngram=3, ktae_ngram_reduce="mean").resolve()
+    cfg = TrainConfig(ktae_ngram=3, ktae_ngram_reduce="maxabs").resolve()
     opts = credit_settings(cfg).estimator_options
-    assert opts["ngram"] == 3 and opts["ngram_reduce"] == "mean"
+    assert opts["ngram"] == 3 and opts["ngram_reduce"] == "maxabs"
     default = credit_settings(TrainConfig().resolve()).estimator_options
-    assert default["ngram"] == 1 and default["ngram_reduce"] == "maxabs"
+    assert default["ngram"] == 1 and default["ngram_reduce"] == "mean"
 
 
 @pytest.mark.parametrize("change, match", [
@@ -42,8 +42,8 @@ def test_train_flags():
     parser = argparse.ArgumentParser()
     cli_train.add_arguments(parser)
     cfg = cli_train.config_from_args(parser.parse_args(
-        ["--ktae-ngram", "4", "--ktae-ngram-reduce", "mean", "--output-dir", "x"]))
-    assert (cfg.ktae_ngram, cfg.ktae_ngram_reduce) == (4, "mean")
+        ["--ktae-ngram", "4", "--ktae-ngram-reduce", "maxabs", "--output-dir", "x"]))
+    assert (cfg.ktae_ngram, cfg.ktae_ngram_reduce) == (4, "maxabs")
 
 
 def test_compare_arms_parse():

@@ -244,7 +244,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
                     h2: float | None = None, h3: float | None = None, k1: float = 2.0,
                     b: float = 0.5, top: float = 1.0, ignore_token_ids=None,
                     mode: str = "exact", variant: str = "runtime", ngram: int = 1,
-                    ngram_reduce: str = "maxabs", chunk_tokens: int | None = None
+                    ngram_reduce: str = "mean", chunk_tokens: int | None = None
                     ) -> torch.Tensor:
     """Token-level KTAE advantages ``[B, T]`` (Eq. 10), zero on padding.
 
@@ -255,8 +255,9 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     ``ignore_token_ids`` (value 0; none by default, 151643 in reference mode),
     ``mode`` ("exact" or "reference"), ``variant`` ("runtime": ``top (2 sigmoid(k) - 1)``,
     or "paper": ``top (sigmoid(k) - 0.5)``), ``ngram`` (1: key tokens; N > 1: key spans
-    of N tokens, exact mode only) and ``ngram_reduce`` ("maxabs": a token gets the value
-    of largest magnitude among the spans covering it; "mean": their mean), ``chunk_tokens``
+    of N tokens, exact mode only) and ``ngram_reduce`` ("mean": a token gets the mean
+    value of the spans covering it; "maxabs": the value of largest magnitude among them),
+    ``chunk_tokens``
     (groups are processed in chunks of about this many real tokens, which bounds memory and
     keeps sorts in cache; results do not depend on it; default 2**19 on CPU, 2**23 on
     accelerators). Bounds: :mod:`ktae.core.ktae_options`.
@@ -308,7 +309,7 @@ def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = 
                     h1: float | None = None, h2: float | None = None,
                     h3: float | None = None, k1: float = 2.0, b: float = 0.5,
                     top: float = 1.0, ignore_token_ids=None, mode: str = "exact",
-                    variant: str = "runtime", ngram: int = 1, ngram_reduce: str = "maxabs",
+                    variant: str = "runtime", ngram: int = 1, ngram_reduce: str = "mean",
                     chunk_tokens: int | None = None) -> KeyTokenTable:
     """Diagnostics: KTAE's statistics for every (group, distinct token) of a batch.
 

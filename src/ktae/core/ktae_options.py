@@ -141,7 +141,7 @@ def token_id_list(value, name: str = "ignore_token_ids") -> tuple[int, ...]:
 
 def resolve_options(*, reward_threshold=None, h1=None, h2=None, h3=None, k1=2.0, b=0.5,
                     top=1.0, ignore_token_ids=None, mode="exact", variant="runtime", ngram=1,
-                    ngram_reduce="maxabs") -> KTAEOptions:
+                    ngram_reduce="mean") -> KTAEOptions:
     """Validate KTAE's options and fill the variant's defaults (h's None = default)."""
     mode = _choice("mode", mode, MODES)
     variant = _choice("variant", variant, VARIANTS)

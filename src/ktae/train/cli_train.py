@@ -48,7 +48,7 @@ _FLAGS = [
     ("--ktae-h3", "ktae_h3", float, "KTAE term-frequency weight h3"),
     ("--ktae-mode", "ktae_mode", str, "exact | reference"),
     ("--ktae-ngram", "ktae_ngram", int, "KTAE span length N (1 = key tokens; docs/ngram.md)"),
-    ("--ktae-ngram-reduce", "ktae_ngram_reduce", str, "span values -> token: maxabs | mean"),
+    ("--ktae-ngram-reduce", "ktae_ngram_reduce", str, "span values -> token value: mean | maxabs"),
     ("--taco-alpha", "taco_alpha", float, "TACO tail threshold alpha"),
     ("--taco-lambda", "taco_lambda", float, "TACO damping lambda"),
     ("--eval-every", "eval_every", int, "held-out eval every N steps (0 = before/after only)"),

@@ -106,8 +106,8 @@ class TrainConfig:
     """KTAE statistics: ``exact`` or ``reference`` (the released runtime's float32 quirks)."""
     ktae_ngram: int = 1
     """KTAE span length N: 1 scores single tokens; N > 1 spans of N tokens (docs/ngram.md)."""
-    ktae_ngram_reduce: str = "maxabs"
-    """How a token's value comes from its spans' (N > 1): ``maxabs`` or ``mean``."""
+    ktae_ngram_reduce: str = "mean"
+    """How a token's value comes from its spans' (N > 1): ``mean`` or ``maxabs``."""
     taco_alpha: float = 0.01
     """TACO tail-risk threshold alpha (SPEC 5)."""
     taco_lambda: float = 0.9
