@@ -256,3 +256,16 @@ def test_chunking_does_not_change_span_results():
         for f in ("group", "token", "span", "a", "b", "c", "d"):
             assert torch.equal(getattr(other, f), getattr(table, f)), f
         torch.testing.assert_close(other.value, table.value, rtol=0, atol=1e-12)
+
+
+def test_credit_pictures_show_spans():
+    from ktae.viz import credit_html, group_credit
+
+    ids = torch.tensor([[10, 3, 7], [10, 3, 7], [10, 7, 3], [10, 7, 3]])
+    d = group_credit(rewards=[1.0, 1.0, 0.0, 0.0], token_ids=ids, mask=torch.ones(4, 3),
+                     decode=lambda t: "=" if t == 10 else str(t), ngram=2)
+    top = d["table_rows"][0]
+    assert len(top["span"]) == 2 and len(top["text"]) == 2
+    assert {r["text"] for r in d["table_rows"]} >= {"37", "73"}
+    page = credit_html(**d)
+    assert "3 7" in page and "7 3" in page

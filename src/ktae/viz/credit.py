@@ -178,7 +178,8 @@ def _table_html(rows: Sequence[dict]) -> str:
     for row in rows:
         text = row.get("text")
         text = "" if text is None else "".join(_VISIBLE.get(ch, ch) for ch in str(text))
-        cells = [str(int(row["token"])), html.escape(text)]
+        ids = " ".join(str(int(t)) for t in row["span"]) if "span" in row else str(int(row["token"]))
+        cells = [ids, html.escape(text)]
         cells += [str(int(row[k])) for k in "abcd"]
         cells += [f"{float(row[k]):.4g}" for k in TABLE_COLUMNS[4:]]
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
@@ -350,8 +351,10 @@ def group_credit(*, rewards, token_ids, mask, group_index: int = 0, group=None, 
     table_rows = []
     for i in order[:top_rows].tolist():
         row = {k: getattr(table, k)[i].item() for k in ("token", *TABLE_COLUMNS)}
+        if table.span is not None:  # ngram > 1: the row is a span of tokens
+            row["span"] = tuple(table.span[i].tolist())
         if decode is not None:
-            row["text"] = str(decode(row["token"]))
+            row["text"] = "".join(str(decode(t)) for t in row.get("span", (row["token"],)))
         table_rows.append(row)
     return {"responses": responses,
             "advantages": [adv[r][keep[r]].tolist() for r in rows],
