@@ -26,10 +26,11 @@ from ktae.train.trainer import KTAEGRPOTrainer
 torch.set_num_threads(1)
 
 class Dump(KTAEGRPOTrainer):
-    def _finish_batch(self, batch, rewards, correct, mode):
-        out = super()._finish_batch(batch, rewards, correct, mode)
+    def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
+        mask = batch["ktae_token_mask"].clone()
+        out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
         rank = self.accelerator.process_index
-        torch.save({{"ids": batch["completion_ids"], "mask": batch["completion_mask"],
+        torch.save({{"ids": batch["completion_ids"], "mask": mask,
                     "rewards": rewards, "correct": correct, "adv": out["advantages"],
                     "pad": self._tokenizer.pad_token_id, "ignore": self.ignore_token_ids}},
                    f"{out_dir}/rank{{rank}}.pt")
