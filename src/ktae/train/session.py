@@ -8,6 +8,7 @@ a trainer subclass that records what reaches the loss).
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -186,7 +187,9 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     torch.set_num_threads(cfg.torch_threads)
     start = time.perf_counter()
     checked = checked if checked is not None else preflight(cfg)
-    state = PartialState()
+    args = grpo_config(cfg, int(os.environ.get("WORLD_SIZE", "1")), checked.trl)
+    args.world_size  # noqa: B018  (sets up the process group from the args' own settings)
+    state = PartialState()  # the state the args set up
     is_main = state.is_main_process
     out = Path(cfg.output_dir)
     resume_from = prepare_output_dir(out, resume=cfg.resume, write=is_main)
@@ -202,7 +205,6 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     rewards = reward_funcs if reward_funcs is not None else make_reward_funcs(
         max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
         overlong_factor=cfg.overlong_factor)
-    args = grpo_config(cfg, state.num_processes, checked.trl)
     metrics_cb = MetricsCallback(rundir)
     eval_cb = EvalCallback(rundir, eval_rows, every=cfg.eval_every,
                            max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer)

@@ -126,9 +126,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
             raise ValueError(f"credit: expected CreditSettings, got {type(credit).__name__}")
         grpo_args = kwargs.get("args", args[2] if len(args) > 2 else None)
         if grpo_args is not None:
-            from accelerate import PartialState
-
-            check_group_layout(grpo_args, PartialState().num_processes, credit.dynamic_sampling)
+            # world_size sets up the process group from the args' own settings
+            check_group_layout(grpo_args, grpo_args.world_size, credit.dynamic_sampling)
             warn_settings_without_effect(grpo_args)
         self.credit = credit
         self.generation_defaults = generation_defaults
