@@ -5,7 +5,7 @@ YAML parser), command-line flags and ``--trl KEY=VALUE`` pairs (text). Both path
 value against the field's type annotation, so a wrong type is a one-line error naming the
 field instead of a traceback later (or, worse, a silent misreading: ``"no"`` is a truthy
 string). Booleans are strict: only ``true``/``false`` (YAML) or ``true``/``false``/``1``/``0``
-(text) count.
+(text) count, and ``null`` (or ``none`` for a field that takes no string) is None.
 
 Supported annotations: ``bool``, ``int``, ``float``, ``str``, ``None``, unions of these
 (``X | None``), ``list[X]``, ``dict[...]``, ``Literal[...]``, ``Any`` and ``enum.Enum``
@@ -161,7 +161,9 @@ def _text_candidates(text: str, hint) -> list:
     members = _members(hint)
     low = text.strip().lower()
     out: list = []
-    if type(None) in members and low in _NONE_TEXT:
+    # "null"/"~" always read as None; "none" only where the field takes no string
+    # (``report_to=none`` is the string transformers expects)
+    if type(None) in members and (low in _NONE_TEXT[1:] or (low == "none" and str not in members)):
         out.append(None)
     if bool in members and low in _TRUE_TEXT + _FALSE_TEXT:
         out.append(low in _TRUE_TEXT)
@@ -180,9 +182,9 @@ def _text_candidates(text: str, hint) -> list:
             parsed = None
         if isinstance(parsed, list | dict):
             out.append(parsed)
-        elif any(typing.get_origin(m) is list or m is list for m in members):
-            out.append([t.strip() for t in text.split(",") if t.strip()])
     out.append(text)
+    if any(typing.get_origin(m) is list or m is list for m in members):
+        out.append([t.strip() for t in text.split(",") if t.strip()])  # "a,b" for a list
     return out
 
 
