@@ -266,3 +266,32 @@ def test_full_disk_is_reported_in_words(tiny_model, tmp_path, capsys, monkeypatc
     monkeypatch.setattr(mu, "safe_save_file", real)
     assert main([*argv, "--resume"]) == 0
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_documented_gpu_recipe_parses():
+    """The GPU recipe in docs/training.md is a valid ``ktae train`` command (its flags,
+    option routing and TRL settings all pass the start-up checks)."""
+    import argparse
+    import re
+    import shlex
+    from pathlib import Path
+
+    from ktae.train.cli_train import add_arguments, config_from_args
+    from ktae.train.session import grpo_config
+    from ktae.train.trl_args import check_trl_settings
+
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    block = re.search(r"accelerate launch --num_processes 8 -m ktae train \\\n(.*?)\n# 7B",
+                      text, re.S).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = config_from_args(parser.parse_args(argv))
+    assert (cfg.num_prompts, cfg.num_generations, cfg.max_new_tokens) == (1024, 16, 3072)
+    assert (cfg.ktae_h2, cfg.clip_high, cfg.overlong_buffer) == (2.0, 0.28, 512)
+    trl = check_trl_settings(cfg.trl)
+    assert trl["use_vllm"] is True and trl["gradient_accumulation_steps"] == 128
+    args = grpo_config(cfg, 8, {k: v for k, v in trl.items() if not k.startswith("vllm")
+                                and k != "use_vllm"})
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 2048
+    assert args.per_device_train_batch_size * args.steps_per_generation % 16 == 0
