@@ -124,6 +124,10 @@ class TrainConfig:
     """bfloat16 mixed precision (GPU only; fp32 on CPU)."""
     progress: bool = True
     """Show a progress bar with live metrics."""
+    rollout_every: int = 10
+    """Keep sampled rollouts of steps 1, 1 + N, 1 + 2N, ... in ``rollouts.jsonl`` (0 = never)."""
+    rollout_groups: int = 4
+    """Groups kept per recorded step (for ``ktae explain``)."""
 
     # ------------------------------------------------------------------ resolution
 
@@ -185,6 +189,10 @@ class TrainConfig:
         if not (self.task in ("embedded", "math500") or self.task.startswith("jsonl:")):
             raise ValueError("task: expected 'embedded', 'math500' or 'jsonl:PATH', "
                              f"got {self.task!r}")
+        for name in ("rollout_every", "rollout_groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: expected a non-negative integer, got {value!r}")
 
     # ------------------------------------------------------------------ I/O
 

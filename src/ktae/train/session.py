@@ -15,6 +15,7 @@ import torch
 
 from ktae.train.config import TrainConfig
 from ktae.train.credit import credit_settings
+from ktae.train.rollouts import ROLLOUTS_FILE, RolloutRecorder
 from ktae.train.rundir import RunDir, checkpoint_step, latest_complete_checkpoint
 from ktae.train.trainer import KTAEGRPOTrainer
 
@@ -124,10 +125,16 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
                           callbacks=callbacks, credit=credit_settings(cfg))
     trainer.remove_callback(PrinterCallback)
     is_main = trainer.accelerator.is_main_process
+    if is_main and cfg.rollout_every:
+        trainer.rollouts = RolloutRecorder(
+            out / ROLLOUTS_FILE, every=cfg.rollout_every, groups=cfg.rollout_groups,
+            keep_until_step=checkpoint_step(resume_from) if resume_from else 0)
     evals = RunDir.read_jsonl(rundir.eval_path)
     if is_main and not any(e["step"] == 0 for e in evals):
         eval_cb.evaluate(trainer.model, 0)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if trainer.rollouts is not None:
+        trainer.rollouts.close()
     step = trainer.state.global_step
     trainer.save_model(str(out / "final"))  # every process: may synchronise
     summary: dict = {"is_main": is_main, "steps": step}

@@ -56,6 +56,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
         *args, **kwargs: as for ``trl.GRPOTrainer``.
     """
 
+    rollouts = None
+    """A :class:`ktae.train.rollouts.RolloutRecorder` that keeps sampled rollouts, or None."""
+
     def __init__(self, *args, credit: CreditSettings, **kwargs):
         if not isinstance(credit, CreditSettings):
             raise ValueError(f"credit: expected CreditSettings, got {type(credit).__name__}")
@@ -217,6 +220,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
         batch["advantages"] = local.to(torch.float32)
         seconds = time.perf_counter() - start
         self._metrics[mode]["ktae/advantage_seconds"].append(seconds)
+        if self.rollouts is not None:
+            self.rollouts.on_advantages(self, batch=batch, ids=ids, mask=mask, rewards=rewards,
+                                        correct=correct, advantages=adv)
         return batch
 
     # ------------------------------------------------------------------ calibration
@@ -252,6 +258,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                            entropies=entropies, mask=mask.bool(), generator=g,
                                            **self.credit.calibration_options)
         inputs["advantages"] = result.advantages.detach().to(adv.dtype)
+        if self.rollouts is not None:
+            self.rollouts.on_calibration(self, inputs=inputs, logprobs=logps,
+                                         entropies=entropies, result=result)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["ktae/flagged_token_rate"].append(
             self._mean_across_processes(float(result.flag_rate)))
