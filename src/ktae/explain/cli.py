@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="sampling temperature with --model (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for --model "
+                        "(default 1, fastest for the tiny model on a busy CPU)")
 
 
 def _slug(text: str) -> str:
@@ -76,6 +78,8 @@ def _check_args(args) -> None:
                          f"got {args.num_generations}")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ValueError(f"max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
+    if args.threads < 1:
+        raise ValueError(f"threads: expected a positive integer, got {args.threads}")
     if not args.temperature > 0:
         raise ValueError(f"temperature: expected > 0, got {args.temperature}")
     if args.input is None and args.model is None:
@@ -144,6 +148,9 @@ def build(args):
     source = load_source(args)
     model = None
     if args.model is not None and (source is None or source.credit.calibration is not None):
+        import torch
+
+        torch.set_num_threads(args.threads)
         model, tok, path = sources.load_model(args.model)
         if source is None:
             source = _sampled_source(args, model, tok, path)

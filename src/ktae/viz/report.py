@@ -295,7 +295,7 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
                   .index_add_(0, gid, abs_diff.sum(1)) / n_tok).tolist()
     scale = torch.zeros(len(groups), dtype=torch.float64)
     for v in views.values():
-        scale = torch.maximum(scale, torch.zeros_like(scale).index_reduce_(
+        scale = torch.maximum(scale, torch.zeros_like(scale).scatter_reduce_(
             0, gid, torch.where(mask, v, 0.0).abs().amax(1).double(), "amax"))
     scale = torch.where(scale > 0, scale, torch.ones_like(scale)).tolist()
 

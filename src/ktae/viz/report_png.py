@@ -2,11 +2,14 @@
 
 One panel per view (sequence advantage, token credit, calibrated credit), each showing
 every response as wrapped lines of token cells coloured on the group's diverging scale,
-cells as wide as their text; flagged tokens are outlined. A horizontal colour bar sits
+cells as wide as their text; flagged tokens are outlined. Characters missing from
+matplotlib's monospace font (most emoji) are drawn as boxes. A horizontal colour bar sits
 in its own axes under the panels, so nothing overlaps.
 """
 
 from __future__ import annotations
+
+import warnings
 
 from ktae.viz.credit import colour
 from ktae.viz.report import GroupReport, Report
@@ -98,6 +101,8 @@ def group_png(report: Report, group: GroupReport, path, *, width: int = 96,
         cax.set_title("advantage", fontsize=7)
         if report.calibrated:
             fig.text(0.01, 0.75 / fig_h, "outlined: flagged by the calibration", fontsize=7)
-        fig.savefig(path, dpi=dpi)
+        with warnings.catch_warnings():  # characters missing from the font show as boxes
+            warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+            fig.savefig(path, dpi=dpi)
     finally:
         plt.close(fig)
