@@ -167,7 +167,7 @@ def test_calibration_outlines_flagged_tokens_with_logprob_entropy_weight(bpe):
         assert ("flagged" in span["title"]) == flagged
     assert n_flagged > 0
     page = report_html(report)
-    assert "<h3>Flagged tokens</h3><table>" in page
+    assert "<h3>Flagged tokens</h3><div class=\"scroll\"><table>" in page
 
 
 def test_recorded_run_values_and_loss_mask(bpe):

@@ -111,9 +111,6 @@ def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None
         step = steps[-1]
     elif step not in steps:
         raise ValueError(f"step: {step} was not recorded; recorded steps: {steps}")
-    cfg = None
-    if (run / "config.yaml").is_file():
-        cfg = TrainConfig.from_file(run / "config.yaml")
     tok, tok_path = _run_tokenizer(run, header, tokenizer)
     ignore = tuple(header.get("ignore_token_ids", ignore_ids(tok)))
     recorded = CreditSpec(estimator=header["estimator"],
@@ -123,8 +120,10 @@ def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None
                           ignore_token_ids=ignore)
     run_name = (header["estimator"] + (f"+{header['calibration']}" if header.get("calibration")
                                        else ""))
-    spec, use_recorded = recorded, True
+    spec, use_recorded, cfg = recorded, True, None
     if credit is not None:
+        if (run / "config.yaml").is_file():  # the run's hyper-parameters (h1, alpha, ...)
+            cfg = TrainConfig.from_file(run / "config.yaml")
         spec = credit_spec(credit, train_config=cfg, ignore_token_ids=ignore)
         use_recorded = (spec.estimator, spec.calibration) == (recorded.estimator,
                                                               recorded.calibration)

@@ -43,11 +43,14 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 .hint { color: #57606a; font-size: 13px; margin-left: 8px; }
 .index { margin: 14px 0 8px; }
 table { border-collapse: collapse; font-size: 13px; }
+.scroll { overflow-x: auto; max-width: 100%; }
+td code { white-space: pre; }
 td, th { border: 1px solid #d0d7de; padding: 3px 7px; text-align: right; vertical-align: top; }
 th { background: #f6f8fa; font-weight: 600; }
 td.l, th.l { text-align: left; }
 td.sep { text-align: left; background: #f6f8fa; font-weight: 600; }
 .group { margin-top: 22px; padding-top: 14px; border-top: 2px solid #d0d7de; }
+.toolbar + .group { border-top: none; margin-top: 8px; }
 .prompt { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 13px;
   white-space: pre-wrap; word-break: break-word; background: #f6f8fa; border: 1px solid #d0d7de;
   border-radius: 6px; padding: 6px 8px; margin: 4px 0 6px; }
@@ -65,7 +68,7 @@ td.sep { text-align: left; background: #f6f8fa; font-weight: 600; }
 .ok { color: #1a7f37; font-weight: 600; } .bad { color: #cf222e; font-weight: 600; }
 .toks { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 14px;
   line-height: 1.25; }
-.tok { display: inline-block; white-space: pre; padding: 2px 2px; margin: 1px 0;
+.tok { display: inline-block; white-space: pre; padding: 2px 2px; margin: 1px 1px 1px 0;
   min-width: 0.7em; border-radius: 2px; background: var(--b); color: var(--f); }
 .ws { opacity: 0.55; }
 .bytes { font-size: 10px; opacity: 0.8; }
@@ -211,7 +214,7 @@ def _key_table_html(group: GroupReport) -> str:
                 "value (all responses correct, all wrong, or only shared tokens).</p>")
     note = (f'<p class="summary">{group.zero_tokens} distinct tokens with value 0 not shown.</p>'
             if group.zero_tokens else "")
-    return f"<h3>Key tokens</h3><table>{''.join(rows)}</table>{note}"
+    return f"<h3>Key tokens</h3><div class=\"scroll\"><table>{''.join(rows)}</table></div>{note}"
 
 
 def _flag_table_html(report: Report, group: GroupReport) -> str:
@@ -235,7 +238,8 @@ def _flag_table_html(report: Report, group: GroupReport) -> str:
                     f"<td>{'yes' if r.in_loss[p] else 'no'}</td></tr>")
     more = (f'<p class="summary">Showing {_FLAG_ROWS} of {len(flagged)} flagged tokens.</p>'
             if len(flagged) > _FLAG_ROWS else "")
-    return f"<h3>Flagged tokens</h3><table>{head}{''.join(rows)}</table>{more}"
+    return (f"<h3>Flagged tokens</h3><div class=\"scroll\"><table>{head}{''.join(rows)}</table>"
+            f"</div>{more}")
 
 
 def _group_html(report: Report, group: GroupReport) -> str:
@@ -276,8 +280,8 @@ def _index_html(report: Report) -> str:
                     f'{html.escape(plain_visible(prompt))}</code></td>'
                     f"<td>{g.num_correct}/{len(g.responses)}</td><td>{g.divergence:.3g}</td>"
                     f'<td class="l"><code>{" &nbsp; ".join(keys) or "&ndash;"}</code></td></tr>')
-    return (f'<nav class="index"><h2>Groups, most token credit first</h2><table>{head}'
-            f'{"".join(rows)}</table></nav>')
+    return (f'<nav class="index"><h2>Groups, most token credit first</h2><div class="scroll">'
+            f'<table>{head}{"".join(rows)}</table></div></nav>')
 
 
 def _view_css(report: Report) -> str:
