@@ -116,10 +116,15 @@ def test_model_default_samples_on_the_spot(tmp_path):
     page = out.read_text(encoding="utf-8")
     assert page.count('<section class="group"') == 2 and "Q:" in page
     assert page.count('class="resp"') == 8 and len(token_spans(page)) > 8
-    # with a calibration the model scores its own responses (log-prob, entropy per token)
+    # own prompts; with a calibration the model scores its responses (log-prob, entropy)
+    prompts = _write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Q:5+3 A:", "answer": "8"},
+                                                        {"question": "Q:9-4 A:", "answer": 5}])
     assert main(["explain", "--model", "default", "-o", str(out), "--group", "1",
-                 "--num-generations", "3", "--credit", "ktae+taco"]) == 0
-    spans = token_spans(out.read_text(encoding="utf-8"))
+                 "--prompts", str(prompts), "--num-generations", "3",
+                 "--credit", "ktae+taco"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "<h2>prompt 1</h2>" in page and "Q:9-4 A:" in page and "Q:5+3" not in page
+    spans = token_spans(page)
     nums = tooltip_numbers(spans[0]["title"])
     assert nums["logp"] <= 0 and nums["entropy"] >= 0 and nums["weight"] in (0.1, 1.0)
 

@@ -120,16 +120,18 @@ def load_source(args):
 def _sampled_source(args, model, tok, path):
     from ktae.explain import sources
 
-    n = 1 if args.group is not None else (args.groups or DEFAULT_GROUPS)
+    first, n = 0, args.groups or DEFAULT_GROUPS
     if args.group is not None:
         if not args.group.isdigit():
             raise ValueError(f"group: expected a prompt index, got {args.group!r}")
-        n = int(args.group) + 1
-    rows = sources.prompt_rows(Path(args.prompts) if args.prompts else None, tok, n)
+        first, n = int(args.group), int(args.group) + 1
+    rows = sources.prompt_rows(Path(args.prompts) if args.prompts else None, tok, n)[first:]
+    if not rows:
+        raise ValueError(f"group: prompt index {first} is past the last prompt")
     max_new = args.max_new_tokens or (40 if len(tok) < 1000 else 1024)
     groups = sources.sample_groups(model, tok, rows, num_generations=args.num_generations,
                                    max_new_tokens=max_new, temperature=args.temperature,
-                                   seed=args.seed)
+                                   seed=args.seed, first_index=first)
     name = args.credit or "ktae"
     where = args.prompts or "the embedded task's held-out prompts"
     meta = [f"model: {path}", f"{args.num_generations} responses per prompt sampled at "

@@ -84,10 +84,16 @@ def _run_tokenizer(run: Path, header: dict, tokenizer: str | None):
         return load_tokenizer(tokenizer), tokenizer
     from ktae.train.rundir import latest_complete_checkpoint
 
-    candidates = [run / "final", latest_complete_checkpoint(run), header.get("tokenizer")]
-    for c in candidates:
+    for c in (run / "final", latest_complete_checkpoint(run)):
         if c and (Path(c) / "tokenizer_config.json").is_file():
             return load_tokenizer(c), str(c)
+    recorded = header.get("tokenizer")
+    if recorded:  # the run's model: a local directory or a hub id in the local cache
+        try:
+            return load_tokenizer(recorded), str(recorded)
+        except ValueError as err:
+            raise ValueError(f"tokenizer: the run's tokenizer {recorded!r} cannot be loaded; "
+                             "pass --tokenizer PATH") from err
     path = default_tokenizer_path()
     return load_tokenizer(path), str(path)
 
@@ -263,9 +269,10 @@ def prompt_rows(prompts: Path | None, tokenizer, n: int) -> list[dict]:
 
 
 def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
-                  max_new_tokens: int, temperature: float, seed: int
+                  max_new_tokens: int, temperature: float, seed: int, first_index: int = 0
                   ) -> list[tuple[str, GroupInput]]:
-    """``num_generations`` sampled responses per prompt, scored by ``math_reward``."""
+    """``num_generations`` sampled responses per prompt, scored by ``math_reward``; groups
+    are keyed and labelled by prompt index (``first_index`` for ``rows[0]``)."""
     from ktae.eval.generate import SamplingConfig, generate_hf
     from ktae.rewards import math_reward
 
@@ -273,7 +280,7 @@ def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
                               max_new_tokens=max_new_tokens, seed=seed)
     out = generate_hf(model, tokenizer, [r["prompt"] for r in rows], sampling)
     groups = []
-    for i, (row, gens) in enumerate(zip(rows, out, strict=True)):
+    for i, (row, gens) in enumerate(zip(rows, out, strict=True), first_index):
         results = [math_reward(g.text, row["answer"]) for g in gens]
         groups.append((str(i), GroupInput(
             prompt=row["prompt"], responses=[list(g.token_ids) for g in gens],
