@@ -299,17 +299,19 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
             0, gid, torch.where(mask, v, 0.0).abs().amax(1).double(), "amax"))
     scale = torch.where(scale > 0, scale, torch.ones_like(scale)).tolist()
 
-    labels = {}
+    labels: dict[int, str] = {}
+    by_group: list[list[dict]] = [[] for _ in groups]
     for row in rows:
         tok = row["token"]
         if tok not in labels:
             labels[tok] = token_label(tokenizer, tok)
         row["text"] = labels[tok]
+        by_group[row["group"]].append(row)
     per_view = {k: v.tolist() for k, v in views.items()}
     row_idx = row_of.tolist()
     keys = [k for k in ("seq", "token", "final", "diff") if k in views]
     out_groups = []
-    r = 0
+    r = first = 0
     for gi, g in enumerate(groups):
         resp_reports = []
         for j in range(len(g.responses)):
@@ -326,15 +328,15 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
                     setattr(rep, name, cal["rows"][key][r][:n] if cal["has"][r] else None)
             resp_reports.append(rep)
             r += 1
-        mine = [row for row in rows if row["group"] == gi]
+        mine = by_group[gi]
         positive = sorted((x for x in mine if x["value"] > 0), key=lambda x: -x["value"])
         negative = sorted((x for x in mine if x["value"] < 0), key=lambda x: x["value"])
-        first = sum(sizes[:gi])
         out_groups.append(GroupReport(
             label=g.label or f"group {gi}", anchor=f"g{gi}", prompt=g.prompt, answer=g.answer,
             responses=resp_reports, positive=positive[:top_rows], negative=negative[:top_rows],
             zero_tokens=sum(x["value"] == 0 for x in mine), divergence=divergence[gi],
             scale=scale[gi], sequence=seq_b[first:first + sizes[gi]].tolist()))
+        first += sizes[gi]
     view_list = [(k, credit.label(k)) for k in keys]
     default = "final" if "final" in views else "token" if "token" in views else "seq"
     return Report(title=title, views=view_list, default_view=default, groups=out_groups,
