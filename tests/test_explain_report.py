@@ -194,6 +194,19 @@ def test_recorded_run_values_and_loss_mask(bpe):
     assert "out" in spans[second]["classes"] and "left out of the loss" in spans[second]["title"]
 
 
+def test_recorded_loss_mask_without_calibration(bpe):
+    g = _groups(bpe)[0]
+    g.trained = [[0.25] * len(r) for r in g.responses]
+    g.loss_mask = [None, [0] * len(g.responses[1]), None, None]
+    report = build_report([g], credit=CreditSpec(), tokenizer=bpe, use_recorded=True)
+    assert report.partial_loss and not report.calibrated
+    page = report_html(report)
+    spans = token_spans(page)
+    outs = [s for s in spans if "out" in s["classes"]]
+    assert len(outs) == len(g.responses[1]) and all(s["response"] == 1 for s in outs)
+    assert "left out of the loss</span>" in page
+
+
 def test_bad_groups_and_missing_calibration_inputs(bpe):
     one = GroupInput(prompt="p", responses=[[5, 6]], rewards=[1.0], label="lonely")
     with pytest.raises(ValueError, match="^lonely: expected at least 2 responses"):

@@ -88,11 +88,12 @@ def test_calibration_rows_are_found_in_shuffled_micro_batches(tmp_path):
     logp = -torch.rand(B, T)
     ent = torch.rand(B, T)
     weights = torch.where(torch.rand(B, T) > 0.5, 0.1, 1.0)
+    kept = torch.rand(B, T) > 0.3
     perm = torch.tensor([5, 2, 0, 4, 1, 3])  # TRL shuffles rows and splits them
     for part in (perm[:3], perm[3:]):
         inputs = {k: v[part] for k, v in batch.items()}
         result = SimpleNamespace(weights=weights[part], flagged=weights[part] < 1,
-                                 loss_mask=torch.ones(len(part), T, dtype=torch.bool))
+                                 loss_mask=kept[part])
         rec.on_calibration(trainer, inputs=inputs, logprobs=logp[part], entropies=ent[part],
                            result=result)
     _, records = read_rollouts(path)
@@ -105,8 +106,26 @@ def test_calibration_rows_are_found_in_shuffled_micro_batches(tmp_path):
             assert r["entropies"][j] == pytest.approx(ent[row][m].tolist(), rel=1e-5)
             assert r["weights"][j] == pytest.approx(weights[row][m].tolist())
             assert r["flagged"][j] == (weights[row][m] < 1).int().tolist()
-            assert r["loss_mask"][j] == [1] * int(m.sum())
+            assert r["loss_mask"][j] == kept[row][m].int().tolist()
             assert len(r["logprobs"][j]) == len(r["responses"][j])
+
+
+def test_rows_left_out_of_the_loss(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    rec = RolloutRecorder(path, every=1, groups=2)
+    batch, rewards, adv = _batch()
+    loss_mask = batch["completion_mask"].clone()
+    loss_mask[2] = 0  # e.g. a truncated response the trainer masks out
+    rec.on_advantages(_trainer(0), batch=batch, ids=batch["completion_ids"],
+                      mask=batch["completion_mask"], rewards=rewards, correct=rewards > 0,
+                      advantages=adv, loss_mask=loss_mask)
+    rec.on_advantages(_trainer(1), batch=batch, ids=batch["completion_ids"],
+                      mask=batch["completion_mask"], rewards=rewards, correct=rewards > 0,
+                      advantages=adv, loss_mask=batch["completion_mask"])
+    _, records = read_rollouts(path)
+    assert "loss_mask" not in records[0]  # group 0: every token in the loss
+    assert records[1]["loss_mask"] == [[0, 0, 0, 0], [1, 1, 1, 1]]
+    assert all("loss_mask" not in r for r in records[2:])  # step 2: nothing left out
 
 
 def test_unscored_rows_are_written_as_null_at_the_next_step(tmp_path):

@@ -66,11 +66,19 @@ def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditS
     """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ...) the way
     ``ktae train`` does, with that run's hyper-parameters when ``train_config`` is given."""
     from ktae.train.config import TrainConfig
-    from ktae.train.credit import credit_settings
+    from ktae.train.credit import credit_settings, parse_credit
 
     base = train_config if train_config is not None else TrainConfig()
-    cfg = dataclasses.replace(base, credit=name).resolve()
-    s = credit_settings(cfg)
+    estimator, calibration = parse_credit(name)
+    run_estimator, run_calibration = parse_credit(base.credit)
+    changes: dict = {"credit": name}
+    if (estimator or base.advantage_base) != (run_estimator or base.advantage_base):
+        # the run's estimator options belong to another estimator
+        changes.update(ktae_h1=None, ktae_h2=None, ktae_h3=None, ktae_mode="exact",
+                       estimator_options={})
+    if calibration != run_calibration:
+        changes.update(taco_alpha=None, taco_lambda=None, calibration_options={})
+    s = credit_settings(dataclasses.replace(base, **changes).resolve())
     return CreditSpec(estimator=s.estimator, estimator_options=dict(s.estimator_options),
                       calibration=s.calibration, calibration_options=dict(s.calibration_options),
                       ignore_token_ids=tuple(ignore_token_ids))

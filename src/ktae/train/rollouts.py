@@ -3,8 +3,9 @@
 Every ``rollout_every`` steps (steps 1, 1 + N, 1 + 2N, ...) the trainer's main process
 keeps the first ``rollout_groups`` groups of the global batch: the prompt, each response's
 token ids, rewards, correctness and the advantages the loss reads, and, when a loss-time
-calibration (TACO, SPEC 5) runs, each token's log-prob, entropy, weight, flag and (when
-the calibration reports one) loss-mask bit.
+calibration (TACO, SPEC 5) runs, each token's log-prob, entropy, weight and flag; and
+which tokens reach the loss when some do not (responses the trainer masks out, a
+calibration's loss mask).
 
 File format (JSON Lines, one object per line; docs/explain.md)::
 
@@ -15,13 +16,15 @@ File format (JSON Lines, one object per line; docs/explain.md)::
      "responses": [[ids], ...], "rewards": [...], "correct": [...],
      "advantages": [[per-token floats], ...],
      "logprobs": [[...] | null, ...], "entropies": ..., "weights": ...,
-     "flagged": [[0/1, ...] | null, ...], "loss_mask": ...}       (calibration only)
+     "flagged": [[0/1, ...] | null, ...],                          (calibration only)
+     "loss_mask": [[0/1, ...] | null, ...]}          (only when a token is left out)
 
-``responses[i]`` holds the response's real tokens only (completion mask, EOS included);
-every per-token list has the same length. ``advantages`` are the estimator's (before the
-calibration); the loss reads ``weights * advantages`` on the tokens where ``loss_mask``
-is 1. Floats carry 6 significant digits. A calibration list is ``null`` for a row the
-main process never scored (a group split across processes).
+``responses[i]`` holds the response's real tokens only (EOS included); every per-token
+list has the same length. ``advantages`` are the estimator's (before the calibration);
+the loss reads ``weights * advantages`` on the tokens where ``loss_mask`` is 1 (all of
+them when it is absent). Floats carry 6 significant digits. A calibration or loss-mask
+list is ``null`` for a row the main process does not hold (a group split across
+processes).
 
 Crash safety: the file is append-only; each record is one ``write`` of a whole line, so
 a kill can at worst cut the last line short, and :func:`read_rollouts` ignores such a
@@ -41,7 +44,7 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 """Name of the rollout file in the run directory."""
 FORMAT = "ktae-rollouts"
 VERSION = 1
-_CALIBRATION_KEYS = ("logprobs", "entropies", "weights", "flagged", "loss_mask")
+_CALIBRATION_KEYS = ("logprobs", "entropies", "weights", "flagged")
 
 
 def is_recorded_step(step: int, every: int) -> bool:
@@ -142,13 +145,15 @@ class RolloutRecorder:
     # ------------------------------------------------------------------ hooks
 
     def on_advantages(self, trainer, *, batch: dict, ids: torch.Tensor, mask: torch.Tensor,
-                      rewards: torch.Tensor, correct: torch.Tensor,
-                      advantages: torch.Tensor) -> None:
+                      rewards: torch.Tensor, correct: torch.Tensor, advantages: torch.Tensor,
+                      loss_mask: torch.Tensor | None = None) -> None:
         """Keep the first groups of a recorded training step.
 
         ``batch``: this process's generation batch (``prompt_ids``, ``prompt_mask``,
-        ``completion_ids``); ``ids``, ``mask``, ``rewards``, ``correct``, ``advantages``:
-        the gathered global batch (``[B, T]`` / ``[B]``) the advantages were computed on.
+        ``completion_ids``); ``ids``, ``mask`` (real tokens), ``rewards``, ``correct``,
+        ``advantages``: the gathered global batch (``[B, T]`` / ``[B]``) the advantages
+        were computed on; ``loss_mask``: this process's ``[b, T]`` tokens that reach the
+        loss (e.g. without truncated responses), or None when every real token does.
         """
         if not trainer.model.training or not trainer.accelerator.is_main_process:
             return
@@ -164,6 +169,8 @@ class RolloutRecorder:
         rows = torch.arange(n_groups * G)
         tok = _tokenizer(trainer)
         records = []
+        if loss_mask is not None:
+            loss_mask = loss_mask.bool().cpu()
         for g in range(n_groups):
             first = g * G
             pmask = batch["prompt_mask"][first].bool()
@@ -171,18 +178,23 @@ class RolloutRecorder:
             rec: dict[str, Any] = {
                 "kind": "group", "step": step, "group": g,
                 "prompt": tok.decode(prompt_ids, skip_special_tokens=True),
-                "responses": [], "rewards": [], "correct": [], "advantages": []}
+                "responses": [], "rewards": [], "correct": [], "advantages": [],
+                "loss_mask": []}
             for r in range(first, first + G):
                 m = mask[r].bool().cpu()
+                n = int(m.sum())
                 rec["responses"].append(ids[r].cpu()[m].tolist())
                 rec["rewards"].append(float(f"{float(rewards[r]):.6g}"))
                 rec["correct"].append(bool(correct[r]))
                 adv = advantages[r].cpu()
-                rec["advantages"].append(_floats(adv[m] if adv.dim() else adv.expand(int(m.sum()))))
+                rec["advantages"].append(_floats(adv[m] if adv.dim() else adv.expand(n)))
+                # real tokens are a prefix of the row (right padding)
+                in_loss = _bits(loss_mask[r][:n]) if loss_mask is not None and r < local else None
+                rec["loss_mask"].append(in_loss)
             records.append(rec)
         if trainer.credit.calibration is None:
             for rec in records:
-                self._append(rec)
+                self._append(_finished(rec))
             return
         local_rows = rows[rows < local]
         keys = torch.cat([batch["prompt_ids"][local_rows].cpu(),
@@ -210,25 +222,23 @@ class RolloutRecorder:
         if here.shape[1] != keys.shape[1]:
             return  # not this generation batch
         match = (keys[:, None, :] == here[None, :, :]).all(dim=2)  # [recorded, micro-batch]
-        mask = inputs["completion_mask"]
-        if "tool_mask" in inputs:
-            mask = mask * inputs["tool_mask"]
-        mask = mask.bool().cpu()
         loss_mask = getattr(result, "loss_mask", None)
         columns = {"logprobs": logprobs, "entropies": entropies, "weights": result.weights,
-                   "flagged": result.flagged, "loss_mask": loss_mask}
+                   "flagged": result.flagged}
         G = pending["G"]
         for k, j in match.nonzero().tolist():
             row = pending["rows"][k]
             if row in pending["seen"]:
                 continue  # identical responses in a group: each recorded row filled once
             rec = pending["records"][row // G]
-            m = mask[j]
+            n = len(rec["responses"][row % G])  # real tokens are a prefix of the row
             for key, value in columns.items():
-                if value is None:
-                    continue
-                v = value[j].detach().cpu()[m]
-                rec[key][row % G] = _bits(v) if key in ("flagged", "loss_mask") else _floats(v)
+                v = value[j].detach().cpu()[:n]
+                rec[key][row % G] = _bits(v) if key == "flagged" else _floats(v)
+            if loss_mask is not None:
+                bits = _bits(loss_mask[j].detach().cpu()[:n])
+                before = rec["loss_mask"][row % G] or [1] * n
+                rec["loss_mask"][row % G] = [a & b for a, b in zip(before, bits, strict=True)]
             pending["seen"].add(row)
         if len(pending["seen"]) == len(pending["rows"]):
             self.flush()
@@ -239,13 +249,18 @@ class RolloutRecorder:
         if pending is None:
             return
         for rec in pending["records"]:
-            if all(v is None for v in rec["loss_mask"]):
-                del rec["loss_mask"]  # the calibration reports no loss mask
-            self._append(rec)
+            self._append(_finished(rec))
 
     def close(self) -> None:
         """Write anything still pending (end of training)."""
         self.flush()
+
+
+def _finished(rec: dict) -> dict:
+    """Drop ``loss_mask`` when no recorded token is known to be left out of the loss."""
+    if not any(row is not None and not all(row) for row in rec["loss_mask"]):
+        del rec["loss_mask"]
+    return rec
 
 
 # --------------------------------------------------------------------------- reading

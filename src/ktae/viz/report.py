@@ -149,7 +149,9 @@ class GroupReport:
 
 @dataclass
 class Report:
-    """What the renderers draw: views ``[(key, label)]``, groups, and header lines."""
+    """What the renderers draw: views ``[(key, label)]``, groups, and header lines;
+    ``calibrated``: a calibration is shown; ``partial_loss``: some tokens were left out
+    of the loss."""
 
     title: str
     views: list[tuple[str, str]]
@@ -157,6 +159,7 @@ class Report:
     groups: list[GroupReport]
     meta: list[str] = field(default_factory=list)
     calibrated: bool = False
+    partial_loss: bool = False
 
     def label(self, key: str) -> str:
         return dict(self.views)[key]
@@ -194,6 +197,15 @@ def _pad(rows: list, T: int, dtype, fill) -> torch.Tensor:
         if row:
             out[i, :len(row)] = torch.tensor(row, dtype=dtype)
     return out
+
+
+def _in_loss(rows: list | None, mask: torch.Tensor) -> torch.Tensor:
+    """Recorded loss-mask rows as ``[B, T]`` bool; a missing row keeps every real token."""
+    out = mask.clone()
+    for i, row in enumerate(rows or []):
+        if row is not None:
+            out[i, :len(row)] = torch.tensor([bool(x) for x in row], dtype=torch.bool)
+    return out & mask
 
 
 def _per_response(groups, attr: str) -> list | None:
@@ -286,6 +298,8 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
     if credit.token_level or cal:
         views["diff"] = torch.where(mask, final - seq, 0.0)
 
+    recorded_mask = _per_response(groups, "loss_mask") if use_recorded else None
+    in_loss_rows = _in_loss(recorded_mask, mask).tolist() if recorded_mask and not cal else None
     table = ktae.key_token_table(**batch, **table_opts)
     rows = table.to_rows()
     row_of = _row_mapping(table, gid, ids, mask)
@@ -326,6 +340,8 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
                                   ("weights", "weights"), ("flagged", "flagged"),
                                   ("in_loss", "loss_mask")):
                     setattr(rep, name, cal["rows"][key][r][:n] if cal["has"][r] else None)
+            elif in_loss_rows is not None:
+                rep.in_loss = in_loss_rows[r][:n]
             resp_reports.append(rep)
             r += 1
         mine = by_group[gi]
@@ -339,8 +355,10 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
         first += sizes[gi]
     view_list = [(k, credit.label(k)) for k in keys]
     default = "final" if "final" in views else "token" if "token" in views else "seq"
+    partial = any(r.in_loss is not None and not all(r.in_loss)
+                  for g in out_groups for r in g.responses)
     return Report(title=title, views=view_list, default_view=default, groups=out_groups,
-                  meta=notes, calibrated=bool(cal))
+                  meta=notes, calibrated=bool(cal), partial_loss=partial)
 
 
 def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tensor, T: int,
@@ -360,9 +378,7 @@ def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tens
         has = torch.tensor([w is not None for w in weights])
         w = _pad(weights, T, torch.float64, 1.0)
         flagged = _pad(_per_response(groups, "flagged") or [None] * B, T, torch.bool, False)
-        recorded_mask = _per_response(groups, "loss_mask")
-        in_loss = _pad(recorded_mask, T, torch.bool, False) if recorded_mask else mask.clone()
-        in_loss[~has] = mask[~has]
+        in_loss = _in_loss(_per_response(groups, "loss_mask"), mask)
         notes.append(f"calibration {credit.calibration} as applied during training")
         result_adv = torch.where(mask, w * adv, 0.0)
     else:

@@ -131,9 +131,9 @@ def tooltip(report: Report, resp: ResponseReport, pos: int) -> str:
                f"weight={_num(resp.weights[pos])}")
         if resp.flagged[pos]:
             cal += " \u00b7 flagged"
-        if not resp.in_loss[pos]:
-            cal += " \u00b7 left out of the loss"
         lines.append(cal)
+    if resp.in_loss is not None and not resp.in_loss[pos]:
+        lines.append("left out of the loss")
     return "\n".join(lines)
 
 
@@ -186,6 +186,7 @@ def _legend_html(report: Report, group: GroupReport) -> str:
     if report.calibrated:
         items.append('<span class="key"><span class="sw flag"></span>flagged by the '
                      'calibration</span>')
+    if report.calibrated or report.partial_loss:
         items.append('<span class="key"><span class="sw out"></span>left out of the loss</span>')
     return f'<div class="legend">{"".join(items)}</div>'
 
