@@ -93,3 +93,12 @@ def test_two_processes_split_groups(tmp_path):
         spread = [(a[m].max() - a[m].min()).item() for a, m in zip(adv[4:8], mask[4:8],
                                                                      strict=True)]
         assert max(spread) > 0
+    # the main process alone kept the first groups of the global batch (the split one too)
+    from ktae.train.rollouts import read_rollouts
+
+    _, records = read_rollouts(tmp_path / "grpo" / "rollouts.jsonl")
+    assert [(r["step"], r["group"]) for r in records] == [(1, 0), (1, 1)]
+    for g, rec in enumerate(records):
+        for j, row in enumerate(range(4 * g, 4 * g + 4)):
+            assert rec["responses"][j] == ids[row][mask[row]].tolist()
+            assert rec["advantages"][j] == pytest.approx(adv[row][mask[row]].tolist(), abs=1e-5)

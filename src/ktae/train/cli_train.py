@@ -54,6 +54,8 @@ _FLAGS = [
     ("--save-every", "save_every", int, "checkpoint every N steps (0 = at the end)"),
     ("--train-size", "train_size", int, "embedded training problems"),
     ("--threads", "torch_threads", int, "torch CPU threads"),
+    ("--rollout-every", "rollout_every", int, "keep rollouts for ktae explain every N steps (0 = off)"),
+    ("--rollout-groups", "rollout_groups", int, "groups kept per recorded step"),
     ("--lora-r", "lora_r", int, "LoRA rank (0 = full fine-tuning; needs the peft extra)"),
     ("--lora-alpha", "lora_alpha", float, "LoRA alpha (default 2 * r)"),
     ("--lora-dropout", "lora_dropout", float, "LoRA dropout"),

@@ -144,6 +144,10 @@ class TrainConfig:
     """Modules that get adapters (names, or ``all-linear``)."""
     trl: dict[str, Any] = field(default_factory=dict)
     """Further ``trl.GRPOConfig`` settings (``--trl KEY=VALUE``), e.g. ``use_vllm: true``."""
+    rollout_every: int = 10
+    """Keep sampled rollouts of steps 1, 1 + N, 1 + 2N, ... in ``rollouts.jsonl`` (0 = never)."""
+    rollout_groups: int = 4
+    """Groups kept per recorded step (for ``ktae explain``)."""
 
     def __post_init__(self) -> None:
         for name, hint in _hints().items():
@@ -193,7 +197,7 @@ class TrainConfig:
             raise ValueError("num_generations: expected an integer >= 2 (groups need two "
                              f"responses), got {self.num_generations!r}")
         for name in ("eval_every", "save_every", "warmup_steps", "overlong_buffer", "seed",
-                     "lora_r"):
+                     "lora_r", "rollout_every", "rollout_groups"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected a non-negative integer, "
                                  f"got {getattr(self, name)!r}")

@@ -19,8 +19,10 @@ import torch
 from ktae.train.config import TrainConfig
 from ktae.train.credit import CreditSettings, credit_settings
 from ktae.train.data import TaskRows, format_task, read_task
+from ktae.train.rollouts import ROLLOUTS_FILE, RolloutRecorder
 from ktae.train.rundir import (
     RunDir,
+    checkpoint_step,
     prepare_output_dir,
     write_generation_defaults,
 )
@@ -217,12 +219,18 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
                           generation_defaults=generation,
                           peft_config=lora_config(cfg) if cfg.lora_r else None)
     trainer.remove_callback(PrinterCallback)
+    if is_main and cfg.rollout_every:
+        trainer.rollouts = RolloutRecorder(
+            out / ROLLOUTS_FILE, every=cfg.rollout_every, groups=cfg.rollout_groups,
+            keep_until_step=checkpoint_step(resume_from) if resume_from else 0)
     evals = RunDir.read_jsonl(rundir.eval_path)
     if is_main and not any(e["step"] == 0 for e in evals):
         eval_cb.evaluate(trainer.model, 0)
     final = out / "final"
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        if trainer.rollouts is not None:
+            trainer.rollouts.close()
         trainer.save_model(str(final))  # every process: may synchronise
         if is_main:
             tokenizer.save_pretrained(str(final))

@@ -120,6 +120,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
         *args, **kwargs: as for ``trl.GRPOTrainer``.
     """
 
+    rollouts = None
+    """A :class:`ktae.train.rollouts.RolloutRecorder` that keeps sampled rollouts, or None."""
+
     def __init__(self, *args, credit: CreditSettings, generation_defaults: dict | None = None,
                  **kwargs):
         if not isinstance(credit, CreditSettings):
@@ -318,6 +321,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 num_generations=G).items():
             self._metrics[mode][key].append(value)
         self._log_trained_completions(batch, adv, mask, per_func, prompts)
+        if self.rollouts is not None:
+            self.rollouts.on_advantages(self, batch=batch, ids=ids, mask=mask, rewards=rewards,
+                                        correct=correct, advantages=adv, loss_mask=loss_mask)
         return batch
 
     def _log_trained_completions(self, batch: dict, adv: torch.Tensor, mask: torch.Tensor,
@@ -375,6 +381,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                            entropies=entropies, mask=mask.bool(), generator=g,
                                            **self.credit.calibration_options)
         inputs["advantages"] = result.advantages.detach().to(adv.dtype)
+        if self.rollouts is not None:
+            self.rollouts.on_calibration(self, inputs=inputs, logprobs=logps,
+                                         entropies=entropies, result=result)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["ktae/flagged_token_rate"].append(
             self._mean_across_processes(float(result.flag_rate)))
