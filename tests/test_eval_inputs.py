@@ -147,6 +147,17 @@ def test_hub_id_offline_and_not_cached_fails_at_once(tmp_path, monkeypatch, caps
            "Face cache, and HF_HUB_OFFLINE is set" in line
 
 
+def _online(monkeypatch, tmp_path, endpoint: str) -> None:
+    """As on a machine with network (CI exports HF_HUB_OFFLINE=1 for everything else)."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -154,10 +165,7 @@ def _closed_port() -> int:
 
 
 def test_unreachable_hub_is_one_quick_error(tmp_path, monkeypatch, capsys, no_loading):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    _online(monkeypatch, tmp_path, f"http://127.0.0.1:{_closed_port()}")
     start = time.monotonic()
     rc, _, err = _eval(capsys, "Qwen/Qwen2.5-Math-7B")
     assert rc == 2 and time.monotonic() - start < 5  # one request, no retries
@@ -180,10 +188,7 @@ def test_reachable_hub_keeps_the_hub_id(tmp_path, monkeypatch):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        _online(monkeypatch, tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
         assert resolve_model_path("known/model") == "known/model"  # transformers downloads it
         with pytest.raises(ValueError, match="MODEL: unknown/model is not a local directory "
                                              "and the hub has no model of that name"):

@@ -115,6 +115,9 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
     Returns:
         ``[B, T]`` (zero where mask is 0) when ``token_ids`` or ``mask`` is given, else
         ``[B]``; on the device of ``rewards``, float32 (float64 for float64 rewards).
+        Finite for any finite rewards, except that ``drgrpo``/``rloo`` raise
+        ``ValueError`` when ``R - baseline`` exceeds the dtype's range
+        (:mod:`ktae.core.baselines`).
 
     Example:
         >>> import torch, ktae

@@ -20,9 +20,13 @@ _TRUE = {"1", "on", "yes", "true"}
 
 
 def hub_offline() -> bool:
-    """True when ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` is set (read now)."""
-    return any(os.environ.get(v, "").strip().lower() in _TRUE
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    """True when ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` is set, now or when the hub
+    library was imported (it then refuses every request)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or any(
+        os.environ.get(v, "").strip().lower() in _TRUE
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def _is_hub_id(name: str) -> bool:
