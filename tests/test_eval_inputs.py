@@ -102,6 +102,10 @@ def test_model_argument_that_is_not_a_model(tmp_path):
         resolve_model_path(str(run))
     with pytest.raises(ValueError, match="MODEL: expected a model directory or hub id"):
         resolve_model_path("")
+    adapters = tmp_path / "lora-final"
+    adapters.mkdir()
+    (adapters / "adapter_config.json").write_text("{}")
+    assert resolve_model_path(str(adapters)) == str(adapters)
 
 
 def _fake_hub_cache(root, repo_id: str, model_dir) -> str:

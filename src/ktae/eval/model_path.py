@@ -1,10 +1,11 @@
 """Where ``ktae eval MODEL`` loads MODEL from, decided before anything is loaded.
 
-In order: an existing local directory (it must hold ``config.json``); a Hugging Face hub
-id already in the local hub cache (loaded from the cached snapshot, no network); with
-``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set, nothing else; otherwise the hub,
-after one quick request that shows it is reachable, so that a machine without network
-gets a one-line error in seconds instead of a traceback after minutes of retries.
+In order: an existing local directory (it must hold ``config.json``, or
+``adapter_config.json`` for LoRA adapters); a Hugging Face hub id already in the local
+hub cache (loaded from the cached snapshot, no network); with ``HF_HUB_OFFLINE`` (or
+``TRANSFORMERS_OFFLINE``) set, nothing else; otherwise the hub, after one quick request
+that shows it is reachable, so that a machine without network gets a one-line error in
+seconds instead of a traceback after minutes of retries.
 Every failure is a ``ValueError`` naming MODEL.
 """
 
@@ -16,6 +17,8 @@ from pathlib import Path
 HUB_PROBE_TIMEOUT = 10.0
 """Seconds to wait for the hub's answer about MODEL's ``config.json``."""
 
+MODEL_FILES = ("config.json", "adapter_config.json")
+"""A model directory holds one of these (a full model, or LoRA adapters)."""
 _TRUE = {"1", "on", "yes", "true"}
 
 
@@ -42,9 +45,9 @@ def _is_hub_id(name: str) -> bool:
 def _local_model_dir(name: str, path: Path) -> str:
     if not path.is_dir():
         raise ValueError(f"MODEL: {name} is a file; expected a model directory")
-    if not (path / "config.json").is_file():
+    if not any((path / f).is_file() for f in MODEL_FILES):
         hint = (f"; the run's model is in {Path(name) / 'final'}"
-                if (path / "final" / "config.json").is_file() else "")
+                if any((path / "final" / f).is_file() for f in MODEL_FILES) else "")
         raise ValueError(f"MODEL: {name} is not a model directory (no config.json){hint}")
     return str(path)
 
