@@ -214,10 +214,10 @@ def _prepare(batch: AdvantageBatch, correct, options: dict) -> tuple[KTAEOptions
     if batch.token_ids is None:
         raise ValueError("token_ids: required by the 'ktae' estimator")
     opts = resolve_options(**options)
-    if opts.mode == "reference":
-        if correct is not None:
-            raise ValueError("correct: the reference mode uses the runtime's rule (reward > 0)")
-        # The runtime's scores are float32: 1e-50 is not > 0 there.
+    if opts.mode == "reference" and correct is None:
+        # The runtime's rule is float32 score > 0 (1e-50 is not > 0 there); an explicit
+        # ``correct`` replaces it, e.g. a verifier's accuracy when the reward also holds
+        # shaping terms (what the trainer passes).
         return opts, batch.rewards.to(torch.float32) > 0
     if correct is None:
         return opts, batch.rewards > opts.reward_threshold
@@ -252,7 +252,8 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     ``correct`` (bool ``[B]``) or ``reward_threshold`` (correct = reward > threshold,
     default 0), ``h1``, ``h2``, ``h3`` (defaults 1, 1, 1; ``variant="paper"``: 1, 2, 1;
     set one to 0 for the paper's ablations), ``k1`` (2.0), ``b`` (0.5), ``top`` (1.0),
-    ``ignore_token_ids`` (value 0; none by default, 151643 in reference mode),
+    ``ignore_token_ids`` (value 0; none by default, 151643 in reference mode; in reference
+    mode ``correct`` replaces the runtime's float32 ``reward > 0`` rule when given),
     ``mode`` ("exact" or "reference"), ``variant`` ("runtime": ``top (2 sigmoid(k) - 1)``,
     or "paper": ``top (sigmoid(k) - 0.5)``), ``ngram`` (1: key tokens; N > 1: key spans
     of N tokens, exact mode only) and ``ngram_reduce`` ("mean": a token gets the mean
