@@ -102,6 +102,56 @@ class KeyTokenTable:
         lines += ["  ".join(f"{c:>{w}}" for c, w in zip(r, width, strict=True)) for r in rows]
         return "\n".join(lines)
 
+    def token_rows(self, group: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor,
+                   ignore_token_ids: Sequence[int] = ()) -> torch.Tensor:
+        """For each token of the batch the table was built from, the row behind its value.
+
+        Args:
+            group: ``[B]`` dense group ids (the table's numbering). token_ids, mask:
+                ``[B, T]`` as given to :func:`ktae.key_token_table`.
+            ignore_token_ids: as given to it (they split spans).
+
+        Returns:
+            ``[B, T]`` int64 row indices, -1 on padding. Unigram tables: the row of the
+            token. N-gram tables: the row of the covering span of largest ``|value|`` (the
+            first one on ties), -1 for a token no span covers.
+        """
+        from ktae.core.ngrams import find_spans
+
+        B, T = token_ids.shape
+        group, token_ids, mask = group.long(), token_ids.long(), mask.bool()
+        out = torch.full((B, T), -1, dtype=torch.int64, device=token_ids.device)
+        if self.span is None:
+            rows = mask.nonzero()
+            occ = torch.stack([group[rows[:, 0]], token_ids[mask]], 1)
+            keys = torch.stack([self.group, self.token], 1)
+        else:
+            spans, _ = find_spans(token_ids, mask, self.ngram, tuple(int(i) for i in
+                                                                       ignore_token_ids))
+            occ = torch.cat([group[spans.row][:, None],
+                             spans.token_ids(torch.arange(spans.start.numel()))], 1)
+            keys = torch.cat([self.group[:, None], self.span], 1)
+        if occ.shape[0] == 0 or len(self) == 0:
+            return out
+        uniq, inv = torch.unique(torch.cat([keys, occ]), dim=0, return_inverse=True)
+        row_of = torch.full((uniq.shape[0],), -1, dtype=torch.int64, device=out.device)
+        row_of[inv[: len(self)]] = torch.arange(len(self), device=out.device)
+        occ_row = row_of[inv[len(self):]]
+        if self.span is None:
+            return out.masked_scatter_(mask, occ_row)
+        m = spans.tokens.numel()
+        by_start = torch.full((m,), -1, dtype=torch.int64, device=out.device)
+        by_start[spans.start] = occ_row
+        magnitude = torch.where(by_start >= 0, self.value.abs()[by_start.clamp_min(0)].double(),
+                                -1.0)
+        best = torch.full((m,), -1, dtype=torch.int64, device=out.device)
+        best_mag = torch.full((m,), -1.0, dtype=torch.float64, device=out.device)
+        for j in reversed(range(self.ngram)):  # earliest-starting span first: it keeps ties
+            take = magnitude[: m - j] > best_mag[j:]
+            best[j:] = torch.where(take, by_start[: m - j], best[j:])
+            best_mag[j:] = torch.where(take, magnitude[: m - j], best_mag[j:])
+        return out.masked_scatter_(mask, best)
+
     def lookup(self, group: int, token: int | None = None, *,
                span: Sequence[int] | None = None) -> dict:
         """The row of one (dense group, token id), or of one (dense group, span).

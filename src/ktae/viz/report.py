@@ -9,7 +9,8 @@ vectorised pass over all groups:
   log-probs and entropies, with each token's weight and flag;
 * ``diff``: the final credit minus the sequence advantage (what token credit changes);
 * for every real token, its row of :func:`ktae.key_token_table` (a, b, c, d, p, F, IG,
-  TF_T, TF_F, D, value) in its group.
+  TF_T, TF_F, D, value) in its group; with KTAE over spans (``ngram > 1``), the row of the
+  covering span of largest ``|value|`` (None for a token no span covers).
 
 Renderers (:mod:`ktae.viz.report_html`, :mod:`ktae.viz.report_terminal`,
 :mod:`ktae.viz.report_png`) only read the resulting :class:`Report`.
@@ -33,7 +34,7 @@ STAT_KEYS = ("a", "b", "c", "d", "p_value", "fisher", "info_gain", "tf_correct",
 STAT_LABELS = dict(zip(STAT_KEYS, ("a", "b", "c", "d", "p", "F", "IG", "TF_T", "TF_F", "D",
                                    "value"), strict=True))
 _TABLE_OPTIONS = ("correct", "reward_threshold", "h1", "h2", "h3", "k1", "b", "top",
-                  "ignore_token_ids", "mode", "variant")
+                  "ignore_token_ids", "mode", "variant", "ngram")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -302,7 +303,10 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
     in_loss_rows = _in_loss(recorded_mask, mask).tolist() if recorded_mask and not cal else None
     table = ktae.key_token_table(**batch, **table_opts)
     rows = table.to_rows()
-    row_of = _row_mapping(table, gid, ids, mask)
+    if table.span is None:
+        row_of = _row_mapping(table, gid, ids, mask)
+    else:  # ngram > 1: each token shows the covering span of largest |value|
+        row_of = table.token_rows(gid, ids, mask, table_opts.get("ignore_token_ids", ()))
     abs_diff = torch.where(mask, (final - seq).abs(), 0.0).double()
     n_tok = torch.zeros(len(groups)).index_add_(0, gid, lengths.float()).clamp_min(1)
     divergence = (torch.zeros(len(groups), dtype=torch.float64)
@@ -316,10 +320,10 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
     labels: dict[int, str] = {}
     by_group: list[list[dict]] = [[] for _ in groups]
     for row in rows:
-        tok = row["token"]
-        if tok not in labels:
-            labels[tok] = token_label(tokenizer, tok)
-        row["text"] = labels[tok]
+        for tok in row.get("span", (row["token"],)):
+            if tok not in labels:
+                labels[tok] = token_label(tokenizer, tok)
+        row["text"] = "".join(labels[t] for t in row.get("span", (row["token"],)))
         by_group[row["group"]].append(row)
     per_view = {k: v.tolist() for k, v in views.items()}
     row_idx = row_of.tolist()
@@ -334,7 +338,7 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
                 index=j, reward=float(rewards[r]), correct=bool(correct[r]),
                 token_ids=responses[r], pieces=token_pieces(tokenizer, responses[r]),
                 values={k: per_view[k][r][:n] for k in keys},
-                stats=[rows[i] for i in row_idx[r][:n]])
+                stats=[rows[i] if i >= 0 else None for i in row_idx[r][:n]])
             if cal:
                 for name, key in (("logprobs", "logprobs"), ("entropies", "entropies"),
                                   ("weights", "weights"), ("flagged", "flagged"),

@@ -123,9 +123,13 @@ def tooltip(report: Report, resp: ResponseReport, pos: int) -> str:
              " \u00b7 ".join(f"{label} {_num(resp.values[key][pos])}"
                              for key, label in report.views)]
     st = resp.stats[pos]
-    lines.append("key-token " + " ".join(f"{STAT_LABELS[k]}={_num(st[k])}" for k in STAT_KEYS[:4]))
-    lines.append(" ".join(f"{STAT_LABELS[k]}={_num(st[k])}" for k in STAT_KEYS[4:7]))
-    lines.append(" ".join(f"{STAT_LABELS[k]}={_num(st[k])}" for k in STAT_KEYS[7:]))
+    if st is None:  # KTAE over spans: a token in a run shorter than the span length
+        lines.append("key span: none covers this token")
+    else:
+        head = f"key span {plain_visible(st['text'])!r} " if "span" in st else "key-token "
+        lines.append(head + " ".join(f"{STAT_LABELS[k]}={_num(st[k])}" for k in STAT_KEYS[:4]))
+        lines.append(" ".join(f"{STAT_LABELS[k]}={_num(st[k])}" for k in STAT_KEYS[4:7]))
+        lines.append(" ".join(f"{STAT_LABELS[k]}={_num(st[k])}" for k in STAT_KEYS[7:]))
     if resp.logprobs is not None:
         cal = (f"log p={_num(resp.logprobs[pos])} entropy={_num(resp.entropies[pos])} "
                f"weight={_num(resp.weights[pos])}")
@@ -202,7 +206,7 @@ def _key_table_html(group: GroupReport) -> str:
         for row in items:
             v = row["value"]
             cells = [f'<td class="l"><code>{html.escape(plain_visible(row["text"]))}</code></td>',
-                     f'<td>{row["token"]}</td>']
+                     f'<td>{" ".join(map(str, row.get("span", (row["token"],))))}</td>']
             cells += [f"<td>{_num(row[k])}</td>" for k in STAT_KEYS[:-1]]
             cells.append(f'<td style="background:{_hex(colour(v, group.scale))};'
                          f'color:{_fg(v, group.scale)}">{_num(v)}</td>')

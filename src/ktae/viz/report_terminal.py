@@ -54,7 +54,8 @@ def _group_renderables(report: Report, group: GroupReport, view: str):
         for col in ("token", "id", "a", "b", "c", "d", "p", "F", "IG", "value"):
             table.add_column(col, justify="left" if col == "token" else "right")
         for row in rows:
-            table.add_row(plain_visible(row["text"]), str(row["token"]),
+            table.add_row(plain_visible(row["text"]),
+                          " ".join(map(str, row.get("span", (row["token"],)))),
                           *(str(row[k]) for k in "abcd"),
                           *(f"{row[k]:.3g}" for k in ("p_value", "fisher", "info_gain")),
                           f"{row['value']:+.3g}", style=None)
