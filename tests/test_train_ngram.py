@@ -100,7 +100,7 @@ def test_compare_arm_reaches_the_estimator(tmp_path, monkeypatch, capsys):
             "--max-new-tokens", "6", "--train-size", "32", "--eval-size", "4",
             "--output-dir", str(root), "--no-progress"]
     assert main(argv) == 0
-    assert ("ktae", 1) in seen and ("ktae", 2) in seen
+    assert ("ktae", None) in seen and ("ktae", 2) in seen  # ngram=1: the default, not passed
     rows = [ln for ln in (root / "comparison.md").read_text().splitlines()
             if ln.startswith("| ktae")]
     assert [r.split("|")[1].strip() for r in rows] == ["ktae", "ktae@ngram=2"]
