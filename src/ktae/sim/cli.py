@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ktae import CALIBRATIONS
 from ktae.sim.config import PRESETS, SimConfig
-from ktae.sim.credit import all_methods
 
 QUICK_METHODS = "broadcast,step,ktae,taco,ktae+taco"
 
@@ -53,10 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="updates between evaluations")
     parser.add_argument(
         "--methods", default=None,
-        help="comma list: broadcast, step (oracle), ktae, any calibration "
-             f"({', '.join(m for m in all_methods() if m not in ('broadcast', 'step', 'ktae', 'ktae+taco'))}) "
-             "on broadcast, BASE+CALIBRATION (e.g. ktae+taco), or all "
-             f"(default: quick {QUICK_METHODS}; paper all)")
+        help="comma list: broadcast, step (the oracle), ktae, a calibration on broadcast "
+             f"({', '.join(CALIBRATIONS.names())}), BASE+CALIBRATION (e.g. ktae+taco), or "
+             f"all (default: quick {QUICK_METHODS}; paper all)")
     parser.add_argument("--ktae-threshold", type=float, default=None,
                         help="KTAE correctness: return > this value (default: return above "
                              "the group mean)")

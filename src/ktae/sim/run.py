@@ -169,6 +169,13 @@ class Block:
             out[:, s:s + h, :g] = drawn[(run.seed, run.setting, self.config.actions)]
         return out.to(self.device)
 
+    def uniforms(self, step: int) -> torch.Tensor:
+        """``[rows, G_max]`` the sampling uniforms of an update (call in step order)."""
+        k = step % UNIFORM_CHUNK
+        if k == 0 or self._uniforms is None:
+            self._uniforms = self._uniform_chunk()
+        return self._uniforms[k]
+
     def expected_returns(self, stats: mdp.PolicyStats) -> torch.Tensor:
         """``[runs]`` expected normalised return of each run's current policy."""
         per_row = mdp.expected_step_reward(stats, self.n_opt_row)
@@ -177,10 +184,7 @@ class Block:
 
     def update(self, step: int, stats: mdp.PolicyStats) -> None:
         """Sample G trajectories per run and take one SGD step on every run."""
-        k = step % UNIFORM_CHUNK
-        if k == 0:
-            self._uniforms = self._uniform_chunk()
-        actions = mdp.sample_actions(stats, self._uniforms[k])
+        actions = mdp.sample_actions(stats, self.uniforms(step))
         logp = mdp.sampled_logprobs(self.theta, stats.log_norm, actions)
         coef = torch.zeros_like(logp)
         for method, mb in self.methods.items():
