@@ -3,7 +3,8 @@
 One figure per axis, one panel per value of the axis; in each panel one line per method
 (mean over seeds) with a band of ± one standard deviation over seeds. The legend sits
 right of the panels so that it never covers a curve; broadcast (solid black) and the
-step-level oracle (dashed black) are drawn on top.
+step-level oracle (dashed black) are drawn thick and underneath, so that a method that
+coincides with one of them stays visible on top of it.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ def _styles(methods) -> dict[str, dict]:
     styles, k = {}, 0
     for m in methods:
         if m == BROADCAST:
-            styles[m] = {"color": "black", "linestyle": "-", "linewidth": 2.0, "zorder": 4}
+            styles[m] = {"color": "black", "linestyle": "-", "linewidth": 2.4, "zorder": 2}
         elif m == ORACLE:
-            styles[m] = {"color": "black", "linestyle": "--", "linewidth": 2.0, "zorder": 4}
+            styles[m] = {"color": "black", "linestyle": "--", "linewidth": 2.4, "zorder": 2}
         else:
             styles[m] = {"color": cmap(k % cmap.N), "linestyle": dashes[k // cmap.N % 3],
-                         "linewidth": 1.4}
+                         "linewidth": 1.3, "zorder": 3}
             k += 1
     return styles
 
@@ -49,7 +50,7 @@ def plot_axis(result: SimResult, axis: str, path: Path, *, dpi: int = 100) -> Pa
     styles = _styles(methods)
     steps = np.asarray(result.eval_steps)
     ncol = 1 if len(methods) <= 14 else 2
-    legend_width = 1.7 * ncol
+    legend_width = (0.6 + 0.075 * max(len(m) for m in methods)) * ncol
     width = 3.4 * len(settings) + 0.6 + legend_width
     fig, axes = plt.subplots(1, len(settings), figsize=(width, 3.4), sharey=True,
                              squeeze=False)
