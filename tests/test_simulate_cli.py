@@ -85,7 +85,7 @@ def _result(curves_by_method: dict[str, dict[int, list[list[float]]]]) -> SimRes
                     eval_every=10, seeds=2, methods=tuple(curves_by_method))
     curves = {(m, Setting(h, 1, 4)): torch.tensor(v, dtype=torch.float64)
               for m, per_h in curves_by_method.items() for h, v in per_h.items()}
-    return SimResult(cfg, cfg.eval_steps(), curves, 1.0, 0)
+    return SimResult(cfg, cfg.eval_steps(), curves, 1.0)
 
 
 def test_report_definitions():

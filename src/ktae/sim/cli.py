@@ -17,7 +17,7 @@ from pathlib import Path
 from ktae import CALIBRATIONS
 from ktae.sim.config import PRESETS, SimConfig
 
-QUICK_METHODS = "broadcast,step,ktae,taco,ktae+taco"
+QUICK_METHODS = ",".join(PRESETS["quick"]["methods"])
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -80,8 +80,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         value = getattr(args, flag)
         if value is not None:
             overrides[field] = value
-    methods = args.methods or (QUICK_METHODS if args.preset == "quick" else "all")
-    overrides["methods"] = tuple(m.strip() for m in methods.split(",") if m.strip())
+    if args.methods is not None:
+        overrides["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     return SimConfig.preset(args.preset, ktae_threshold=args.ktae_threshold,
                             target=args.target, device=args.device, **overrides)
 

@@ -12,13 +12,13 @@ from ktae.sim.credit import parse_methods
 AXES = ("horizon", "n_opt", "group_size")
 AXIS_LABELS = {"horizon": "H", "n_opt": "n_opt", "group_size": "G"}
 
-DEFAULT_METHODS = ("all",)
-
 PRESETS: dict[str, dict] = {
     # Small enough for a 2-core CPU in a few minutes.
-    "quick": dict(actions=1_000, steps=1_500, lr=0.5, seeds=5, eval_every=50),
-    # The paper's hyper-parameters (appendix "Hyper-parameters").
-    "paper": dict(actions=100_000, steps=8_000, lr=0.2, seeds=10, eval_every=100),
+    "quick": dict(actions=1_000, steps=1_500, lr=0.5, seeds=5, eval_every=50,
+                  methods=("broadcast", "step", "ktae", "taco", "ktae+taco")),
+    # The paper's hyper-parameters (appendix "Hyper-parameters"), every method.
+    "paper": dict(actions=100_000, steps=8_000, lr=0.2, seeds=10, eval_every=100,
+                  methods=("all",)),
 }
 
 
@@ -54,7 +54,7 @@ class SimConfig:
     """independent runs per (method, setting): seeds 0..seeds-1"""
     eval_every: int = PRESETS["quick"]["eval_every"]
     """updates between evaluations (also at step 0 and at the last step)"""
-    methods: tuple[str, ...] = DEFAULT_METHODS
+    methods: tuple[str, ...] = PRESETS["quick"]["methods"]
     """method names (see ktae.sim.credit); 'all' expands"""
     ktae_threshold: float | None = None
     """KTAE correctness: None = return above the group mean, else return > threshold"""

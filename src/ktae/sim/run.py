@@ -70,12 +70,6 @@ class SimResult:
     eval_steps: list[int]
     curves: dict[tuple[str, Setting], torch.Tensor]
     seconds: float
-    logit_updates: int
-
-    @property
-    def logit_updates_per_second(self) -> float:
-        """Throughput: (row, action) logits updated per second, over all blocks."""
-        return self.logit_updates / max(self.seconds, 1e-9)
 
 
 class _MethodBatch:
@@ -244,7 +238,7 @@ def simulate(config: SimConfig, progress: Callable[[int, int, int], None] | None
     eval_at = {s: i for i, s in enumerate(eval_steps)}
     curves: dict[tuple[str, Setting], torch.Tensor] = {}
     blocks = plan_blocks(config)
-    start, updates = time.perf_counter(), 0
+    start = time.perf_counter()
     with torch.no_grad():
         for b, runs in enumerate(blocks):
             block = Block(runs, config)
@@ -256,10 +250,9 @@ def simulate(config: SimConfig, progress: Callable[[int, int, int], None] | None
                 if step == config.steps:
                     break
                 block.update(step, stats)
-                updates += block.elements
                 if progress is not None:
                     progress(b, len(blocks), step + 1)
             for key in dict.fromkeys((r.method.name, r.setting) for r in block.runs):
                 idx = [i for i, r in enumerate(block.runs) if (r.method.name, r.setting) == key]
                 curves[key] = record[idx]
-    return SimResult(config, eval_steps, curves, time.perf_counter() - start, updates)
+    return SimResult(config, eval_steps, curves, time.perf_counter() - start)
