@@ -176,12 +176,13 @@ def test_token_local_rules_batched_equal_per_run():
     b = _batch(3)
     adv = base_advantages("broadcast", b)
     for rule in sorted(TOKEN_LOCAL_RULES & set(ktae.CALIBRATIONS.names())):
-        got, got_mask = calibrate(rule, adv, b)
+        got = calibrate(rule, adv, b)
         for s, e in b.run_slices:
             ref = ktae.calibrate_advantages(rule, adv[s:e], logprobs=b.logprobs[s:e],
                                             entropies=b.entropies[s:e], mask=b.mask[s:e])
-            torch.testing.assert_close(got[s:e], ref.advantages)
-            assert torch.equal(got_mask[s:e], getattr(ref, "loss_mask", b.mask[s:e]))
+            torch.testing.assert_close(got.advantages[s:e], ref.advantages)
+            assert torch.equal(got.loss_mask[s:e], getattr(ref, "loss_mask", b.mask[s:e]))
+            assert torch.equal(got.flagged[s:e], ref.flagged)
 
 
 def test_batch_level_rules_see_one_run_as_their_batch():
@@ -189,12 +190,13 @@ def test_batch_level_rules_see_one_run_as_their_batch():
     adv = base_advantages("step", b)
     for rule in sorted(set(ktae.CALIBRATIONS.names()) - TOKEN_LOCAL_RULES):
         gens = [torch.Generator().manual_seed(k) for k in range(len(b.run_slices))]
-        got, _ = calibrate(rule, adv, b, gens)
+        got = calibrate(rule, adv, b, gens)
         for k, (s, e) in enumerate(b.run_slices):
             ref = ktae.calibrate_advantages(rule, adv[s:e], logprobs=b.logprobs[s:e],
                                             entropies=b.entropies[s:e], mask=b.mask[s:e],
                                             generator=torch.Generator().manual_seed(k))
-            torch.testing.assert_close(got[s:e], ref.advantages)
+            torch.testing.assert_close(got.advantages[s:e], ref.advantages)
+            assert torch.equal(got.flagged[s:e], ref.flagged)
 
 
 def test_method_names():
@@ -290,6 +292,16 @@ def test_step_beats_broadcast_and_gap_grows_with_horizon():
     short, long = g[cfg.axis_settings("horizon")[0]], g[cfg.axis_settings("horizon")[1]]
     assert short[0] > 0 and long[0] > 0
     assert long[0] > short[0] + 0.1
+
+
+def test_flag_rates():
+    # forking-tokens keeps the ceil(20%) highest-entropy tokens of a run's G*H = 12:
+    # 3 kept, 9 flagged at every update.
+    res = simulate(tiny(methods=("broadcast", "forking-tokens")))
+    base = res.config.base
+    assert torch.equal(res.flag_rates[("forking-tokens", base)],
+                       torch.full((2,), 0.75, dtype=torch.float64))
+    assert ("broadcast", base) not in res.flag_rates
 
 
 def test_learning_happens():

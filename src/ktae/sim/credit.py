@@ -154,14 +154,24 @@ def base_advantages(base: str, batch: CreditBatch, *,
     raise ValueError(f"base: expected one of {', '.join(BASES)}, got {base!r}")
 
 
+@dataclass(frozen=True)
+class Credit:
+    """A method's output on a batch, each ``[B, T]``: ``advantages`` (0 on padding),
+    ``loss_mask`` (the tokens that stay in the loss) and ``flagged`` (the tokens whose
+    credit a calibration reduces; all False without one)."""
+
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    flagged: torch.Tensor
+
+
 def _loss_mask(result: ktae.CalibrationResult, mask: torch.Tensor) -> torch.Tensor:
     return getattr(result, "loss_mask", mask)
 
 
 def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
-              generators: list[torch.Generator] | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(advantages, loss_mask)`` ``[B, T]`` after a calibration rule.
+              generators: list[torch.Generator] | None = None) -> Credit:
+    """A calibration rule on base advantages ``adv`` ``[B, T]``.
 
     Token-local rules run once on the whole batch; the others once per run (its group is
     its batch), drawing from that run's generator when the rule is random.
@@ -169,24 +179,25 @@ def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
     kwargs = dict(logprobs=batch.logprobs, entropies=batch.entropies, mask=batch.mask)
     if rule in TOKEN_LOCAL_RULES:
         result = ktae.calibrate_advantages(rule, adv, **kwargs)
-        return result.advantages, _loss_mask(result, batch.mask)
+        return Credit(result.advantages, _loss_mask(result, batch.mask), result.flagged)
     out = torch.zeros_like(adv)
     loss_mask = torch.zeros_like(batch.mask)
+    flagged = torch.zeros_like(batch.mask)
     for k, (s, e) in enumerate(batch.run_slices):
         part = {key: value[s:e] for key, value in kwargs.items()}
         gen = None if generators is None else generators[k]
         result = ktae.calibrate_advantages(rule, adv[s:e], generator=gen, **part)
         out[s:e] = result.advantages
         loss_mask[s:e] = _loss_mask(result, part["mask"])
-    return out, loss_mask
+        flagged[s:e] = result.flagged
+    return Credit(out, loss_mask, flagged)
 
 
 def method_advantages(method: Method, batch: CreditBatch, *,
                       ktae_threshold: float | None = None,
-                      generators: list[torch.Generator] | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(advantages, loss_mask)`` ``[B, T]`` of a method on a batch."""
+                      generators: list[torch.Generator] | None = None) -> Credit:
+    """A method's :class:`Credit` on a batch."""
     adv = base_advantages(method.base, batch, ktae_threshold=ktae_threshold)
     if method.calibration is None:
-        return adv, batch.mask
+        return Credit(adv, batch.mask, torch.zeros_like(batch.mask))
     return calibrate(method.calibration, adv, batch, generators)

@@ -114,8 +114,9 @@ def claims(result: SimResult) -> list[Claim]:
 
 
 def landing(result: SimResult) -> dict[str, dict]:
-    """Where each method lands: its mean return averaged over all settings, and that as
-    a share of the way from broadcast (0) to the step-level oracle (1)."""
+    """Where each method lands: its mean return averaged over all settings (mean and
+    std over seeds), that as a share of the way from broadcast (0) to the step-level
+    oracle (1), and the share of tokens its calibration flagged (None without one)."""
     settings = result.config.settings()
     avg = {}
     for m in result.config.method_names:
@@ -130,7 +131,10 @@ def landing(result: SimResult) -> dict[str, dict]:
         share = None
         if span is not None and abs(span) > 1e-12:
             share = (mean - avg[BROADCAST][0]) / span
-        out[m] = {"mean_return": mean, "std": std, "share_of_oracle_gain": share}
+        flags = [result.flag_rates[(m, s)] for s in settings if (m, s) in result.flag_rates]
+        flag_rate = float(torch.stack(flags).mean()) if flags else None
+        out[m] = {"mean_return": mean, "std": std, "share_of_oracle_gain": share,
+                  "flag_rate": flag_rate}
     return out
 
 
@@ -201,11 +205,12 @@ def markdown(result: SimResult) -> str:
         lines += [axis_tables(result, axis), ""]
     lines += ["## Claims", "", summary_paragraph(result), ""]
     land = landing(result)
-    lines += ["| method | mean return, all settings | share of the oracle's gain |",
-              "|---|---|---|"]
+    lines += ["| method | mean return, all settings | share of the oracle's gain | "
+              "tokens flagged by the calibration |", "|---|---|---|---|"]
     for m, v in land.items():
         share = "n/a" if v["share_of_oracle_gain"] is None else f"{v['share_of_oracle_gain']:.0%}"
-        lines.append(f"| {m} | {v['mean_return']:.3f} ± {v['std']:.3f} | {share} |")
+        flags = "—" if v["flag_rate"] is None else f"{v['flag_rate']:.2%}"
+        lines.append(f"| {m} | {v['mean_return']:.3f} ± {v['std']:.3f} | {share} | {flags} |")
     lines += ["", f"Simulated in {result.seconds:.0f} s."]
     return "\n".join(lines) + "\n"
 
@@ -218,8 +223,10 @@ def to_json(result: SimResult) -> dict:
     return {
         "config": dataclasses.asdict(result.config),
         "eval_steps": result.eval_steps,
-        "curves": [{"method": m, "setting": dataclasses.asdict(s),
-                    "returns": c.tolist()} for (m, s), c in result.curves.items()],
+        "curves": [{"method": m, "setting": dataclasses.asdict(s), "returns": c.tolist(),
+                    "flag_rate": (result.flag_rates[(m, s)].tolist()
+                                  if (m, s) in result.flag_rates else None)}
+                   for (m, s), c in result.curves.items()],
         "claims": [dataclasses.asdict(c) for c in claims(result)],
         "landing": {m: {k: clean(v) for k, v in d.items()} for m, d in landing(result).items()},
         "seconds": result.seconds,

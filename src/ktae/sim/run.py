@@ -28,6 +28,7 @@ not depend on which other runs share its block.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -64,12 +65,15 @@ class Run:
 class SimResult:
     """Curves of every (method, setting): ``curves[(method, setting)]`` is
     ``[seeds, len(eval_steps)]`` float64, the expected normalised return of each seed's
-    policy at each evaluation step."""
+    policy at each evaluation step. ``flag_rates[(method, setting)]`` (methods with a
+    calibration) is ``[seeds]``: the share of all sampled tokens of the run that the
+    calibration flagged, over the whole training."""
 
     config: SimConfig
     eval_steps: list[int]
     curves: dict[tuple[str, Setting], torch.Tensor]
     seconds: float
+    flag_rates: dict[tuple[str, Setting], torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 class _MethodBatch:
@@ -125,6 +129,7 @@ class Block:
                                _generator("init", r.seed, r.setting.horizon, r.setting.n_opt, A))
             for r in runs]).to(device)
         self.drift = self.theta.amax(1).abs()
+        self.flagged = torch.zeros(len(runs), dtype=torch.long, device=device)
         calibrated = [i for i, r in enumerate(runs) if r.method.calibration is not None]
         self.entropy_from = int(self.row_offset[calibrated[0]]) if calibrated else self.rows
         self.methods: dict[Method, _MethodBatch] = {}
@@ -190,15 +195,15 @@ class Block:
                 logprobs=torch.where(mb.mask, mb.gather(logp), 0.0),
                 entropies=torch.where(mb.mask, stats.entropy[mb.rows], 0.0),
                 run_slices=mb.run_slices)
-            adv, loss_mask = method_advantages(method, batch,
-                                               ktae_threshold=self.config.ktae_threshold,
-                                               generators=self.generators.get(method))
-            loss_mask = loss_mask & mb.mask
+            credit = method_advantages(method, batch, ktae_threshold=self.config.ktae_threshold,
+                                       generators=self.generators.get(method))
+            loss_mask = credit.loss_mask & mb.mask
             n_tokens = torch.zeros(len(self.runs), device=self.device).index_add_(
                 0, mb.traj_run, loss_mask.sum(1, dtype=torch.float32))
             scale = self.H[mb.traj_run] / n_tokens.clamp_min(1)[mb.traj_run]
-            weight = torch.where(loss_mask, adv.to(torch.float32) * scale[:, None], 0.0)
+            weight = torch.where(loss_mask, credit.advantages.to(torch.float32) * scale[:, None], 0.0)
             coef[mb.real_rows, mb.real_cols] = weight[mb.mask]
+            self.flagged.index_add_(0, mb.traj_run, (credit.flagged & mb.mask).sum(1))
         self.drift += mdp.sgd_step(self.theta, stats, actions, coef, self.config.lr)
         mdp.recentre(self.theta, self.drift)
 
@@ -237,6 +242,7 @@ def simulate(config: SimConfig, progress: Callable[[int, int, int], None] | None
     eval_steps = config.eval_steps()
     eval_at = {s: i for i, s in enumerate(eval_steps)}
     curves: dict[tuple[str, Setting], torch.Tensor] = {}
+    flag_rates: dict[tuple[str, Setting], torch.Tensor] = {}
     blocks = plan_blocks(config)
     start = time.perf_counter()
     with torch.no_grad():
@@ -252,7 +258,10 @@ def simulate(config: SimConfig, progress: Callable[[int, int, int], None] | None
                 block.update(step, stats)
                 if progress is not None:
                     progress(b, len(blocks), step + 1)
+            tokens = (block.H * block.G * config.steps).cpu()
             for key in dict.fromkeys((r.method.name, r.setting) for r in block.runs):
                 idx = [i for i, r in enumerate(block.runs) if (r.method.name, r.setting) == key]
                 curves[key] = record[idx]
-    return SimResult(config, eval_steps, curves, time.perf_counter() - start)
+                if block.runs[idx[0]].method.calibration is not None:
+                    flag_rates[key] = (block.flagged.cpu()[idx] / tokens[idx]).double()
+    return SimResult(config, eval_steps, curves, time.perf_counter() - start, flag_rates)
