@@ -118,6 +118,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"ktae simulate: {err}", file=sys.stderr)
         return 2
+    try:
+        import matplotlib  # noqa: F401  (checked before a long run, used by the plots)
+    except ImportError:
+        print("ktae simulate: the plots need matplotlib: pip install 'ktae[sim]'",
+              file=sys.stderr)
+        return 2
     import torch
 
     from ktae.sim import plots, report
