@@ -79,7 +79,8 @@ class PolicyStats:
         return self.block_cdf[:, -1]
 
 
-def policy_stats(theta: torch.Tensor, block: int, entropy_from: int = 0) -> PolicyStats:
+def policy_stats(theta: torch.Tensor, block: int, entropy_from: int = 0,
+                 out: torch.Tensor | None = None) -> PolicyStats:
     """Softmax weights, block CDF, log-normaliser and entropy of each row of ``theta``.
 
     Args:
@@ -88,12 +89,14 @@ def policy_stats(theta: torch.Tensor, block: int, entropy_from: int = 0) -> Poli
             (see :func:`block_width`).
         entropy_from: entropies are computed for rows ``entropy_from ..`` only (the
             others are 0), as ``H = log Z - sum_a pi(a) theta[a]``.
+        out: optional buffer like ``theta`` for the weights (reused across updates, it
+            spares the allocation of a large tensor at every update).
 
     Block sums are float32 (a few dozen terms), accumulated across blocks in float64, so
     actions of probability ~1e-5 keep their mass among |A| = 100,000.
     """
     R, A = theta.shape
-    weights = torch.exp(theta)
+    weights = torch.exp(theta, out=out)
     block_cdf = torch.cumsum(weights.view(R, A // block, block).sum(-1), 1, dtype=torch.float64)
     total = block_cdf[:, -1]
     log_norm = total.log()

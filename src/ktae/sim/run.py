@@ -128,6 +128,7 @@ class Block:
             mdp.initial_logits(r.setting.horizon, A, r.setting.n_opt,
                                _generator("init", r.seed, r.setting.horizon, r.setting.n_opt, A))
             for r in runs]).to(device)
+        self._weights = torch.empty_like(self.theta)
         self.drift = self.theta.amax(1).abs()
         self.flagged = torch.zeros(len(runs), dtype=torch.long, device=device)
         calibrated = [i for i, r in enumerate(runs) if r.method.calibration is not None]
@@ -154,7 +155,8 @@ class Block:
         return int(self.row_run.numel())
 
     def policy_stats(self) -> mdp.PolicyStats:
-        return mdp.policy_stats(self.theta, self.action_block, self.entropy_from)
+        return mdp.policy_stats(self.theta, self.action_block, self.entropy_from,
+                                out=self._weights)
 
     def _uniform_chunk(self) -> torch.Tensor:
         """``[UNIFORM_CHUNK, rows, G_max]`` float64 uniforms for the next updates."""
