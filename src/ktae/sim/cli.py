@@ -35,10 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", choices=sorted(PRESETS), default="quick",
         help=f"quick: |A| = {quick['actions']}, {quick['steps']} updates, lr {quick['lr']}, "
-             f"{quick['seeds']} seeds, methods {QUICK_METHODS} (a few minutes on 2 CPU "
-             f"cores); paper: the TACO paper's |A| = {paper['actions']}, {paper['steps']} "
-             f"updates, lr {paper['lr']}, {paper['seeds']} seeds, every method (about two "
-             "days on 2 CPU cores, estimated; see docs/simulate.md). Flags override it.")
+             f"{quick['seeds']} seeds, methods {QUICK_METHODS} (about 1.5 CPU-minutes); "
+             f"paper: the TACO paper's |A| = {paper['actions']}, {paper['steps']} updates, "
+             f"lr {paper['lr']}, {paper['seeds']} seeds, every method (about 25 CPU-hours "
+             "on one thread, an estimate: see docs/simulate.md). Flags override it.")
     parser.add_argument("--horizon", type=_int_list, default=None, metavar="H,H,...",
                         help="trace lengths of the H axis (default 4,16,64)")
     parser.add_argument("--n-opt", type=_int_list, default=None, metavar="N,N,...",
