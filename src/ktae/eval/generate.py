@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Generation:
-    """One sampled response: decoded ``text`` and its length in tokens."""
+    """One sampled response: decoded ``text``, its length in tokens and its token ids
+    (up to and including the first end-of-sequence token)."""
 
     text: str
     num_tokens: int
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
                     for row in new[i * sampling.k:(i + 1) * sampling.k]:
                         n = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
                         gens.append(Generation(
-                            tokenizer.decode(row[:n], skip_special_tokens=True), n))
+                            tokenizer.decode(row[:n], skip_special_tokens=True), n,
+                            tuple(row[:n])))
                     out.append(gens)
                 if on_batch is not None:
                     on_batch(len(chunk))
@@ -146,4 +149,5 @@ def generate_vllm(model_path: str, prompts: Sequence[str], sampling: SamplingCon
     results = llm.generate(list(prompts), params)
     if on_batch is not None:
         on_batch(len(prompts))
-    return [[Generation(o.text, len(o.token_ids)) for o in r.outputs] for r in results]
+    return [[Generation(o.text, len(o.token_ids), tuple(o.token_ids)) for o in r.outputs]
+            for r in results]

@@ -1,0 +1,210 @@
+"""``ktae explain``: a page showing which tokens get which credit, and why.
+
+INPUT is a ``ktae train`` run directory (its ``rollouts.jsonl``), or a JSONL file of
+groups (prompt, response texts, rewards or a reference answer); with ``--model`` and no
+INPUT, responses are sampled on the spot (``--model default``: the shipped tiny model
+on the embedded task's held-out prompts). Writes one self-contained HTML page
+(``-o``), and on request a terminal rendering (``--terminal``) and one PNG per group
+(``--png DIR``). See docs/explain.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+DEFAULT_OUTPUT = "explain.html"
+DEFAULT_GROUPS = 4
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``ktae explain`` arguments."""
+    parser.add_argument("input", nargs="?", metavar="INPUT",
+                        help="run directory of ktae train, or a JSONL file of groups")
+    parser.add_argument("-o", "--output", help=f"HTML page to write (default {DEFAULT_OUTPUT}; "
+                        "with --terminal only when given)")
+    parser.add_argument("--credit", help="credit to explain: ktae, ktae+taco, grpo, taco, any "
+                        "estimator or est+calibration (default: the run's own, else ktae)")
+    parser.add_argument("--tokenizer", help="tokenizer directory (default: the run's, the "
+                        "model's, or the shipped tiny model's)")
+    parser.add_argument("--model", help="model to sample from (no INPUT) or to score responses "
+                        "with for a calibration; 'default' = the shipped tiny model")
+    parser.add_argument("--prompts", help="JSONL of prompts (prompt/question + answer) to sample "
+                        "with --model (default: the embedded task's held-out prompts)")
+    pick = parser.add_mutually_exclusive_group()
+    pick.add_argument("--groups", type=int, help=f"show the first N groups (default "
+                      f"{DEFAULT_GROUPS}; with --model: N prompts)")
+    pick.add_argument("--group", help="show only the group with this id (run: group number; "
+                      "JSONL: its 'id' or position; model: prompt index)")
+    parser.add_argument("--step", type=int, help="recorded training step (run directory; "
+                        "default: the latest)")
+    parser.add_argument("--png", metavar="DIR", help="also write one PNG per group into DIR")
+    parser.add_argument("--terminal", action="store_true", help="print the groups in the "
+                        "terminal (rich)")
+    parser.add_argument("--num-generations", type=int, default=8,
+                        help="responses sampled per prompt with --model (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, help="response length budget with --model "
+                        "(default 40 for character-level tokenizers, else 1024)")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature with --model (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for --model "
+                        "(default 1, fastest for the tiny model on a busy CPU)")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "group"
+
+
+def _select(groups: list, args) -> list:
+    if args.group is not None:
+        chosen = [g for key, g in groups if key == args.group]
+        if not chosen:
+            keys = [key for key, _ in groups]
+            shown = ", ".join(keys[:20]) + (", ..." if len(keys) > 20 else "")
+            raise ValueError(f"group: no group with id {args.group!r}; ids: {shown}")
+        return chosen
+    n = DEFAULT_GROUPS if args.groups is None else args.groups
+    return [g for _, g in groups[:n]]
+
+
+def _check_args(args) -> None:
+    if args.groups is not None and args.groups < 1:
+        raise ValueError(f"groups: expected a positive integer, got {args.groups}")
+    if args.num_generations < 2:
+        raise ValueError(f"num-generations: expected at least 2 (a group compares responses), "
+                         f"got {args.num_generations}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise ValueError(f"max-new-tokens: expected a positive integer, got {args.max_new_tokens}")
+    if args.threads < 1:
+        raise ValueError(f"threads: expected a positive integer, got {args.threads}")
+    if not args.temperature > 0:
+        raise ValueError(f"temperature: expected > 0, got {args.temperature}")
+    if args.input is None and args.model is None:
+        raise ValueError("INPUT: give a run directory or a JSONL file of groups, or --model "
+                         "(e.g. --model default) to sample responses")
+
+
+def load_source(args):
+    """The :class:`ktae.explain.sources.Source` named by the arguments."""
+    from ktae.explain import sources
+
+    _check_args(args)
+    if args.input is not None:
+        path = Path(args.input)
+        if not path.exists():
+            raise ValueError(f"INPUT: no such file or directory: {path}")
+        if path.is_dir():
+            return sources.load_run(path, step=args.step, tokenizer=args.tokenizer,
+                                    credit=args.credit)
+        if args.step is not None:
+            raise ValueError("step: only a run directory has recorded steps")
+        tok_path = args.tokenizer or (None if args.model in (None, sources.DEFAULT_MODEL)
+                                      else args.model)
+        tok_path = tok_path or sources.default_tokenizer_path()
+        tok = sources.load_tokenizer(tok_path)
+        ignore = sources.ignore_ids(tok)
+        name = args.credit or "ktae"
+        return sources.Source(
+            groups=sources.load_jsonl(path, tokenizer=tok), tokenizer=tok,
+            credit=sources.credit_spec(name, ignore_token_ids=ignore),
+            title=f"ktae explain: {path.name}", meta=[f"tokenizer: {tok_path}"],
+            credit_name=name)
+    if args.step is not None:
+        raise ValueError("step: only a run directory has recorded steps")
+    return None  # sampled after the model is loaded
+
+
+def _sampled_source(args, model, tok, path):
+    from ktae.explain import sources
+
+    first, n = 0, args.groups or DEFAULT_GROUPS
+    if args.group is not None:
+        if not args.group.isdigit():
+            raise ValueError(f"group: expected a prompt index, got {args.group!r}")
+        first, n = int(args.group), int(args.group) + 1
+    rows = sources.prompt_rows(Path(args.prompts) if args.prompts else None, tok, n)[first:]
+    if not rows:
+        raise ValueError(f"group: prompt index {first} is past the last prompt")
+    max_new = args.max_new_tokens or (40 if len(tok) < 1000 else 1024)
+    groups = sources.sample_groups(model, tok, rows, num_generations=args.num_generations,
+                                   max_new_tokens=max_new, temperature=args.temperature,
+                                   seed=args.seed, first_index=first)
+    name = args.credit or "ktae"
+    where = args.prompts or "the embedded task's held-out prompts"
+    meta = [f"model: {path}", f"{args.num_generations} responses per prompt sampled at "
+            f"temperature {args.temperature:g} (seed {args.seed}, at most {max_new} new tokens) "
+            f"from {where}"]
+    return sources.Source(groups=groups, tokenizer=tok,
+                          credit=sources.credit_spec(name, ignore_token_ids=sources.ignore_ids(tok)),
+                          title="ktae explain: sampled responses", meta=meta, credit_name=name)
+
+
+def build(args):
+    """``(report, selected groups)`` for the arguments (raises ValueError on bad input)."""
+    from ktae.explain import sources
+    from ktae.viz.report import build_report
+
+    source = load_source(args)
+    model = None
+    if args.model is not None and (source is None or source.credit.calibration is not None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+        model, tok, path = sources.load_model(args.model)
+        if source is None:
+            source = _sampled_source(args, model, tok, path)
+    groups = _select(source.groups, args)
+    cal = source.credit.calibration
+    if cal is not None and model is not None and not source.use_recorded:
+        sources.score_groups(model, source.tokenizer, groups, temperature=args.temperature)
+    meta = [*source.meta, _credit_line(source)]
+    report = build_report(groups, credit=source.credit, tokenizer=source.tokenizer,
+                          title=source.title, meta=meta, use_recorded=source.use_recorded)
+    return report
+
+
+def _credit_line(source) -> str:
+    c = source.credit
+    opts = ", ".join(f"{k}={v}" for k, v in c.estimator_options.items())
+    line = f"credit: {c.estimator}" + (f" ({opts})" if opts else "")
+    if c.calibration:
+        cal = ", ".join(f"{k}={v}" for k, v in c.calibration_options.items())
+        line += f" + calibration {c.calibration}" + (f" ({cal})" if cal else "")
+    return line
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``ktae explain``."""
+    try:
+        report = build(args)
+    except ValueError as err:
+        print(f"ktae explain: {err}", file=sys.stderr)
+        return 2
+    from ktae.viz.report_html import report_html
+
+    written = []
+    if args.terminal:
+        from ktae.viz.report_terminal import print_report
+
+        print_report(report)
+    if args.output is not None or not args.terminal:
+        out = Path(args.output or DEFAULT_OUTPUT)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report_html(report), encoding="utf-8")
+        written.append(str(out))
+    if args.png is not None:
+        from ktae.viz.report_png import group_png
+
+        folder = Path(args.png)
+        folder.mkdir(parents=True, exist_ok=True)
+        for group in report.groups:
+            path = folder / f"{_slug(group.label)}.png"
+            group_png(report, group, path)
+            written.append(str(path))
+    tokens = sum(len(r.token_ids) for g in report.groups for r in g.responses)
+    print(f"ktae explain: {len(report.groups)} group(s), {tokens} response tokens; wrote "
+          f"{', '.join(written) if written else 'nothing (terminal only)'}", file=sys.stderr)
+    return 0

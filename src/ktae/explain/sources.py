@@ -1,0 +1,319 @@
+"""Where ``ktae explain`` gets its groups: a run directory, a JSONL file, or a model.
+
+Each loader returns a :class:`Source`: the groups (:class:`ktae.viz.report.GroupInput`,
+keyed by an id the user can pick with ``--group``), the tokenizer that made their
+token ids, and the credit the source implies (a run's own credit; KTAE otherwise).
+
+JSONL input: one group per line, ``{"prompt": str, "responses": [str, ...]}`` with
+``"rewards": [float, ...]`` (one per response) or ``"answer"`` (a reference answer, each
+response scored by :func:`ktae.rewards.math_reward`); optional ``"correct"``
+(booleans) and ``"id"``. ``"question"``/``"problem"`` are accepted for ``"prompt"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ktae.viz.report import CreditSpec, GroupInput
+
+DEFAULT_MODEL = "default"
+"""``--model default``: the shipped warm-started tiny model."""
+
+
+@dataclass
+class Source:
+    """Groups to explain and how to read them."""
+
+    groups: list[tuple[str, GroupInput]]
+    tokenizer: object
+    credit: CreditSpec
+    title: str
+    meta: list[str] = field(default_factory=list)
+    credit_name: str = "ktae"
+    use_recorded: bool = False
+    train_config: object = None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_tokenizer(path: str | Path):
+    """A ``transformers`` tokenizer from a local directory or file."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as err:  # transformers raises OSError, ValueError, ...
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {path} ({err})") from err
+
+
+def default_tokenizer_path() -> Path:
+    from ktae.models.warmstart import default_model_path
+
+    return default_model_path(progress=False)
+
+
+def ignore_ids(tokenizer) -> tuple[int, ...]:
+    """Pad and EOS ids: no key-token value, as in training."""
+    ids = {getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)}
+    return tuple(sorted(int(i) for i in ids if i is not None))
+
+
+def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditSpec:
+    """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ...) the way
+    ``ktae train`` does, with that run's hyper-parameters when ``train_config`` is given."""
+    from ktae.train.config import TrainConfig
+    from ktae.train.credit import credit_settings, parse_credit
+
+    base = train_config if train_config is not None else TrainConfig()
+    estimator, calibration = parse_credit(name)
+    run_estimator, run_calibration = parse_credit(base.credit)
+    changes: dict = {"credit": name}
+    if (estimator or base.advantage_base) != (run_estimator or base.advantage_base):
+        # the run's estimator options belong to another estimator
+        changes.update(ktae_h1=None, ktae_h2=None, ktae_h3=None, ktae_mode="exact",
+                       estimator_options={})
+    if calibration != run_calibration:
+        changes.update(taco_alpha=None, taco_lambda=None, calibration_options={})
+    s = credit_settings(dataclasses.replace(base, **changes).resolve())
+    return CreditSpec(estimator=s.estimator, estimator_options=dict(s.estimator_options),
+                      calibration=s.calibration, calibration_options=dict(s.calibration_options),
+                      ignore_token_ids=tuple(ignore_token_ids))
+
+
+# --------------------------------------------------------------------------- run directory
+
+
+def _run_tokenizer(run: Path, header: dict, tokenizer: str | None):
+    if tokenizer:
+        return load_tokenizer(tokenizer), tokenizer
+    from ktae.train.rundir import latest_complete_checkpoint
+
+    for c in (run / "final", latest_complete_checkpoint(run)):
+        if c and (Path(c) / "tokenizer_config.json").is_file():
+            return load_tokenizer(c), str(c)
+    recorded = header.get("tokenizer")
+    if recorded:  # the run's model: a local directory or a hub id in the local cache
+        try:
+            return load_tokenizer(recorded), str(recorded)
+        except ValueError as err:
+            raise ValueError(f"tokenizer: the run's tokenizer {recorded!r} cannot be loaded; "
+                             "pass --tokenizer PATH") from err
+    path = default_tokenizer_path()
+    return load_tokenizer(path), str(path)
+
+
+def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None,
+             credit: str | None = None) -> Source:
+    """The rollouts a ``ktae train`` run kept (:mod:`ktae.train.rollouts`), of one step
+    (default: the latest recorded)."""
+    from ktae.train.config import TrainConfig
+    from ktae.train.rollouts import ROLLOUTS_FILE, read_rollouts
+
+    path = run / ROLLOUTS_FILE
+    if not path.is_file():
+        raise ValueError(f"INPUT: {run} holds no {ROLLOUTS_FILE} (run directories of ktae train "
+                         "keep one unless --rollout-every 0)")
+    header, records = read_rollouts(path)
+    if not records:
+        raise ValueError(f"INPUT: {path} holds no recorded groups yet")
+    steps = sorted({r["step"] for r in records})
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise ValueError(f"step: {step} was not recorded; recorded steps: {steps}")
+    tok, tok_path = _run_tokenizer(run, header, tokenizer)
+    ignore = tuple(header.get("ignore_token_ids", ignore_ids(tok)))
+    recorded = CreditSpec(estimator=header["estimator"],
+                          estimator_options=dict(header.get("estimator_options") or {}),
+                          calibration=header.get("calibration"),
+                          calibration_options=dict(header.get("calibration_options") or {}),
+                          ignore_token_ids=ignore)
+    run_name = (header["estimator"] + (f"+{header['calibration']}" if header.get("calibration")
+                                       else ""))
+    spec, use_recorded, cfg = recorded, True, None
+    if credit is not None:
+        if (run / "config.yaml").is_file():  # the run's hyper-parameters (h1, alpha, ...)
+            cfg = TrainConfig.from_file(run / "config.yaml")
+        spec = credit_spec(credit, train_config=cfg, ignore_token_ids=ignore)
+        use_recorded = (spec.estimator, spec.calibration) == (recorded.estimator,
+                                                              recorded.calibration)
+        if use_recorded:
+            spec = recorded
+    groups = []
+    for r in (r for r in records if r["step"] == step):
+        g = GroupInput(prompt=r["prompt"], responses=r["responses"], rewards=r["rewards"],
+                       correct=r["correct"], label=f"step {step} \u00b7 group {r['group']}",
+                       trained=r.get("advantages"), logprobs=r.get("logprobs"),
+                       entropies=r.get("entropies"), weights=r.get("weights"),
+                       flagged=r.get("flagged"), loss_mask=r.get("loss_mask"))
+        groups.append((str(r["group"]), g))
+    meta = [f"run {run}: trained with credit {run_name}; step {step} (recorded steps "
+            f"{_ranges(steps)})", f"tokenizer: {tok_path}"]
+    return Source(groups=groups, tokenizer=tok, credit=spec, title=f"ktae explain: {run.name}",
+                  meta=meta, credit_name=credit or run_name, use_recorded=use_recorded,
+                  train_config=cfg)
+
+
+def _ranges(steps: list[int]) -> str:
+    if len(steps) <= 6:
+        return ", ".join(map(str, steps))
+    return f"{', '.join(map(str, steps[:3]))}, ..., {', '.join(map(str, steps[-2:]))}"
+
+
+# --------------------------------------------------------------------------- JSONL
+
+
+def _strings(value, what: str, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: expected {what} as a list of strings")
+    return value
+
+
+def load_jsonl(path: Path, *, tokenizer) -> list[tuple[str, GroupInput]]:
+    """Groups of text responses, tokenised with ``tokenizer`` (see the module docstring)."""
+    from ktae.rewards import math_reward
+
+    groups = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"INPUT: {path} line {n}"
+        try:
+            rec = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{where}: not JSON ({err})") from err
+        if not isinstance(rec, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        prompt = next((rec[k] for k in ("prompt", "question", "problem") if k in rec), None)
+        if not isinstance(prompt, str):
+            raise ValueError(f"{where}: expected a 'prompt' string")
+        if "responses" not in rec:
+            raise ValueError(f"{where}: no 'responses' (a list of response texts to explain)")
+        responses = _strings(rec["responses"], "'responses'", where)
+        if len(responses) < 2:
+            raise ValueError(f"{where}: a group needs at least 2 responses to compare, "
+                             f"got {len(responses)}")
+        correct = rec.get("correct")
+        if "rewards" in rec:
+            rewards = rec["rewards"]
+            if not isinstance(rewards, list) or len(rewards) != len(responses) or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in rewards):
+                raise ValueError(f"{where}: expected 'rewards' as {len(responses)} numbers "
+                                 "(one per response)")
+            rewards = [float(x) for x in rewards]
+        elif "answer" in rec:
+            results = [math_reward(text, rec["answer"]) for text in responses]
+            rewards = [r.score for r in results]
+            correct = correct if correct is not None else [r.correct for r in results]
+        else:
+            raise ValueError(f"{where}: expected 'rewards' (one per response) or a reference "
+                             "'answer' to score the responses")
+        if correct is not None and (not isinstance(correct, list) or len(correct) != len(responses)):
+            raise ValueError(f"{where}: expected 'correct' as {len(responses)} booleans")
+        ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in responses]
+        key = str(rec.get("id", len(groups)))
+        groups.append((key, GroupInput(
+            prompt=prompt, responses=ids, rewards=rewards,
+            correct=[bool(c) for c in correct] if correct is not None else None,
+            label=f"{key} (line {n})" if "id" in rec else f"line {n}",
+            answer=None if rec.get("answer") is None else str(rec["answer"]))))
+    if not groups:
+        raise ValueError(f"INPUT: {path} holds no groups")
+    return groups
+
+
+# --------------------------------------------------------------------------- model
+
+
+def load_model(name: str):
+    """``(model, tokenizer, path)``; ``"default"`` is the shipped tiny model."""
+    from transformers import AutoModelForCausalLM
+
+    path = str(default_tokenizer_path()) if name == DEFAULT_MODEL else name
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path)
+    except Exception as err:
+        raise ValueError(f"model: cannot load a model from {name!r} ({err})") from err
+    tok = load_tokenizer(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model.eval()
+    return model, tok, path
+
+
+def prompt_rows(prompts: Path | None, tokenizer, n: int) -> list[dict]:
+    """``[{"prompt", "answer"}]``: from a JSONL file, or the embedded task's held-out split."""
+    if prompts is None:
+        from ktae.tasks import format_prompt, generate
+        from ktae.train.data import EVAL_SEED
+
+        template = "compact" if len(tokenizer) < 1000 else "qwen-math"
+        return [{"prompt": format_prompt(p, template), "answer": p.answer}
+                for p in generate(n, split="test", seed=EVAL_SEED)]
+    if not prompts.is_file():
+        raise ValueError(f"prompts: file not found: {prompts}")
+    rows = []
+    for i, line in enumerate(prompts.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"prompts: {prompts} line {i}: not JSON ({err})") from err
+        prompt = next((rec.get(k) for k in ("prompt", "question", "problem") if k in rec), None) \
+            if isinstance(rec, dict) else None
+        if not isinstance(prompt, str) or "answer" not in rec:
+            raise ValueError(f"prompts: {prompts} line {i}: expected a 'prompt' string and an "
+                             "'answer'")
+        rows.append({"prompt": prompt, "answer": str(rec["answer"])})
+    if not rows:
+        raise ValueError(f"prompts: {prompts} holds no prompts")
+    return rows[:n]
+
+
+def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
+                  max_new_tokens: int, temperature: float, seed: int, first_index: int = 0
+                  ) -> list[tuple[str, GroupInput]]:
+    """``num_generations`` sampled responses per prompt, scored by ``math_reward``; groups
+    are keyed and labelled by prompt index (``first_index`` for ``rows[0]``)."""
+    from ktae.eval.generate import SamplingConfig, generate_hf
+    from ktae.rewards import math_reward
+
+    sampling = SamplingConfig(k=num_generations, temperature=temperature,
+                              max_new_tokens=max_new_tokens, seed=seed)
+    out = generate_hf(model, tokenizer, [r["prompt"] for r in rows], sampling)
+    groups = []
+    for i, (row, gens) in enumerate(zip(rows, out, strict=True), first_index):
+        results = [math_reward(g.text, row["answer"]) for g in gens]
+        groups.append((str(i), GroupInput(
+            prompt=row["prompt"], responses=[list(g.token_ids) for g in gens],
+            rewards=[r.score for r in results], correct=[r.correct for r in results],
+            label=f"prompt {i}", answer=row["answer"])))
+    return groups
+
+
+def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: float = 1.0) -> None:
+    """Fill each group's per-token ``logprobs`` and ``entropies`` under ``model`` (the
+    prompt tokenised as for generation, responses right-padded, one forward per group)."""
+    import torch
+
+    for g in groups:
+        prompt = tokenizer(g.prompt)["input_ids"]
+        P, T = len(prompt), max(1, max(len(r) for r in g.responses))
+        ids = torch.full((len(g.responses), P + T), tokenizer.pad_token_id or 0, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for i, r in enumerate(g.responses):
+            ids[i, :P + len(r)] = torch.tensor(prompt + list(r), dtype=torch.long)
+            att[i, :P + len(r)] = 1
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=att).logits[:, P - 1:P + T - 1].float()
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        tok_logp = logp.gather(-1, ids[:, P:, None]).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        g.logprobs = [tok_logp[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
+        g.entropies = [entropy[i, :len(r)].tolist() for i, r in enumerate(g.responses)]

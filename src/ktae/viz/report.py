@@ -1,0 +1,401 @@
+"""The data behind ``ktae explain``: groups of responses, their credit views and statistics.
+
+:func:`build_report` takes groups of tokenised responses with rewards and computes, in one
+vectorised pass over all groups:
+
+* the sequence-level advantage (the ``seq`` view: GRPO, Dr.GRPO or RLOO, SPEC 1);
+* the token-level credit of the chosen estimator (the ``token`` view: KTAE, SPEC 2, Eq. 10);
+* a loss-time calibration of it (the ``final`` view: e.g. TACO, SPEC 5), from per-token
+  log-probs and entropies, with each token's weight and flag;
+* ``diff``: the final credit minus the sequence advantage (what token credit changes);
+* for every real token, its row of :func:`ktae.key_token_table` (a, b, c, d, p, F, IG,
+  TF_T, TF_F, D, value) in its group.
+
+Renderers (:mod:`ktae.viz.report_html`, :mod:`ktae.viz.report_terminal`,
+:mod:`ktae.viz.report_png`) only read the resulting :class:`Report`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ktae.core.baselines import SEQUENCE_BASELINES
+from ktae.viz.tokens import TokenPiece, token_label, token_pieces
+
+SEQUENCE_LABELS = {"grpo": "GRPO", "drgrpo": "Dr.GRPO", "rloo": "RLOO"}
+STAT_KEYS = ("a", "b", "c", "d", "p_value", "fisher", "info_gain", "tf_correct",
+             "tf_incorrect", "direction", "value")
+"""Key-token table columns shown per token (``KeyTokenTable`` field names)."""
+STAT_LABELS = dict(zip(STAT_KEYS, ("a", "b", "c", "d", "p", "F", "IG", "TF_T", "TF_F", "D",
+                                   "value"), strict=True))
+_TABLE_OPTIONS = ("correct", "reward_threshold", "h1", "h2", "h3", "k1", "b", "top",
+                  "ignore_token_ids", "mode", "variant")
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class CreditSpec:
+    """Which credit to explain: an advantage estimator and an optional calibration.
+
+    ``estimator``: a name of :data:`ktae.ADVANTAGE_ESTIMATORS` (``"ktae"``, ``"grpo"``,
+    ...); ``estimator_options``: its keyword options (KTAE: ``base``, ``h1``, ...);
+    ``calibration``: a name of :data:`ktae.CALIBRATIONS` (``"taco"``, ...) or None;
+    ``ignore_token_ids``: tokens KTAE gives no value (pad/EOS, as the trainer does).
+    """
+
+    estimator: str = "ktae"
+    estimator_options: dict = field(default_factory=dict)
+    calibration: str | None = None
+    calibration_options: dict = field(default_factory=dict)
+    ignore_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        import ktae
+
+        ktae.ADVANTAGE_ESTIMATORS.get(self.estimator)  # ValueError listing the names
+        if self.calibration is not None:
+            ktae.CALIBRATIONS.get(self.calibration)
+
+    @property
+    def token_level(self) -> bool:
+        return self.estimator not in SEQUENCE_BASELINES
+
+    @property
+    def base(self) -> str:
+        """The sequence-level advantage the token credit refines."""
+        if not self.token_level:
+            return self.estimator
+        return self.estimator_options.get("base", "grpo")
+
+    def label(self, part: str) -> str:
+        """Display name of a view: ``seq``, ``token``, ``final`` or ``diff``."""
+        seq = SEQUENCE_LABELS.get(self.base, self.base.upper())
+        est = SEQUENCE_LABELS.get(self.estimator, self.estimator.upper())
+        final = est + (f"+{self.calibration.upper()}" if self.calibration else "")
+        return {"seq": seq, "token": est, "final": final, "diff": f"{final} \u2212 {seq}"}[part]
+
+
+@dataclass
+class GroupInput:
+    """One prompt and its sampled responses (token ids), as read from a source.
+
+    ``correct`` defaults to ``reward > 0``. ``logprobs``/``entropies`` (per token) feed a
+    calibration. ``trained``, ``weights``, ``flagged``, ``loss_mask``: what a training
+    run recorded (the estimator's advantages and the calibration applied to them); a
+    row may be None where nothing was recorded.
+    """
+
+    prompt: str
+    responses: list[list[int]]
+    rewards: list[float]
+    correct: list[bool] | None = None
+    label: str = ""
+    answer: str | None = None
+    logprobs: list | None = None
+    entropies: list | None = None
+    trained: list | None = None
+    weights: list | None = None
+    flagged: list | None = None
+    loss_mask: list | None = None
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass
+class ResponseReport:
+    """One response: token ids and texts, per-view values and per-token statistics."""
+
+    index: int
+    reward: float
+    correct: bool
+    token_ids: list[int]
+    pieces: list[TokenPiece]
+    values: dict[str, list[float]]
+    stats: list[dict]
+    logprobs: list[float] | None = None
+    entropies: list[float] | None = None
+    weights: list[float] | None = None
+    flagged: list[bool] | None = None
+    in_loss: list[bool] | None = None
+
+
+@dataclass
+class GroupReport:
+    """One group: prompt, responses, its colour scale and key-token rows."""
+
+    label: str
+    anchor: str
+    prompt: str
+    answer: str | None
+    responses: list[ResponseReport]
+    positive: list[dict]
+    negative: list[dict]
+    zero_tokens: int
+    divergence: float
+    scale: float
+    sequence: list[float]
+
+    @property
+    def num_correct(self) -> int:
+        return sum(r.correct for r in self.responses)
+
+
+@dataclass
+class Report:
+    """What the renderers draw: views ``[(key, label)]``, groups, and header lines;
+    ``calibrated``: a calibration is shown; ``partial_loss``: some tokens were left out
+    of the loss."""
+
+    title: str
+    views: list[tuple[str, str]]
+    default_view: str
+    groups: list[GroupReport]
+    meta: list[str] = field(default_factory=list)
+    calibrated: bool = False
+    partial_loss: bool = False
+
+    def label(self, key: str) -> str:
+        return dict(self.views)[key]
+
+    def ranked(self) -> list[GroupReport]:
+        """Groups by how much token credit differs from the sequence advantage (most first)."""
+        return sorted(self.groups, key=lambda g: -g.divergence)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _check_groups(groups: Sequence[GroupInput]) -> None:
+    if not groups:
+        raise ValueError("groups: expected at least one group, got none")
+    for i, g in enumerate(groups):
+        name = g.label or f"group {i}"
+        if len(g.responses) < 2:
+            raise ValueError(f"{name}: expected at least 2 responses (credit compares the "
+                             f"responses of one prompt), got {len(g.responses)}")
+        if len(g.rewards) != len(g.responses):
+            raise ValueError(f"{name}: expected one reward per response "
+                             f"({len(g.responses)}), got {len(g.rewards)}")
+        if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in g.rewards):
+            raise ValueError(f"{name}: rewards must be finite numbers, got {g.rewards}")
+        if g.correct is not None and len(g.correct) != len(g.responses):
+            raise ValueError(f"{name}: expected one correctness flag per response "
+                             f"({len(g.responses)}), got {len(g.correct)}")
+
+
+def _pad(rows: list, T: int, dtype, fill) -> torch.Tensor:
+    """``rows`` (lists, or None for a missing row) as ``[len(rows), T]``."""
+    out = torch.full((len(rows), T), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        if row:
+            out[i, :len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def _in_loss(rows: list | None, mask: torch.Tensor) -> torch.Tensor:
+    """Recorded loss-mask rows as ``[B, T]`` bool; a missing row keeps every real token."""
+    out = mask.clone()
+    for i, row in enumerate(rows or []):
+        if row is not None:
+            out[i, :len(row)] = torch.tensor([bool(x) for x in row], dtype=torch.bool)
+    return out & mask
+
+
+def _per_response(groups, attr: str) -> list | None:
+    """The per-response lists of ``attr`` over all groups, or None if no group has any."""
+    if all(getattr(g, attr) is None for g in groups):
+        return None
+    out = []
+    for g in groups:
+        rows = getattr(g, attr)
+        out.extend(rows if rows is not None else [None] * len(g.responses))
+    return out
+
+
+def _row_mapping(table, gid: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """For each real token, the index of its (group, token) row in ``table`` ([B, T], -1 pad)."""
+    if len(table) == 0:  # every response is empty
+        return torch.full(ids.shape, -1, dtype=torch.long)
+    span = max(int(ids.max()), int(table.token.max())) + 1
+    keys = table.group * span + table.token
+    order = torch.argsort(keys)
+    tok_keys = gid[:, None] * span + ids
+    pos = torch.searchsorted(keys[order], tok_keys.clamp_min(0)).clamp_max(max(len(table) - 1, 0))
+    return torch.where(mask, order[pos], torch.full_like(pos, -1))
+
+
+def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
+                 title: str = "Token credit", meta: Sequence[str] = (),
+                 use_recorded: bool = False, top_rows: int = 10) -> Report:
+    """Compute every view and statistic of ``groups`` (see the module docstring).
+
+    Args:
+        groups: the groups (each with at least two responses).
+        credit: the estimator (and calibration) to explain.
+        tokenizer: decodes token ids into per-token text (:func:`token_pieces`).
+        title, meta: page title and extra header lines.
+        use_recorded: show the advantages and calibration a run recorded
+            (``GroupInput.trained``/``weights``/``flagged``/``loss_mask``) instead of
+            recomputed ones; the largest difference from the recomputation is noted.
+        top_rows: key-token rows kept per sign and group.
+
+    Raises:
+        ValueError: a group with fewer than two responses, mismatched lengths, a
+            calibration without log-probs and entropies, or ids outside the tokenizer.
+    """
+    import ktae
+
+    _check_groups(groups)
+    sizes = [len(g.responses) for g in groups]
+    responses = [list(map(int, r)) for g in groups for r in g.responses]
+    B, T = len(responses), max(1, max(len(r) for r in responses))
+    ids = _pad(responses, T, torch.long, 0)
+    lengths = torch.tensor([len(r) for r in responses])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    gid = torch.repeat_interleave(torch.arange(len(groups)), torch.tensor(sizes))
+    rewards = torch.tensor([float(r) for g in groups for r in g.rewards], dtype=torch.float64)
+    opts = dict(credit.estimator_options) if credit.estimator == "ktae" else {}
+    threshold = float(opts.get("reward_threshold", 0.0))
+    correct = torch.tensor([flag for g in groups for flag in (
+        [bool(c) for c in g.correct] if g.correct is not None
+        else [float(r) > threshold for r in g.rewards])])
+    table_opts = {k: v for k, v in opts.items() if k in _TABLE_OPTIONS}
+    table_opts.setdefault("ignore_token_ids", list(credit.ignore_token_ids))
+    if table_opts.get("mode", "exact") != "reference":
+        table_opts["correct"] = correct
+        table_opts.pop("reward_threshold", None)
+    batch = dict(rewards=rewards, group=gid, token_ids=ids, mask=mask)
+
+    seq_b = ktae.compute_advantages(credit.base, rewards=rewards, group=gid)  # [B]
+    seq = torch.where(mask, seq_b[:, None], 0.0)
+    views = {"seq": seq}
+    notes = list(meta)
+    if credit.token_level:
+        est_opts = dict(credit.estimator_options)
+        if credit.estimator == "ktae":
+            est_opts.update({k: v for k, v in table_opts.items() if k in ("correct", "ignore_token_ids")})
+        token = ktae.compute_advantages(credit.estimator, **batch, **est_opts)
+        trained = _per_response(groups, "trained") if use_recorded else None
+        if trained is not None and all(r is not None for r in trained):
+            recorded = _pad(trained, T, torch.float64, 0.0)
+            diff = float((recorded - token).abs().max()) if B else 0.0
+            notes.append(f"advantages as recorded by the run (recomputed from the recorded tokens: "
+                         f"largest difference {diff:.2g})")
+            token = recorded
+        views["token"] = token
+    base_for_cal = views.get("token", seq)
+    cal = _calibration(groups, credit, base_for_cal, mask, T, use_recorded, notes)
+    final = cal["advantages"] if cal else base_for_cal
+    if cal:
+        views["final"] = final
+    if credit.token_level or cal:
+        views["diff"] = torch.where(mask, final - seq, 0.0)
+
+    recorded_mask = _per_response(groups, "loss_mask") if use_recorded else None
+    in_loss_rows = _in_loss(recorded_mask, mask).tolist() if recorded_mask and not cal else None
+    table = ktae.key_token_table(**batch, **table_opts)
+    rows = table.to_rows()
+    row_of = _row_mapping(table, gid, ids, mask)
+    abs_diff = torch.where(mask, (final - seq).abs(), 0.0).double()
+    n_tok = torch.zeros(len(groups)).index_add_(0, gid, lengths.float()).clamp_min(1)
+    divergence = (torch.zeros(len(groups), dtype=torch.float64)
+                  .index_add_(0, gid, abs_diff.sum(1)) / n_tok).tolist()
+    scale = torch.zeros(len(groups), dtype=torch.float64)
+    for v in views.values():
+        scale = torch.maximum(scale, torch.zeros_like(scale).scatter_reduce_(
+            0, gid, torch.where(mask, v, 0.0).abs().amax(1).double(), "amax"))
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).tolist()
+
+    labels: dict[int, str] = {}
+    by_group: list[list[dict]] = [[] for _ in groups]
+    for row in rows:
+        tok = row["token"]
+        if tok not in labels:
+            labels[tok] = token_label(tokenizer, tok)
+        row["text"] = labels[tok]
+        by_group[row["group"]].append(row)
+    per_view = {k: v.tolist() for k, v in views.items()}
+    row_idx = row_of.tolist()
+    keys = [k for k in ("seq", "token", "final", "diff") if k in views]
+    out_groups = []
+    r = first = 0
+    for gi, g in enumerate(groups):
+        resp_reports = []
+        for j in range(len(g.responses)):
+            n = len(responses[r])
+            rep = ResponseReport(
+                index=j, reward=float(rewards[r]), correct=bool(correct[r]),
+                token_ids=responses[r], pieces=token_pieces(tokenizer, responses[r]),
+                values={k: per_view[k][r][:n] for k in keys},
+                stats=[rows[i] for i in row_idx[r][:n]])
+            if cal:
+                for name, key in (("logprobs", "logprobs"), ("entropies", "entropies"),
+                                  ("weights", "weights"), ("flagged", "flagged"),
+                                  ("in_loss", "loss_mask")):
+                    setattr(rep, name, cal["rows"][key][r][:n] if cal["has"][r] else None)
+            elif in_loss_rows is not None:
+                rep.in_loss = in_loss_rows[r][:n]
+            resp_reports.append(rep)
+            r += 1
+        mine = by_group[gi]
+        positive = sorted((x for x in mine if x["value"] > 0), key=lambda x: -x["value"])
+        negative = sorted((x for x in mine if x["value"] < 0), key=lambda x: x["value"])
+        out_groups.append(GroupReport(
+            label=g.label or f"group {gi}", anchor=f"g{gi}", prompt=g.prompt, answer=g.answer,
+            responses=resp_reports, positive=positive[:top_rows], negative=negative[:top_rows],
+            zero_tokens=sum(x["value"] == 0 for x in mine), divergence=divergence[gi],
+            scale=scale[gi], sequence=seq_b[first:first + sizes[gi]].tolist()))
+        first += sizes[gi]
+    view_list = [(k, credit.label(k)) for k in keys]
+    default = "final" if "final" in views else "token" if "token" in views else "seq"
+    partial = any(r.in_loss is not None and not all(r.in_loss)
+                  for g in out_groups for r in g.responses)
+    return Report(title=title, views=view_list, default_view=default, groups=out_groups,
+                  meta=notes, calibrated=bool(cal), partial_loss=partial)
+
+
+def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tensor, T: int,
+                 use_recorded: bool, notes: list) -> dict | None:
+    """The calibration's advantages and per-token data ([B, T] tensors as row lists)."""
+    if credit.calibration is None:
+        return None
+    import ktae
+
+    B = mask.shape[0]
+    weights = _per_response(groups, "weights") if use_recorded else None
+    logprobs = _per_response(groups, "logprobs")
+    entropies = _per_response(groups, "entropies")
+    lp = _pad(logprobs or [None] * B, T, torch.float64, 0.0)
+    H = _pad(entropies or [None] * B, T, torch.float64, 0.0)
+    if weights is not None:
+        has = torch.tensor([w is not None for w in weights])
+        w = _pad(weights, T, torch.float64, 1.0)
+        flagged = _pad(_per_response(groups, "flagged") or [None] * B, T, torch.bool, False)
+        in_loss = _in_loss(_per_response(groups, "loss_mask"), mask)
+        notes.append(f"calibration {credit.calibration} as applied during training")
+        result_adv = torch.where(mask, w * adv, 0.0)
+    else:
+        has = torch.tensor([(a is not None and b is not None) for a, b in
+                            zip(logprobs or [None] * B, entropies or [None] * B, strict=True)])
+        if not bool(has.all()):
+            raise ValueError(f"credit: calibration {credit.calibration!r} needs per-token "
+                             "log-probs and entropies of every response (a training run that "
+                             "used a calibration records them; otherwise pass --model to "
+                             "score the responses)")
+        g = torch.Generator().manual_seed(0)
+        res = ktae.calibrate_advantages(credit.calibration, adv.double(), logprobs=lp,
+                                        entropies=H, mask=mask, generator=g,
+                                        **credit.calibration_options)
+        w, flagged, result_adv = res.weights.double(), res.flagged, res.advantages.double()
+        loss_mask = getattr(res, "loss_mask", None)
+        in_loss = mask.clone() if loss_mask is None else loss_mask.bool()
+    rows = {"logprobs": lp.tolist(), "entropies": H.tolist(), "weights": w.tolist(),
+            "flagged": (flagged & mask).tolist(), "loss_mask": (in_loss & mask).tolist()}
+    return {"advantages": result_adv, "rows": rows, "has": has.tolist()}
