@@ -43,6 +43,9 @@ from ktae.sim.credit import CreditBatch, Method, method_advantages, parse_method
 #: Uniforms are drawn for this many updates at a time (fixed: it is part of the stream).
 UNIFORM_CHUNK = 50
 
+#: The group size the sampler's action blocks are sized for (see mdp.block_width).
+SAMPLING_GROUP_HINT = 16
+
 
 def stream_seed(*parts) -> int:
     """A 63-bit seed from any labels (stable across processes and platforms)."""
@@ -123,7 +126,9 @@ class Block:
         self.row_step = torch.arange(self.row_run.numel(), device=device) - self.row_offset[self.row_run]
         self.n_opt_row = n_opt[self.row_run]
         self.G_max = int(G.max())
-        self.action_block = mdp.block_width(A, self.G_max)
+        # A function of |A| alone: the block sums' rounding, hence the sampled actions,
+        # must not depend on which group sizes share the block.
+        self.action_block = mdp.block_width(A, SAMPLING_GROUP_HINT)
         self.theta = torch.cat([
             mdp.initial_logits(r.setting.horizon, A, r.setting.n_opt,
                                _generator("init", r.seed, r.setting.horizon, r.setting.n_opt, A))
