@@ -23,6 +23,7 @@ from ktae.sim.credit import (
     CreditBatch,
     base_advantages,
     calibrate,
+    method_advantages,
     parse_method,
     parse_methods,
 )
@@ -213,6 +214,21 @@ def test_method_names():
 # ------------------------------------------------------------------ run loop
 
 
+def _reference_advantages(base, rewards, token_ids):
+    """One group's ``[G, H]`` base advantages, by direct library calls and loops."""
+    G, H = rewards.shape
+    R = rewards.sum(1) / H
+    if base == "broadcast":
+        return ktae.compute_advantages("grpo", rewards=R, group=[0] * G)[:, None].expand(G, H)
+    if base == "step":
+        cols = [ktae.compute_advantages("grpo", rewards=rewards[:, t], group=[0] * G)
+                for t in range(H)]
+        return torch.stack(cols, 1)
+    correct = [bool(R[i] > R.mean() + 1e-9) for i in range(G)]
+    return ktae.compute_advantages("ktae", rewards=R, group=[0] * G, token_ids=token_ids,
+                                   correct=correct)
+
+
 def _reference_update(theta, u, method, setting, lr, A):
     """One update of one run from the equations: plain inverse-CDF sampling, credit
     through the public API, loss through ``ktae.policy_loss`` and autograd."""
@@ -230,14 +246,11 @@ def _reference_update(theta, u, method, setting, lr, A):
     entropy = -(p * logp_all.detach()).sum(1)
     rewards = (actions < n).float()
     mask = torch.ones(G, H, dtype=torch.bool)
-    batch = CreditBatch(rewards, mask, torch.zeros(G, dtype=torch.long), torch.full((G,), H),
-                        torch.arange(H) * A + actions, logp.detach().float(),
-                        entropy.float().expand(G, H), ((0, G),))
-    adv = base_advantages(method.base, batch)
+    adv = _reference_advantages(method.base, rewards, torch.arange(H) * A + actions)
     loss_mask = mask
     if method.calibration is not None:
-        res = ktae.calibrate_advantages(method.calibration, adv, logprobs=batch.logprobs,
-                                        entropies=batch.entropies, mask=mask)
+        res = ktae.calibrate_advantages(method.calibration, adv, logprobs=logp.detach().float(),
+                                        entropies=entropy.float().expand(G, H), mask=mask)
         adv, loss_mask = res.advantages, getattr(res, "loss_mask", mask)
     loss, _ = ktae.policy_loss(logp, logp.detach(), adv.double(), loss_mask)
     (H * loss).backward()
@@ -273,6 +286,36 @@ def test_a_run_does_not_depend_on_its_company():
         alone.update(step, alone.policy_stats())
         mixed.update(step, mixed.policy_stats())
     assert torch.equal(alone.theta, mixed.theta[rows])
+
+
+def test_ktae_through_the_simulator_equals_the_library_on_its_sampled_batch():
+    cfg = tiny(horizons=(3, 5), group_sizes=(4, 6), actions=15, methods=("ktae",), seeds=3)
+    block = Block(plan_blocks(cfg)[0], cfg)
+    for step in range(3):  # a few updates, so that returns spread out
+        block.update(step, block.policy_stats())
+    stats = block.policy_stats()
+    actions = mdp.sample_actions(stats, block.uniforms(3))
+    logp = mdp.sampled_logprobs(block.theta, stats.log_norm, actions)
+    (method, mb), = block.methods.items()
+    got = method_advantages(method, block.credit_batch(mb, actions, logp, stats)).advantages
+    # Rebuild each run's group from the sampled actions, with plain loops.
+    rewards, token_ids, groups, mask = [], [], [], []
+    T = max(r.setting.horizon for r in block.runs)
+    for r, run in enumerate(block.runs):
+        s, h = int(block.row_offset[r]), run.setting.horizon
+        for i in range(run.setting.group_size):
+            a = [int(actions[s + t, i]) for t in range(h)]
+            rewards.append(sum(x < run.setting.n_opt for x in a) / h)
+            token_ids.append([t * cfg.actions + a[t] for t in range(h)] + [0] * (T - h))
+            mask.append([1] * h + [0] * (T - h))
+            groups.append(r)
+    correct = [rewards[i] > sum(rewards[j] for j in range(len(groups)) if groups[j] == groups[i])
+               / groups.count(groups[i]) + 1e-9 for i in range(len(groups))]
+    assert 0 < sum(correct) < len(correct)
+    direct = ktae.compute_advantages("ktae", rewards=torch.tensor(rewards), group=groups,
+                                     token_ids=torch.tensor(token_ids), mask=torch.tensor(mask),
+                                     correct=torch.tensor(correct))
+    torch.testing.assert_close(got, direct)
 
 
 def test_same_seed_same_curves_and_blocks_do_not_matter():

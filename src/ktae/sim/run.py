@@ -38,7 +38,7 @@ import torch
 
 from ktae.sim import mdp
 from ktae.sim.config import Setting, SimConfig
-from ktae.sim.credit import CreditBatch, Method, method_advantages, parse_methods
+from ktae.sim.credit import Credit, CreditBatch, Method, method_advantages, parse_methods
 
 #: Uniforms are drawn for this many updates at a time (fixed: it is part of the stream).
 UNIFORM_CHUNK = 50
@@ -59,6 +59,8 @@ def _generator(*parts) -> torch.Generator:
 
 @dataclass(frozen=True)
 class Run:
+    """One training run: a method on a setting, from one seed."""
+
     method: Method
     setting: Setting
     seed: int
@@ -123,7 +125,6 @@ class Block:
         self.H, self.G = H, G
         self.row_offset = torch.cumsum(H, 0) - H
         self.row_run = torch.repeat_interleave(torch.arange(len(runs), device=device), H)
-        self.row_step = torch.arange(self.row_run.numel(), device=device) - self.row_offset[self.row_run]
         self.n_opt_row = n_opt[self.row_run]
         self.G_max = int(G.max())
         # A function of |A| alone: the block sums' rounding, hence the sampled actions,
@@ -188,28 +189,37 @@ class Block:
         total = torch.zeros(len(self.runs), dtype=per_row.dtype, device=self.device)
         return total.index_add_(0, self.row_run, per_row) / self.H
 
+    def credit_batch(self, mb: _MethodBatch, actions: torch.Tensor, logp: torch.Tensor,
+                     stats: mdp.PolicyStats) -> CreditBatch:
+        """One method's sampled trajectories as a ``[B, T]`` :class:`CreditBatch`."""
+        a = mb.gather(actions)
+        return CreditBatch(
+            step_rewards=((a < self.n_opt_row[mb.rows]) & mb.mask).to(torch.float32),
+            mask=mb.mask, group=mb.traj_run, horizon=mb.horizon,
+            token_ids=torch.where(mb.mask, mb.step * self.config.actions + a, 0),
+            logprobs=torch.where(mb.mask, mb.gather(logp), 0.0),
+            entropies=torch.where(mb.mask, stats.entropy[mb.rows], 0.0),
+            run_slices=mb.run_slices)
+
+    def loss_weights(self, mb: _MethodBatch, credit: Credit) -> torch.Tensor:
+        """``[B, T]`` the weight of each token's ``-log pi`` in the loss:
+        ``A * H / N`` on the run's loss mask (``N`` its size), 0 elsewhere."""
+        loss_mask = credit.loss_mask & mb.mask
+        n_tokens = torch.zeros(len(self.runs), device=self.device).index_add_(
+            0, mb.traj_run, loss_mask.sum(1, dtype=torch.float32))
+        scale = self.H[mb.traj_run] / n_tokens.clamp_min(1)[mb.traj_run]
+        return torch.where(loss_mask, credit.advantages.to(torch.float32) * scale[:, None], 0.0)
+
     def update(self, step: int, stats: mdp.PolicyStats) -> None:
         """Sample G trajectories per run and take one SGD step on every run."""
         actions = mdp.sample_actions(stats, self.uniforms(step))
         logp = mdp.sampled_logprobs(self.theta, stats.log_norm, actions)
         coef = torch.zeros_like(logp)
         for method, mb in self.methods.items():
-            a = mb.gather(actions)
-            batch = CreditBatch(
-                step_rewards=((a < self.n_opt_row[mb.rows]) & mb.mask).to(torch.float32),
-                mask=mb.mask, group=mb.traj_run, horizon=mb.horizon,
-                token_ids=torch.where(mb.mask, mb.step * self.config.actions + a, 0),
-                logprobs=torch.where(mb.mask, mb.gather(logp), 0.0),
-                entropies=torch.where(mb.mask, stats.entropy[mb.rows], 0.0),
-                run_slices=mb.run_slices)
-            credit = method_advantages(method, batch, ktae_threshold=self.config.ktae_threshold,
+            credit = method_advantages(method, self.credit_batch(mb, actions, logp, stats),
+                                       ktae_threshold=self.config.ktae_threshold,
                                        generators=self.generators.get(method))
-            loss_mask = credit.loss_mask & mb.mask
-            n_tokens = torch.zeros(len(self.runs), device=self.device).index_add_(
-                0, mb.traj_run, loss_mask.sum(1, dtype=torch.float32))
-            scale = self.H[mb.traj_run] / n_tokens.clamp_min(1)[mb.traj_run]
-            weight = torch.where(loss_mask, credit.advantages.to(torch.float32) * scale[:, None], 0.0)
-            coef[mb.real_rows, mb.real_cols] = weight[mb.mask]
+            coef[mb.real_rows, mb.real_cols] = self.loss_weights(mb, credit)[mb.mask]
             self.flagged.index_add_(0, mb.traj_run, (credit.flagged & mb.mask).sum(1))
         self.drift += mdp.sgd_step(self.theta, stats, actions, coef, self.config.lr)
         mdp.recentre(self.theta, self.drift)
