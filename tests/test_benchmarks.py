@@ -141,8 +141,9 @@ def test_loader_errors(tmp_path):
     with pytest.raises(ValueError, match="name"):
         fixture_path("embedded")
     empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    assert load_benchmark("empty", path=empty) == []
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=f"{empty}: no records for benchmark 'empty'"):
+        load_benchmark("empty", path=empty)
 
 
 def test_answer_parsers():

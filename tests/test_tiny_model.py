@@ -226,6 +226,9 @@ def test_warm_start_deterministic_and_loadable(tmp_path, one_thread):
     assert a["losses"][-1] < a["losses"][0]  # it learns
     saved = json.loads((tmp_path / "a" / ws.METRICS_FILE).read_text())
     assert saved["recipe"]["seed"] == 5 and saved["eval"]["n"] == 12
+    from ktae.eval import generation_defaults
+
+    assert generation_defaults(tmp_path / "a") == {"template": "compact", "max_new_tokens": 40}
     assert 0.0 <= saved["eval"]["accuracy"] <= 1.0
     ma = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
     mb = AutoModelForCausalLM.from_pretrained(tmp_path / "b")
@@ -340,6 +343,10 @@ def test_default_recipe_resolves_to_the_shipped_model(tmp_path, monkeypatch):
     path = ws.default_model_path(tmp_path, progress=False)
     assert path.parent == ws.SHIPPED_DIR and ws.is_complete(path)
     meta = json.loads((path / ws.METRICS_FILE).read_text())
+    from ktae.eval import generation_defaults
+
+    assert generation_defaults(path) == {"template": ws.TEMPLATE,
+                                         "max_new_tokens": ws.MAX_NEW_TOKENS}
     assert meta["recipe"] == dataclasses.asdict(ws.WarmStartRecipe())
     assert meta["recipe_key"] == ws.WarmStartRecipe().key()
     assert 0.40 <= meta["eval"]["accuracy"] <= 0.65  # well below its ceiling, room for RL
@@ -363,3 +370,18 @@ def test_rebuild_trains_even_when_shipped(tmp_path, monkeypatch):
     monkeypatch.setattr(ws, "warm_start", fake)
     path = ws.default_model_path(tmp_path, progress=False, rebuild=True)
     assert calls == [ws.WarmStartRecipe().steps] and path.parent == tmp_path
+
+
+def test_cache_entries_built_before_the_generation_file_get_it(tmp_path, monkeypatch):
+    from ktae.eval import GENERATION_FILE, generation_defaults
+
+    def fake(out, **kwargs):  # an entry as older versions wrote it: no generation file
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "config.json").write_text("{}")
+        (Path(out) / ws.METRICS_FILE).write_text("{}")
+
+    monkeypatch.setattr(ws, "warm_start", fake)
+    path = ws.default_model_path(tmp_path, seed=3, progress=False)
+    assert not (path / GENERATION_FILE).exists()
+    assert ws.default_model_path(tmp_path, seed=3, progress=False) == path
+    assert generation_defaults(path) == {"template": "compact", "max_new_tokens": 40}

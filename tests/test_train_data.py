@@ -67,7 +67,7 @@ def test_task_checks_run_before_any_model_loads(tmp_path, capsys, monkeypatch):
     from ktae.cli import main
     from ktae.train import session
 
-    def no_model(cfg):
+    def no_model(cfg, path=None):
         raise AssertionError("the model must not load")
 
     monkeypatch.setattr(session, "load_model", no_model)
@@ -82,6 +82,7 @@ def test_task_checks_run_before_any_model_loads(tmp_path, capsys, monkeypatch):
         (["--estimator-option", "h_1=1"], "h_1"),
         (["--config", str(tmp_path / "missing.yaml")], "not found"),
         (["--trl", "per_device_train_batch_size=4"], "use --num-prompts"),
+        (["--model", str(tmp_path / "no-such-model")], "model: no such directory"),
     ]
     for extra, match in cases:
         code = main(["train", "--output-dir", str(tmp_path / "out"), *extra])

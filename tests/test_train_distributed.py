@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_helpers import save_tiny_model
+from test_train_helpers import read_jsonl, save_tiny_model
 
 import ktae
 
@@ -102,3 +102,9 @@ def test_two_processes_split_groups(tmp_path):
         for j, row in enumerate(range(4 * g, 4 * g + 4)):
             assert rec["responses"][j] == ids[row][mask[row]].tolist()
             assert rec["advantages"][j] == pytest.approx(adv[row][mask[row]].tolist(), abs=1e-5)
+    # only the main process wrote the run directory: one line per step, no temporaries
+    run = tmp_path / "grpo"
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1]
+    assert [e["step"] for e in read_jsonl(run / "eval.jsonl")] == [0, 1]
+    assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
+    assert (run / "ktae_run.json").is_file() and (run / "README.md").is_file()

@@ -85,10 +85,12 @@ def test_calibration_rows_are_found_in_shuffled_micro_batches(tmp_path):
     _record(rec, trainer, batch, rewards, adv)
     assert read_rollouts(path)[1] == []  # waits for the calibration
     B, T = adv.shape
-    logp = -torch.rand(B, T)
-    ent = torch.rand(B, T)
-    weights = torch.where(torch.rand(B, T) > 0.5, 0.1, 1.0)
-    kept = torch.rand(B, T) > 0.3
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(B, T, generator=g)
+    ent = torch.rand(B, T, generator=g)
+    weights = torch.where(torch.rand(B, T, generator=g) > 0.5, 0.1, 1.0)
+    kept = torch.rand(B, T, generator=g) > 0.3
+    kept[:, 0] = False  # every response has a token out of the loss: loss_mask is recorded
     perm = torch.tensor([5, 2, 0, 4, 1, 3])  # TRL shuffles rows and splits them
     for part in (perm[:3], perm[3:]):
         inputs = {k: v[part] for k, v in batch.items()}

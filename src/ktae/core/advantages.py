@@ -54,13 +54,15 @@ def make_batch(*, rewards, group, token_ids=None, mask=None) -> AdvantageBatch:
     if B == 0:
         raise ValueError("rewards: expected at least one response, got an empty batch")
     gid, num_groups = group_index(group, B, device)
+    unsigned_64 = False
     if token_ids is not None:
         token_ids = as_tensor(token_ids, "token_ids", device=device)
         if token_ids.dim() != 2 or token_ids.shape[0] != B:
             raise ValueError(f"token_ids: expected shape ({B}, T), got {tuple(token_ids.shape)}")
         if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
             raise ValueError(f"token_ids: expected integer ids, got dtype {token_ids.dtype}")
-        token_ids = token_ids.long()
+        unsigned_64 = token_ids.dtype == torch.uint64
+        token_ids = token_ids.long()  # uint64 ids >= 2**63 wrap to negative: checked below
     if mask is not None:
         mask = as_tensor(mask, "mask", device=device)
         if token_ids is not None:
@@ -72,9 +74,21 @@ def make_batch(*, rewards, group, token_ids=None, mask=None) -> AdvantageBatch:
         mask = check_mask(mask, "mask", shape)
     elif token_ids is not None:
         mask = torch.ones_like(token_ids, dtype=torch.bool)
+    if token_ids is not None and unsigned_64:
+        _check_int64_range(token_ids, mask)
     # Token values are checked (non-negative where mask is 1) by the estimators that read
     # them, on the real tokens they gather anyway: see ktae.core.token_counts.
     return AdvantageBatch(rewards, gid, num_groups, token_ids, mask)
+
+
+def _check_int64_range(token_ids: torch.Tensor, mask: torch.Tensor) -> None:
+    """uint64 ids, already viewed as int64: negative ones were >= 2**63 (real tokens only)."""
+    over = (token_ids < 0) & mask
+    if over.any():
+        i, j = (int(v) for v in over.nonzero()[0])
+        value = int(token_ids[i, j]) % 2**64
+        raise ValueError(f"token_ids: expected ids below 2**63 (they are stored as int64), "
+                         f"got {value} at [{i}, {j}]")
 
 
 def broadcast(seq_adv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -101,6 +115,9 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
     Returns:
         ``[B, T]`` (zero where mask is 0) when ``token_ids`` or ``mask`` is given, else
         ``[B]``; on the device of ``rewards``, float32 (float64 for float64 rewards).
+        Finite for any finite rewards, except that ``drgrpo``/``rloo`` raise
+        ``ValueError`` when ``R - baseline`` exceeds the dtype's range
+        (:mod:`ktae.core.baselines`).
 
     Example:
         >>> import torch, ktae

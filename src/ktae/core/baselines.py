@@ -1,8 +1,17 @@
 """Sequence-level baselines (SPEC section 1): one advantage per response.
 
 All functions take dense group ids ``gid[B]`` (see :func:`ktae.core.groups.group_index`)
-and rewards ``[B]`` and return ``[B]``; they are single vectorised passes
-(``index_add`` over groups), with no Python loop over groups.
+and rewards ``[B]`` and return ``[B]`` in the rewards' dtype; they are single vectorised
+passes (``index_add`` over groups), with no Python loop over groups.
+
+Range: each group's rewards are divided by a power of two near their largest magnitude
+before any sum or square, so a group's statistics never overflow and the scaling is
+exact (results are bit-identical to the unscaled formulas whenever those do not
+overflow). Any finite rewards therefore give finite, correct GRPO advantages (float32
+``[1e20, 0, 1e20, 0]`` gives ``+-0.866``). Dr.GRPO's ``R - mean`` and RLOO's
+``R - mean of the others`` are differences of rewards and can exceed the dtype's range
+(float32 ``[3e38, -3e38]``); they raise ``ValueError`` naming ``rewards`` then, rather
+than return ``inf`` (pass float64 rewards, or rescale them).
 """
 
 from __future__ import annotations
@@ -12,46 +21,86 @@ import torch
 GRPO_EPS = 1e-6
 
 
+def _group_scale(rewards: torch.Tensor, gid: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Per-group power of two ``s_g`` with ``max_g |R| / s_g`` in ``[1, 2)`` (1 for an all-zero
+    group), as ``[P]``. Dividing by a power of two is exact, and the largest finite float
+    is below ``2 * s_g``, so ``2 ** e`` itself never overflows."""
+    top = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device)
+    top.scatter_reduce_(0, gid, rewards.abs(), reduce="amax", include_self=True)
+    _, exponent = torch.frexp(top)  # top = m * 2**e, m in [0.5, 1); e = 0 for top = 0
+    exponent = torch.where(top > 0, exponent - 1, torch.zeros_like(exponent))
+    return torch.ldexp(torch.ones_like(top), exponent)
+
+
+def _scaled_moments(rewards: torch.Tensor, gid: torch.Tensor, num_groups: int):
+    """``(x, n, mean_x, std_x, s)``: rewards ``x = R / s_g`` scaled per group, and per
+    response the group size, mean and unbiased std of ``x`` and the scale ``s_g``."""
+    s = _group_scale(rewards, gid, num_groups)[gid]
+    x = rewards / s
+    n = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device)
+    n.index_add_(0, gid, torch.ones_like(rewards))
+    total = torch.zeros_like(n).index_add_(0, gid, x)
+    mean = (total / n.clamp_min(1))[gid]
+    dev = x - mean
+    ss = torch.zeros_like(n).index_add_(0, gid, dev * dev)
+    std = (ss / (n - 1).clamp_min(1)).sqrt()[gid]
+    return x, n[gid], mean, std, s
+
+
 def group_mean_std(rewards: torch.Tensor, gid: torch.Tensor, num_groups: int):
     """Per-response group mean and unbiased (n-1) std, each ``[B]``.
 
     A group of size 1 gets mean 0 and std 1 (verl's convention), so its response keeps
-    its raw reward as advantage (divided by ``1 + eps``).
+    its raw reward as advantage (divided by ``1 + eps``). The std is ``inf`` only where
+    it exceeds the dtype's range (float32 ``[3e38, -3e38]``).
     """
-    n = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device)
-    n.index_add_(0, gid, torch.ones_like(rewards))
-    total = torch.zeros_like(n).index_add_(0, gid, rewards)
-    mean = total / n.clamp_min(1)
-    dev = rewards - mean[gid]
-    ss = torch.zeros_like(n).index_add_(0, gid, dev * dev)
-    std = (ss / (n - 1).clamp_min(1)).sqrt()
+    _, n, mean, std, s = _scaled_moments(rewards, gid, num_groups)
     single = n <= 1
-    mean = torch.where(single, torch.zeros_like(mean), mean)
-    std = torch.where(single, torch.ones_like(std), std)
-    return mean[gid], std[gid]
+    return (torch.where(single, torch.zeros_like(mean), mean * s),
+            torch.where(single, torch.ones_like(std), std * s))
 
 
 def grpo_advantages(rewards: torch.Tensor, gid: torch.Tensor, num_groups: int,
                     eps: float = GRPO_EPS) -> torch.Tensor:
-    """GRPO (DeepSeekMath): ``A_i = (R_i - mean_g R) / (std_g R + eps)``, std unbiased."""
-    mean, std = group_mean_std(rewards, gid, num_groups)
-    return (rewards - mean) / (std + eps)
+    """GRPO (DeepSeekMath): ``A_i = (R_i - mean_g R) / (std_g R + eps)``, std unbiased.
+
+    Computed on the scaled rewards as ``(x_i - mean_g x) / (std_g x + eps / s_g)``, which
+    is the same quantity and finite for any finite rewards.
+    """
+    x, n, mean, std, s = _scaled_moments(rewards, gid, num_groups)
+    single_group = rewards / (torch.ones_like(rewards) + eps)  # mean 0, std 1
+    return torch.where(n <= 1, single_group, (x - mean) / (std + eps / s))
+
+
+def _checked_difference(diff: torch.Tensor, s: torch.Tensor, name: str) -> torch.Tensor:
+    out = diff * s
+    if out.numel() and not torch.isfinite(out).all():
+        bad = int((~torch.isfinite(out)).nonzero()[0, 0])
+        dtype = str(out.dtype).removeprefix("torch.")
+        raise ValueError(f"rewards: the {name} advantage of response {bad} exceeds the "
+                         f"{dtype} range (rewards differ by more than its largest "
+                         "value); pass float64 rewards or rescale them")
+    return out
 
 
 def drgrpo_advantages(rewards: torch.Tensor, gid: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Dr.GRPO: ``A_i = R_i - mean_g R`` (no division by the std)."""
-    mean, _ = group_mean_std(rewards, gid, num_groups)
-    return rewards - mean
+    """Dr.GRPO: ``A_i = R_i - mean_g R`` (no division by the std); 0 mean for a group of 1."""
+    x, n, mean, _, s = _scaled_moments(rewards, gid, num_groups)
+    mean = torch.where(n <= 1, torch.zeros_like(mean), mean)
+    return _checked_difference(x - mean, s, "Dr.GRPO")
 
 
 def rloo_advantages(rewards: torch.Tensor, gid: torch.Tensor, num_groups: int) -> torch.Tensor:
     """RLOO: ``A_i = R_i - mean of the other G-1 rewards``; 0 in a group of size 1."""
+    s = _group_scale(rewards, gid, num_groups)[gid]
+    x = rewards / s
     n = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device)
     n.index_add_(0, gid, torch.ones_like(rewards))
-    total = torch.zeros_like(n).index_add_(0, gid, rewards)
+    total = torch.zeros_like(n).index_add_(0, gid, x)
     g = n[gid]
-    loo_mean = (total[gid] - rewards) / (g - 1).clamp_min(1)
-    return torch.where(g > 1, rewards - loo_mean, torch.zeros_like(rewards))
+    loo_mean = (total[gid] - x) / (g - 1).clamp_min(1)
+    diff = torch.where(g > 1, x - loo_mean, torch.zeros_like(x))
+    return _checked_difference(diff, s, "RLOO")
 
 
 SEQUENCE_BASELINES = {

@@ -9,16 +9,33 @@ import torch
 
 
 def as_tensor(x, name: str, *, device: torch.device | None = None) -> torch.Tensor:
-    """Turn ``x`` (tensor, array, list) into a tensor without copying tensors."""
+    """Turn ``x`` (tensor, array, list) into a tensor without copying tensors.
+
+    Refuses, naming ``name``: meta tensors (no data), strings and other non-numeric values.
+    """
     if isinstance(x, torch.Tensor):
+        check_has_data(x, name)
         return x if device is None else x.to(device)
     try:
         arr = np.asarray(x)
-    except Exception as e:  # pragma: no cover - numpy raises many kinds
+    except Exception as e:  # noqa: BLE001 - numpy raises many kinds (ragged lists, ...)
         raise ValueError(f"{name}: expected a tensor or array, got {type(x).__name__}") from e
     if arr.dtype == object:
         raise ValueError(f"{name}: expected a numeric tensor or array, got objects")
-    return torch.as_tensor(arr, device=device)
+    if arr.dtype.kind not in "biufc":
+        what = "strings" if arr.dtype.kind in "US" else f"dtype {arr.dtype}"
+        raise ValueError(f"{name}: expected numbers, got {what}")
+    try:
+        return torch.as_tensor(arr, device=device)
+    except (TypeError, RuntimeError) as e:
+        raise ValueError(f"{name}: cannot be made a tensor ({e})") from e
+
+
+def check_has_data(x: torch.Tensor, name: str) -> None:
+    """Refuse a meta tensor (shape only, no values), naming ``name``."""
+    if x.is_meta:
+        raise ValueError(f"{name}: expected a tensor with data, got a meta tensor "
+                         "(materialise it on a real device first)")
 
 
 def check_float(x: torch.Tensor, name: str, *, ndim: int | Sequence[int]) -> torch.Tensor:

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ktae.core.checks import check_has_data
+
 
 def group_index(group, batch_size: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """Map group labels to dense ids ``0..P-1`` (in order of first appearance).
@@ -21,6 +23,7 @@ def group_index(group, batch_size: int, device: torch.device) -> tuple[torch.Ten
         ``(ids, P)``: int64 tensor ``[B]`` on ``device`` and the number of groups.
     """
     if isinstance(group, torch.Tensor):
+        check_has_data(group, "group")
         if group.dim() != 1 or group.shape[0] != batch_size:
             raise ValueError(f"group: expected shape ({batch_size},), got {tuple(group.shape)}")
         if group.is_floating_point() or group.is_complex() or group.dtype == torch.bool:

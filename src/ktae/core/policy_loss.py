@@ -109,7 +109,10 @@ def aggregate_loss(per_token: torch.Tensor, mask, aggregation: str = "token-mean
     Returns:
         A scalar tensor. Empty responses are skipped by ``seq-mean-token-mean`` (they
         have no token mean) but count in the B of ``seq-mean-token-sum-norm``, as in
-        TRL. An all-zero mask or an empty batch gives 0, with a zero gradient.
+        TRL. An all-zero mask or an empty batch gives 0, with a zero gradient. The means
+        are finite whenever the per-token terms are (the sums are scaled, exactly, so
+        they do not overflow); ``seq-mean-token-sum-norm`` can exceed the dtype's range
+        only when a response's token sum divided by ``max_response_length`` does.
 
     Note:
         verl's ``seq-mean-token-sum-norm`` is ``sum(loss * mask) / max_response_length``,
@@ -124,18 +127,33 @@ def aggregate_loss(per_token: torch.Tensor, mask, aggregation: str = "token-mean
     mask = check_mask(as_tensor(mask, "mask", device=per_token.device), "mask",
                       tuple(per_token.shape))
     x = torch.where(mask, per_token, 0)  # where, not *, so NaN padding cannot leak
+    # Sums run on x / s (s: a power of two near max |x|, exact) so that a mean of
+    # representable terms never overflows on the way (float32 advantages of +-3e38).
+    s = _sum_scale(x)
+    x = x / s
     if aggregation == "token-mean":
-        return x.sum() / mask.sum().clamp_min(1)
+        return x.sum() / mask.sum().clamp_min(1) * s
     if aggregation == "seq-mean-token-mean":
         lengths = mask.sum(-1)
         seq = x.sum(-1) / lengths.clamp_min(1)
-        return seq.sum() / (lengths > 0).sum().clamp_min(1)
+        return seq.sum() / (lengths > 0).sum().clamp_min(1) * s
     if max_response_length is None:
         raise ValueError("max_response_length: required by aggregation "
                          "'seq-mean-token-sum-norm' (the constant divisor, e.g. the "
                          "generation length limit)")
     norm = check_number(max_response_length, "max_response_length", low=0, low_open=True)
-    return x.sum(-1).div(norm).sum() / max(x.shape[0], 1)
+    return x.sum(-1).div(norm).sum() / max(x.shape[0], 1) * s
+
+
+def _sum_scale(x: torch.Tensor) -> torch.Tensor:
+    """A power of two within a factor 2 of ``max |x|`` (1 for zeros, inf or an empty x),
+    a constant for autograd; dividing by it and multiplying back is exact."""
+    if x.numel() == 0:
+        return torch.ones((), dtype=x.dtype, device=x.device)
+    top = x.detach().abs().amax()
+    _, exponent = torch.frexp(top)
+    exponent = torch.where((top > 0) & torch.isfinite(top), exponent - 1, 0)
+    return torch.ldexp(torch.ones_like(top), exponent)
 
 
 def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3") -> torch.Tensor:

@@ -42,6 +42,8 @@ def _strip_dollars(s: str) -> str:
 def answer_text(value) -> str:
     """A reference answer as text: numbers without a spurious ``.0``, lists joined by
     ``", "`` (OlympiadBench's ``final_answer``), surrounding ``$`` removed."""
+    if value is None:
+        raise ValueError("answer: expected a string, number or list, got null")
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, float):
@@ -59,7 +61,10 @@ def answer_text(value) -> str:
 
 def gsm8k_answer(value) -> str:
     """GSM8K's final answer: the text after the last ``####``, thousands commas removed."""
-    text = str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"answer: expected a GSM8K solution (a string), got "
+                         f"{'null' if value is None else type(value).__name__}")
+    text = value
     if "####" not in text:
         raise ValueError("answer: expected a GSM8K solution ending in '#### N', "
                          f"got {text[-80:]!r}")
@@ -116,28 +121,53 @@ def fixture_path(name: str) -> Path:
     return path
 
 
-def _read_rows(path: Path, name: str) -> list[dict]:
+def _data_file(path: Path, name: str) -> Path:
+    """``path`` itself, or ``<name>.jsonl/.json/.parquet`` in the directory ``path``."""
     if path.is_dir():
         for suffix in (".jsonl", ".json", ".parquet"):
             if (path / f"{name}{suffix}").is_file():
-                return _read_rows(path / f"{name}{suffix}", name)
+                return path / f"{name}{suffix}"
         raise ValueError(f"path: no {name}.jsonl/.json/.parquet in directory {path}")
     if not path.is_file():
         raise ValueError(f"path: no such file: {path}")
+    return path
+
+
+def _read_rows(path: Path) -> tuple[list[dict], list[str]]:
+    """Rows of a local file and where each comes from (``"<file>, line 7"``)."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        rows = pq.read_table(path).to_pylist()
+        return rows, [f"{path}, row {i}" for i in range(len(rows))]
     if path.suffix not in (".jsonl", ".json"):
         raise ValueError(f"path: expected a .jsonl, .json or .parquet file, got {path.name}")
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte {e.start})") from None
     if path.suffix == ".json" and text.lstrip().startswith("["):
-        rows = json.loads(text)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {e.lineno}: invalid JSON ({e.msg})") from None
+        where = [f"{path}, record {i}" for i in range(len(rows))]
     else:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    if not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"path: expected one JSON object per record in {path}")
-    return rows
+        rows, where = [], []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {number}: invalid JSON ({e.msg})") from None
+            where.append(f"{path}, line {number}")
+    for row, at in zip(rows, where, strict=True):
+        if not isinstance(row, dict):
+            raise ValueError(f"{at}: expected a JSON object, got {type(row).__name__}")
+    return rows, where
 
 
 def _load_hub(spec: BenchmarkSpec, split: str) -> list[dict]:
@@ -164,20 +194,27 @@ def _resolve_fields(spec: BenchmarkSpec | None, field_map, columns: set[str]) ->
     return fields
 
 
-def _to_records(rows: list[dict], source: str, fields: dict,
+def _to_records(rows: list[dict], where: list[str], source: str, fields: dict,
                 parse_answer: Callable[[object], str]) -> list[BenchmarkRecord]:
+    """Records of ``rows``; errors start with the row's place (``where[i]``)."""
     out = []
-    for i, row in enumerate(rows):
+    for i, (row, at) in enumerate(zip(rows, where, strict=True)):
         for key, column in fields.items():
             if column is not None and column not in row:
-                raise ValueError(f"field_map: row {i} of {source} has no column {column!r} "
-                                 f"(for {key!r}); columns are {sorted(row)}")
+                raise ValueError(f"{at}: no column {column!r} (for {key!r}; see field_map); "
+                                 f"columns are {sorted(row)}")
         problem = row[fields["problem"]]
         if not isinstance(problem, str) or not problem.strip():
-            raise ValueError(f"row {i} of {source}: expected a non-empty problem, got {problem!r}")
+            raise ValueError(f"{at}: expected a non-empty problem, got {problem!r}")
+        try:
+            answer = parse_answer(row[fields["answer"]])
+        except ValueError as e:
+            raise ValueError(f"{at}: {e}") from None
+        if not answer.strip():
+            raise ValueError(f"{at}: answer: expected a non-empty answer, "
+                             f"got {row[fields['answer']]!r}")
         rid = str(row[fields["id"]]) if fields["id"] is not None else str(i)
-        out.append(BenchmarkRecord(id=rid, problem=problem,
-                                   answer=parse_answer(row[fields["answer"]]), source=source))
+        out.append(BenchmarkRecord(id=rid, problem=problem, answer=answer, source=source))
     return out
 
 
@@ -208,6 +245,11 @@ def load_benchmark(name: str, *, path: str | Path | None = None, split: str | No
 
     Returns:
         ``list[BenchmarkRecord]`` with ``source == name``.
+
+    Raises:
+        ValueError: an empty file or split, invalid UTF-8 or JSON, a row that is not an
+            object, or a missing/empty problem or answer (``null`` included); the message
+            starts with the file and line (or the dataset and row).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a benchmark name, got {name!r}")
@@ -217,16 +259,22 @@ def load_benchmark(name: str, *, path: str | Path | None = None, split: str | No
     if name == "embedded" and path is None:
         return _load_embedded(split, limit)
     if path is not None:
-        rows = _read_rows(Path(path), name)
+        file = _data_file(Path(path), name)
+        rows, where = _read_rows(file)
+        origin = str(file)
     elif spec is None:
         raise ValueError(f"name: unknown benchmark {name!r}; expected one of "
                          f"{BENCHMARK_NAMES} or a local path=")
     else:
-        rows = _load_hub(spec, split or spec.split)
-    rows = rows[:limit] if limit is not None else rows
+        split = split or spec.split
+        rows = _load_hub(spec, split)
+        origin = f"{spec.hub_path} ({split} split)"
+        where = [f"{origin}, row {i}" for i in range(len(rows))]
     if not rows:
-        return []
-    columns = set().union(*(r.keys() for r in rows)) if rows else set()
+        raise ValueError(f"{origin}: no records for benchmark {name!r}")
+    if limit is not None:
+        rows, where = rows[:limit], where[:limit]
+    columns = set().union(*(r.keys() for r in rows))
     fields = _resolve_fields(spec, field_map, columns)
     parse = spec.parse_answer if spec and (field_map or {}).get("answer") is None else answer_text
-    return _to_records(rows, name, fields, parse)
+    return _to_records(rows, where, name, fields, parse)

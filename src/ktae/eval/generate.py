@@ -7,8 +7,12 @@ end-of-sequence token (the whole continuation when none is generated).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+_CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_length",
+                       "seq_length")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,17 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
+def context_length(model) -> int | None:
+    """The longest sequence (prompt + response) ``model`` takes, from its config; None if
+    the config does not say."""
+    config = getattr(model, "config", None)
+    for name in _CONTEXT_ATTRIBUTES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, *,
                 batch_size: int = 16, add_special_tokens: bool = True,
                 on_batch: Callable[[int], None] | None = None) -> list[list[Generation]]:
@@ -74,6 +89,11 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     Returns ``out[i][j]``: sample ``j`` of prompt ``i``. ``on_batch(n)`` is called after
     each batch of ``n`` prompts (progress bars). The model's training mode and the
     tokenizer's padding side are restored afterwards.
+
+    Generation never runs past the model's context (:func:`context_length`): in a batch
+    whose longest prompt has P tokens, at most ``context - P`` tokens are generated
+    (one warning per call when that is below ``max_new_tokens``; a prompt that fills the
+    context alone gets an empty response).
     """
     import torch
 
@@ -97,6 +117,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = pad_id
     out: list[list[Generation]] = []
+    context = context_length(model)
+    warned = False
     # Seeded sampling that leaves the caller's global RNG as it was (evaluating during
     # training must not change the training trajectory).
     with torch.random.fork_rng(devices=[]):
@@ -106,9 +128,23 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
                 chunk = list(prompts[start:start + batch_size])
                 enc = tokenizer(chunk, return_tensors="pt", padding=True,
                                 add_special_tokens=add_special_tokens).to(device)
-                with torch.no_grad():
-                    seqs = model.generate(**enc, **kwargs)
-                new = seqs[:, enc["input_ids"].shape[1]:].tolist()
+                width = enc["input_ids"].shape[1]
+                budget = sampling.max_new_tokens
+                if context is not None and width + budget > context:
+                    budget = max(0, context - width)
+                    if not warned:
+                        warnings.warn(
+                            f"max_new_tokens={sampling.max_new_tokens} does not fit in the "
+                            f"model's context of {context} tokens after prompts of "
+                            f"{width} tokens: generating at most {budget} new tokens",
+                            stacklevel=2)
+                        warned = True
+                if budget == 0:
+                    new = [[] for _ in range(len(chunk) * sampling.k)]
+                else:
+                    with torch.no_grad():
+                        seqs = model.generate(**enc, **{**kwargs, "max_new_tokens": budget})
+                    new = seqs[:, width:].tolist()
                 for i in range(len(chunk)):
                     gens = []
                     for row in new[i * sampling.k:(i + 1) * sampling.k]:

@@ -12,6 +12,7 @@ of the verifier. The results JSON also carries the KTAE authors' summary fields:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -76,6 +77,21 @@ def summarize(per_benchmark: Mapping[str, dict], config: Mapping | None = None) 
         "max_lens": {b: per_benchmark[b]["max_response_length"] for b in names},
         "formatted": {b: per_benchmark[b]["formatted_rate"] for b in names},
     }
+
+
+def prepare_output_dir(path, name: str = "output_dir") -> Path:
+    """Create the results directory now (before any model is loaded or anything is
+    generated), so that a path that is a file or cannot be written fails at once."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{name}: {out} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{name}: cannot create {out} ({e.strerror or e})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: {out} is not writable")
+    return out
 
 
 def write_samples(path: Path, rows: Sequence[dict]) -> None:

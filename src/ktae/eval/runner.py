@@ -10,10 +10,12 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from ktae.eval.benchmarks import BenchmarkRecord, fixture_path, load_benchmark
+from ktae.eval.defaults import resolve_generation
 from ktae.eval.generate import Generation, SamplingConfig, generate_hf, generate_vllm
 from ktae.eval.prompts import build_prompt, resolve_template
 from ktae.eval.results import (
     benchmark_metrics,
+    prepare_output_dir,
     sample_rows,
     summarize,
     write_results,
@@ -48,9 +50,18 @@ def _progress(show: bool):
                     MofNCompleteColumn(), TimeElapsedColumn())
 
 
+def _model_dir(model, model_path) -> str | None:
+    """The directory the model was loaded from: ``model_path``, else transformers'
+    ``name_or_path`` when it is a local directory."""
+    if model_path is not None:
+        return str(model_path)
+    name = getattr(model, "name_or_path", None)
+    return name if isinstance(name, str) and name and Path(name).is_dir() else None
+
+
 def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence[BenchmarkRecord]],
              *, k: int = 1, temperature: float | None = None, top_p: float = 1.0,
-             max_new_tokens: int = 1024, template: str = "auto", batch_size: int = 16,
+             max_new_tokens: int | None = None, template: str | None = None, batch_size: int = 16,
              seed: int = 0, limit: int | None = None, output_dir: str | Path | None = None,
              timeout: float = 5.0, show_progress: bool = False, backend: str = "hf",
              model_path: str | None = None, config: Mapping | None = None) -> dict:
@@ -61,23 +72,36 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             ``backend="vllm"`` the model is ``model_path`` instead and ``model`` is unused.
         benchmarks: names for :func:`load_records` (hub / embedded), or a mapping
             ``name -> records`` already loaded (e.g. fixtures, a trainer's eval set).
-        k, temperature, top_p, max_new_tokens, seed: decoding (:class:`SamplingConfig`);
-            greedy pass@1 by default, avg@k with sampling when ``k > 1``.
-        template: prompt template (:mod:`ktae.eval.prompts`).
+        k, temperature, top_p, seed: decoding (:class:`SamplingConfig`); greedy pass@1
+            by default, avg@k with sampling when ``k > 1``.
+        max_new_tokens, template: response budget and prompt template
+            (:mod:`ktae.eval.prompts`); None (default) takes them from the model's
+            ``ktae_generation.json`` (:mod:`ktae.eval.defaults`: what ``ktae train`` and
+            the shipped default model save), else 1024 and ``"auto"``.
         limit: first ``limit`` records of each benchmark.
-        output_dir: if given, writes ``results.json`` and ``samples_<bench>.jsonl`` there.
+        output_dir: if given, writes ``results.json`` and ``samples_<bench>.jsonl`` there
+            (created, or refused, before anything is generated).
         timeout: verifier deadline per answer, seconds.
         show_progress: rich progress bar over prompts.
+        model_path: the model's directory (vLLM loads it; both backends read its
+            ``ktae_generation.json``); default: the ``name_or_path`` of ``model``.
 
     Returns:
         ``{"config", "benchmarks": {name: metrics}, "results", "avg", "avg_lens",
         "max_lens", "formatted"}`` (see :mod:`ktae.eval.results`), plus ``"samples":
-        {name: rows}`` in memory only (not in ``results.json``).
+        {name: rows}`` in memory only (not in ``results.json``). ``config`` records the
+        template and budget used and where each came from (``template_source``,
+        ``max_new_tokens_source``: ``"given"``, the file, or ``"default"``).
+
+    Raises:
+        ValueError: bad arguments, a benchmark with no records, an unusable output_dir.
     """
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend: expected 'hf' or 'vllm', got {backend!r}")
+    choice = resolve_generation(_model_dir(model, model_path), template=template,
+                                max_new_tokens=max_new_tokens)
     sampling = SamplingConfig(k=k, temperature=temperature, top_p=top_p,
-                              max_new_tokens=max_new_tokens, seed=seed)
+                              max_new_tokens=choice.max_new_tokens, seed=seed)
     if isinstance(benchmarks, Mapping):
         records = {n: list(r)[:limit] if limit else list(r) for n, r in benchmarks.items()}
     elif isinstance(benchmarks, str) or not isinstance(benchmarks, Sequence) or not benchmarks:
@@ -85,7 +109,13 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
                          f"got {benchmarks!r}")
     else:
         records = load_records(list(benchmarks), limit=limit)
-    resolved = resolve_template(template, tokenizer)
+    if not records:
+        raise ValueError("benchmarks: expected at least one benchmark, got none")
+    for name, recs in records.items():
+        if not recs:
+            raise ValueError(f"benchmarks: {name!r} has no records (nothing to score)")
+    out_dir = prepare_output_dir(output_dir) if output_dir is not None else None
+    resolved = resolve_template(choice.template, tokenizer)
     prompts = {n: [build_prompt(r, resolved, tokenizer) for r in recs]
                for n, recs in records.items()}
     timeouts_before = reward_stats()["timeouts"]
@@ -111,14 +141,14 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
     run_config = {"k": sampling.k, "temperature": sampling.effective_temperature,
                   "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens,
                   "template": resolved, "seed": seed, "limit": limit, "backend": backend,
+                  "template_source": choice.template_source,
+                  "max_new_tokens_source": choice.max_new_tokens_source,
                   "verifier_timeouts": reward_stats()["timeouts"] - timeouts_before,
                   **dict(config or {})}
     results = summarize(per_bench, run_config)
-    if output_dir is not None:
-        out = Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        write_results(out / "results.json", results)
+    if out_dir is not None:
+        write_results(out_dir / "results.json", results)
         for name, rows in samples.items():
-            write_samples(out / f"samples_{name}.jsonl", rows)
+            write_samples(out_dir / f"samples_{name}.jsonl", rows)
     results["samples"] = samples
     return results

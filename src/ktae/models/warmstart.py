@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from ktae.eval.defaults import GENERATION_FILE, save_generation_defaults
 from ktae.tasks.embedded import (
     Problem,
     format_prompt,
@@ -43,6 +44,10 @@ from ktae.tasks.embedded import (
 
 RECIPE_VERSION = 1  # bump when the training code changes what a recipe produces
 METRICS_FILE = "warmstart.json"
+TEMPLATE = "compact"
+"""The prompt template of the SFT data (``Q:37+45-18 A:``)."""
+MAX_NEW_TOKENS = 40
+"""Response budget of its evaluation (and of the RL runs that start from it)."""
 EVAL_SEED = 0  # the held-out problems are the same for every training seed
 _TMP_PREFIX = ".tmp-"
 
@@ -98,8 +103,9 @@ def extract_boxed_int(text: str) -> int | None:
     return int(inner) if re.fullmatch(r"-?\d+", inner) else None
 
 
-def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int = 40, *,
-                    batch_size: int = 256, template: str = "compact") -> dict:
+def greedy_accuracy(model, tokenizer, problems: list[Problem],
+                    max_new_tokens: int = MAX_NEW_TOKENS, *, batch_size: int = 256,
+                    template: str = TEMPLATE) -> dict:
     """Greedy pass@1 of ``model`` on ``problems`` (batched, left-padded generation).
 
     Returns ``accuracy`` overall, ``carry_accuracy`` on problems whose correct solution
@@ -183,7 +189,9 @@ def warm_start(output_dir, *, steps: int, seed: int = 0, batch_size: int = 128,
     ``steps``, ``seed``, ``batch_size`` and ``lr`` override the recipe's fields (the
     other fields come from ``recipe`` or :class:`WarmStartRecipe` defaults). Writes into
     ``output_dir`` (created) with ``save_pretrained``, so ``--model output_dir`` and
-    ``AutoModelForCausalLM/AutoTokenizer.from_pretrained`` load it. Deterministic for a
+    ``AutoModelForCausalLM/AutoTokenizer.from_pretrained`` load it, and
+    ``ktae_generation.json`` (template ``compact``, 40 new tokens) for ``ktae eval``
+    (:mod:`ktae.eval.defaults`). Deterministic for a
     seed on CPU with a fixed number of torch threads. Returns the metrics also written to
     ``warmstart.json``: the recipe, per-step ``losses``, ``train_seconds`` and the
     :func:`greedy_accuracy` of the final model on ``eval_size`` held-out test problems
@@ -253,8 +261,14 @@ def warm_start(output_dir, *, steps: int, seed: int = 0, batch_size: int = 128,
     }
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
+    _save_generation_defaults(out)
+    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1))  # last: marks complete
     return metrics
+
+
+def _save_generation_defaults(model_dir: Path) -> None:
+    """``ktae_generation.json``: ``ktae eval`` prompts the model as it was trained."""
+    save_generation_defaults(model_dir, template=TEMPLATE, max_new_tokens=MAX_NEW_TOKENS)
 
 
 def _check_recipe(r: WarmStartRecipe) -> None:
@@ -322,6 +336,8 @@ def default_model_path(cache_dir=None, *, seed: int = 0, steps: int | None = Non
         return SHIPPED_DIR / name
     final = root / name
     if is_complete(final) and not rebuild:
+        if not (final / GENERATION_FILE).is_file():  # built before the file existed
+            _save_generation_defaults(final)
         return final
     with _file_lock(root / f"{name}.lock"):
         if is_complete(final) and not rebuild:  # built by another process while we waited

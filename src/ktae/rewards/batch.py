@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ktae.rewards.extract import extract_boxed
-from ktae.rewards.verify import RewardResult, math_reward
+from ktae.rewards.verify import RewardResult, math_reward, reference_text
 
 DEFAULT_MAX_WORKERS = 8
 
@@ -28,6 +28,11 @@ def _check_lists(completions, references) -> None:
     if len(completions) != len(references):
         raise ValueError(f"references: expected {len(completions)} (one per completion), "
                          f"got {len(references)}")
+    # Checked here, before any work, so that the error names the position.
+    for i, (c, r) in enumerate(zip(completions, references, strict=True)):
+        if not isinstance(c, str):
+            raise ValueError(f"completions[{i}]: expected a string, got {type(c).__name__}")
+        reference_text(r, f"references[{i}]")
 
 
 def _num_workers(num_workers: int | None, n: int) -> int:

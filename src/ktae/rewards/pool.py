@@ -10,6 +10,11 @@ caller can therefore be any thread of any process, and is never blocked longer t
 ``timeout`` (plus a one-off start-up of the worker, bounded by ``STARTUP_TIMEOUT``).
 
 A forked child never reuses its parent's workers: the pool is per process id.
+
+Workers die with this process, even mid-check (see :mod:`ktae.rewards._worker`). On Linux
+the parent-death signal fires when the *thread* that started a worker ends, so every
+worker is started by one thread of the pool that lives as long as the process, never by
+the short-lived threads that run checks (``batch_math_reward``'s thread pool).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import queue
 import select
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 STARTUP_TIMEOUT = 120.0  # seconds to import math-verify in a fresh worker (loaded machines)
@@ -37,15 +44,38 @@ class VerifierTimeout(TimeoutError):
     """The worker missed its deadline and was killed."""
 
 
+class _Spawner:
+    """Starts worker processes from one daemon thread that lives as long as the process."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="ktae-verifier-spawner",
+                                        daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            future, args = self._jobs.get()
+            try:
+                future.set_result(subprocess.Popen(
+                    args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, bufsize=0, start_new_session=True,
+                    close_fds=True))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                future.set_exception(e)
+
+    def popen(self, args: list[str]) -> subprocess.Popen:
+        future: Future = Future()
+        self._jobs.put((future, args))
+        return future.result()
+
+
 class _Worker:
     """One verifier process and its line-buffered pipes."""
 
-    def __init__(self) -> None:
+    def __init__(self, spawner: _Spawner) -> None:
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, _WORKER_SCRIPT], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
-                start_new_session=True, close_fds=True)
+            self.proc = spawner.popen([sys.executable, _WORKER_SCRIPT, str(os.getpid())])
         except OSError as e:
             raise WorkerError(f"cannot start the verifier process: {e}") from e
         self._buf = b""
@@ -119,13 +149,14 @@ class VerifierPool:
         self.pid = os.getpid()
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
+        self._spawner = _Spawner()
 
     def run(self, payload: dict, timeout: float) -> dict:
         """One check on an idle (or new) worker. Raises VerifierTimeout or WorkerError."""
         with self._lock:
             worker = self._idle.pop() if self._idle else None
         if worker is None or not worker.alive():
-            worker = _Worker()
+            worker = _Worker(self._spawner)
         try:
             reply = worker.request(payload, timeout)
         except (VerifierTimeout, WorkerError):
@@ -144,7 +175,7 @@ class VerifierPool:
 
         def start() -> None:
             try:
-                fresh = _Worker()
+                fresh = _Worker(self._spawner)
             except WorkerError:
                 return  # the next check starts one itself (and reports the error)
             with self._lock:
@@ -159,7 +190,7 @@ class VerifierPool:
         """Start workers until ``n`` are idle (start-up happens off the check's deadline)."""
         with self._lock:
             missing = max(0, min(n, MAX_IDLE) - len(self._idle))
-        fresh = [_Worker() for _ in range(missing)]
+        fresh = [_Worker(self._spawner) for _ in range(missing)]
         with self._lock:
             self._idle.extend(fresh)
 

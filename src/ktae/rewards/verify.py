@@ -18,7 +18,9 @@ math-verify on its own would also accept unboxed or unclosed answers (``"7"``,
 from __future__ import annotations
 
 import math
+import numbers
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
@@ -82,14 +84,28 @@ def _clean(text: str) -> str:
         return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def _reference_text(reference) -> str:
-    if isinstance(reference, bool) or not isinstance(reference, (str, int, float, Fraction)):
-        raise ValueError(f"reference: expected a string or number, got {type(reference).__name__}")
-    if isinstance(reference, float):
+def reference_text(reference, name: str = "reference") -> str:
+    """The reference answer as text; numpy scalars count as numbers."""
+    if isinstance(reference, str):
+        return _clean(reference)
+    if isinstance(reference, bool) or not isinstance(reference, numbers.Real):
+        raise ValueError(f"{name}: expected a string or number, got {type(reference).__name__}")
+    if isinstance(reference, numbers.Integral):
+        reference = int(reference)
+    elif not isinstance(reference, Fraction):
+        reference = float(reference)
         if not math.isfinite(reference):
-            raise ValueError(f"reference: expected a finite number, got {reference}")
-        return str(int(reference)) if reference.is_integer() else repr(reference)
-    return _clean(str(reference))
+            raise ValueError(f"{name}: expected a finite number, got {reference}")
+        if not reference.is_integer():
+            return repr(reference)
+        reference = int(reference)
+    try:
+        return str(reference)
+    except ValueError:  # Python's limit on int -> str conversion (4300 digits by default)
+        digits = int(max(abs(reference.numerator), abs(reference.denominator)).bit_length()
+                     * math.log10(2)) + 1
+        raise ValueError(f"{name}: expected a number of at most {sys.get_int_max_str_digits()} "
+                         f"digits, got one of about {digits} digits") from None
 
 
 def _check_timeout(timeout) -> float:
@@ -162,7 +178,7 @@ def math_reward(completion: str, reference, *, timeout: float = 5.0) -> RewardRe
     """
     if not isinstance(completion, str):
         raise ValueError(f"completion: expected a string, got {type(completion).__name__}")
-    ref = _reference_text(reference)
+    ref = reference_text(reference)
     timeout = _check_timeout(timeout)
     _count("calls")
     extracted = extract_boxed(_clean(completion))

@@ -41,10 +41,6 @@ COMPLETE_MARKER = "ktae_checkpoint.json"
 RUN_MARKER = "ktae_run.json"
 """File that marks a directory as a ``ktae train`` run directory."""
 
-GENERATION_DEFAULTS = "ktae_generation.json"
-"""File in a saved model directory: the prompt template and generation budget it was
-trained with (``{"template": ..., "max_new_tokens": ...}``), read by ``ktae eval``."""
-
 # logged key (TRL/Trainer name) -> metrics.jsonl name. The unprefixed keys describe the
 # batch trained on; round1_* the step's first generation round (fresh prompts, an unbiased
 # sample of the policy, which dynamic sampling's selection is not); generation_* every
@@ -133,11 +129,6 @@ def latest_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 def checkpoint_step(folder: str | os.PathLike) -> int:
     """Global step of a checkpoint directory (from its marker)."""
     return int(json.loads((Path(folder) / COMPLETE_MARKER).read_text())["step"])
-
-
-def write_generation_defaults(folder: str | os.PathLike, defaults: dict) -> None:
-    """Write :data:`GENERATION_DEFAULTS` into a model directory."""
-    atomic_write(Path(folder) / GENERATION_DEFAULTS, json.dumps(defaults, indent=2) + "\n")
 
 
 def _is_run(path: Path) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ktae.eval.defaults import save_generation_defaults
 from ktae.train.config import TrainConfig
 from ktae.train.credit import CreditSettings, credit_settings
 from ktae.train.data import TaskRows, format_task, read_task
@@ -24,7 +25,6 @@ from ktae.train.rundir import (
     RunDir,
     checkpoint_step,
     prepare_output_dir,
-    write_generation_defaults,
 )
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
 
@@ -36,6 +36,8 @@ class Preflight:
     credit: CreditSettings
     trl: dict
     task: TaskRows
+    model: str | None
+    """Where the model loads from (a local directory or a hub id); None = the default."""
 
 
 def preflight(cfg: TrainConfig) -> Preflight:
@@ -45,10 +47,17 @@ def preflight(cfg: TrainConfig) -> Preflight:
         ValueError: the first problem found, naming the field (credit options, ``trl``
             settings, LoRA without peft, the task file, too few training problems).
     """
+    from ktae.eval.model_path import resolve_model_path
     from ktae.train.trl_args import check_trl_settings
 
     credit = credit_settings(cfg)
     trl = check_trl_settings(cfg.trl)
+    model = None
+    if cfg.model is not None:
+        try:
+            model = resolve_model_path(cfg.model)
+        except ValueError as err:
+            raise ValueError(str(err).replace("MODEL: ", "model: ", 1)) from None
     if cfg.lora_r:
         try:
             import peft  # noqa: F401
@@ -59,14 +68,15 @@ def preflight(cfg: TrainConfig) -> Preflight:
     if len(task.train) < cfg.num_prompts:
         raise ValueError(f"task: {len(task.train)} training problem(s), fewer than "
                          f"num_prompts={cfg.num_prompts} per step")
-    return Preflight(credit, trl, task)
+    return Preflight(credit, trl, task, model)
 
 
-def load_model(cfg: TrainConfig):
-    """``(model, tokenizer, path)``; the default tiny model is built and cached on first use."""
+def load_model(cfg: TrainConfig, path: str | None = None):
+    """``(model, tokenizer, path)`` from ``path`` (default ``cfg.model``); the default tiny
+    model is built and cached on first use."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = cfg.model
+    path = cfg.model if path is None else path
     if path is None:
         from ktae.models.warmstart import default_model_path
 
@@ -200,7 +210,7 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     state.wait_for_everyone()
     rundir = RunDir(out)
 
-    model, tokenizer, model_path = load_model(cfg)
+    model, tokenizer, model_path = load_model(cfg, checked.model)
     template = cfg.template or ("compact" if len(tokenizer) < 1000 else "qwen-math")
     train_rows, eval_rows = format_task(checked.task, template)
     generation = {"template": template, "max_new_tokens": cfg.max_new_tokens}
@@ -234,7 +244,7 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
         trainer.save_model(str(final))  # every process: may synchronise
         if is_main:
             tokenizer.save_pretrained(str(final))
-            write_generation_defaults(final, generation)
+            save_generation_defaults(final, **generation)
     except Exception as err:
         if is_disk_full(err) and not isinstance(err, DiskFullError):
             raise DiskFullError(28, f"no space left on the device while writing to {out}; "

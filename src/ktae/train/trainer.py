@@ -415,9 +415,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
             super()._save_checkpoint(model, trial)
             if self.args.should_save:
                 if self.generation_defaults is not None:
-                    from ktae.train.rundir import write_generation_defaults
+                    from ktae.eval.defaults import save_generation_defaults
 
-                    write_generation_defaults(folder, self.generation_defaults)
+                    save_generation_defaults(folder, **self.generation_defaults)
                 mark_checkpoint_complete(folder, self.state.global_step)
         except Exception as err:
             if is_disk_full(err):
