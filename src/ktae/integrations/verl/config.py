@@ -2,10 +2,11 @@
 
 verl turns ``actor_rollout_ref.actor.policy_loss`` into a dataclass with Hydra, which
 rejects keys the class lacks. This subclass adds one field, ``ktae`` (the options of the
-calibration named by ``loss_mode``, e.g. ``{alpha: 0.01, lam: 0.9}``), and checks its
-names when built. The plugin's ``validate_config`` wrapper selects it automatically when
-the block is present; it can also be set explicitly with
-``actor_rollout_ref.actor.policy_loss._target_=ktae.integrations.verl.config.CalibratedPolicyLossConfig``.
+calibration named by ``loss_mode``, e.g. ``{alpha: 0.01, lam: 0.9}``), and checks their
+names and values when built (verl builds it at start-up, in ``validate_config``). The
+plugin's ``validate_config`` wrapper selects this class when the block is present; it
+can also be set explicitly with ``actor_rollout_ref.actor.policy_loss._target_=``
+``ktae.integrations.verl.config.CalibratedPolicyLossConfig``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 from verl.workers.config import PolicyLossConfig
 
-from ktae.integrations.verl.options import calibration_settings
+import ktae
+from ktae.integrations.verl.options import calibration_settings, check_calibration_values
 
 
 @dataclass
@@ -28,4 +30,5 @@ class CalibratedPolicyLossConfig(PolicyLossConfig):
         parent = getattr(super(), "__post_init__", None)
         if parent is not None:
             parent()
-        calibration_settings(self)
+        if self.ktae or self.loss_mode in ktae.CALIBRATIONS:
+            check_calibration_values(calibration_settings(self))

@@ -197,7 +197,8 @@ def _dry_run_calibration(settings: CalibrationSettings, with_entropy: bool) -> N
     extra = {"old_logprobs": lp} if calibration_accepts("old_logprobs") else {}
     ktae.calibrate_advantages(settings.name, torch.tensor([1.0, -1.0]), logprobs=lp,
                               entropies=torch.ones(2, 2) if with_entropy else None,
-                              mask=torch.ones(2, 2), **extra, **settings.options)
+                              mask=torch.ones(2, 2), generator=torch.Generator(), **extra,
+                              **settings.options)
 
 
 def calibration_needs_entropy(settings: CalibrationSettings) -> bool:
@@ -211,7 +212,8 @@ def calibration_needs_entropy(settings: CalibrationSettings) -> bool:
     return False
 
 
-def _check_calibration_values(settings: CalibrationSettings) -> None:
+def check_calibration_values(settings: CalibrationSettings) -> None:
+    """Run the real calibration once on a 2 x 2 batch: bad option names or values raise."""
     try:
         _dry_run_calibration(settings, with_entropy=True)
     except (TypeError, ValueError) as e:
@@ -263,7 +265,7 @@ def check_config(config: Any) -> PluginConfig:
     calibration = None
     if loss_mode in ktae.CALIBRATIONS:
         calibration = calibration_settings(policy_loss)
-        _check_calibration_values(calibration)
+        check_calibration_values(calibration)
         entropy_on = bool(_get(actor, "calculate_entropy", False)) or \
             float(_get(actor, "entropy_coeff", 0.0) or 0.0) != 0.0
         if not entropy_on and calibration_needs_entropy(calibration):
