@@ -226,3 +226,21 @@ def test_one_class_group_in_reference_mode(rewards):
     np.testing.assert_allclose(got.numpy(), base[:, None].expand(3, 2).numpy(), atol=1e-6)
     table = ktae.key_token_table(rewards=r, group=[0, 0, 0], token_ids=tok, mode="reference")
     assert torch.equal(table.value, torch.zeros_like(table.value))
+
+
+def test_explicit_correct_replaces_the_runtime_rule():
+    """A verifier's accuracy (``correct``) decides the classes; the rewards, which may hold
+    shaping terms (here a penalty that makes a correct response's reward negative), still
+    set the base advantage."""
+    ids = torch.tensor([[5, 6, 7], [5, 8, 9], [5, 6, 9], [5, 8, 8]])
+    rewards = torch.tensor([-0.2, 0.0, 1.0, -1.0])  # response 0 is correct but penalised
+    correct = torch.tensor([True, False, True, False])
+    kw = dict(rewards=rewards, group=[0] * 4, token_ids=ids, mode="reference")
+    by_rule = ktae.compute_advantages("ktae", **kw)
+    by_correct = ktae.compute_advantages("ktae", correct=correct, **kw)
+    as_if_rewards = ktae.compute_advantages(
+        "ktae", **{**kw, "rewards": correct.float()})
+    base = ktae.compute_advantages("grpo", rewards=rewards, group=[0] * 4)[:, None]
+    base01 = ktae.compute_advantages("grpo", rewards=correct.float(), group=[0] * 4)[:, None]
+    torch.testing.assert_close(by_correct - base, as_if_rewards - base01)
+    assert not torch.allclose(by_correct, by_rule)

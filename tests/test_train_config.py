@@ -36,6 +36,7 @@ def test_algo_presets():
     ("taco_lambda", 1.5, "taco_lambda"), ("overlong_buffer", 40, "overlong_buffer"),
     ("task", "gsm8k", "task"), ("ktae_mode", "fast", "ktae_mode"), ("eval_every", -1,
                                                                      "eval_every"),
+    ("task", "jsonl:", "task"), ("template", "chatml", "template"), ("lora_r", -1, "lora_r"),
 ])
 def test_validation_names_the_field(field, value, match):
     with pytest.raises(ValueError, match=match):
@@ -75,9 +76,10 @@ def test_credit_settings():
     assert c.estimator_options["h2"] == 2.0
     c = credit_settings(TrainConfig(credit="taco", taco_alpha=0.05).resolve())
     assert (c.estimator, c.calibration) == ("grpo", "taco")
-    assert c.calibration_options == {"alpha": 0.05, "lam": 0.9}
+    assert c.calibration_options == {"alpha": 0.05}  # unset fields: the method's defaults
     c = credit_settings(TrainConfig(credit="ktae+taco-hard").resolve())
     assert (c.estimator, c.calibration) == ("ktae", "taco-hard")
+    assert c.calibration_options == {}
     assert credit_settings(TrainConfig(credit="rloo").resolve()).estimator == "rloo"
     for bad in ("magic", "ktae+rloo", "taco+stapo", "+"):
         with pytest.raises(ValueError, match="credit"):
@@ -93,8 +95,103 @@ def test_example_configs_load(path):
 def test_train_refuses_an_existing_run_without_resume(tmp_path, capsys):
     from ktae.cli import main
 
+    (tmp_path / "ktae_run.json").write_text("{}")
     (tmp_path / "metrics.jsonl").write_text("")
     assert main(["train", "--output-dir", str(tmp_path)]) == 2
     assert "--resume" in capsys.readouterr().err
     assert main(["train", "--credit", "magic", "--output-dir", str(tmp_path / "x")]) == 2
     assert "magic" in capsys.readouterr().err
+
+
+# -- types, namespaces and option routing ------------------------------------------------
+
+@pytest.mark.parametrize("text, match", [
+    ("learning_rate: fast\n", "learning_rate: expected a number"),
+    ("task: 5\n", None),  # a number is a fine string; the task check then refuses it
+    ("estimator_options: [1, 2]\n", "estimator_options: expected a mapping"),
+    ("dynamic_sampling: 'no'\n", "dynamic_sampling: expected true/false or null"),
+    ("max_steps: true\n", "max_steps: expected an integer"),
+    ("num_generations: 2.5\n", "num_generations: expected an integer"),
+    ("ktae_h1: abc\n", "ktae_h1: expected a number or null"),
+    ("algo: [grpo]\n", "algo: expected a string"),
+    ("credit_options: {top: 0.5}\n", "estimator_options .* calibration_options"),
+    ("max_stpes: 3\n", "did you mean 'max_steps'"),
+    ("algo: grpo\n  bad: [\n", "invalid YAML at line"),
+    ("- 1\n- 2\n", "expected a mapping of field names"),
+])
+def test_config_file_types_are_checked(tmp_path, text, match):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    if match is None:
+        with pytest.raises(ValueError, match="task: expected"):
+            TrainConfig.from_file(path).resolve()
+        return
+    with pytest.raises(ValueError, match=match) as info:
+        TrainConfig.from_file(path).resolve()
+    assert "\n" not in str(info.value)
+
+
+def test_yaml_scientific_notation_without_dot_is_a_number(tmp_path):
+    (tmp_path / "c.yaml").write_text("learning_rate: 3e-5\nclip_high: 1\n")
+    cfg = TrainConfig.from_file(tmp_path / "c.yaml").resolve()
+    assert cfg.learning_rate == 3e-5 and isinstance(cfg.clip_high, float)
+
+
+def test_non_utf8_config_is_refused(tmp_path):
+    (tmp_path / "c.yaml").write_bytes(b"algo: \xff\xfe\n")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        TrainConfig.from_file(tmp_path / "c.yaml")
+
+
+def test_python_construction_is_checked_too():
+    with pytest.raises(ValueError, match="max_steps: expected an integer"):
+        TrainConfig(max_steps=True)
+    with pytest.raises(ValueError, match="bf16: expected true/false"):
+        TrainConfig(bf16="yes")
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(credit="taco-hard", taco_lambda=0.5), "taco_lambda: calibration 'taco-hard' takes no"),
+    (dict(credit="ktae", taco_alpha=0.05), "taco_alpha: credit 'ktae' has no calibration"),
+    (dict(credit="none", ktae_h1=2.0), "ktae_h1: only used by the 'ktae' estimator"),
+    (dict(credit="ktae", estimator_options={"h_1": 1.0}), "estimator_options .*h_1"),
+    (dict(credit="ktae", ktae_h1=1.0, estimator_options={"h1": 2.0}), "given twice"),
+    (dict(credit="ktae", estimator_options={"correct": [True]}), "set by the trainer"),
+    (dict(credit="ktae+forking-tokens", calibration_options={"top_fractoin": 0.3}),
+     "calibration_options .*top_fractoin"),
+    (dict(credit="ktae+forking-tokens", calibration_options={"top_fraction": 3.0}),
+     "calibration_options .*top_fraction"),
+    (dict(credit="grpo", calibration_options={"alpha": 0.1}), "calibration_options: credit"),
+])
+def test_credit_options_are_routed_and_checked(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        credit_settings(TrainConfig(**overrides).resolve())
+
+
+def test_ktae_and_calibration_options_have_their_own_namespaces():
+    c = credit_settings(TrainConfig(credit="ktae+forking-tokens",
+                                    estimator_options={"top": 0.5},
+                                    calibration_options={"top_fraction": 0.3}).resolve())
+    assert c.estimator_options["top"] == 0.5 and "top_fraction" not in c.estimator_options
+    assert c.calibration_options == {"top_fraction": 0.3}
+    c = credit_settings(TrainConfig(credit="taco-hard", taco_alpha=0.05).resolve())
+    assert c.calibration_options == {"alpha": 0.05}
+    c = credit_settings(TrainConfig(credit="ktae", ktae_mode="reference").resolve())
+    assert c.estimator_options["mode"] == "reference"
+
+
+def test_cli_pairs_and_lora_flags(tmp_path):
+    (tmp_path / "c.yaml").write_text("trl:\n  logging_steps: 3\n  top_k: 5\n"
+                                     "calibration_options:\n  top_fraction: 0.5\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([
+        "--config", str(tmp_path / "c.yaml"), "--credit", "ktae+forking-tokens",
+        "--trl", "logging_steps=2", "--trl", "gradient_checkpointing=true",
+        "--estimator-option", "top=0.5", "--calibration-option", "top_fraction=0.25",
+        "--lora-r", "4", "--lora-target-modules", "q_proj,v_proj"])
+    cfg = config_from_args(args)
+    assert cfg.trl == {"logging_steps": 2, "top_k": 5, "gradient_checkpointing": True}
+    assert cfg.estimator_options == {"top": 0.5}
+    assert cfg.calibration_options == {"top_fraction": 0.25}
+    assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules) == (4, 8.0, ["q_proj", "v_proj"])

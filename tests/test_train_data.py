@@ -37,3 +37,55 @@ def test_jsonl_task(tmp_path):
     with pytest.raises(ValueError, match="line 1"):
         load_task(f"jsonl:{tmp_path / 'bad.jsonl'}", template="compact", train_size=1,
                   eval_size=1, seed=0)
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"", "holds no problems"),
+    (b"\n\n", "holds no problems"),
+    (b'{"question": "1+1?", "answer": 2}\n{"question": "2+2?", "answer": \n',
+     "line 2 of .*invalid JSON"),
+    (b'{"question": "1+1?", "answer": null}\n', "line 1 of .*'answer'"),
+    (b'{"question": "1+1?", "answer": true}\n', "line 1 of .*'answer'"),
+    (b'[1, 2]\n', "line 1 of .*JSON object"),
+    (b'{"question": "", "answer": 1}\n', "line 1 of .*non-empty 'question'"),
+    (b'{"question": "caf\xe9", "answer": 1}\n', "not UTF-8"),
+    (b'{"question": "1+1?", "answer": 2}\n' * 3, "holds 3 problem.*at least 5"),
+])
+def test_bad_task_files_name_the_problem(tmp_path, content, match):
+    from ktae.train.data import read_task
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=match) as info:
+        read_task(f"jsonl:{path}", train_size=1, eval_size=5, seed=0)
+    assert "\n" not in str(info.value)
+
+
+def test_task_checks_run_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    """``ktae train`` refuses a bad task file, a misspelled option and too few training
+    problems with one line each, without loading a model."""
+    from ktae.cli import main
+    from ktae.train import session
+
+    def no_model(cfg):
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr(session, "load_model", no_model)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": 2}\n{oops}\n')
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"question": "1+1?", "answer": 2}\n' * 6)
+    cases = [
+        (["--task", f"jsonl:{bad}"], "line 2"),
+        (["--task", f"jsonl:{tmp_path / 'nope.jsonl'}"], "not found"),
+        (["--task", f"jsonl:{small}", "--num-prompts", "8"], "fewer than num_prompts=8"),
+        (["--estimator-option", "h_1=1"], "h_1"),
+        (["--config", str(tmp_path / "missing.yaml")], "not found"),
+        (["--trl", "per_device_train_batch_size=4"], "use --num-prompts"),
+    ]
+    for extra, match in cases:
+        code = main(["train", "--output-dir", str(tmp_path / "out"), *extra])
+        err = capsys.readouterr().err
+        assert code == 2, (extra, err)
+        assert match in err and err.count("\n") == 1, (extra, err)
+        assert not (tmp_path / "out").exists()

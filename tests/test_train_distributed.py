@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,11 @@ from ktae.train.trainer import KTAEGRPOTrainer
 torch.set_num_threads(1)
 
 class Dump(KTAEGRPOTrainer):
-    def _finish_batch(self, batch, rewards, correct, mode):
-        out = super()._finish_batch(batch, rewards, correct, mode)
+    def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
+        mask = batch["ktae_token_mask"].clone()
+        out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
         rank = self.accelerator.process_index
-        torch.save({{"ids": batch["completion_ids"], "mask": batch["completion_mask"],
+        torch.save({{"ids": batch["completion_ids"], "mask": mask,
                     "rewards": rewards, "correct": correct, "adv": out["advantages"],
                     "pad": self._tokenizer.pad_token_id, "ignore": self.ignore_token_ids}},
                    f"{out_dir}/rank{{rank}}.pt")
@@ -47,6 +49,13 @@ train(tiny_config({model!r}, {out_dir!r} + "/grpo", algo="grpo", credit="ktae", 
 """
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now (so concurrent runs never share a rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _pad(t: torch.Tensor, length: int, value) -> torch.Tensor:
     return torch.cat([t, t.new_full((t.shape[0], length - t.shape[1]), value)], dim=1)
 
@@ -60,8 +69,8 @@ def test_two_processes_split_groups(tmp_path):
                                     out_dir=str(tmp_path)))
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517",
-                           str(script)], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()),
+                           str(script)], env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("REFUSED: dynamic sampling") == 2, out[-3000:]

@@ -46,9 +46,10 @@ def test_merge_rows_pads_prompts_left_and_completions_right():
 class BatchRecorder(KTAEGRPOTrainer):
     batches: list
 
-    def _finish_batch(self, batch, rewards, correct, mode):
+    def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
         self.batches.append(correct.clone())
-        return super()._finish_batch(batch, rewards, correct, mode)
+        self.rewards.append(rewards.clone())
+        return super()._finish_batch(batch, rewards, correct, mode, **kwargs)
 
 
 def first_char_is_digit(completions, **_):
@@ -61,7 +62,8 @@ def test_refill_rounds_remove_zero_variance_groups(tmp_path):
     torch.set_num_threads(1)
     model = save_tiny_model(tmp_path / "model")
     batches: list = []
-    cls = type("R", (BatchRecorder,), {"batches": batches})
+    rewards: list = []
+    cls = type("R", (BatchRecorder,), {"batches": batches, "rewards": rewards})
     cfg = tiny_config(model, tmp_path / "run", algo="dapo", credit="ktae", max_steps=3,
                       max_generation_rounds=6)
     train(cfg, trainer_cls=cls, reward_funcs=[first_char_is_digit])
@@ -75,8 +77,21 @@ def test_refill_rounds_remove_zero_variance_groups(tmp_path):
         if m["generation_rounds"] < cfg.max_generation_rounds:
             # stopped early: enough informative groups, so none without signal remain
             assert info == 1.0
+    # every unprefixed metric describes the batch trained on; round 1 and the pooled
+    # generation rounds have their own keys
+    for m, correct, r in zip(metrics, batches, rewards, strict=True):
+        assert m["accuracy"] == pytest.approx(correct.float().mean().item())
+        assert m["reward"] == pytest.approx(r.mean().item())
+        groups = r.view(-1, cfg.num_generations)
+        zero_std = (groups.max(dim=1).values == groups.min(dim=1).values).float().mean()
+        assert m["frac_reward_zero_std"] == pytest.approx(zero_std.item())
+        assert m["frac_reward_zero_std"] == pytest.approx(1 - m["informative_group_fraction"])
+        assert 0 <= m["round1_accuracy"] <= 1 and "generation_reward" in m
+        if m["generation_rounds"] > 1:  # selection keeps the informative groups
+            assert m["accuracy"] >= m["round1_accuracy"] - 1e-9
     # without dynamic sampling there is one round and the zero-variance groups stay
     batches.clear()
+    rewards.clear()
     cfg = tiny_config(model, tmp_path / "run2", algo="dapo", credit="ktae", max_steps=2,
                       dynamic_sampling=False)
     train(cfg, trainer_cls=cls, reward_funcs=[first_char_is_digit])

@@ -48,7 +48,8 @@ def _run(tiny_model, tmp_path, **overrides):
 @pytest.mark.parametrize("credit", ["none", "ktae", "taco"])
 def test_algo_credit_grid(tiny_model, tmp_path, algo, credit):
     cfg, summary, records = _run(tiny_model, tmp_path, algo=algo, credit=credit,
-                                 taco_alpha=0.9)
+                                 **({"taco_alpha": 0.9, "taco_lambda": 0.9}
+                                    if credit == "taco" else {}))
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ktae.train.rundir import (
     COMPLETE_MARKER,
+    RUN_MARKER,
     RunDir,
     checkpoint_step,
     is_complete_checkpoint,
@@ -69,3 +72,82 @@ def test_plots_are_written(tmp_path):
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
     run.write_json("summary.json", {"a": 1.0})
     assert json.loads((tmp_path / "summary.json").read_text()) == {"a": 1.0}
+
+
+def test_output_dir_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
+    from ktae.train.rundir import prepare_output_dir
+
+    user = tmp_path / "mine"
+    (user / "checkpoint-0").mkdir(parents=True)
+    (user / "checkpoint-0" / "weights.bin").write_bytes(b"precious")
+    (user / "notes.txt").write_text("keep")
+    with pytest.raises(ValueError, match="not a ktae run directory"):
+        prepare_output_dir(user, resume=False)
+    with pytest.raises(ValueError, match="not a ktae run directory"):
+        prepare_output_dir(user, resume=True)
+    assert sorted(p.name for p in user.iterdir()) == ["checkpoint-0", "notes.txt"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is not a directory"):
+        prepare_output_dir(tmp_path / "file", resume=False)
+    # new and empty directories are fine and become runs
+    assert prepare_output_dir(tmp_path / "new", resume=False) is None
+    assert (tmp_path / "new" / RUN_MARKER).is_file()
+    (tmp_path / "empty").mkdir()
+    assert prepare_output_dir(tmp_path / "empty", resume=True) is None
+
+
+def test_resume_without_checkpoint_keeps_old_metrics(tmp_path, capsys):
+    from ktae.train.rundir import prepare_output_dir
+
+    run = tmp_path / "run"
+    prepare_output_dir(run, resume=False)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "eval.jsonl").write_text('{"step": 0}\n')
+    with pytest.raises(ValueError, match="already holds a run"):
+        prepare_output_dir(run, resume=False)
+    # a non-main process only checks: nothing moves
+    assert prepare_output_dir(run, resume=True, write=False) is None
+    assert (run / "metrics.jsonl").exists()
+    assert prepare_output_dir(run, resume=True) is None
+    kept = sorted(p.name for p in run.glob("*.before-*"))
+    assert [k.split(".before-")[0] for k in kept] == ["eval.jsonl", "metrics.jsonl"]
+    assert (run / kept[1]).read_text() == '{"step": 1}\n'
+    assert not (run / "metrics.jsonl").exists()
+    assert "kept as metrics.jsonl.before-" in capsys.readouterr().err
+
+
+def test_resume_truncates_to_the_checkpoint(tmp_path):
+    from ktae.train.rundir import prepare_output_dir
+
+    run = RunDir(tmp_path / "run")
+    (run.path / RUN_MARKER).write_text("{}")
+    for step in (1, 2, 3):
+        run.append(run.metrics_path, {"step": step})
+    _checkpoint(run.path, 2)
+    assert prepare_output_dir(run.path, resume=True).name == "checkpoint-2"
+    assert [m["step"] for m in RunDir.read_jsonl(run.metrics_path)] == [1, 2]
+
+
+def test_atomic_write_uses_unique_temporaries(tmp_path):
+    import threading
+
+    from ktae.train.rundir import atomic_write
+
+    target = tmp_path / "config.yaml"
+    errors = []
+
+    def write(i):
+        try:
+            for _ in range(50):
+                atomic_write(target, f"writer {i}\n" * 100)
+        except Exception as err:  # pragma: no cover - the assertion reports it
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(set(target.read_text().splitlines())) == 1  # one writer's whole text
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]

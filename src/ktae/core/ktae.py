@@ -230,12 +230,15 @@ def _prepare(batch: AdvantageBatch, *, correct=None, reward_threshold: float = 0
         raise ValueError("token_ids: required by the 'ktae' estimator")
     h1, h2, h3 = _resolve_options(mode, variant, h1, h2, h3, k1, b, top)
     if mode == "reference":
-        if correct is not None:
-            raise ValueError("correct: the reference mode uses the runtime's rule (reward > 0)")
         if ignore_token_ids is None:
             ignore_token_ids = (QWEN_ENDOFTEXT_ID,)
-        # The runtime's scores are float32: 1e-50 is not > 0 there.
-        is_correct = batch.rewards.to(torch.float32) > 0
+        # The runtime's rule is float32 score > 0 (1e-50 is not > 0 there); an explicit
+        # ``correct`` replaces it, e.g. a verifier's accuracy when the reward also holds
+        # shaping terms (what the trainer passes).
+        if correct is not None:
+            is_correct = _correctness(batch, correct, reward_threshold)
+        else:
+            is_correct = batch.rewards.to(torch.float32) > 0
     else:
         is_correct = _correctness(batch, correct, reward_threshold)
     ignored = tuple(int(i) for i in (ignore_token_ids or ()))
@@ -307,7 +310,8 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", chunk_tokens: 
     ``correct`` (bool ``[B]``) or ``reward_threshold`` (correct = reward > threshold,
     default 0), ``h1``, ``h2``, ``h3`` (defaults 1, 1, 1; ``variant="paper"``: 1, 2, 1;
     set one to 0 for the paper's ablations), ``k1`` (2.0), ``b`` (0.5), ``top`` (1.0),
-    ``ignore_token_ids`` (value 0; none by default, 151643 in reference mode),
+    ``ignore_token_ids`` (value 0; none by default, 151643 in reference mode; in reference
+    mode ``correct`` replaces the runtime's float32 ``reward > 0`` rule when given),
     ``mode`` ("exact" or "reference"), ``variant`` ("runtime": ``top (2 sigmoid(k) - 1)``,
     or "paper": ``top (sigmoid(k) - 0.5)``), ``chunk_tokens`` (groups are processed in
     chunks of about this many real tokens, which bounds memory and keeps sorts in cache;

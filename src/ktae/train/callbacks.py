@@ -63,7 +63,8 @@ class ProgressCallback(TrainerCallback):
         if self.bar is None:
             return
         m, post = self.metrics.last, {}
-        for key, short in (("accuracy", "acc"), ("reward", "reward"), ("response_length", "len"),
+        for key, short in (("round1_accuracy", "acc"), ("reward", "reward"),
+                           ("response_length", "len"),
                            ("generation_rounds", "rounds")):
             if key in m:
                 post[short] = f"{m[key]:.2f}" if key != "response_length" else f"{m[key]:.1f}"

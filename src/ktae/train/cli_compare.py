@@ -98,7 +98,8 @@ def plot_curves(table: dict, path: Path, *, window: int = 20) -> None:
         (line,) = ax1.plot(steps, means, "o-", label=credit)
         n = min(len(r["metrics"]) for r in rows)
         if n:
-            acc = np.array([[m.get("accuracy", np.nan) for m in r["metrics"][:n]] for r in rows])
+            acc = np.array([[m.get("round1_accuracy", m.get("accuracy", np.nan))
+                             for m in r["metrics"][:n]] for r in rows])
             mean = np.nanmean(acc, axis=0)
             k = max(1, min(window, n))
             smooth = np.convolve(mean, np.ones(k) / k, mode="valid")

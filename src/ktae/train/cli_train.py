@@ -54,6 +54,18 @@ _FLAGS = [
     ("--save-every", "save_every", int, "checkpoint every N steps (0 = at the end)"),
     ("--train-size", "train_size", int, "embedded training problems"),
     ("--threads", "torch_threads", int, "torch CPU threads"),
+    ("--lora-r", "lora_r", int, "LoRA rank (0 = full fine-tuning; needs the peft extra)"),
+    ("--lora-alpha", "lora_alpha", float, "LoRA alpha (default 2 * r)"),
+    ("--lora-dropout", "lora_dropout", float, "LoRA dropout"),
+]
+
+# repeatable KEY=VALUE flags -> (TrainConfig mapping field, help)
+_PAIR_FLAGS = [
+    ("--trl", "trl", "any other trl.GRPOConfig field, e.g. --trl use_vllm=true (repeatable)"),
+    ("--estimator-option", "estimator_options",
+     "an option of the advantage estimator, e.g. --estimator-option top=0.5 (repeatable)"),
+    ("--calibration-option", "calibration_options",
+     "an option of the calibration, e.g. --calibration-option top_fraction=0.3 (repeatable)"),
 ]
 
 
@@ -70,6 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        default=None, help="force DAPO dynamic sampling on")
     group.add_argument("--no-dynamic-sampling", dest="dynamic_sampling", action="store_false",
                        help="force dynamic sampling off")
+    parser.add_argument("--lora-target-modules", dest="lora_target_modules", default=None,
+                        type=lambda text: [t.strip() for t in text.split(",") if t.strip()],
+                        help="comma-separated module names that get LoRA adapters "
+                             "(default all-linear)")
+    for flag, dest, help_text in _PAIR_FLAGS:
+        parser.add_argument(flag, dest=f"{dest}_pairs", action="append", default=None,
+                            metavar="KEY=VALUE", help=help_text)
     parser.add_argument("--resume", action="store_true", default=None,
                         help="continue from the newest complete checkpoint in --output-dir")
     parser.add_argument("--bf16", action="store_true", default=None, help="bfloat16 (GPU)")
@@ -77,34 +96,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar")
 
 
+def _option_pairs(flag: str, pairs: list[str]) -> dict:
+    """``["top=0.5"]`` -> ``{"top": 0.5}`` (values read as YAML scalars)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag}: expected KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            out[key.strip()] = text
+    return out
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Defaults < ``--config`` file < explicit flags; resolved and validated."""
+    """Defaults < ``--config`` file < explicit flags; resolved and validated (types, ranges,
+    credit options, TRL settings; see :func:`ktae.train.session.preflight` for the rest)."""
+    from ktae.train.trl_args import parse_trl_pairs
+
     cfg = TrainConfig.from_file(args.config) if getattr(args, "config", None) else TrainConfig()
     overrides = {}
     for f in dataclasses.fields(TrainConfig):
         value = getattr(args, f.name, None)
         if value is not None:
             overrides[f.name] = value
+    for flag, dest, _ in _PAIR_FLAGS:
+        pairs = getattr(args, f"{dest}_pairs", None)
+        if pairs:
+            parsed = parse_trl_pairs(pairs) if dest == "trl" else _option_pairs(flag, pairs)
+            overrides[dest] = {**getattr(cfg, dest), **parsed}
     cfg = dataclasses.replace(cfg, **overrides).resolve()
-    credit_settings(cfg)  # unknown credit names fail here, before any model is loaded
+    credit_settings(cfg)  # unknown credit names and options fail here, before any model loads
     return cfg
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae train``."""
+    from ktae.train.rundir import prepare_output_dir
+    from ktae.train.session import preflight, train
+    from ktae.train.trainer import DiskFullError
+
     try:
         cfg = config_from_args(args)
+        checked = preflight(cfg)
+        prepare_output_dir(cfg.output_dir, resume=cfg.resume, write=False)
     except ValueError as err:
         print(f"ktae train: {err}", file=sys.stderr)
         return 2
-    if not cfg.resume and (Path(cfg.output_dir) / "metrics.jsonl").exists():
-        print(f"ktae train: output_dir: {cfg.output_dir} already holds a run; pass --resume to "
-              "continue it or choose another --output-dir", file=sys.stderr)
-        return 2
-    from ktae.train.session import train
-
     start = time.perf_counter()
-    summary = train(cfg)
+    try:
+        summary = train(cfg, checked=checked)
+    except DiskFullError as err:
+        print(f"ktae train: {err.strerror}", file=sys.stderr)
+        return 1
     if summary.get("is_main", True):
         before, after = summary.get("heldout_before"), summary.get("heldout_after")
         out = Path(cfg.output_dir)

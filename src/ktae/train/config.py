@@ -16,15 +16,23 @@ drgrpo     dr_grpo     drgrpo (mean)  0.2 / 0.2      off               off
 ``credit`` picks the token-level credit on top: ``none`` (the algo's own sequence-level
 advantage), ``ktae`` (SPEC section 2), ``taco`` (SPEC section 5), any registered advantage
 estimator or calibration name, or ``estimator+calibration`` (e.g. ``ktae+taco``).
+
+Every field is type-checked (:mod:`ktae.train.fields`) wherever it comes from: a YAML
+file, a flag, or Python. ``trl`` holds extra ``trl.GRPOConfig`` settings, checked against
+TRL's own field types by :mod:`ktae.train.trl_args`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ktae.train.fields import FieldError, check_value, closest
 
 ALGOS = ("grpo", "dapo", "drgrpo")
 """Algorithms accepted by ``TrainConfig.algo``."""
@@ -96,20 +104,22 @@ class TrainConfig:
     """Overlong shaping cache L_c in tokens (0 = off); None = algo default."""
     overlong_factor: float = 1.0
     """Overlong penalty factor."""
-    ktae_h1: float = 1.0
-    """KTAE weight of the Fisher score (SPEC 2)."""
-    ktae_h2: float = 1.0
-    """KTAE weight of the information gain."""
-    ktae_h3: float = 1.0
-    """KTAE weight of the term-frequency direction."""
+    ktae_h1: float | None = None
+    """KTAE weight of the Fisher score (SPEC 2); None = the estimator's default (1)."""
+    ktae_h2: float | None = None
+    """KTAE weight of the information gain; None = the estimator's default (1)."""
+    ktae_h3: float | None = None
+    """KTAE weight of the term-frequency direction; None = the estimator's default (1)."""
     ktae_mode: str = "exact"
     """KTAE statistics: ``exact`` or ``reference`` (the released runtime's float32 quirks)."""
-    taco_alpha: float = 0.01
-    """TACO tail-risk threshold alpha (SPEC 5)."""
-    taco_lambda: float = 0.9
-    """TACO damping lambda of flagged positive advantages."""
-    credit_options: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword options for the estimator/calibration (e.g. ``{"top": 0.5}``)."""
+    taco_alpha: float | None = None
+    """Tail-risk threshold alpha of the TACO family (SPEC 5); None = its default (0.01)."""
+    taco_lambda: float | None = None
+    """TACO damping lambda; None = its default (0.9). Only calibrations taking ``lam``."""
+    estimator_options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword options of the advantage estimator (e.g. ``{"top": 0.5}`` for KTAE)."""
+    calibration_options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword options of the calibration (e.g. ``{"top_fraction": 0.3}``)."""
     eval_every: int = 50
     """Held-out evaluation every this many steps (0 = only before and after)."""
     eval_size: int = 300
@@ -124,6 +134,20 @@ class TrainConfig:
     """bfloat16 mixed precision (GPU only; fp32 on CPU)."""
     progress: bool = True
     """Show a progress bar with live metrics."""
+    lora_r: int = 0
+    """LoRA rank (0 = full fine-tuning); needs the ``peft`` extra."""
+    lora_alpha: float | None = None
+    """LoRA scaling alpha; None = 2 * lora_r."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Modules that get adapters (names, or ``all-linear``)."""
+    trl: dict[str, Any] = field(default_factory=dict)
+    """Further ``trl.GRPOConfig`` settings (``--trl KEY=VALUE``), e.g. ``use_vllm: true``."""
+
+    def __post_init__(self) -> None:
+        for name, hint in _hints().items():
+            setattr(self, name, check_value(name, getattr(self, name), hint))
 
     # ------------------------------------------------------------------ resolution
 
@@ -132,7 +156,10 @@ class TrainConfig:
         if self.algo not in ALGOS:
             raise ValueError(f"algo: expected one of {ALGOS}, got {self.algo!r}")
         preset = _ALGO_DEFAULTS[self.algo]
-        out = dataclasses.replace(self, credit_options=dict(self.credit_options))
+        out = dataclasses.replace(self, estimator_options=dict(self.estimator_options),
+                                  calibration_options=dict(self.calibration_options),
+                                  trl=dict(self.trl),
+                                  lora_target_modules=list(self.lora_target_modules))
         if out.clip_high is None:
             out.clip_high = preset["clip_high"]
         if out.loss_type is None:
@@ -146,6 +173,8 @@ class TrainConfig:
             out.overlong_buffer = max(1, out.max_new_tokens // 5) if shaping else 0
         if out.output_dir is None:
             out.output_dir = f"runs/{out.algo}-{out.credit.replace('+', '-')}-seed{out.seed}"
+        if out.lora_r and out.lora_alpha is None:
+            out.lora_alpha = float(2 * out.lora_r)
         out._validate()
         return out
 
@@ -157,14 +186,15 @@ class TrainConfig:
                              f"got {self.advantage_base!r}")
         for name in ("max_steps", "num_prompts", "max_new_tokens", "max_generation_rounds",
                      "torch_threads", "train_size", "eval_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+            if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer, "
                                  f"got {getattr(self, name)!r}")
-        if not isinstance(self.num_generations, int) or self.num_generations < 2:
+        if self.num_generations < 2:
             raise ValueError("num_generations: expected an integer >= 2 (groups need two "
                              f"responses), got {self.num_generations!r}")
-        for name in ("eval_every", "save_every", "warmup_steps", "overlong_buffer", "seed"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+        for name in ("eval_every", "save_every", "warmup_steps", "overlong_buffer", "seed",
+                     "lora_r"):
+            if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected a non-negative integer, "
                                  f"got {getattr(self, name)!r}")
         if self.overlong_buffer >= self.max_new_tokens:
@@ -178,13 +208,26 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)!r}")
         if self.ktae_mode not in ("exact", "reference"):
             raise ValueError(f"ktae_mode: expected 'exact' or 'reference', got {self.ktae_mode!r}")
-        if not 0 < self.taco_alpha:
+        for name in ("ktae_h1", "ktae_h2", "ktae_h3"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)!r}")
+        if self.taco_alpha is not None and not self.taco_alpha > 0:
             raise ValueError(f"taco_alpha: expected > 0, got {self.taco_alpha!r}")
-        if not 0 <= self.taco_lambda <= 1:
+        if self.taco_lambda is not None and not 0 <= self.taco_lambda <= 1:
             raise ValueError(f"taco_lambda: expected in [0, 1], got {self.taco_lambda!r}")
-        if not (self.task in ("embedded", "math500") or self.task.startswith("jsonl:")):
+        if not (self.task in ("embedded", "math500") or
+                (self.task.startswith("jsonl:") and len(self.task) > len("jsonl:"))):
             raise ValueError("task: expected 'embedded', 'math500' or 'jsonl:PATH', "
                              f"got {self.task!r}")
+        if self.template not in (None, "compact", "qwen-math"):
+            raise ValueError(f"template: expected 'compact' or 'qwen-math', got {self.template!r}")
+        if self.lora_r:
+            if not self.lora_alpha > 0:
+                raise ValueError(f"lora_alpha: expected > 0, got {self.lora_alpha!r}")
+            if not 0 <= self.lora_dropout < 1:
+                raise ValueError(f"lora_dropout: expected in [0, 1), got {self.lora_dropout!r}")
+            if not self.lora_target_modules:
+                raise ValueError("lora_target_modules: expected at least one module name")
 
     # ------------------------------------------------------------------ I/O
 
@@ -193,7 +236,9 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def save(self, path: str | Path) -> None:
-        """Write the config as YAML (``.yaml``/``.yml``) or JSON (anything else)."""
+        """Write the config as YAML (``.yaml``/``.yml``) or JSON (anything else), atomically."""
+        from ktae.train.rundir import atomic_write
+
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):
             import yaml
@@ -201,19 +246,24 @@ class TrainConfig:
             text = yaml.safe_dump(self.to_dict(), sort_keys=False)
         else:
             text = json.dumps(self.to_dict(), indent=2) + "\n"
-        path.write_text(text)
+        atomic_write(path, text)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> TrainConfig:
-        """Build from a dict; unknown keys raise ValueError naming them."""
+        """Build from a dict; unknown keys and wrong types raise ValueError naming them."""
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a mapping of field names, "
                              f"got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{source}: unknown field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**data)
+        known = set(_hints())
+        for key in data:
+            if key in _RENAMED:
+                raise ValueError(f"{source}: {key!r} is no longer a field: {_RENAMED[key]}")
+            if key not in known:
+                raise ValueError(f"{source}: unknown field {key!r}{closest(str(key), known)}")
+        try:
+            return cls(**data)
+        except FieldError as err:
+            raise ValueError(f"{source}: {err}") from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:
@@ -223,5 +273,26 @@ class TrainConfig:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config: file not found: {path}")
-        data = yaml.safe_load(path.read_text()) or {}
-        return cls.from_dict(data, source=f"config {path}")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"config {path}: not UTF-8 text ({err.reason})") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"config {path}: invalid YAML{where}: {problem}") from None
+        return cls.from_dict(data or {}, source=f"config {path}")
+
+
+_RENAMED = {
+    "credit_options": "use estimator_options (for the advantage estimator) or "
+                      "calibration_options (for the calibration)",
+}
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    """Field name -> resolved type annotation of :class:`TrainConfig`."""
+    hints = typing.get_type_hints(TrainConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}

@@ -3,10 +3,16 @@
 ``none`` keeps the algo's sequence-level advantage; ``ktae`` (SPEC 2) or any registered
 advantage estimator replaces it; ``taco`` (SPEC 5) or any registered calibration is applied
 at loss time; ``estimator+calibration`` combines one of each (e.g. ``ktae+taco``).
+
+Options have one namespace per part: ``estimator_options`` go to the estimator and
+``calibration_options`` to the calibration. The shortcut fields (``ktae_h1``..``ktae_h3``,
+``taco_alpha``, ``taco_lambda``) are passed only when set, and only to a method that takes
+them; anything a method does not take is an error before any model loads.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,17 +43,20 @@ class CreditSettings:
 
 CREDIT_NONE = "none"
 
+#: Options the trainer itself passes to KTAE (the user cannot also set them).
+TRAINER_KTAE_OPTIONS = ("correct",)
 
-def credit_settings(cfg: TrainConfig) -> CreditSettings:
-    """Translate ``cfg.credit`` (``none``/``ktae``/``taco``/names/``est+calib``)."""
+
+def parse_credit(credit: str) -> tuple[str | None, str | None]:
+    """``"ktae+taco"`` -> ``("ktae", "taco")``; ``"none"`` -> ``(None, None)``."""
     import ktae
 
     estimators = set(ktae.ADVANTAGE_ESTIMATORS.names())
-    calibrations = set(_calibration_names())
+    calibrations = set(ktae.CALIBRATIONS.names())
     estimator, calibration = None, None
-    parts = [p.strip() for p in cfg.credit.split("+") if p.strip()]
+    parts = [p.strip() for p in credit.split("+") if p.strip()]
     if not parts:
-        raise ValueError(f"credit: expected a name, got {cfg.credit!r}")
+        raise ValueError(f"credit: expected a name, got {credit!r}")
     for part in parts:
         if part == CREDIT_NONE:
             continue
@@ -58,29 +67,98 @@ def credit_settings(cfg: TrainConfig) -> CreditSettings:
         else:
             raise ValueError(
                 f"credit: {part!r} is not a registered advantage estimator {sorted(estimators)} "
-                f"or calibration {sorted(calibrations)}, or repeats a kind in {cfg.credit!r}")
+                f"or calibration {sorted(calibrations)}, or repeats a kind in {credit!r}")
+    return estimator, calibration
+
+
+def _merge(shortcuts: dict, explicit: dict, where: str) -> dict:
+    both = sorted(set(shortcuts) & set(explicit))
+    if both:
+        raise ValueError(f"{where}: {both[0]!r} is given twice (as a field and in {where})")
+    return {**shortcuts, **explicit}
+
+
+def _calibration_parameters(name: str) -> set[str]:
+    import ktae
+
+    return set(inspect.signature(ktae.CALIBRATIONS.get(name)).parameters)
+
+
+def credit_settings(cfg: TrainConfig) -> CreditSettings:
+    """Translate ``cfg.credit`` and the option fields; checks every option (before loading).
+
+    Raises:
+        ValueError: unknown names, options given to a method that does not take them, or
+            option values the method refuses (the message names the field or option).
+    """
+    estimator, calibration = parse_credit(cfg.credit)
     estimator = estimator or cfg.advantage_base
-    est_opts: dict = {}
-    cal_opts: dict = {}
+
+    ktae_fields = {k: getattr(cfg, f"ktae_{k}") for k in ("h1", "h2", "h3")
+                   if getattr(cfg, f"ktae_{k}") is not None}
     if estimator == "ktae":
-        est_opts = dict(base=cfg.advantage_base, h1=cfg.ktae_h1, h2=cfg.ktae_h2, h3=cfg.ktae_h3,
-                        mode=cfg.ktae_mode)
-    if calibration is not None and calibration.startswith("taco"):
-        cal_opts = dict(alpha=cfg.taco_alpha, lam=cfg.taco_lambda)
-    extra = dict(cfg.credit_options)
-    (cal_opts if calibration is not None and estimator != "ktae" else est_opts).update(extra)
-    return CreditSettings(estimator=estimator, estimator_options=est_opts,
-                          calibration=calibration, calibration_options=cal_opts,
-                          dynamic_sampling=bool(cfg.dynamic_sampling),
-                          max_generation_rounds=cfg.max_generation_rounds, seed=cfg.seed)
+        shortcuts = dict(base=cfg.advantage_base, mode=cfg.ktae_mode, **ktae_fields)
+    else:
+        if ktae_fields or cfg.ktae_mode != "exact":
+            name = f"ktae_{next(iter(ktae_fields))}" if ktae_fields else "ktae_mode"
+            raise ValueError(f"{name}: only used by the 'ktae' estimator, but credit is "
+                             f"{cfg.credit!r}")
+        shortcuts = {}
+    for key in TRAINER_KTAE_OPTIONS:
+        if key in cfg.estimator_options:
+            raise ValueError(f"estimator_options: {key!r} is set by the trainer (from the "
+                             "accuracy reward)")
+    est_opts = _merge(shortcuts, cfg.estimator_options, "estimator_options")
+
+    taco_fields = {k: v for k, v in (("alpha", cfg.taco_alpha), ("lam", cfg.taco_lambda))
+                   if v is not None}
+    if calibration is None:
+        if taco_fields or cfg.calibration_options:
+            name = ("calibration_options" if cfg.calibration_options else
+                    "taco_alpha" if "alpha" in taco_fields else "taco_lambda")
+            raise ValueError(f"{name}: credit {cfg.credit!r} has no calibration to pass it to")
+        cal_opts: dict = {}
+    else:
+        accepted = _calibration_parameters(calibration)
+        for key, value in taco_fields.items():
+            if key not in accepted:
+                field_name = "taco_alpha" if key == "alpha" else "taco_lambda"
+                raise ValueError(f"{field_name}: calibration {calibration!r} takes no {key!r} "
+                                 f"option (got {value})")
+        cal_opts = _merge(taco_fields, cfg.calibration_options, "calibration_options")
+    settings = CreditSettings(estimator=estimator, estimator_options=est_opts,
+                              calibration=calibration, calibration_options=cal_opts,
+                              dynamic_sampling=bool(cfg.dynamic_sampling),
+                              max_generation_rounds=cfg.max_generation_rounds, seed=cfg.seed)
+    check_credit_options(settings)
+    return settings
 
 
-def _calibration_names() -> list[str]:
+def check_credit_options(settings: CreditSettings) -> None:
+    """Run the estimator and the calibration once on a tiny batch with the configured
+    options, so a misspelled or out-of-range option fails now, not at step 1."""
+    import torch
+
+    import ktae
+
+    ids = torch.tensor([[1, 2, 3], [1, 4, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    rewards = torch.tensor([1.0, 0.0])
+    options = dict(settings.estimator_options)
+    if settings.estimator == "ktae":
+        options["correct"] = rewards > 0.5
     try:
-        import ktae
-
-        return list(ktae.CALIBRATIONS.names())
-    except AttributeError:
-        return []
-
-
+        adv = ktae.compute_advantages(settings.estimator, rewards=rewards, group=[0, 0],
+                                      token_ids=ids, mask=mask, **options)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"estimator_options ({settings.estimator}): {err}") from None
+    if settings.calibration is None:
+        return
+    logp = torch.full(ids.shape, -1.0)
+    try:
+        ktae.calibrate_advantages(settings.calibration, adv, logprobs=logp,
+                                  entropies=torch.ones(ids.shape), mask=mask,
+                                  generator=torch.Generator().manual_seed(0),
+                                  **settings.calibration_options)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"calibration_options ({settings.calibration}): {err}") from None

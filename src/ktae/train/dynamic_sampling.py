@@ -72,7 +72,8 @@ def _pad_to(t: torch.Tensor, length: int, value, side: str) -> torch.Tensor:
     return torch.cat([filler, t] if side == "left" else [t, filler], dim=1)
 
 
-def merge_rows(batches: list[dict], rows: list[torch.Tensor], pad_values: dict) -> dict:
+def merge_rows(batches: list[dict], rows: list[torch.Tensor], pad_values: dict,
+               extra: dict[str, str] | None = None) -> dict:
     """Concatenate the chosen rows of several generation batches into one.
 
     Args:
@@ -80,12 +81,15 @@ def merge_rows(batches: list[dict], rows: list[torch.Tensor], pad_values: dict) 
         rows: for each batch, the ``[k_r]`` row indices to keep.
         pad_values: key -> padding value (e.g. the pad token id for ``*_ids``); keys
             absent here pad with 0.
+        extra: more per-row keys to merge, key -> padding side (``"left"``/``"right"``).
 
     Returns:
-        A dict with the keys of :data:`MERGEABLE_KEYS` present in the first batch, each
-        ``[sum k_r, max T_r]``: prompts left-padded, completions right-padded.
+        A dict with the keys of :data:`MERGEABLE_KEYS` (and ``extra``) present in the
+        first batch, each ``[sum k_r, max T_r]``: prompts left-padded, completions
+        right-padded.
     """
-    keys = [k for k in batches[0] if k in MERGEABLE_KEYS]
+    sides = {**_PAD_SIDE, **(extra or {})}
+    keys = [k for k in batches[0] if k in sides]
     out = {}
     for key in keys:
         parts = [b[key][idx] for b, idx in zip(batches, rows, strict=True)]
@@ -94,5 +98,5 @@ def merge_rows(batches: list[dict], rows: list[torch.Tensor], pad_values: dict) 
             continue
         length = max(p.shape[1] for p in parts)
         value = pad_values.get(key, 0)
-        out[key] = torch.cat([_pad_to(p, length, value, _PAD_SIDE[key]) for p in parts])
+        out[key] = torch.cat([_pad_to(p, length, value, sides[key]) for p in parts])
     return out

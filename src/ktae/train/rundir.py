@@ -2,13 +2,18 @@
 
 Layout of ``output_dir``::
 
+    ktae_run.json          marks the directory as a run (RUN_MARKER)
     config.yaml            the resolved TrainConfig
     metrics.jsonl          one JSON object per optimizer step (see METRIC_KEYS)
     eval.jsonl             one JSON object per held-out evaluation
     checkpoint-N/          transformers/TRL checkpoints; complete ones hold COMPLETE_MARKER
-    final/                 the final model and tokenizer
+    final/                 the final model and tokenizer (+ ktae_generation.json, README.md)
     plots/*.png            accuracy, response length, entropy over steps
     summary.json           before/after held-out accuracy, wall time, mean step time
+    README.md              a short model card: model, task, algo, credit, results, command
+
+Only the main process writes here. A run refuses a non-empty directory that is not a run
+(:func:`prepare_output_dir`), so checkpoint rotation never deletes files it did not write.
 
 Checkpoint atomicity: transformers writes ``checkpoint-N`` in place, file by file. The
 trainer writes :data:`COMPLETE_MARKER` (itself via write-to-temp + fsync + rename) only after
@@ -20,20 +25,40 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 COMPLETE_MARKER = "ktae_checkpoint.json"
 """File written last into a checkpoint directory once it is complete."""
 
-# logged key (TRL/Trainer name) -> metrics.jsonl name
+RUN_MARKER = "ktae_run.json"
+"""File that marks a directory as a ``ktae train`` run directory."""
+
+GENERATION_DEFAULTS = "ktae_generation.json"
+"""File in a saved model directory: the prompt template and generation budget it was
+trained with (``{"template": ..., "max_new_tokens": ...}``), read by ``ktae eval``."""
+
+# logged key (TRL/Trainer name) -> metrics.jsonl name. The unprefixed keys describe the
+# batch trained on; round1_* the step's first generation round (fresh prompts, an unbiased
+# sample of the policy, which dynamic sampling's selection is not); generation_* every
+# response generated in the step, refill rounds included.
 METRIC_KEYS = {
     "reward": "reward",
+    "reward_std": "reward_std",
+    "frac_reward_zero_std": "frac_reward_zero_std",
     "ktae/accuracy": "accuracy",
     "ktae/response_length": "response_length",
+    "completions/clipped_ratio": "truncated_fraction",
+    "ktae/round1_accuracy": "round1_accuracy",
+    "generation/reward": "generation_reward",
+    "generation/completions/mean_length": "generation_response_length",
     "entropy": "entropy",
     "clip_ratio/low_mean": "clip_low_fraction",
     "clip_ratio/high_mean": "clip_high_fraction",
@@ -53,20 +78,29 @@ METRIC_KEYS = {
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def atomic_write(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` via a uniquely named temporary file, fsync and rename, so a
+    reader (or a kill) never sees a half-written file and concurrent writers never share a
+    temporary."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def mark_checkpoint_complete(folder: str | os.PathLike, step: int) -> None:
     """Write the completion marker into ``folder`` (call after every other file)."""
     folder = Path(folder)
     files = sorted(p.name for p in folder.iterdir() if p.is_file())
-    _atomic_write(folder / COMPLETE_MARKER, json.dumps({"step": int(step), "files": files}))
+    atomic_write(folder / COMPLETE_MARKER, json.dumps({"step": int(step), "files": files}))
 
 
 def is_complete_checkpoint(folder: str | os.PathLike) -> bool:
@@ -99,6 +133,64 @@ def latest_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 def checkpoint_step(folder: str | os.PathLike) -> int:
     """Global step of a checkpoint directory (from its marker)."""
     return int(json.loads((Path(folder) / COMPLETE_MARKER).read_text())["step"])
+
+
+def write_generation_defaults(folder: str | os.PathLike, defaults: dict) -> None:
+    """Write :data:`GENERATION_DEFAULTS` into a model directory."""
+    atomic_write(Path(folder) / GENERATION_DEFAULTS, json.dumps(defaults, indent=2) + "\n")
+
+
+def _is_run(path: Path) -> bool:
+    # runs written before the marker existed hold config.yaml and metrics.jsonl
+    return (path / RUN_MARKER).is_file() or \
+        ((path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file())
+
+
+def _has_progress(path: Path) -> bool:
+    return (path / "metrics.jsonl").exists() or latest_complete_checkpoint(path) is not None
+
+
+def prepare_output_dir(path: str | os.PathLike, *, resume: bool, write: bool = True) -> Path | None:
+    """Check that ``path`` may hold this run and set it up; returns the checkpoint to
+    resume from, or None for a fresh start.
+
+    A run never writes into (or rotates checkpoints in) a non-empty directory that is not a
+    ktae run, and never starts over a run that made progress unless asked to resume.
+    ``--resume`` with no complete checkpoint starts over, but first keeps the old
+    ``metrics.jsonl``/``eval.jsonl`` as ``*.before-<time>`` files (and says so).
+    ``write=False`` (non-main processes) only checks and finds the checkpoint.
+
+    Raises:
+        ValueError: ``path`` is a file, a non-empty directory that is not a run, or a run
+            with progress and ``resume`` is False.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output_dir: {path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not _is_run(path):
+        raise ValueError(f"output_dir: {path} is not empty and is not a ktae run directory "
+                         f"(it has no {RUN_MARKER}); choose a new or empty --output-dir")
+    if path.is_dir() and not resume and _has_progress(path):
+        raise ValueError(f"output_dir: {path} already holds a run; pass --resume to continue "
+                         "it or choose another --output-dir")
+    checkpoint = latest_complete_checkpoint(path) if resume else None
+    if not write:
+        return checkpoint
+    run = RunDir(path)
+    if not (path / RUN_MARKER).is_file():
+        atomic_write(path / RUN_MARKER, json.dumps(
+            {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+    if checkpoint is not None:
+        run.truncate(checkpoint_step(checkpoint))
+    elif resume:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for old in (run.metrics_path, run.eval_path):
+            if old.exists():
+                kept = old.with_name(f"{old.name}.before-{stamp}")
+                os.replace(old, kept)
+                print(f"ktae train: no complete checkpoint in {path} to resume from; starting "
+                      f"over, previous {old.name} kept as {kept.name}", file=sys.stderr)
+    return checkpoint
 
 
 def _clean(value):
@@ -141,7 +233,7 @@ class RunDir:
                 continue
             keep = [ln for ln in path.read_text().splitlines()
                     if ln.strip() and json.loads(ln).get("step", 0) <= max_step]
-            _atomic_write(path, "".join(ln + "\n" for ln in keep))
+            atomic_write(path, "".join(ln + "\n" for ln in keep))
 
     @staticmethod
     def read_jsonl(path: str | os.PathLike) -> list[dict]:
@@ -153,7 +245,7 @@ class RunDir:
 
     def write_json(self, name: str, data: dict) -> None:
         """Write ``name`` atomically as indented JSON."""
-        _atomic_write(self.path / name, json.dumps(data, indent=2) + "\n")
+        atomic_write(self.path / name, json.dumps(data, indent=2) + "\n")
 
     def plot(self) -> list[Path]:
         """PNG plots of accuracy (train and held-out), response length and entropy."""
@@ -170,7 +262,9 @@ class RunDir:
                   ("entropy", "entropy (nats)")]
         for key, label in panels:
             fig, ax = plt.subplots(figsize=(5, 3.2))
-            pts = [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
+            src = "round1_accuracy" if key == "accuracy" else key  # unbiased by selection
+            pts = [(m["step"], m.get(src, m.get(key))) for m in metrics
+                   if m.get(src, m.get(key)) is not None]
             if pts:
                 steps, values = zip(*pts, strict=True)
                 ax.plot(steps, values, lw=0.8, alpha=0.4, label="train (sampled)")

@@ -1,7 +1,9 @@
 """One training run, wired from parts: config -> model, data, rewards, trainer, run dir.
 
-:func:`train` is what ``ktae train`` calls; tests call it directly (optionally with a
-trainer subclass that records what reaches the loss).
+:func:`preflight` checks everything that can be checked without a model (credit options,
+TRL settings, LoRA, the task file, the output directory); :func:`train` runs it and then
+the training. ``ktae train`` calls both; tests call :func:`train` directly (optionally with
+a trainer subclass that records what reaches the loss).
 """
 
 from __future__ import annotations
@@ -9,14 +11,53 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ktae.train.config import TrainConfig
-from ktae.train.credit import credit_settings
-from ktae.train.rundir import RunDir, checkpoint_step, latest_complete_checkpoint
-from ktae.train.trainer import KTAEGRPOTrainer
+from ktae.train.credit import CreditSettings, credit_settings
+from ktae.train.data import TaskRows, format_task, read_task
+from ktae.train.rundir import (
+    RunDir,
+    prepare_output_dir,
+    write_generation_defaults,
+)
+from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What :func:`preflight` checked and built: credit settings, TRL settings, task rows."""
+
+    credit: CreditSettings
+    trl: dict
+    task: TaskRows
+
+
+def preflight(cfg: TrainConfig) -> Preflight:
+    """Check a resolved config before any model loads.
+
+    Raises:
+        ValueError: the first problem found, naming the field (credit options, ``trl``
+            settings, LoRA without peft, the task file, too few training problems).
+    """
+    from ktae.train.trl_args import check_trl_settings
+
+    credit = credit_settings(cfg)
+    trl = check_trl_settings(cfg.trl)
+    if cfg.lora_r:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ValueError("lora_r: LoRA needs peft: pip install 'ktae[peft]'") from None
+    task = read_task(cfg.task, train_size=cfg.train_size, eval_size=cfg.eval_size,
+                     seed=cfg.seed)
+    if len(task.train) < cfg.num_prompts:
+        raise ValueError(f"task: {len(task.train)} training problem(s), fewer than "
+                         f"num_prompts={cfg.num_prompts} per step")
+    return Preflight(credit, trl, task)
 
 
 def load_model(cfg: TrainConfig):
@@ -36,18 +77,23 @@ def load_model(cfg: TrainConfig):
     return model, tokenizer, path
 
 
-def grpo_config(cfg: TrainConfig, num_processes: int):
-    """TRL ``GRPOConfig`` for ``cfg`` (batch = num_prompts * num_generations responses)."""
+def grpo_config(cfg: TrainConfig, num_processes: int, trl: dict | None = None):
+    """TRL ``GRPOConfig`` for ``cfg`` (batch = num_prompts * num_generations responses),
+    with the checked extra settings ``trl`` (see :mod:`ktae.train.trl_args`)."""
     from trl import GRPOConfig
 
+    trl = dict(cfg.trl if trl is None else trl)
+    accumulation = int(trl.pop("gradient_accumulation_steps", 1))
     total = cfg.num_prompts * cfg.num_generations
-    if total % num_processes:
+    if total % (num_processes * accumulation):
         raise ValueError(f"num_prompts: num_prompts * num_generations = {total} responses must "
-                         f"split evenly over {num_processes} processes")
-    return GRPOConfig(
+                         f"split evenly over {num_processes} process(es) x "
+                         f"gradient_accumulation_steps={accumulation}")
+    settings = dict(
         output_dir=cfg.output_dir, max_steps=cfg.max_steps, seed=cfg.seed,
-        per_device_train_batch_size=total // num_processes, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_iterations=1, num_generations=cfg.num_generations,
+        per_device_train_batch_size=total // (num_processes * accumulation),
+        gradient_accumulation_steps=accumulation, steps_per_generation=accumulation,
+        num_iterations=1, num_generations=cfg.num_generations,
         max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0,
         learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler,
         warmup_steps=cfg.warmup_steps, beta=cfg.beta, epsilon=cfg.clip_low,
@@ -57,6 +103,18 @@ def grpo_config(cfg: TrainConfig, num_processes: int):
         disable_tqdm=True, log_completions=False, remove_unused_columns=False,
         dataloader_num_workers=0, shuffle_dataset=True,
     )
+    settings.update(trl)
+    return GRPOConfig(**settings)
+
+
+def lora_config(cfg: TrainConfig):
+    """A ``peft.LoraConfig`` for ``cfg`` (``lora_r > 0``)."""
+    from peft import LoraConfig
+
+    targets = cfg.lora_target_modules
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets[0] if targets == ["all-linear"] else list(targets),
+                      task_type="CAUSAL_LM")
 
 
 def _quiet() -> None:
@@ -69,8 +127,41 @@ def _quiet() -> None:
     transformers.utils.logging.set_verbosity_error()
 
 
+def model_card(cfg: TrainConfig, summary: dict) -> str:
+    """A short markdown card: what was trained, how, what it scored, how to reproduce."""
+
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    lines = [
+        f"# {Path(cfg.output_dir).name}", "",
+        f"Trained with `ktae train` ({cfg.algo.upper()} with `{cfg.credit}` credit).", "",
+        "| | |", "|---|---|",
+        f"| base model | `{summary.get('model')}` |",
+        f"| task | `{cfg.task}` (template `{summary.get('template')}`, at most "
+        f"{cfg.max_new_tokens} new tokens) |",
+        f"| algorithm | {cfg.algo}: loss `{cfg.loss_type}`, clip {cfg.clip_low}/{cfg.clip_high}, "
+        f"dynamic sampling {'on' if cfg.dynamic_sampling else 'off'} |",
+        f"| credit | `{cfg.credit}` |",
+        f"| steps | {summary.get('steps')} x {cfg.num_prompts} prompts x {cfg.num_generations} "
+        "responses |",
+        f"| held-out accuracy (greedy) | {pct(summary.get('heldout_before'))} -> "
+        f"{pct(summary.get('heldout_after'))} |",
+    ]
+    if summary.get("heldout_carry_before") is not None:
+        lines.append(f"| carry/borrow problems | {pct(summary.get('heldout_carry_before'))} -> "
+                     f"{pct(summary.get('heldout_carry_after'))} |")
+    if cfg.lora_r:
+        lines.append(f"| LoRA | r={cfg.lora_r}, alpha={cfg.lora_alpha}, "
+                     f"targets {', '.join(cfg.lora_target_modules)} |")
+    lines += ["", "Reproduce with the resolved settings saved beside this card:", "",
+              "```bash", f"ktae train --config {Path(cfg.output_dir) / 'config.yaml'} "
+              "--output-dir NEW_DIR", "```", ""]
+    return "\n".join(lines)
+
+
 def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
-          reward_funcs=None) -> dict:
+          reward_funcs=None, checked: Preflight | None = None) -> dict:
     """Run (or resume) the training described by a resolved ``cfg``; returns the summary.
 
     Args:
@@ -79,40 +170,41 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
         extra_callbacks: more ``transformers.TrainerCallback`` objects.
         reward_funcs: TRL reward functions replacing the task's (the first one's output
             > 0.5 marks a response correct); default: strict accuracy (+ overlong shaping).
+        checked: the :func:`preflight` of ``cfg`` when the caller already ran it.
+
+    Raises:
+        ValueError: a setting or the output directory is unusable (before any model loads).
+        DiskFullError: the disk filled up while writing a checkpoint or the final model.
     """
+    from accelerate import PartialState
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
 
     from ktae.train.callbacks import EvalCallback, MetricsCallback, ProgressCallback
-    from ktae.train.data import load_task
     from ktae.train.reward_funcs import make_reward_funcs
 
     _quiet()
     torch.set_num_threads(cfg.torch_threads)
     start = time.perf_counter()
+    checked = checked if checked is not None else preflight(cfg)
+    args = grpo_config(cfg, int(os.environ.get("WORLD_SIZE", "1")), checked.trl)
+    args.world_size  # noqa: B018  (sets up the process group from the args' own settings)
+    state = PartialState()  # the state the args set up
+    is_main = state.is_main_process
     out = Path(cfg.output_dir)
-    resume_from = latest_complete_checkpoint(out) if cfg.resume else None
-    if not cfg.resume and (out / "metrics.jsonl").exists():
-        raise ValueError(f"output_dir: {out} already holds a run; pass --resume to continue it "
-                         "or choose another --output-dir")
+    resume_from = prepare_output_dir(out, resume=cfg.resume, write=is_main)
+    if is_main:
+        cfg.save(out / "config.yaml")
+    state.wait_for_everyone()
     rundir = RunDir(out)
-    if resume_from is not None:
-        rundir.truncate(checkpoint_step(resume_from))
-    elif cfg.resume:
-        rundir.truncate(0)
-        for path in (rundir.metrics_path, rundir.eval_path):
-            path.unlink(missing_ok=True)
-    cfg.save(out / "config.yaml")
 
     model, tokenizer, model_path = load_model(cfg)
     template = cfg.template or ("compact" if len(tokenizer) < 1000 else "qwen-math")
-    train_rows, eval_rows = load_task(cfg.task, template=template, train_size=cfg.train_size,
-                                      eval_size=cfg.eval_size, seed=cfg.seed)
+    train_rows, eval_rows = format_task(checked.task, template)
+    generation = {"template": template, "max_new_tokens": cfg.max_new_tokens}
     rewards = reward_funcs if reward_funcs is not None else make_reward_funcs(
         max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
         overlong_factor=cfg.overlong_factor)
-    num_processes = int(os.environ.get("WORLD_SIZE", "1"))
-    args = grpo_config(cfg, num_processes)
     metrics_cb = MetricsCallback(rundir)
     eval_cb = EvalCallback(rundir, eval_rows, every=cfg.eval_every,
                            max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer)
@@ -121,28 +213,40 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
         callbacks.append(ProgressCallback(metrics_cb, eval_cb))
     trainer = trainer_cls(model=model, reward_funcs=rewards, args=args,
                           train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
-                          callbacks=callbacks, credit=credit_settings(cfg))
+                          callbacks=callbacks, credit=checked.credit,
+                          generation_defaults=generation,
+                          peft_config=lora_config(cfg) if cfg.lora_r else None)
     trainer.remove_callback(PrinterCallback)
-    is_main = trainer.accelerator.is_main_process
     evals = RunDir.read_jsonl(rundir.eval_path)
     if is_main and not any(e["step"] == 0 for e in evals):
         eval_cb.evaluate(trainer.model, 0)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    final = out / "final"
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        trainer.save_model(str(final))  # every process: may synchronise
+        if is_main:
+            tokenizer.save_pretrained(str(final))
+            write_generation_defaults(final, generation)
+    except Exception as err:
+        if is_disk_full(err) and not isinstance(err, DiskFullError):
+            raise DiskFullError(28, f"no space left on the device while writing to {out}; "
+                                "complete checkpoints are intact: free some space and run "
+                                "again with --resume") from err
+        raise
     step = trainer.state.global_step
-    trainer.save_model(str(out / "final"))  # every process: may synchronise
     summary: dict = {"is_main": is_main, "steps": step}
     if is_main:
         evals = RunDir.read_jsonl(rundir.eval_path)
         if not any(e["step"] == step for e in evals):
             eval_cb.evaluate(trainer.accelerator.unwrap_model(trainer.model), step)
             evals = RunDir.read_jsonl(rundir.eval_path)
-        tokenizer.save_pretrained(str(out / "final"))
         metrics = RunDir.read_jsonl(rundir.metrics_path)
         step_times = [m["step_time"] for m in metrics if m.get("step_time") is not None]
         adv = [m["advantage_seconds"] for m in metrics if m.get("advantage_seconds") is not None]
         by_step = {e["step"]: e for e in evals}
         summary.update({
             "model": model_path,
+            "template": template,
             "heldout_before": by_step.get(0, {}).get("accuracy"),
             "heldout_after": by_step[step]["accuracy"] if step in by_step else None,
             "heldout_carry_before": by_step.get(0, {}).get("accuracy_carry"),
@@ -154,5 +258,10 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
             "resumed_from": str(resume_from) if resume_from else None,
         })
         rundir.write_json("summary.json", summary)
+        card = model_card(cfg, summary)
+        for folder in (out, final):
+            (folder / "README.md").write_text(card)
         rundir.plot()
+    state.wait_for_everyone()
+    trainer.accelerator.end_training()  # tears the process group down on every rank
     return summary

@@ -1,6 +1,6 @@
 """``KTAEGRPOTrainer``: TRL's ``GRPOTrainer`` with our advantages, dynamic sampling and TACO.
 
-Three small overrides, each next to the TRL method it changes (TRL 1.16):
+Small overrides, each next to the TRL method it changes (TRL 1.16):
 
 1. ``_generate_and_score_completions``: after TRL generates and scores a batch, the
    gathered rewards (kept by the ``_calculate_rewards`` override) and the gathered
@@ -10,28 +10,37 @@ Three small overrides, each next to the TRL method it changes (TRL 1.16):
    token ids makes the estimate correct however the global batch is split across
    processes. With dynamic sampling (SPEC 4) extra rounds are generated first and only
    informative groups are kept (:mod:`ktae.train.dynamic_sampling`); this needs every
-   group on one process, and other layouts are refused at construction.
+   group on one process, and other layouts are refused before TRL builds anything.
+   TRL's per-pass metrics move to ``generation/<key>``; the standard keys describe the
+   batch trained on (:mod:`ktae.train.batch_metrics`), and so does the completion table.
+   With ``mask_truncated_completions`` KTAE's statistics still see every generated token:
+   TRL's masking is applied afterwards, to the loss mask only.
 2. ``_compute_loss`` / ``_get_per_token_logps_and_entropies``: when a calibration (TACO,
    SPEC 5) is configured, the current policy's per-token log-probs and entropies computed
    inside ``_compute_loss`` (``compute_entropy=True``) calibrate a copy of the advantages,
    detached, before TRL's loss reads them. The old/ref log-prob passes (no entropy, outside
    ``_compute_loss``) are untouched.
-3. ``_save_checkpoint``: writes a completion marker last, so a checkpoint half-written by
-   a kill is never resumed from (:mod:`ktae.train.rundir`).
+3. ``_save_checkpoint``: writes the generation settings and a completion marker last, so a
+   checkpoint half-written by a kill is never resumed from (:mod:`ktae.train.rundir`); a
+   full disk is reported in words. ``create_model_card``: TRL's auto-generated card is not
+   written (``ktae train`` writes its own).
 
 Metrics (``ktae/*`` keys) go through TRL's ``_metrics`` so they reach every logger.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import time
+import warnings
 
 import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 import ktae
+from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
 from ktae.train.credit import CreditSettings
 from ktae.train.dynamic_sampling import (
     MERGEABLE_KEYS,
@@ -41,6 +50,12 @@ from ktae.train.dynamic_sampling import (
 )
 from ktae.train.rundir import mark_checkpoint_complete
 
+#: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
+_TOKEN_MASK = "ktae_token_mask"
+
+#: GRPOConfig settings whose effect ktae replaces (TRL's advantage computation).
+_NO_EFFECT = ("scale_rewards", "multi_objective_aggregation")
+
 
 def derived_seed(*parts: int) -> int:
     """A stable 63-bit seed from integers (same on every run and process, unlike ``hash``)."""
@@ -48,48 +63,86 @@ def derived_seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+class DiskFullError(OSError):
+    """No space left on the device while writing a checkpoint or the final model."""
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """True when ``err`` (or what caused it) is a "no space left on device" failure.
+
+    torch and safetensors wrap the OS error in their own exceptions, so the chain and the
+    message are both read.
+    """
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+        seen += 1
+    return False
+
+
+def check_group_layout(args: GRPOConfig, num_processes: int, dynamic_sampling: bool) -> None:
+    """Refuse a layout that would split a group across processes under dynamic sampling.
+
+    Runs before ``GRPOTrainer.__init__``, so nothing (reference model, vLLM engine) is built
+    for a run that cannot start.
+    """
+    G = args.num_generations
+    rows = args.per_device_train_batch_size * args.steps_per_generation
+    if dynamic_sampling and rows % G:
+        raise ValueError(
+            f"dynamic sampling keeps or drops whole groups on each process, so each process's "
+            f"generation batch (per_device_train_batch_size * steps_per_generation = {rows}) "
+            f"must be a multiple of num_generations={G} (with {num_processes} process(es)); "
+            "adjust the batch size or the number of prompts, or turn dynamic sampling off")
+
+
+def warn_settings_without_effect(args: GRPOConfig) -> None:
+    """Warn (once) about GRPOConfig settings that ktae's advantages make irrelevant."""
+    defaults = GRPOConfig.__dataclass_fields__
+    for name in _NO_EFFECT:
+        if getattr(args, name) != defaults[name].default:
+            warnings.warn(f"{name}={getattr(args, name)!r} has no effect: the advantages come "
+                          "from ktae.compute_advantages (credit settings)", stacklevel=3)
+
+
 class KTAEGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose advantages come from :func:`ktae.compute_advantages`.
 
     Args:
         credit: a :class:`CreditSettings`.
+        generation_defaults: optional dict written as ``ktae_generation.json`` into every
+            checkpoint (the prompt template and generation budget the model was trained
+            with, which ``ktae eval`` reads).
         *args, **kwargs: as for ``trl.GRPOTrainer``.
     """
 
-    def __init__(self, *args, credit: CreditSettings, **kwargs):
+    def __init__(self, *args, credit: CreditSettings, generation_defaults: dict | None = None,
+                 **kwargs):
         if not isinstance(credit, CreditSettings):
             raise ValueError(f"credit: expected CreditSettings, got {type(credit).__name__}")
+        grpo_args = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if grpo_args is not None:
+            # world_size sets up the process group from the args' own settings
+            check_group_layout(grpo_args, grpo_args.world_size, credit.dynamic_sampling)
+            warn_settings_without_effect(grpo_args)
         self.credit = credit
+        self.generation_defaults = generation_defaults
         self._last_rewards_per_func: torch.Tensor | None = None
         self._pending_calibration: dict | None = None
         super().__init__(*args, **kwargs)
         if credit.correct_reward_index >= len(self.reward_funcs):
             raise ValueError(f"credit.correct_reward_index: expected < {len(self.reward_funcs)} "
                              f"(number of reward functions), got {credit.correct_reward_index}")
-        self._check_group_layout()
         tok = self._tokenizer
         ignore = {int(i) for i in getattr(self, "eos_token_ids", None) or ()}
         for i in (tok.pad_token_id, tok.eos_token_id):
             if i is not None:
                 ignore.add(int(i))
         self.ignore_token_ids = sorted(ignore)
-
-    # ------------------------------------------------------------------ layout checks
-
-    @property
-    def local_generation_rows(self) -> int:
-        """Rows generated per process per generation (TRL's local generation batch)."""
-        return self.args.per_device_train_batch_size * self.args.steps_per_generation
-
-    def _check_group_layout(self) -> None:
-        G, n = self.num_generations, self.accelerator.num_processes
-        rows = self.local_generation_rows
-        if self.credit.dynamic_sampling and rows % G:
-            raise ValueError(
-                f"dynamic sampling keeps or drops whole groups on each process, so each process's "
-                f"generation batch (per_device_train_batch_size * steps_per_generation = {rows}) "
-                f"must be a multiple of num_generations={G} (with {n} process(es)); adjust the "
-                "batch size or the number of prompts, or turn dynamic sampling off")
 
     # ------------------------------------------------------------------ rewards
 
@@ -104,28 +157,42 @@ class KTAEGRPOTrainer(GRPOTrainer):
         return slice(i * rows, (i + 1) * rows)
 
     def _one_round(self, inputs: list[dict]) -> dict:
-        """One TRL generation+scoring pass; adds local ``rewards`` and ``correct`` [b]."""
-        out = super()._generate_and_score_completions(inputs)
+        """One TRL generation+scoring pass, with local per-row ``rewards``, ``per_func`` and
+        ``correct``. TRL's truncation masking is deferred (see the module docstring)."""
+        masking, self.mask_truncated_completions = self.mask_truncated_completions, False
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        finally:
+            self.mask_truncated_completions = masking
+        token_mask = out["completion_mask"]
+        if "tool_mask" in out:
+            token_mask = token_mask * out["tool_mask"]
+        out[_TOKEN_MASK] = token_mask
+        if masking:  # TRL's rule, applied to the loss mask only
+            keep = ~truncated_rows(out["completion_ids"], out["completion_mask"],
+                                   self._stop_ids())
+            out["completion_mask"] = out["completion_mask"] * keep[:, None].to(token_mask.dtype)
         per_func = self._last_rewards_per_func[self._local_slice(len(inputs))]
         weights = self.reward_weights.to(per_func.device)
         rewards = torch.nan_to_num(per_func * weights[None, :], nan=0.0).sum(dim=1)
         idx = self.credit.correct_reward_index
         correct = per_func[:, idx] > 0.5
         global_correct = self._last_rewards_per_func[:, idx] > 0.5
-        return {"batch": out, "rewards": rewards, "correct": correct,
-                "global_correct": global_correct}
+        return {"batch": out, "rewards": rewards, "per_func": per_func, "correct": correct,
+                "global_correct": global_correct, "inputs": inputs}
+
+    def _stop_ids(self) -> list[int]:
+        return [*self.eos_token_ids, self._tokenizer.pad_token_id]
 
     # ------------------------------------------------------------------ generation
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
-        if mode != "train":
-            out = self._one_round(inputs)
-            return self._finish_batch(out["batch"], out["rewards"], out["correct"], mode)
+        before = {k: len(v) for k, v in self._metrics[mode].items()}
         rounds = [self._one_round(inputs)]
-        G = self.num_generations
+        G = self.num_generations if mode == "train" else self.num_generations_eval
         first_informative = informative_groups(rounds[0]["global_correct"], G)
-        if self.credit.dynamic_sampling:
+        if mode == "train" and self.credit.dynamic_sampling:
             rounds = self._dynamic_sampling(inputs, rounds)
             need = len(inputs) // G
             info = [informative_groups(r["correct"], G) for r in rounds]
@@ -135,21 +202,42 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 rows[r].extend(range(g * G, (g + 1) * G))
             rows = [torch.tensor(x, dtype=torch.long) for x in rows]
             batch = self._merge(rounds, rows)
-            rewards = torch.cat([r["rewards"][i] for r, i in zip(rounds, rows, strict=True)])
-            correct = torch.cat([r["correct"][i] for r, i in zip(rounds, rows, strict=True)])
+            chosen = {key: torch.cat([r[key][i.to(r[key].device)] for r, i in
+                                      zip(rounds, rows, strict=True)])
+                      for key in ("rewards", "per_func", "correct")}
+            chosen["prompts"] = [r["inputs"][j]["prompt"] for r, i in
+                                 zip(rounds, rows, strict=True) for j in i.tolist()]
             kept = sum(bool(info[r][g]) for r, g in picks) / need
             self._metrics[mode]["ktae/informative_group_fraction"].append(
                 self._mean_across_processes(kept))
         else:
-            batch, rewards, correct = rounds[0]["batch"], rounds[0]["rewards"], rounds[0]["correct"]
+            first = rounds[0]
+            batch = first["batch"]
+            chosen = {key: first[key] for key in ("rewards", "per_func", "correct")}
+            chosen["prompts"] = [x["prompt"] for x in inputs]
+        self._move_round_metrics(mode, before)
         self._metrics[mode]["ktae/generation_rounds"].append(float(len(rounds)))
-        first = rounds[0]
-        self._metrics[mode]["ktae/accuracy"].append(first["global_correct"].float().mean().item())
-        lengths = first["batch"]["completion_mask"].sum(dim=1).float().mean().item()
-        self._metrics[mode]["ktae/response_length"].append(self._mean_across_processes(lengths))
         self._metrics[mode]["ktae/zero_variance_group_fraction"].append(
             1.0 - first_informative.float().mean().item())
-        return self._finish_batch(batch, rewards, correct, mode)
+        self._metrics[mode]["ktae/round1_accuracy"].append(
+            rounds[0]["global_correct"].float().mean().item())
+        return self._finish_batch(batch, chosen["rewards"], chosen["correct"], mode,
+                                  per_func=chosen["per_func"], prompts=chosen["prompts"])
+
+    def _move_round_metrics(self, mode: str, before: dict[str, int]) -> None:
+        """TRL's values logged during this step's generation passes -> ``generation/<key>``
+        (their mean); the standard keys are then logged from the trained batch."""
+        metrics = self._metrics[mode]
+        for key in list(metrics):
+            if key == "num_tokens" or key.startswith(("generation/", "ktae/")):
+                continue
+            new = metrics[key][before.get(key, 0):]
+            if not new:
+                continue
+            del metrics[key][before.get(key, 0):]
+            if not metrics[key]:
+                del metrics[key]
+            metrics[f"generation/{key}"].append(sum(new) / len(new))
 
     def _dynamic_sampling(self, inputs: list[dict], rounds: list[dict]) -> list[dict]:
         G = self.num_generations
@@ -173,27 +261,30 @@ class KTAEGRPOTrainer(GRPOTrainer):
     def _merge(self, rounds: list[dict], rows: list[torch.Tensor]) -> dict:
         recomputed = ("advantages", "num_items_in_batch")
         unknown = sorted(k for k in rounds[0]["batch"]
-                         if k not in MERGEABLE_KEYS and k not in recomputed)
+                         if k not in MERGEABLE_KEYS and k not in recomputed and k != _TOKEN_MASK)
         if unknown:
             raise ValueError(f"dynamic sampling: cannot merge generation batches holding {unknown} "
                              "(multimodal inputs); turn dynamic sampling off")
         pad = self._tokenizer.pad_token_id
         device = rounds[0]["batch"]["completion_ids"].device
         batch = merge_rows([r["batch"] for r in rounds], [i.to(device) for i in rows],
-                           {"prompt_ids": pad, "completion_ids": pad, "tool_mask": 1})
-        loss_mask = batch["completion_mask"] * batch.get("tool_mask", 1)
-        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+                           {"prompt_ids": pad, "completion_ids": pad, "tool_mask": 1},
+                           extra={_TOKEN_MASK: "right"})
         return batch
 
     # ------------------------------------------------------------------ advantages
 
     def _finish_batch(self, batch: dict, rewards: torch.Tensor, correct: torch.Tensor,
-                      mode: str) -> dict:
-        """Replace TRL's [b] advantages with ``[b, T]`` ones computed on the global batch."""
+                      mode: str, *, per_func: torch.Tensor, prompts: list) -> dict:
+        """Replace TRL's [b] advantages with ``[b, T]`` ones computed on the global batch,
+        and log the trained batch's metrics."""
         start = time.perf_counter()
-        ids, mask = batch["completion_ids"], batch["completion_mask"]
+        ids = batch["completion_ids"]
+        mask = batch.pop(_TOKEN_MASK)
+        loss_mask = batch["completion_mask"]
         if "tool_mask" in batch:
-            mask = mask * batch["tool_mask"]
+            loss_mask = loss_mask * batch["tool_mask"]
+        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         T = ids.shape[1]
         if self.accelerator.num_processes > 1:
             pad = self._tokenizer.pad_token_id
@@ -201,6 +292,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
             mask = self.accelerator.pad_across_processes(mask, dim=1, pad_index=0)
             ids, mask = self.accelerator.gather(ids), self.accelerator.gather(mask)
             rewards = self.accelerator.gather(rewards)
+            per_func = self.accelerator.gather(per_func)
             correct = self.accelerator.gather(correct.to(torch.uint8)).bool()  # gloo: no bool
         G = self.num_generations if mode == "train" else self.num_generations_eval
         if rewards.numel() % G:
@@ -209,15 +301,46 @@ class KTAEGRPOTrainer(GRPOTrainer):
         group = torch.arange(rewards.numel(), device=rewards.device) // G
         options = dict(self.credit.estimator_options)
         if self.credit.estimator == "ktae":
-            options.setdefault("correct", correct)
-            options.setdefault("ignore_token_ids", self.ignore_token_ids)
+            options["correct"] = correct
+            options["ignore_token_ids"] = sorted(
+                set(self.ignore_token_ids) | {int(i) for i in options.get("ignore_token_ids") or ()})
         adv = ktae.compute_advantages(self.credit.estimator, rewards=rewards, group=group,
                                       token_ids=ids, mask=mask.bool(), **options)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
-        batch["advantages"] = local.to(torch.float32)
+        batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
         seconds = time.perf_counter() - start
         self._metrics[mode]["ktae/advantage_seconds"].append(seconds)
+        lengths = mask.sum(dim=1)
+        truncated = truncated_rows(ids, mask, self._stop_ids())
+        for key, value in trained_batch_metrics(
+                rewards=rewards, per_func=per_func, func_names=list(self.reward_func_names),
+                lengths=lengths, truncated=truncated, correct=correct,
+                num_generations=G).items():
+            self._metrics[mode][key].append(value)
+        self._log_trained_completions(batch, adv, mask, per_func, prompts)
         return batch
+
+    def _log_trained_completions(self, batch: dict, adv: torch.Tensor, mask: torch.Tensor,
+                                 per_func: torch.Tensor, prompts: list) -> None:
+        """TRL's completion table, rebuilt from the trained batch: ``advantage`` is each
+        response's mean token advantage (its sequence advantage under ``credit=none``)."""
+        if not self.log_completions:
+            return
+        from accelerate.utils import gather_object
+
+        texts = self._tokenizer.batch_decode(batch["completion_ids"], skip_special_tokens=True)
+        m = mask.to(adv.dtype)
+        mean_adv = (adv * m).sum(dim=1) / m.sum(dim=1).clamp_min(1)
+        logs = self._logs
+        for key in ("prompt", "completion", "advantages"):
+            logs[key].clear()
+        logs["rewards"].clear()
+        logs["extra"].clear()
+        logs["prompt"].extend(gather_object(list(prompts)))
+        logs["completion"].extend(gather_object(texts))
+        for i, name in enumerate(self.reward_func_names):
+            logs["rewards"][name].extend(per_func[:, i].tolist())
+        logs["advantages"].extend(mean_adv.tolist())
 
     # ------------------------------------------------------------------ calibration
 
@@ -270,9 +393,27 @@ class KTAEGRPOTrainer(GRPOTrainer):
         t = torch.tensor([1.0 if flag else 0.0], device=self.accelerator.device)
         return bool(self.accelerator.gather(t).max().item() > 0)
 
+    # ------------------------------------------------------------------ saving
+
+    def create_model_card(self, *args, **kwargs):
+        """No TRL auto-generated card: ``ktae train`` writes its own (``README.md``)."""
+        return None
+
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial),
-                                  f"checkpoint-{self.state.global_step}")
-            mark_checkpoint_complete(folder, self.state.global_step)
+        folder = os.path.join(self._get_output_dir(trial=trial),
+                              f"checkpoint-{self.state.global_step}")
+        try:
+            super()._save_checkpoint(model, trial)
+            if self.args.should_save:
+                if self.generation_defaults is not None:
+                    from ktae.train.rundir import write_generation_defaults
+
+                    write_generation_defaults(folder, self.generation_defaults)
+                mark_checkpoint_complete(folder, self.state.global_step)
+        except Exception as err:
+            if is_disk_full(err):
+                raise DiskFullError(
+                    errno.ENOSPC, f"no space left on the device while writing {folder}; it is "
+                    "incomplete and will be ignored, earlier complete checkpoints are intact: "
+                    "free some space and run again with --resume") from err
+            raise
