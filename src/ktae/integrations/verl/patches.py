@@ -124,11 +124,13 @@ def v1_response_fields(tq, batch, name: str) -> ResponseFields:
         select.append("entropy")
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                            select_fields=select)
-    rows = [_row_extra_info(v) for v in list(data["extra_fields"])]
+    present = set(data.keys())  # TransferQueue leaves out fields it does not hold
+    rows = [_row_extra_info(v) for v in list(data["extra_fields"])] \
+        if "extra_fields" in present else []
     return ResponseFields(
-        responses=_padded(data["responses"]),
+        responses=_padded(data["responses"]) if "responses" in present else None,
         extra_info=extra_info_from_rows(rows),
-        entropies=_padded(data["entropy"]) if "entropy" in select else None,
+        entropies=_padded(data["entropy"]) if "entropy" in present else None,
         source="verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage")
 
 
