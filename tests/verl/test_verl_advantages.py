@@ -193,3 +193,41 @@ def test_v1_path_without_accuracy_uses_the_reward(transfer_queue, verl_batch):
     adv = v1_advantages(transfer_queue, meta, algorithm_config())
     torch.testing.assert_close(adv, expected(verl_batch, correct=verl_batch.rewards > 0),
                                rtol=0, atol=0)
+
+
+# -- GTPO (an entropy-based estimator: v1 trainer only) ---------------------------------
+
+needs_gtpo = pytest.mark.skipif("gtpo" not in ktae.ADVANTAGE_ESTIMATORS,
+                                reason="the installed ktae has no gtpo estimator")
+
+
+@needs_gtpo
+def test_v1_path_gtpo_reads_the_rollout_entropies(transfer_queue, verl_batch):
+    """GTPO through the v1 trainer: the old policy's entropies stored in TransferQueue
+    (verl's ``_compute_old_log_prob`` writes ``entropy``) reach the estimator."""
+    from verl.utils import tensordict_utils as tu
+
+    g = torch.Generator().manual_seed(3)
+    entropies = torch.where(verl_batch.response_mask.bool(),
+                            torch.rand(verl_batch.responses.shape, generator=g) + 0.1, 0.0)
+    meta = put_v1_batch(transfer_queue, verl_batch, "gtpo")
+    lengths = verl_batch.response_mask.sum(-1).tolist()
+    transfer_queue.kv_batch_put(keys=meta.keys, partition_id="gtpo", fields=tu.get_tensordict(
+        {"entropy": _nested([e[:n] for e, n in zip(entropies, lengths, strict=True)])}))
+    algorithm = algorithm_config()
+    algorithm.adv_estimator = "gtpo"
+    algorithm.gtpo = {"a2": 0.2}
+    adv = v1_advantages(transfer_queue, meta, algorithm)
+    want = ktae.compute_advantages("gtpo", rewards=verl_batch.rewards, group=verl_batch.uids,
+                                   token_ids=verl_batch.responses, mask=verl_batch.response_mask,
+                                   entropies=entropies, correct=torch.tensor(verl_batch.acc),
+                                   a2=0.2)
+    torch.testing.assert_close(adv, want, rtol=0, atol=0)
+
+
+@needs_gtpo
+def test_legacy_path_gtpo_is_refused_with_the_setting_to_change(verl_batch):
+    algorithm = algorithm_config()
+    algorithm.adv_estimator = "gtpo"
+    with pytest.raises(ValueError, match=r"trainer\.use_v1=true"):
+        legacy_advantages(legacy_data(verl_batch), algorithm)

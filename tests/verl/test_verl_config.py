@@ -206,3 +206,15 @@ def _script_overrides(text: str) -> list[str]:
                                           "actor_rollout_ref.model.path")):
             out.append(w)
     return out
+
+
+def test_gtpo_needs_the_v1_trainer():
+    import ktae
+
+    if "gtpo" not in ktae.ADVANTAGE_ESTIMATORS:
+        pytest.skip("the installed ktae has no gtpo estimator")
+    verl_validate(compose("algorithm.adv_estimator=gtpo", "+algorithm.gtpo.a2=0.1"))
+    with pytest.raises(ValueError, match=r"trainer\.use_v1=true"):
+        verl_validate(compose("algorithm.adv_estimator=gtpo", "trainer.use_v1=false"))
+    with pytest.raises(ValueError, match=r"algorithm\.gtpo\.a3: unknown option"):
+        verl_validate(compose("algorithm.adv_estimator=gtpo", "+algorithm.gtpo.a3=0.1"))

@@ -32,8 +32,8 @@ import torch
 import ktae
 from ktae.integrations.verl.fields import ResponseFields, current_responses
 from ktae.integrations.verl.options import (
-    ESTIMATORS_NEEDING_ENTROPY,
     EstimatorSettings,
+    estimator_needs_entropies,
     estimator_settings,
 )
 
@@ -108,7 +108,7 @@ def estimator_inputs(name: str, token_level_rewards: torch.Tensor, response_mask
         kwargs["correct"] = correct.to(token_level_rewards.device)
     elif settings.options.get("mode") != "reference":
         kwargs["reward_threshold"] = settings.reward_threshold
-    if name in ESTIMATORS_NEEDING_ENTROPY:
+    if estimator_needs_entropies(name):
         if fields.entropies is None:
             raise ValueError(f"estimator {name!r} needs the rollout policy's entropies; "
                              "verl 0.9.1 keeps them only in its v1 trainer "

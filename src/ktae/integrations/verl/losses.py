@@ -186,9 +186,11 @@ def make_policy_loss(name: str) -> Callable:
             "actor/ppo_kl": ppo_kl,
             "actor/calibration/flag_rate": res.flag_rate,
             "actor/calibration/weight_mean": weight_mean,
-            "actor/calibration/kept_token_fraction":
+            "actor/calibration/loss_token_fraction":
                 float(keep.sum()) / max(float(mask.sum()), 1.0),
         }
+        for key, val in getattr(res, "metrics", {}).items():  # the rule's own diagnostics
+            metrics[f"actor/calibration/{key}"] = float(val)
         return loss * factor, metrics
 
     policy_loss.__name__ = f"compute_policy_loss_{name.replace('-', '_')}"

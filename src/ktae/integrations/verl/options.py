@@ -26,12 +26,31 @@ from typing import Any
 KTAE_OPTIONS = ("base", "h1", "h2", "h3", "k1", "b", "top", "mode", "variant",
                 "reward_threshold", "ignore_token_ids", "chunk_tokens", "correct_key")
 
-#: Estimators the plugin registers in verl, with the options their config block takes.
-PLUGIN_ESTIMATORS: dict[str, tuple[str, ...]] = {"ktae": KTAE_OPTIONS}
+#: Options of ``algorithm.gtpo`` (registered when the installed ktae has the estimator).
+GTPO_OPTIONS = ("a1", "a2", "eps", "normalize", "reward_threshold", "correct_key")
 
-#: Estimators that need the rollout policy's per-token entropies (verl's v1 trainer
-#: stores them; the legacy trainer drops them before computing advantages).
-ESTIMATORS_NEEDING_ENTROPY: frozenset[str] = frozenset()
+_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {"ktae": KTAE_OPTIONS, "gtpo": GTPO_OPTIONS}
+
+
+def plugin_estimators() -> dict[str, tuple[str, ...]]:
+    """Estimators the plugin registers in verl (those ktae has), with their options.
+
+    verl's own ``grpo`` and ``rloo`` stay verl's; ``drgrpo`` is verl's ``grpo`` with
+    ``algorithm.norm_adv_by_std_in_grpo=false``.
+    """
+    import ktae
+
+    return {name: options for name, options in _ESTIMATOR_OPTIONS.items()
+            if name in ktae.ADVANTAGE_ESTIMATORS}
+
+
+def estimator_needs_entropies(name: str) -> bool:
+    """Whether the estimator reads the rollout policy's per-token entropies (verl's v1
+    trainer stores them; the legacy trainer drops them before computing advantages)."""
+    import ktae
+
+    return name in ktae.ADVANTAGE_ESTIMATORS and \
+        bool(getattr(ktae.ADVANTAGE_ESTIMATORS.get(name), "needs_entropies", False))
 
 #: Where verl's accuracy sits in the reward function's extra info (``dapo`` manager).
 DEFAULT_CORRECT_KEY = "acc"
@@ -100,12 +119,13 @@ def estimator_settings(name: str, algorithm: Any) -> EstimatorSettings:
     false (verl's Dr.GRPO switch) and to ``grpo`` otherwise; an explicit ``base`` that
     contradicts that switch is an error.
     """
-    if name not in PLUGIN_ESTIMATORS:
+    estimators = plugin_estimators()
+    if name not in estimators:
         raise ValueError(f"algorithm.adv_estimator: {name!r} is not an estimator of the ktae "
-                         f"plugin; expected one of {sorted(PLUGIN_ESTIMATORS)}")
+                         f"plugin; expected one of {sorted(estimators)}")
     where = f"algorithm.{name}"
     block = _section(algorithm, name, where)
-    allowed = PLUGIN_ESTIMATORS[name]
+    allowed = estimators[name]
     unknown = sorted(set(block) - set(allowed))
     if unknown:
         raise ValueError(f"{where}.{unknown[0]}: unknown option; expected one of "
@@ -178,7 +198,7 @@ def _check_estimator_values(settings: EstimatorSettings) -> None:
     import ktae
 
     extra = {}
-    if settings.name in ESTIMATORS_NEEDING_ENTROPY:
+    if estimator_needs_entropies(settings.name):
         extra["entropies"] = torch.ones(2, 2)
     try:
         ktae.compute_advantages(settings.name, rewards=torch.tensor([1.0, 0.0]), group=[0, 0],
@@ -248,15 +268,16 @@ def check_config(config: Any) -> PluginConfig:
 
     name = _get(algorithm, "adv_estimator")
     estimator = None
-    for other in PLUGIN_ESTIMATORS:
+    estimators = plugin_estimators()
+    for other in estimators:
         if other != name and _get(algorithm, other) is not None:
             raise ValueError(f"algorithm.{other}: options for the {other!r} estimator are set "
                              f"but algorithm.adv_estimator={name}; set "
                              f"algorithm.adv_estimator={other} or remove the block")
-    if name in PLUGIN_ESTIMATORS:
+    if name in estimators:
         estimator = estimator_settings(name, algorithm)
         _check_estimator_values(estimator)
-        if name in ESTIMATORS_NEEDING_ENTROPY and not use_v1:
+        if estimator_needs_entropies(name) and not use_v1:
             raise ValueError(f"algorithm.adv_estimator={name} needs the rollout policy's "
                              "entropies, which verl 0.9.1's legacy trainer drops; set "
                              "trainer.use_v1=true")

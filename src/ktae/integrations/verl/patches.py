@@ -46,11 +46,11 @@ from ktae.integrations.verl.fields import (
     providing_step,
 )
 from ktae.integrations.verl.options import (
-    ESTIMATORS_NEEDING_ENTROPY,
-    PLUGIN_ESTIMATORS,
     POLICY_LOSS_KEY,
     check_config,
+    estimator_needs_entropies,
     plain,
+    plugin_estimators,
 )
 
 #: verl's policy-loss config class, and ours (it adds the ``ktae`` options block).
@@ -88,7 +88,7 @@ def patch_legacy_trainer(module: ModuleType) -> None:
 
     def make(upstream):
         def compute_advantage(data, adv_estimator, *args, **kwargs):
-            if _estimator_name(adv_estimator) not in PLUGIN_ESTIMATORS \
+            if _estimator_name(adv_estimator) not in plugin_estimators() \
                     or "responses" not in data.batch.keys():
                 return upstream(data, adv_estimator, *args, **kwargs)
             fields = ResponseFields(
@@ -120,7 +120,7 @@ def _row_extra_info(value) -> dict | None:
 def v1_response_fields(tq, batch, name: str) -> ResponseFields:
     """``responses``, reward extra info (and entropies) of a v1 batch from TransferQueue."""
     select = ["responses", "extra_fields"]
-    if name in ESTIMATORS_NEEDING_ENTROPY:
+    if estimator_needs_entropies(name):
         select.append("entropy")
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                            select_fields=select)
@@ -147,7 +147,7 @@ def patch_v1_trainer(module: ModuleType) -> None:
     def make(upstream):
         def _compute_advantage(self, batch, metrics):
             name = _estimator_name(self.config.algorithm.adv_estimator)
-            if name not in PLUGIN_ESTIMATORS:
+            if name not in plugin_estimators():
                 return upstream(self, batch, metrics)
             with providing_responses(v1_response_fields(module.tq, batch, name)):
                 return upstream(self, batch, metrics)

@@ -53,13 +53,14 @@ def _install_refusal(version) -> None:
     import ktae
     from ktae.integrations.verl.estimators import PLUGIN_MARK
     from ktae.integrations.verl.hooks import when_imported
-    from ktae.integrations.verl.options import PLUGIN_ESTIMATORS, _get
+    from ktae.integrations.verl.options import _get, plugin_estimators
 
+    names = plugin_estimators()
     message = unsupported_version_message(version)
     logger.warning(message)
     from verl.trainer.ppo import core_algos
 
-    for name in PLUGIN_ESTIMATORS:
+    for name in names:
         if name not in core_algos.ADV_ESTIMATOR_REGISTRY:
             core_algos.register_adv_est(name)(_refusing(message))
     for name in ktae.CALIBRATIONS.names():
@@ -74,7 +75,7 @@ def _install_refusal(version) -> None:
         def validate_config(config, *args, **kwargs):
             algorithm = _get(config, "algorithm")
             policy_loss = _get(_get(_get(config, "actor_rollout_ref"), "actor"), "policy_loss")
-            if _get(algorithm, "adv_estimator") in PLUGIN_ESTIMATORS or \
+            if _get(algorithm, "adv_estimator") in names or \
                     _get(policy_loss, "loss_mode") in ktae.CALIBRATIONS:
                 raise RuntimeError(message)
             return upstream(config, *args, **kwargs)
@@ -102,10 +103,10 @@ def install() -> None:
     from ktae.integrations.verl.estimators import make_estimator
     from ktae.integrations.verl.hooks import when_imported
     from ktae.integrations.verl.losses import make_policy_loss
-    from ktae.integrations.verl.options import PLUGIN_ESTIMATORS
+    from ktae.integrations.verl.options import plugin_estimators
     from ktae.integrations.verl.patches import PATCHES
 
-    for name in PLUGIN_ESTIMATORS:
+    for name in plugin_estimators():
         _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, name,
                   make_estimator(name), "advantage estimator")
     for name in ktae.CALIBRATIONS.names():
