@@ -150,13 +150,14 @@ def test_taco_loss_equals_ktae_on_calibrated_advantages_with_current_entropy(mon
     want.backward()
     assert logp.grad is not None and logp.grad[mb.mask].abs().sum() > 0
     torch.testing.assert_close(logp.grad, ref_logp.grad, rtol=1e-6, atol=1e-7)
-    # a flagged token's gradient is the calibrated (shrunk) one
+    # a flagged token's gradient is the uncalibrated one times its calibration weight < 1
     uncalibrated = mb.logp_values.clone().requires_grad_(True)
     ktae.policy_loss(uncalibrated, mb.old, mb.adv, mb.mask, clip_low=0.2, clip_high=0.28,
                      dual_clip=3.0)[0].backward()
     flagged = mb.flagged & (ref_logp.grad != 0)
-    assert flagged.any()
-    torch.testing.assert_close(logp.grad[flagged], (1 - LAM) * uncalibrated.grad[flagged])
+    assert flagged.any() and (res.weights[flagged] < 1).all()
+    torch.testing.assert_close(logp.grad[flagged],
+                               res.weights[flagged] * uncalibrated.grad[flagged])
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "token-sum", "seq-mean-token-mean",
