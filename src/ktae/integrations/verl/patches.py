@@ -93,7 +93,7 @@ def patch_legacy_trainer(module: ModuleType) -> None:
                 return upstream(data, adv_estimator, *args, **kwargs)
             fields = ResponseFields(
                 responses=data.batch["responses"],
-                extra_info={k: list(v) for k, v in data.non_tensor_batch.items()},
+                extra_info=data.non_tensor_batch,
                 entropies=data.batch.get("entropys", None),
                 source="verl.trainer.ppo.ray_trainer.compute_advantage")
             with providing_responses(fields):
