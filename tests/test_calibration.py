@@ -423,3 +423,17 @@ def test_validation_names_the_argument(name, kwargs, match):
     advantages = args.pop("advantages")
     with pytest.raises(ValueError, match=match):
         calibrate_advantages(name, advantages, **args)
+
+
+def test_sum_norm_aggregation_with_a_loss_mask():
+    adv, lp, H, mask = batch(10)
+    r = calibrate_advantages("forking-tokens", adv, logprobs=lp, entropies=H, mask=mask)
+    logp = lp.clone().requires_grad_()
+    loss, _ = ktae.policy_loss(logp, lp, r.advantages, r.loss_mask,
+                               aggregation="seq-mean-token-sum-norm", max_response_length=50)
+    loss.backward()
+    # at ratio 1 each surviving token contributes -A / (L * B); removed tokens nothing
+    B = lp.shape[0]
+    expected = -(r.advantages * r.loss_mask).sum() / (50 * B)
+    torch.testing.assert_close(loss.detach(), expected)
+    torch.testing.assert_close(logp.grad, -r.advantages * r.loss_mask / (50 * B))
