@@ -169,3 +169,35 @@ def test_every_registered_name_is_a_credit():
             assert (s.estimator, s.calibration) == (est, cal)
     for cal in ktae.CALIBRATIONS.names():
         assert credit_settings(TrainConfig(credit=cal).resolve()).calibration == cal
+
+
+def test_tool_mask_folds_into_the_loss_mask_and_attention_is_restored(monkeypatch):
+    """Multi-turn batches: TRL multiplies completion_mask by tool_mask before the policy
+    pass, so the loss-input copy holds the product, and the policy pass still attends to
+    tool tokens."""
+    from trl import GRPOTrainer
+
+    seen = {}
+
+    def fake_pass(self, model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        seen["attention"] = attention_mask.clone()
+        return torch.zeros(2, 3), torch.ones(2, 3), None
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", fake_pass)
+    trainer = KTAEGRPOTrainer.__new__(KTAEGRPOTrainer)
+    inputs = {"prompt_mask": torch.ones(2, 2, dtype=torch.long),
+              "completion_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+              "tool_mask": torch.tensor([[1, 0, 1], [1, 1, 1]]),
+              "advantages": torch.ones(2, 3)}
+    copy = KTAEGRPOTrainer._loss_inputs(trainer, inputs)
+    assert "tool_mask" in inputs and "tool_mask" not in copy
+    assert copy["completion_mask"].tolist() == [[1, 0, 1], [1, 1, 0]]
+    assert inputs["completion_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]  # untouched
+    calls = []
+    trainer._pending_calibration = copy
+    trainer._calibrate = lambda pending, logps, entropies: calls.append(pending)
+    wrong_attention = torch.cat([copy["prompt_mask"], copy["completion_mask"]], dim=1)
+    trainer._get_per_token_logps_and_entropies(None, torch.zeros(2, 5), wrong_attention, 3,
+                                               compute_entropy=True)
+    assert seen["attention"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert calls == [copy] and trainer._pending_calibration is None
