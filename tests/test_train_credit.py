@@ -38,12 +38,12 @@ class Recorder(KTAEGRPOTrainer):
         self.rec["old_entropies"].append(out.clone())
         return out
 
-    def _finish_batch(self, batch, rewards, correct, mode):
+    def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
         entry = {"rewards": rewards.clone(), "correct": correct.clone(),
-                 "mask": batch["completion_mask"].clone(),
+                 "mask": batch["ktae_token_mask"].clone(),
                  "ids": torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
                  "entropies": batch.get(OLD_ENTROPIES)}
-        out = super()._finish_batch(batch, rewards, correct, mode)
+        out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
         entry["advantages"] = out["advantages"].clone()
         self.rec["batches"].append(entry)
         return out
@@ -129,7 +129,7 @@ def test_ktae_plus_stapo_runs_without_an_entropy_pass(tiny_model, tmp_path):
 ])
 def test_removed_tokens_leave_trls_loss(tiny_model, tmp_path, credit, algo, options):
     _, log, metrics = _run(tiny_model, tmp_path, algo=algo, credit=credit, max_steps=1,
-                           credit_options=options)
+                           calibration_options=options)
     rec = log["loss"][0]
     mask = rec["mask"].bool()
     res = ktae.calibrate_advantages(credit, rec["advantages"], logprobs=rec["logps"],
