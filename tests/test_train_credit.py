@@ -111,6 +111,31 @@ def test_gtpo_with_taco(tiny_model, tmp_path):
         assert 0 < m["mean_weight"] <= 1 and m["loss_token_fraction"] == 1.0
 
 
+def test_gtpo_with_dynamic_sampling(tiny_model, tmp_path):
+    """DAPO's refill rounds each get their entropy pass; the merged batch keeps each row's."""
+    cfg, log, metrics = _run(tiny_model, tmp_path, algo="dapo", credit="gtpo",
+                             max_generation_rounds=3)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert len(log["old_entropies"]) == sum(m["generation_rounds"] for m in metrics)
+    assert max(m["generation_rounds"] for m in metrics) > 1  # rows from several rounds
+    for entry in log["batches"]:
+        mask = entry["mask"].bool()
+        assert entry["entropies"].shape == mask.shape
+        assert (entry["entropies"][mask] >= 0).all()
+        B = entry["rewards"].numel()
+        expected = ktae.compute_advantages(
+            "gtpo", rewards=entry["rewards"], group=torch.arange(B) // cfg.num_generations,
+            mask=mask, entropies=entry["entropies"], correct=entry["correct"])
+        torch.testing.assert_close(entry["advantages"], expected.float() * mask)
+    # each kept row carries the entropies of its own generation round
+    rounds = log["old_entropies"][:int(metrics[0]["generation_rounds"])]
+    first = log["batches"][0]
+    for ent, m in zip(first["entropies"], first["mask"].bool(), strict=True):
+        n = int(m.sum())
+        assert any(torch.equal(ent[:n], r[:n]) for rnd in rounds for r in rnd
+                   if r.shape[0] >= n)
+
+
 def test_ktae_plus_stapo_runs_without_an_entropy_pass(tiny_model, tmp_path):
     _, log, metrics = _run(tiny_model, tmp_path, algo="dapo", credit="ktae+stapo")
     assert [m["step"] for m in metrics] == [1, 2]
