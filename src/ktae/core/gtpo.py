@@ -37,6 +37,8 @@ Degenerate groups (all finite, tested):
   all zero: every token reward of that polarity is (nearly) the same value, and the
   advantages are 0 up to rounding (the ``1e-6`` guard keeps them below ~1e-3).
 * Zero entropies in a correct response: their share is 0 (``0 / (0 + eps)``).
+* Rewards: any finite value up to about 1e150 in magnitude (the z-score squares
+  deviations in float64; beyond that the advantages of the polarity become 0).
 
 Because each polarity is centred on its own mean, the sign of a token's advantage
 reflects its entropy share relative to its polarity, not the response's correctness; this
