@@ -180,7 +180,8 @@ def test_token_local_rules_batched_equal_per_run():
         got = calibrate(rule, adv, b)
         for s, e in b.run_slices:
             ref = ktae.calibrate_advantages(rule, adv[s:e], logprobs=b.logprobs[s:e],
-                                            entropies=b.entropies[s:e], mask=b.mask[s:e])
+                                            entropies=b.entropies[s:e], mask=b.mask[s:e],
+                                            old_logprobs=b.logprobs[s:e])
             torch.testing.assert_close(got.advantages[s:e], ref.advantages)
             assert torch.equal(got.loss_mask[s:e], getattr(ref, "loss_mask", b.mask[s:e]))
             assert torch.equal(got.flagged[s:e], ref.flagged)
@@ -195,6 +196,7 @@ def test_batch_level_rules_see_one_run_as_their_batch():
         for k, (s, e) in enumerate(b.run_slices):
             ref = ktae.calibrate_advantages(rule, adv[s:e], logprobs=b.logprobs[s:e],
                                             entropies=b.entropies[s:e], mask=b.mask[s:e],
+                                            old_logprobs=b.logprobs[s:e],
                                             generator=torch.Generator().manual_seed(k))
             torch.testing.assert_close(got.advantages[s:e], ref.advantages)
             assert torch.equal(got.flagged[s:e], ref.flagged)
@@ -250,7 +252,8 @@ def _reference_update(theta, u, method, setting, lr, A):
     loss_mask = mask
     if method.calibration is not None:
         res = ktae.calibrate_advantages(method.calibration, adv, logprobs=logp.detach().float(),
-                                        entropies=entropy.float().expand(G, H), mask=mask)
+                                        entropies=entropy.float().expand(G, H), mask=mask,
+                                        old_logprobs=logp.detach().float())
         adv, loss_mask = res.advantages, getattr(res, "loss_mask", mask)
     loss, _ = ktae.policy_loss(logp, logp.detach(), adv.double(), loss_mask)
     (H * loss).backward()

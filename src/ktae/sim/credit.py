@@ -20,7 +20,8 @@ trajectory ``i``, ``R_i = sum_t r[i,t] / H`` its normalised return):
 ``+CALIBRATION``
     ``ktae.calibrate_advantages(CALIBRATION, A, logprobs, entropies, mask)`` on the base
     advantages, with the current per-step softmax's log-probability of the sampled action
-    and its entropy.
+    and its entropy (also the rollout policy's log-probability, ``old_logprobs``: one
+    update per sampled batch).
 
 "The batch" of batch-level rules (fractions or counts of the batch's tokens) is one run's
 group: such rules are called once per run. Rules in :data:`TOKEN_LOCAL_RULES` depend on
@@ -39,7 +40,8 @@ import ktae
 BASES = ("broadcast", "step", "ktae")
 
 #: Calibrations whose weight of a token depends on that token alone.
-TOKEN_LOCAL_RULES = frozenset({"taco", "taco-hard", "taco-prob-only", "adv-reweight"})
+TOKEN_LOCAL_RULES = frozenset({"taco", "taco-hard", "taco-prob-only", "taco-step",
+                               "adv-reweight"})
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,9 @@ def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
     Token-local rules run once on the whole batch; the others once per run (its group is
     its batch), drawing from that run's generator when the rule is random.
     """
-    kwargs = dict(logprobs=batch.logprobs, entropies=batch.entropies, mask=batch.mask)
+    # on-policy (one update per sampled batch): the rollout policy is the current one
+    kwargs = dict(logprobs=batch.logprobs, entropies=batch.entropies, mask=batch.mask,
+                  old_logprobs=batch.logprobs)
     if rule in TOKEN_LOCAL_RULES:
         result = ktae.calibrate_advantages(rule, adv, **kwargs)
         return Credit(result.advantages, _loss_mask(result, batch.mask), result.flagged)
