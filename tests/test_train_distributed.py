@@ -41,9 +41,9 @@ class Dump(KTAEGRPOTrainer):
 try:
     train(tiny_config({model!r}, {out_dir!r} + "/dapo", algo="dapo", num_prompts=3,
                       max_steps=1), reward_funcs=[contains_digit])
-    sys.stdout.write("NOT REFUSED\n")
+    sys.stdout.write("NOT REFUSED\\n")
 except ValueError as err:
-    sys.stdout.write(f"REFUSED: {{err}}\n")  # one write: the two processes share the pipe
+    sys.stdout.write(f"REFUSED: {{err}}\\n")  # one write: the two processes share the pipe
 train(tiny_config({model!r}, {out_dir!r} + "/grpo", algo="grpo", credit="ktae", num_prompts=3,
                   max_steps=1), trainer_cls=Dump, reward_funcs=[contains_digit])
 """
