@@ -4,6 +4,7 @@ terminal and PNG renderings of the same report."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -254,3 +255,17 @@ def test_terminal_and_png(bpe, tmp_path):
     reds = int(((r > 150) & (g < 120) & (b < 120)).sum())
     blues = int(((b > 150) & (r < 120)).sum())
     assert reds > 50 and blues > 50  # both signs of credit are drawn
+
+
+def test_adv_reweight_uses_the_scored_log_probs_as_the_rollout_policy(bpe):
+    groups = _groups(bpe)[:1]
+    for g in groups:
+        g.logprobs = [[-0.1 * (t % 5) for t in range(len(r))] for r in g.responses]
+        g.entropies = [[0.5] * len(r) for r in g.responses]
+    report = build_report(groups, credit=CreditSpec(calibration="adv-reweight"), tokenizer=bpe)
+    spans = token_spans(report_html(report))
+    rows = [t for g in groups for r in g.logprobs for t in r]
+    assert len(spans) == len(rows)
+    for span, lp in zip(spans, rows, strict=True):
+        weight = tooltip_numbers(span["title"])["weight"]
+        assert weight == pytest.approx(0.1 * math.exp(lp) + 0.9, rel=1e-5)

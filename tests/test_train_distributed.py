@@ -41,9 +41,9 @@ class Dump(KTAEGRPOTrainer):
 try:
     train(tiny_config({model!r}, {out_dir!r} + "/dapo", algo="dapo", num_prompts=3,
                       max_steps=1), reward_funcs=[contains_digit])
-    print("NOT REFUSED")
+    sys.stdout.write("NOT REFUSED\\n")
 except ValueError as err:
-    print("REFUSED:", err)
+    sys.stdout.write(f"REFUSED: {{err}}\\n")  # one write: the two processes share the pipe
 train(tiny_config({model!r}, {out_dir!r} + "/grpo", algo="grpo", credit="ktae", num_prompts=3,
                   max_steps=1), trainer_cls=Dump, reward_funcs=[contains_digit])
 """
@@ -108,3 +108,58 @@ def test_two_processes_split_groups(tmp_path):
     assert [e["step"] for e in read_jsonl(run / "eval.jsonl")] == [0, 1]
     assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
     assert (run / "ktae_run.json").is_file() and (run / "README.md").is_file()
+
+
+GTPO_SCRIPT = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_train_helpers import contains_digit, tiny_config
+from ktae.train.session import train
+from ktae.train.trainer import KTAEGRPOTrainer
+torch.set_num_threads(1)
+
+class Dump(KTAEGRPOTrainer):
+    def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
+        mask = batch["ktae_token_mask"].clone()
+        entropies = batch["ktae_old_entropies"].clone()
+        out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
+        torch.save({{"mask": mask, "entropies": entropies, "rewards": rewards,
+                    "correct": correct, "adv": out["advantages"]}},
+                   f"{out_dir}/gtpo{{self.accelerator.process_index}}.pt")
+        return out
+
+# the second group is split across the two processes; STAPO's loss-mask rescaling gathers
+# its counts over both
+train(tiny_config({model!r}, {out_dir!r} + "/gtpo", algo="dapo", credit="gtpo+stapo",
+                  num_prompts=3, max_steps=1, dynamic_sampling=False,
+                  calibration_options={{"prob_threshold": 0.5}}),
+      trainer_cls=Dump, reward_funcs=[contains_digit])
+"""
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+                    reason="torchrun not installed")
+def test_two_processes_gtpo_on_split_groups(tmp_path):
+    """GTPO's old-policy entropies are gathered with the ids: the advantages equal GTPO
+    on the gathered batch."""
+    model = save_tiny_model(tmp_path / "model")
+    script = tmp_path / "gtpo.py"
+    script.write_text(GTPO_SCRIPT.format(tests=str(Path(__file__).parent), model=str(model),
+                                         out_dir=str(tmp_path)))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()),
+                           str(script)], env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    parts = [torch.load(tmp_path / f"gtpo{r}.pt") for r in (0, 1)]
+    T = max(p["mask"].shape[1] for p in parts)
+    mask = torch.cat([_pad(p["mask"], T, 0) for p in parts]).bool()
+    adv = torch.cat([_pad(p["adv"], T, 0.0) for p in parts])
+    entropies = torch.cat([_pad(p["entropies"], T, 0.0) for p in parts])
+    rewards = torch.cat([p["rewards"] for p in parts])
+    correct = torch.cat([p["correct"] for p in parts])
+    assert rewards.shape[0] == 12
+    expected = ktae.compute_advantages("gtpo", rewards=rewards, group=torch.arange(12) // 4,
+                                       mask=mask, entropies=entropies, correct=correct)
+    assert torch.allclose(adv, expected.to(adv.dtype), atol=1e-6)

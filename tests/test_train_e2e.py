@@ -6,18 +6,12 @@ import math
 
 import pytest
 import torch
-from test_train_helpers import contains_digit, read_jsonl, save_tiny_model, tiny_config
+from test_train_helpers import contains_digit, read_jsonl, tiny_config
 
 from ktae.train.session import train
 from ktae.train.trainer import KTAEGRPOTrainer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    torch.set_num_threads(1)
-    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 class RecordingTrainer(KTAEGRPOTrainer):
@@ -83,11 +77,10 @@ def test_algo_credit_grid(tiny_model, tmp_path, algo, credit):
         if credit == "taco":
             cal = rec["calibrated"]
             pos = (adv > 0) & mask
-            # TACO only damps positive advantages, by (1 - lambda) where flagged
+            # TACO only damps positive advantages, by a weight in [1 - lambda, 1]
             assert torch.allclose(cal[~pos], adv[~pos])
             ratio = cal[pos] / adv[pos]
-            assert torch.all(torch.isclose(ratio, torch.ones_like(ratio)) |
-                             torch.isclose(ratio, torch.full_like(ratio, 1 - cfg.taco_lambda)))
+            assert (ratio <= 1 + 1e-6).all() and (ratio >= 1 - cfg.taco_lambda - 1e-6).all()
 
 
 def test_ktae_values_key_tokens(tiny_model, tmp_path):

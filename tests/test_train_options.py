@@ -10,19 +10,13 @@ import warnings
 
 import pytest
 import torch
-from test_train_helpers import contains_digit, read_jsonl, save_tiny_model, tiny_config
+from test_train_helpers import contains_digit, read_jsonl, tiny_config
 
 import ktae
 from ktae.train.session import train
 from ktae.train.trainer import KTAEGRPOTrainer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    torch.set_num_threads(1)
-    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 class Recorder(KTAEGRPOTrainer):

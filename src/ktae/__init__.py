@@ -1,14 +1,16 @@
 """ktae: token-level credit for RL fine-tuning of language models.
 
 Core API (pure torch):
-    compute_advantages(name, *, rewards, group, token_ids=None, mask=None, **options)
+    compute_advantages(name, *, rewards, group, token_ids=None, mask=None, entropies=None,
+                       **options)
     key_token_table(*, rewards, group, token_ids, mask=None, **options)
     policy_loss(logprobs, old_logprobs, advantages, mask, ...)
-    calibrate_advantages(name, advantages, *, logprobs, entropies, mask, ...)
+    calibrate_advantages(name, advantages, *, logprobs, entropies, mask, old_logprobs, ...)
 """
 
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from ktae.core.calibration import CALIBRATIONS, CalibrationResult, calibrate_advantages
+from ktae.core.gtpo import gtpo_advantages as _gtpo  # noqa: F401  (registers "gtpo")
 from ktae.core.ktae import KeyTokenTable, key_token_table  # registers "ktae"
 from ktae.core.policy_loss import kl_penalty, policy_loss
 

@@ -3,11 +3,14 @@
 Estimators are pure functions ``fn(batch: AdvantageBatch, **options) -> Tensor``
 registered by name in :data:`ADVANTAGE_ESTIMATORS`; they return ``[B]`` (sequence level)
 or ``[B, T]`` (token level). :func:`compute_advantages` broadcasts sequence-level
-results over the mask, so every estimator is usable at token level.
+results over the mask, so every estimator is usable at token level. An estimator that
+reads per-token entropies (``batch.entropies``) is registered with
+``needs_entropies = True`` (see :func:`estimator_needs_entropies`).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +33,8 @@ class AdvantageBatch:
         num_groups: P.
         token_ids: ``[B, T]`` int64, or None for sequence-level calls.
         mask: ``[B, T]`` bool (True = real response token), or None.
+        entropies: ``[B, T]`` float per-token entropies (0 on padding, never negative), or
+            None; read only by estimators that need them (e.g. ``gtpo``).
     """
 
     rewards: torch.Tensor
@@ -37,13 +42,14 @@ class AdvantageBatch:
     num_groups: int
     token_ids: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    entropies: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
         return self.rewards.device
 
 
-def make_batch(*, rewards, group, token_ids=None, mask=None) -> AdvantageBatch:
+def make_batch(*, rewards, group, token_ids=None, mask=None, entropies=None) -> AdvantageBatch:
     """Validate user input into an :class:`AdvantageBatch` (errors name the argument)."""
     device = rewards.device if isinstance(rewards, torch.Tensor) else None
     rewards = check_float(as_tensor(rewards, "rewards", device=device), "rewards", ndim=1)
@@ -78,7 +84,28 @@ def make_batch(*, rewards, group, token_ids=None, mask=None) -> AdvantageBatch:
         _check_int64_range(token_ids, mask)
     # Token values are checked (non-negative where mask is 1) by the estimators that read
     # them, on the real tokens they gather anyway: see ktae.core.token_counts.
-    return AdvantageBatch(rewards, gid, num_groups, token_ids, mask)
+    if entropies is not None:
+        entropies = _check_entropies(entropies, mask, device)
+    return AdvantageBatch(rewards, gid, num_groups, token_ids, mask, entropies)
+
+
+def _check_entropies(entropies, mask, device) -> torch.Tensor:
+    """``[B, T]`` finite float entropies on the mask's shape; 0 on padding.
+
+    Negative values (which only rounding in a model's entropy computation produces) are
+    taken as 0.
+    """
+    if mask is None:
+        raise ValueError("entropies: need token_ids or mask as well (which positions are "
+                         "real tokens)")
+    entropies = check_float(as_tensor(entropies, "entropies", device=device), "entropies",
+                            ndim=2)
+    if tuple(entropies.shape) != tuple(mask.shape):
+        raise ValueError(f"entropies: expected shape {tuple(mask.shape)}, "
+                         f"got {tuple(entropies.shape)}")
+    if entropies.dtype not in (torch.float32, torch.float64):
+        entropies = entropies.to(torch.float32)
+    return torch.where(mask, entropies.detach().clamp_min(0), 0)
 
 
 def _check_int64_range(token_ids: torch.Tensor, mask: torch.Tensor) -> None:
@@ -99,7 +126,7 @@ def broadcast(seq_adv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
-                       **options) -> torch.Tensor:
+                       entropies=None, **options) -> torch.Tensor:
     """Advantages from a registered estimator.
 
     Args:
@@ -110,7 +137,10 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
         token_ids: ``[B, T]`` integer token ids (required by token-level estimators).
         mask: ``[B, T]`` 0/1 or bool, 1 = real response token. Defaults to all ones when
             ``token_ids`` is given.
-        **options: estimator options (e.g. KTAE's ``h1``, ``mode``).
+        entropies: ``[B, T]`` per-token entropies of the policy that generated the batch
+            (required by ``gtpo``; ignored by estimators that do not read them). Needs
+            ``token_ids`` or ``mask``; negative values count as 0.
+        **options: estimator options (e.g. KTAE's ``h1``, ``mode``; GTPO's ``a1``).
 
     Returns:
         ``[B, T]`` (zero where mask is 0) when ``token_ids`` or ``mask`` is given, else
@@ -119,6 +149,11 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
         ``ValueError`` when ``R - baseline`` exceeds the dtype's range
         (:mod:`ktae.core.baselines`).
 
+    Raises:
+        ValueError: unknown estimator, an option the estimator does not take (for
+            estimators with explicit keyword options; the message lists the valid ones),
+            or bad input (the message names the argument).
+
     Example:
         >>> import torch, ktae
         >>> ktae.compute_advantages("grpo", rewards=torch.tensor([1., 0., 1., 1.]),
@@ -126,11 +161,37 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
         tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
     """
     fn = ADVANTAGE_ESTIMATORS.get(name)
-    batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask)
+    _check_options(name, fn, options)
+    batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask,
+                       entropies=entropies)
     out = fn(batch, **options)
     if out.dim() == 1:
         out = broadcast(out, batch.mask)
     return out
+
+
+def estimator_needs_entropies(name: str) -> bool:
+    """Whether estimator ``name`` reads per-token entropies (``compute_advantages``'s
+    ``entropies``), so that a trainer computes them only when needed."""
+    return bool(getattr(ADVANTAGE_ESTIMATORS.get(name), "needs_entropies", False))
+
+
+def _check_options(name: str, fn, options: dict) -> None:
+    """Reject options an estimator with explicit keyword options does not declare.
+
+    Estimators that take ``**options`` validate their own options.
+    """
+    params = list(inspect.signature(fn).parameters.values())[1:]  # after the batch
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params
+                if p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                              inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        expected = ", ".join(accepted) or "no options"
+        raise ValueError(f"{unknown[0]}: unknown option for advantage estimator {name!r}; "
+                         f"expected {expected}")
 
 
 def _register_baseline(name: str, fn) -> None:

@@ -3,54 +3,55 @@
 At each policy forward pass, a calibration rule turns the advantages (``[B]`` broadcast
 or ``[B, T]``) into token-level advantages ``[B, T]`` from the current policy's
 log-probability ``logp`` of each sampled token and the entropy ``H`` of each next-token
-distribution. All weights are computed under ``torch.no_grad`` from detached inputs, so
-no gradient flows through the calibration; the result is fed to
-:func:`ktae.policy_loss` as the advantages.
+distribution (and, for ``adv-reweight``, the rollout policy's ``old_logp``). Everything
+is computed under ``torch.no_grad`` from detached inputs, so no gradient flows through
+the calibration. A rule may also remove tokens from the loss: the result's ``loss_mask``
+is what the caller passes as the ``mask`` of :func:`ktae.policy_loss`, so that the
+token-mean runs over the surviving tokens only.
 
-TACO (Tail-Aware Credit Calibration). The TACO paper's equations were lost from its
-text: the formula below is this project's reconstruction from the paper's prose
-(SPEC section 5), not a transcription::
+TACO follows the authors' released code (SPEC section 5)::
 
-    high_risk[i,t] = logp[i,t] < -H[i,t] + log(alpha)      (p < alpha * exp(-H))
-    A[i,t] <- (1 - lam) * A[i,t]   if high_risk[i,t] and A[i,t] > 0, else unchanged
+    r = -logp - H + log(alpha)                         (tail risk; r > 0: p < alpha e^-H)
+    w = 1 if r <= 0 else 1 - lam * (1 - exp(-r))
+    A <- w * A   where A > 0; non-positive advantages are unchanged
 
-with ``alpha = 0.01`` and ``lam = 0.9``. Non-positive advantages are never changed.
+with ``alpha = 0.01`` and ``lam = 0.9``.
 
 Registered rules (:data:`CALIBRATIONS`):
 
 =====================  ==============================================================
-``taco``               the reconstruction above (options ``alpha``, ``lam``)
-``taco-prob-only``     flag ``p < alpha`` alone (ablation)
-``taco-entropy-only``  the highest-entropy positive-advantage tokens, as many as TACO
-                       flags in the batch (ablation)
-``taco-random``        as many positive-advantage tokens at random (ablation)
-``taco-hard``          TACO with ``lam = 1`` (ablation)
-``adv-reweight``       ``A <- (w * p + 1 - w) * A``, ``w = 0.1`` (baseline)
-``forking-tokens``     only the top 20% highest-entropy tokens keep ``A`` (baseline)
-``stapo``              ``A > 0``, ``p < 0.002`` and among the 20% lowest-entropy tokens
-                       -> 0 (baseline)
+``taco``               the formula above (options ``alpha``, ``lam``)
+``taco-prob-only``     the same weight with ``r = -logp + log(alpha)`` (ablation)
+``taco-entropy-only``  TACO's count and weights on the highest-entropy positive tokens
+``taco-random``        TACO's count and weights on random positive tokens (ablation)
+``taco-hard``          TACO's flagged tokens get ``A <- 0`` (ablation)
+``taco-step``          TACO's flagged tokens get ``A <- (1 - lam) A`` (extra variant)
+``adv-reweight``       ``A <- (w * p_old + 1 - w) * A``, ``w = 0.1`` (baseline)
+``forking-tokens``     only the 20% highest-entropy tokens stay in the loss (baseline)
+``stapo``              positive tokens with ``p < 0.002`` and ``H`` below the 0.2-quantile
+                       of the positive tokens' entropies leave the loss (baseline)
 =====================  ==============================================================
 
 The rules live in :mod:`ktae.core.calibration_taco` and
-:mod:`ktae.core.calibration_baselines`.
+:mod:`ktae.core.calibration_baselines`; ``docs/calibration.md`` gives each one's source.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ktae.core import calibration_baselines  # noqa: F401  (registers the baselines)
-from ktae.core.calibration_taco import CALIBRATIONS
+from ktae.core import (
+    calibration_baselines,  # noqa: F401  (registers the baselines)
+    calibration_taco,  # noqa: F401  (registers the TACO family)
+)
+from ktae.core.calibration_rules import CALIBRATIONS, RULE_ARGS
 from ktae.core.checks import as_tensor, check_mask
 from ktae.core.policy_loss import token_advantages, token_tensor
 
-__all__ = ["CALIBRATIONS", "CalibrationResult", "calibrate_advantages"]
-
-# Arguments every rule receives; anything else a rule declares is a user option.
-_RULE_ARGS = {"logprobs", "entropies", "mask", "generator"}
+__all__ = ["CALIBRATIONS", "CalibrationResult", "calibrate_advantages", "calibration_options"]
 
 
 @dataclass(frozen=True)
@@ -58,30 +59,45 @@ class CalibrationResult:
     """The outcome of :func:`calibrate_advantages`. Shapes: B responses, T tokens.
 
     Attributes:
-        advantages: ``[B, T]`` calibrated advantages, ``weights * A`` (0 on padding),
-            float32 (float64 for float64 advantages), detached.
-        flagged: ``[B, T]`` bool, the real tokens whose credit the rule reduces (TACO
-            family: the selected positive-advantage tokens; ``forking-tokens`` and
-            ``stapo``: the silenced tokens; ``adv-reweight``: tokens with weight < 1).
+        advantages: ``[B, T]`` calibrated advantages, ``weights * A`` (0 on padding and on
+            removed tokens), float32 (float64 for float64 advantages), detached.
+        flagged: ``[B, T]`` bool, the real tokens whose credit the rule reduces or removes
+            (TACO family: the chosen positive-advantage tokens; ``forking-tokens`` and
+            ``stapo``: the removed tokens; ``adv-reweight``: tokens with weight < 1).
         flag_rate: ``flagged.sum() / mask.sum()``; 0.0 for an empty mask.
         weights: ``[B, T]`` the factor applied to each token's advantage (0 on padding).
+        loss_mask: ``[B, T]`` bool, the tokens that stay in the loss: pass it as the
+            ``mask`` of :func:`ktae.policy_loss`. Equal to the input mask for rules that
+            only reweight; ``forking-tokens`` and ``stapo`` remove tokens from it.
+        metrics: the rule's diagnostics as floats (means over real tokens), plus
+            ``loss_token_fraction`` (``loss_mask.sum() / mask.sum()``). TACO family:
+            ``mean_weight``, ``mean_tail_risk``, ``tail_fraction``,
+            ``positive_advantage_fraction``; ``adv-reweight``: ``mean_weight``;
+            ``forking-tokens`` and ``stapo``: ``entropy_threshold``.
     """
 
     advantages: torch.Tensor
     flagged: torch.Tensor
     flag_rate: float
     weights: torch.Tensor
+    loss_mask: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
-def _rule_options(name: str, rule, options: dict) -> dict:
+def calibration_options(name: str) -> list[str]:
+    """The user options calibration ``name`` accepts (e.g. ``["alpha", "lam"]``)."""
+    rule = CALIBRATIONS.get(name)
+    return [p for p in inspect.signature(rule).parameters if p not in RULE_ARGS and p != "adv"]
+
+
+def _rule_options(name: str, options: dict) -> dict:
     """Map ``lambda_`` to ``lam`` and reject options the rule does not take."""
     options = dict(options)
     if "lambda_" in options:
         if "lam" in options:
             raise ValueError("lam: given twice (as 'lam' and as 'lambda_')")
         options["lam"] = options.pop("lambda_")
-    accepted = [p for p in inspect.signature(rule).parameters
-                if p not in _RULE_ARGS and p != "adv"]
+    accepted = calibration_options(name)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         expected = ", ".join(accepted) or "no options"
@@ -91,24 +107,27 @@ def _rule_options(name: str, rule, options: dict) -> dict:
 
 
 def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mask,
-                         generator: torch.Generator | None = None,
+                         old_logprobs=None, generator: torch.Generator | None = None,
                          **options) -> CalibrationResult:
-    """Token-level advantages from a registered calibration rule (SPEC section 5).
+    """Token-level advantages (and the loss mask) from a registered calibration rule.
 
     Args:
         name: a rule of :data:`CALIBRATIONS` (``"taco"``, ``"taco-prob-only"``,
-            ``"taco-entropy-only"``, ``"taco-random"``, ``"taco-hard"``,
+            ``"taco-entropy-only"``, ``"taco-random"``, ``"taco-hard"``, ``"taco-step"``,
             ``"adv-reweight"``, ``"forking-tokens"``, ``"stapo"``).
         advantages: ``[B]`` (broadcast over the mask) or ``[B, T]``.
         logprobs: ``[B, T]`` current-policy log-probs of the sampled tokens.
         entropies: ``[B, T]`` entropies of the current policy's next-token distributions
             (required by every rule except ``taco-prob-only`` and ``adv-reweight``).
         mask: ``[B, T]`` 0/1 or bool, 1 = real response token.
-        generator: random source of ``taco-random`` (None: torch's global RNG).
+        old_logprobs: ``[B, T]`` log-probs of the sampled tokens under the rollout (old)
+            policy (required by ``adv-reweight``; on-policy, pass ``logprobs``).
+        generator: random source of ``taco-random`` and of the weight order of
+            ``taco-entropy-only`` / ``taco-random`` (None: torch's global RNG).
         **options: rule options: ``alpha`` and ``lam`` (alias ``lambda_``) for the TACO
             family (``taco-hard`` takes ``alpha`` only), ``w`` for ``adv-reweight``,
             ``top_fraction`` for ``forking-tokens``, ``prob_threshold`` and
-            ``low_entropy_fraction`` for ``stapo``.
+            ``entropy_quantile`` for ``stapo``.
 
     Returns:
         A :class:`CalibrationResult`. Inputs are detached and the rule runs under
@@ -116,20 +135,21 @@ def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mas
         fraction- and count-based rules is the ``[B, T]`` passed in.
 
     Raises:
-        ValueError: unknown rule or option, an option out of range, shape mismatches or
-            NaN/inf inputs (the message names the argument).
+        ValueError: unknown rule or option, an option out of range, a missing input the
+            rule needs, shape mismatches or NaN/inf inputs (the message names the
+            argument).
 
     Example:
-        >>> import math, torch, ktae
+        >>> import torch, ktae
         >>> lp = torch.log(torch.tensor([[0.5, 0.001]]))
         >>> H = torch.tensor([[0.7, 0.7]])
         >>> r = ktae.calibrate_advantages("taco", torch.tensor([2.0]), logprobs=lp,
         ...                               entropies=H, mask=torch.ones(1, 2))
         >>> r.advantages, r.flag_rate
-        (tensor([[2.0000, 0.2000]]), 0.5)
+        (tensor([[2.0000, 0.5625]]), 0.5)
     """
+    options = _rule_options(name, options)
     rule = CALIBRATIONS.get(name)
-    options = _rule_options(name, rule, options)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator: expected a torch.Generator or None, "
                          f"got {type(generator).__name__}")
@@ -142,10 +162,20 @@ def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mas
         adv = torch.where(mask, adv, 0)
         if entropies is not None:
             entropies = token_tensor(entropies, "entropies", shape, device).detach()
-        weights, flagged = rule(adv, logprobs=logprobs, entropies=entropies, mask=mask,
-                                generator=generator, **options)
-        flagged = flagged & mask
-        n = int(mask.sum())
-        flag_rate = float(flagged.sum()) / n if n else 0.0
+        if old_logprobs is not None:
+            old_logprobs = token_tensor(old_logprobs, "old_logprobs", shape, device).detach()
+        out = rule(adv, logprobs=logprobs, entropies=entropies, old_logprobs=old_logprobs,
+                   mask=mask, generator=generator, **options)
+        flagged = out.flagged & mask
+        loss_mask = mask.clone() if out.loss_mask is None else out.loss_mask & mask
+        n = mask.sum().clamp_min(1)
+        stats = dict(out.metrics or {})
+        stats["loss_token_fraction"] = loss_mask.sum() / n
+        stats["flag_rate"] = flagged.sum() / n
+        values = dict(zip(stats, torch.stack([v.to(torch.float64).reshape(())
+                                              for v in stats.values()]).tolist(), strict=True))
+        flag_rate = values.pop("flag_rate")
+        weights = torch.where(mask, out.weights, 0)
         return CalibrationResult(advantages=weights * adv, flagged=flagged,
-                                 flag_rate=flag_rate, weights=weights)
+                                 flag_rate=flag_rate, weights=weights, loss_mask=loss_mask,
+                                 metrics=values)

@@ -1,27 +1,39 @@
 """TACO (Tail-Aware Credit Calibration) and its ablations (SPEC section 5).
 
-Reconstruction notice: the TACO paper's equations were lost from its text; what follows
-is this project's reconstruction from the paper's prose (SPEC section 5), not a
-transcription. With ``logp[i,t]`` the current policy's log-probability of the sampled
-token and ``H[i,t]`` the entropy of its full next-token distribution (so that the
-policy's expected log-probability in that context is ``E_v[log pi(v)] = -H``):
+TACO follows the authors' released code (a verl fork: ``core_algos.py:
+compute_taco_token_advantages``, applied in ``dp_actor.py`` before the clipped
+surrogate), as SPEC section 5 transcribes it. With ``logp[i,t]`` the current policy's
+log-probability of the sampled token and ``H[i,t]`` the entropy of its full next-token
+distribution (so that the policy's expected log-probability there is ``-H``), both
+detached::
 
-* tail risk: token (i,t) is high-risk when ``logp < -H + log(alpha)``, i.e.
-  ``p < alpha * exp(-H)`` (much less likely than the policy expects there);
-* calibration: ``A <- (1 - lam) * A`` for high-risk tokens with ``A > 0``; low-risk
-  tokens and non-positive advantages are unchanged. Defaults ``alpha = 0.01``,
-  ``lam = 0.9`` (the paper's setting).
+    r[i,t] = -logp[i,t] - H[i,t] + log(alpha)            tail risk (0 on padding)
+    w[i,t] = 1                                           where r <= 0
+           = 1 - lam * (1 - exp(-r[i,t]))                where r > 0
+    A[i,t] <- w[i,t] * A[i,t]   where A > 0; non-positive advantages unchanged
 
-Ablations (the paper's Table 2): probability-only (``p < alpha``), entropy-only (the
-highest-entropy positive-advantage tokens, as many as TACO flags), random (as many
-positive-advantage tokens, uniformly at random) and hard clipping (``lam = 1``).
+``r > 0`` means ``p < alpha * exp(-H)``: the token is much less likely than the policy
+expects in that context. ``w`` falls smoothly from 1 towards ``1 - lam`` as the risk
+grows. Defaults ``alpha = 0.01``, ``lam = 0.9``.
 
-Each rule is a pure function ``rule(adv, *, logprobs, entropies, mask, generator,
-**options) -> (weights, flagged)`` of validated, detached ``[B, T]`` tensors, registered
-in :data:`CALIBRATIONS`; :func:`ktae.calibrate_advantages` validates the input and calls
-it. ``flagged`` marks the tokens whose credit the rule reduces (for the TACO family: the
-selected positive-advantage tokens), and ``weights`` is the factor applied to each
-advantage (0 on padding).
+Ablations (the paper's Table 2) keep TACO's down-weighting rate and strength and change
+only which tokens are hit:
+
+* ``taco-prob-only``: ``r = -logp + log(alpha)`` (no entropy term), same weight formula.
+* ``taco-entropy-only`` / ``taco-random``: the ``k`` positive-advantage tokens TACO flags
+  in the batch (``r > 0`` and ``A > 0``) define a budget; as many positive-advantage tokens
+  are chosen (the highest-entropy ones / uniformly at random) and given TACO's own ``k``
+  weights in a random order, so the multiset of weights is identical to TACO's.
+* ``taco-hard``: TACO's flagged tokens get ``A <- 0`` (the paper's hard clipping).
+* ``taco-step``: TACO's flagged tokens get ``A <- (1 - lam) A`` (a step instead of the
+  smooth weight; an extra variant, not one of the paper's).
+
+Logged (``CalibrationResult.metrics``; means over real tokens): ``mean_weight`` (the
+rule's weight map: for ``taco`` and ``taco-prob-only`` the formula's ``w`` at every real
+token, whatever the advantage's sign; for the other variants the weight they put on the
+tokens they choose, 1 elsewhere), ``mean_tail_risk`` (``r``), ``tail_fraction``
+(``r > 0``) and ``positive_advantage_fraction`` (``A > 0``). The ablations that borrow
+TACO's budget report TACO's ``r``.
 """
 
 from __future__ import annotations
@@ -30,52 +42,19 @@ import math
 
 import torch
 
+from ktae.core.calibration_rules import (
+    CALIBRATIONS,
+    RuleResult,
+    masked_mean,
+    require_entropies,
+    select_extreme,
+)
 from ktae.core.policy_loss import check_number
-from ktae.core.registry import Registry
 
-CALIBRATIONS: Registry = Registry("calibration")
+__all__ = ["CALIBRATIONS", "TACO_ALPHA", "TACO_LAMBDA", "soft_weight", "tail_risk"]
 
 TACO_ALPHA = 0.01
 TACO_LAMBDA = 0.9
-
-
-# -- selection helpers shared with the baselines ---------------------------------------
-
-def require_entropies(entropies: torch.Tensor | None, name: str) -> torch.Tensor:
-    if entropies is None:
-        raise ValueError(f"entropies: required by calibration {name!r} "
-                         "(the [B, T] entropies of the next-token distributions)")
-    return entropies
-
-
-def fraction_count(fraction: float, n: int) -> int:
-    """``ceil(fraction * n)`` (robust to float error): what a quantile threshold keeps."""
-    return min(n, max(0, math.ceil(fraction * n - 1e-9)))
-
-
-def select_extreme(scores: torch.Tensor, pool: torch.Tensor, k: int, *,
-                   largest: bool = True) -> torch.Tensor:
-    """Bool ``[B, T]``: the ``k`` largest (or smallest) ``scores`` among ``pool``.
-
-    One stable sort over the flattened batch; ties are broken by position (row-major,
-    earlier first), so the result is deterministic. ``k`` is capped at the pool size.
-    """
-    flat = scores.flatten()
-    fill = float("-inf") if largest else float("inf")
-    flat = torch.where(pool.flatten(), flat, fill)
-    k = min(int(k), int(pool.sum()))
-    chosen = torch.zeros_like(pool).flatten()
-    if k > 0:
-        order = torch.sort(flat, descending=largest, stable=True).indices
-        chosen[order[:k]] = True
-    return chosen.view_as(pool) & pool
-
-
-def weights_for(flagged: torch.Tensor, mask: torch.Tensor, factor: float,
-                dtype: torch.dtype) -> torch.Tensor:
-    """``factor`` on flagged tokens, 1 on the other real tokens, 0 on padding."""
-    ones = mask.to(dtype)
-    return torch.where(flagged, torch.full_like(ones, factor), ones)
 
 
 def _alpha(alpha) -> float:
@@ -86,78 +65,127 @@ def _lam(lam) -> float:
     return check_number(lam, "lam", low=0, high=1)
 
 
-def taco_flags(adv: torch.Tensor, logprobs: torch.Tensor, entropies: torch.Tensor,
-               mask: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Positive-advantage real tokens with ``logp < -H + log(alpha)`` (SPEC 5)."""
-    return (logprobs < -entropies + math.log(alpha)) & (adv > 0) & mask
+def tail_risk(logprobs: torch.Tensor, entropies: torch.Tensor | None, mask: torch.Tensor,
+              alpha: float) -> torch.Tensor:
+    """``r = -logp - H + log(alpha)`` (``-logp + log(alpha)`` when ``entropies`` is None),
+    0 on padding."""
+    r = math.log(alpha) - logprobs
+    if entropies is not None:
+        r = r - entropies
+    return torch.where(mask, r, 0)
 
 
-def tail_count(adv, logprobs, entropies, mask, alpha: float) -> int:
-    """How many tokens TACO would flag in this batch (the ablations' budget)."""
-    return int(taco_flags(adv, logprobs, entropies, mask, alpha).sum())
+def soft_weight(risk: torch.Tensor, lam: float) -> torch.Tensor:
+    """``w = 1 - lam * (1 - exp(-max(r, 0)))``: exactly 1 where ``r <= 0``, tending to
+    ``1 - lam`` as ``r`` grows (``1 - exp(-r)`` computed as ``-expm1(-r)``)."""
+    return 1 - lam * -torch.expm1(-risk.clamp_min(0))
+
+
+def _metrics(weight_map, risk, adv, mask) -> dict[str, torch.Tensor]:
+    return {"mean_weight": masked_mean(weight_map, mask),
+            "mean_tail_risk": masked_mean(risk, mask),
+            "tail_fraction": masked_mean(risk > 0, mask),
+            "positive_advantage_fraction": masked_mean(adv > 0, mask)}
+
+
+def _positive(adv, mask) -> torch.Tensor:
+    return (adv > 0) & mask
+
+
+def _soft(adv, risk, mask, lam) -> RuleResult:
+    """Weight ``w(r)`` on positive advantages; the TACO and probability-only rules."""
+    w = soft_weight(risk, lam).to(adv.dtype)
+    pos = _positive(adv, mask)
+    weights = torch.where(pos, w, 1) * mask
+    return RuleResult(weights, pos & (risk > 0), None, _metrics(w, risk, adv, mask))
+
+
+def _step(adv, risk, mask, factor: float) -> RuleResult:
+    """A constant ``factor`` on TACO's flagged tokens (hard clipping and the step rule)."""
+    flagged = _positive(adv, mask) & (risk > 0)
+    ones = mask.to(adv.dtype)
+    weight_map = torch.where(risk > 0, torch.full_like(ones, factor), ones)
+    weights = torch.where(flagged, torch.full_like(ones, factor), ones)
+    return RuleResult(weights, flagged, None, _metrics(weight_map, risk, adv, mask))
+
+
+def _budgeted(adv, risk, mask, lam, scores, generator) -> RuleResult:
+    """TACO's flagged count and weights, moved to the ``k`` best-scoring positive tokens."""
+    pos = _positive(adv, mask)
+    taco_flags = pos & (risk > 0)
+    taco_weights = soft_weight(risk, lam).to(adv.dtype)[taco_flags]  # row-major order
+    k = taco_weights.numel()
+    chosen = select_extreme(scores, pos, k, largest=True)  # k <= |pos|: exactly k tokens
+    device = generator.device if generator is not None else adv.device
+    order = torch.randperm(k, generator=generator, device=device).to(adv.device)
+    weights = mask.to(adv.dtype).clone()
+    weights[chosen] = taco_weights[order]
+    return RuleResult(weights, chosen, None, _metrics(weights, risk, adv, mask))
 
 
 # -- the TACO family ------------------------------------------------------------------
 
 @CALIBRATIONS.register("taco")
-def taco(adv, *, logprobs, entropies, mask, generator=None, alpha: float = TACO_ALPHA,
-         lam: float = TACO_LAMBDA):
-    """TACO (project reconstruction, SPEC 5): ``A <- (1 - lam) A`` where ``A > 0`` and
-    ``logp < -H + log(alpha)``, i.e. ``p < alpha * exp(-H)``.
+def taco(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
+         alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
+    """TACO (the authors' soft weight, SPEC 5): ``A <- w(r) A`` where ``A > 0``, with
+    ``r = -logp - H + log(alpha)`` and ``w = 1 - lam (1 - exp(-r))`` for ``r > 0``.
 
-    Options: ``alpha`` > 0 (tail strictness, 0.01; larger flags more tokens),
-    ``lam`` in [0, 1] (suppression strength, 0.9; alias ``lambda_``).
+    Options: ``alpha`` > 0 (tail threshold, 0.01; larger flags more tokens),
+    ``lam`` in [0, 1] (strength, 0.9: the weight's limit is ``1 - lam``; alias ``lambda_``).
     """
     alpha, lam = _alpha(alpha), _lam(lam)
-    flagged = taco_flags(adv, logprobs, require_entropies(entropies, "taco"), mask, alpha)
-    return weights_for(flagged, mask, 1 - lam, adv.dtype), flagged
-
-
-@CALIBRATIONS.register("taco-hard")
-def taco_hard(adv, *, logprobs, entropies, mask, generator=None,
-              alpha: float = TACO_ALPHA):
-    """TACO with hard clipping (``lam = 1``): flagged positive advantages become 0."""
-    alpha = _alpha(alpha)
-    flagged = taco_flags(adv, logprobs, require_entropies(entropies, "taco-hard"), mask,
-                         alpha)
-    return weights_for(flagged, mask, 0.0, adv.dtype), flagged
+    risk = tail_risk(logprobs, require_entropies(entropies, "taco"), mask, alpha)
+    return _soft(adv, risk, mask, lam)
 
 
 @CALIBRATIONS.register("taco-prob-only")
-def taco_prob_only(adv, *, logprobs, entropies=None, mask, generator=None,
-                   alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA):
-    """Probability-only ablation: flag ``p < alpha`` (``logp < log alpha``), ignoring
-    the context's entropy; then scale those positive advantages by ``1 - lam``.
-    """
+def taco_prob_only(adv, *, logprobs, entropies=None, old_logprobs=None, mask,
+                   generator=None, alpha: float = TACO_ALPHA,
+                   lam: float = TACO_LAMBDA) -> RuleResult:
+    """Probability-only ablation: TACO's soft weight with ``r = -logp + log(alpha)`` (the
+    context's entropy ignored, so ``r > 0`` means ``p < alpha``)."""
     alpha, lam = _alpha(alpha), _lam(lam)
-    flagged = (logprobs < math.log(alpha)) & (adv > 0) & mask
-    return weights_for(flagged, mask, 1 - lam, adv.dtype), flagged
+    return _soft(adv, tail_risk(logprobs, None, mask, alpha), mask, lam)
 
 
 @CALIBRATIONS.register("taco-entropy-only")
-def taco_entropy_only(adv, *, logprobs, entropies, mask, generator=None,
-                      alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA):
-    """Entropy-only ablation: flag the highest-entropy positive-advantage tokens, as
-    many as TACO (same ``alpha``) flags in this batch, ignoring the sampled token.
-    """
+def taco_entropy_only(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
+                      alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
+    """Entropy-only ablation: the highest-entropy positive-advantage tokens, as many as
+    TACO flags in this batch, get TACO's weights in a random order (``generator``)."""
     alpha, lam = _alpha(alpha), _lam(lam)
     entropies = require_entropies(entropies, "taco-entropy-only")
-    k = tail_count(adv, logprobs, entropies, mask, alpha)
-    flagged = select_extreme(entropies, (adv > 0) & mask, k, largest=True)
-    return weights_for(flagged, mask, 1 - lam, adv.dtype), flagged
+    risk = tail_risk(logprobs, entropies, mask, alpha)
+    return _budgeted(adv, risk, mask, lam, entropies, generator)
 
 
 @CALIBRATIONS.register("taco-random")
-def taco_random(adv, *, logprobs, entropies, mask, generator=None,
-                alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA):
-    """Random ablation: flag, uniformly at random among positive-advantage tokens, as
-    many tokens as TACO (same ``alpha``) flags in this batch, and scale them by
-    ``1 - lam`` (same down-weighting rate and strength). Draws from ``generator``.
-    """
+def taco_random(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
+                alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
+    """Random ablation: as many positive-advantage tokens as TACO flags, drawn uniformly
+    at random, get TACO's weights in a random order (both draws from ``generator``)."""
     alpha, lam = _alpha(alpha), _lam(lam)
-    entropies = require_entropies(entropies, "taco-random")
-    k = tail_count(adv, logprobs, entropies, mask, alpha)
+    risk = tail_risk(logprobs, require_entropies(entropies, "taco-random"), mask, alpha)
     device = generator.device if generator is not None else adv.device
     scores = torch.rand(adv.shape, generator=generator, device=device).to(adv.device)
-    flagged = select_extreme(scores, (adv > 0) & mask, k, largest=True)
-    return weights_for(flagged, mask, 1 - lam, adv.dtype), flagged
+    return _budgeted(adv, risk, mask, lam, scores, generator)
+
+
+@CALIBRATIONS.register("taco-hard")
+def taco_hard(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
+              alpha: float = TACO_ALPHA) -> RuleResult:
+    """Hard clipping: TACO's flagged tokens (``r > 0``, ``A > 0``) get ``A <- 0``."""
+    alpha = _alpha(alpha)
+    risk = tail_risk(logprobs, require_entropies(entropies, "taco-hard"), mask, alpha)
+    return _step(adv, risk, mask, 0.0)
+
+
+@CALIBRATIONS.register("taco-step")
+def taco_step(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
+              alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
+    """Step variant: TACO's flagged tokens get ``A <- (1 - lam) A`` whatever their risk
+    (this project's earlier rule, kept as an extra variant)."""
+    alpha, lam = _alpha(alpha), _lam(lam)
+    risk = tail_risk(logprobs, require_entropies(entropies, "taco-step"), mask, alpha)
+    return _step(adv, risk, mask, 1 - lam)

@@ -211,7 +211,10 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float = 0
             (detached).
         advantages: ``[B]`` (broadcast over the response) or ``[B, T]`` (token-level,
             e.g. KTAE or a calibrated TACO advantage); detached.
-        mask: ``[B, T]`` 0/1 or bool, 1 = real response token.
+        mask: ``[B, T]`` 0/1 or bool, the tokens in the loss: the real response tokens,
+            or a calibration's ``CalibrationResult.loss_mask`` (STAPO and forking tokens
+            remove tokens from it). Every aggregation, the KL and entropy terms and the
+            metrics run over it, so the token-mean is over the surviving tokens.
         clip_low, clip_high: ``eps_low`` in [0, 1) and ``eps_high`` >= 0 of
             ``clip(r, 1 - eps_low, 1 + eps_high)`` (DAPO clip-higher: 0.2 / 0.28).
         dual_clip: ``c > 1`` bounds the loss of negative-advantage tokens by ``-c * A``

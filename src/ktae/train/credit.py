@@ -44,7 +44,7 @@ class CreditSettings:
 
 CREDIT_NONE = "none"
 
-#: Options the trainer itself passes to KTAE (the user cannot also set them).
+#: Options the trainer itself passes to KTAE and GTPO (the user cannot also set them).
 TRAINER_KTAE_OPTIONS = ("correct",)
 
 
@@ -150,11 +150,12 @@ def check_credit_options(settings: CreditSettings) -> None:
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
     rewards = torch.tensor([1.0, 0.0])
     options = dict(settings.estimator_options)
-    if settings.estimator == "ktae":
+    if settings.estimator in ("ktae", "gtpo"):
         options["correct"] = rewards > 0.5
     try:
         adv = ktae.compute_advantages(settings.estimator, rewards=rewards, group=[0, 0],
-                                      token_ids=ids, mask=mask, **options)
+                                      token_ids=ids, mask=mask, entropies=torch.ones(ids.shape),
+                                      **options)
     except (TypeError, ValueError) as err:
         raise ValueError(f"estimator_options ({settings.estimator}): {err}") from None
     if settings.calibration is None:
@@ -162,7 +163,7 @@ def check_credit_options(settings: CreditSettings) -> None:
     logp = torch.full(ids.shape, -1.0)
     try:
         ktae.calibrate_advantages(settings.calibration, adv, logprobs=logp,
-                                  entropies=torch.ones(ids.shape), mask=mask,
+                                  entropies=torch.ones(ids.shape), mask=mask, old_logprobs=logp,
                                   generator=torch.Generator().manual_seed(0),
                                   **settings.calibration_options)
     except (TypeError, ValueError) as err:

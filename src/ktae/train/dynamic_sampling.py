@@ -25,7 +25,10 @@ _PAD_SIDE = {
     "sampling_per_token_logps": "right",
     "importance_sampling_ratio": "right",
     "tool_mask": "right",
+    "ktae_old_entropies": "right",
 }
+OLD_ENTROPIES = "ktae_old_entropies"
+"""Batch key of the generating policy's per-token entropies (estimators that need them)."""
 MERGEABLE_KEYS = frozenset(_PAD_SIDE)
 """Keys of a generation batch that :func:`merge_rows` knows how to concatenate."""
 

@@ -204,8 +204,13 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     state = PartialState()  # the state the args set up
     is_main = state.is_main_process
     out = Path(cfg.output_dir)
-    resume_from = prepare_output_dir(out, resume=cfg.resume, write=is_main)
+    # Every process checks the directory before any writes to it (a check racing the main
+    # process's first write would see a half-made run and fail alone, leaving the others
+    # waiting at a barrier); then the main process sets it up.
+    resume_from = prepare_output_dir(out, resume=cfg.resume, write=False)
+    state.wait_for_everyone()
     if is_main:
+        resume_from = prepare_output_dir(out, resume=cfg.resume, write=True)
         cfg.save(out / "config.yaml")
     state.wait_for_everyone()
     rundir = RunDir(out)

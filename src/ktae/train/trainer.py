@@ -15,11 +15,15 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    batch trained on (:mod:`ktae.train.batch_metrics`), and so does the completion table.
    With ``mask_truncated_completions`` KTAE's statistics still see every generated token:
    TRL's masking is applied afterwards, to the loss mask only.
+   An estimator that reads per-token entropies (GTPO) gets the generating (old) policy's,
+   from one extra no-grad forward pass right after generation, made only for such
+   estimators.
 2. ``_compute_loss`` / ``_get_per_token_logps_and_entropies``: when a calibration (TACO,
    SPEC 5) is configured, the current policy's per-token log-probs and entropies computed
    inside ``_compute_loss`` (``compute_entropy=True``) calibrate a copy of the advantages,
-   detached, before TRL's loss reads them. The old/ref log-prob passes (no entropy, outside
-   ``_compute_loss``) are untouched.
+   detached, before TRL's loss reads them, and the calibration's loss mask (STAPO and
+   forking tokens remove tokens) becomes TRL's loss mask (see :meth:`_loss_inputs`).
+   The old/ref log-prob passes (no entropy, outside ``_compute_loss``) are untouched.
 3. ``_save_checkpoint``: writes the generation settings and a completion marker last, so a
    checkpoint half-written by a kill is never resumed from (:mod:`ktae.train.rundir`); a
    full disk is reported in words. ``create_model_card``: TRL's auto-generated card is not
@@ -40,10 +44,12 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 import ktae
+from ktae.core.advantages import estimator_needs_entropies
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
 from ktae.train.credit import CreditSettings
 from ktae.train.dynamic_sampling import (
     MERGEABLE_KEYS,
+    OLD_ENTROPIES,
     informative_groups,
     merge_rows,
     select_groups,
@@ -55,6 +61,9 @@ _TOKEN_MASK = "ktae_token_mask"
 
 #: GRPOConfig settings whose effect ktae replaces (TRL's advantage computation).
 _NO_EFFECT = ("scale_rewards", "multi_objective_aggregation")
+
+#: Key of the loss-input copy holding the completion part of the attention mask.
+_ATTENTION_COMPLETION_MASK = "ktae_attention_completion_mask"
 
 
 def derived_seed(*parts: int) -> int:
@@ -167,6 +176,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
             out = super()._generate_and_score_completions(inputs)
         finally:
             self.mask_truncated_completions = masking
+        if estimator_needs_entropies(self.credit.estimator):
+            out[OLD_ENTROPIES] = self._old_policy_entropies(out)
         token_mask = out["completion_mask"]
         if "tool_mask" in out:
             token_mask = token_mask * out["tool_mask"]
@@ -186,6 +197,26 @@ class KTAEGRPOTrainer(GRPOTrainer):
 
     def _stop_ids(self) -> list[int]:
         return [*self.eos_token_ids, self._tokenizer.pad_token_id]
+
+    def _old_policy_entropies(self, batch: dict) -> torch.Tensor:
+        """``[b, T]`` entropies of the policy that generated ``batch`` (GTPO's old-policy
+        entropies): one no-grad pass like TRL 1.16's old log-prob pass in
+        ``_generate_and_score_completions``, on the same inputs."""
+        unknown = sorted(k for k in batch if k not in MERGEABLE_KEYS
+                         and k not in ("advantages", "num_items_in_batch"))
+        if unknown:
+            raise ValueError(f"credit: estimator {self.credit.estimator!r} needs the old "
+                             f"policy's entropies, which ktae computes for text-only batches; "
+                             f"this batch also holds {unknown}")
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        size = (self.args.per_device_train_batch_size if self.model.training
+                else self.args.per_device_eval_batch_size)
+        with torch.no_grad():
+            _, entropies, _ = self._get_per_token_logps_and_entropies(
+                self.model, ids, attention, batch["completion_ids"].size(1), batch_size=size,
+                compute_entropy=True)
+        return entropies.detach()
 
     # ------------------------------------------------------------------ generation
 
@@ -285,6 +316,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
         ids = batch["completion_ids"]
         mask = batch.pop(_TOKEN_MASK)
         loss_mask = batch["completion_mask"]
+        entropies = batch.pop(OLD_ENTROPIES, None)
         if "tool_mask" in batch:
             loss_mask = loss_mask * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
@@ -294,6 +326,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
             ids = self.accelerator.pad_across_processes(ids, dim=1, pad_index=pad)
             mask = self.accelerator.pad_across_processes(mask, dim=1, pad_index=0)
             ids, mask = self.accelerator.gather(ids), self.accelerator.gather(mask)
+            if entropies is not None:
+                entropies = self.accelerator.gather(
+                    self.accelerator.pad_across_processes(entropies, dim=1, pad_index=0))
             rewards = self.accelerator.gather(rewards)
             per_func = self.accelerator.gather(per_func)
             correct = self.accelerator.gather(correct.to(torch.uint8)).bool()  # gloo: no bool
@@ -307,8 +342,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
             options["correct"] = correct
             options["ignore_token_ids"] = sorted(
                 set(self.ignore_token_ids) | {int(i) for i in options.get("ignore_token_ids") or ()})
+        if self.credit.estimator == "gtpo":
+            options["correct"] = correct
         adv = ktae.compute_advantages(self.credit.estimator, rewards=rewards, group=group,
-                                      token_ids=ids, mask=mask.bool(), **options)
+                                      token_ids=ids, mask=mask.bool(), entropies=entropies,
+                                      **options)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
         batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
         seconds = time.perf_counter() - start
@@ -353,16 +391,41 @@ class KTAEGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         if self.credit.calibration is None:
             return super()._compute_loss(model, inputs)
-        inputs = dict(inputs)  # the calibrated advantages must not leak into buffered batches
+        inputs = self._loss_inputs(inputs)
         self._pending_calibration = inputs
         try:
             return super()._compute_loss(model, inputs)
         finally:
             self._pending_calibration = None
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    def _loss_inputs(self, inputs: dict) -> dict:
+        """A copy of ``inputs`` whose advantages and loss mask the calibration may change.
+
+        TRL 1.16's ``_compute_loss`` takes its loss mask, ``completion_mask`` (times
+        ``tool_mask``), before the policy pass that yields the log-probs and entropies a
+        calibration needs. Without ``tool_mask`` that mask is the ``completion_mask``
+        tensor itself, so the calibration narrows a private clone of it in place and every
+        aggregation, metric and the KL term see the surviving tokens (the attention mask,
+        built earlier by concatenation, is unaffected). With ``tool_mask`` the product is
+        stored as ``completion_mask`` and ``tool_mask`` dropped from the copy; the policy
+        pass gets the true attention mask back (``_get_per_token_logps_and_entropies``).
+        Copies: the buffered batch is reused when ``num_iterations > 1``.
+        """
+        inputs = dict(inputs)
+        inputs["completion_mask"] = inputs["completion_mask"].clone()
+        if "tool_mask" in inputs:
+            inputs[_ATTENTION_COMPLETION_MASK] = inputs["completion_mask"]
+            inputs["completion_mask"] = inputs["completion_mask"] * inputs.pop("tool_mask")
+        return inputs
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, *args,
+                                           **kwargs):
         pending = self._pending_calibration
+        if pending is not None and _ATTENTION_COMPLETION_MASK in pending:
+            attention_mask = torch.cat([pending["prompt_mask"],
+                                        pending[_ATTENTION_COMPLETION_MASK]], dim=1)
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, *args, **kwargs)
         if pending is not None and entropies is not None:
             self._pending_calibration = None  # only the policy pass of this _compute_loss
             self._calibrate(pending, logps.detach(), entropies.detach())
@@ -370,23 +433,51 @@ class KTAEGRPOTrainer(GRPOTrainer):
 
     def _calibrate(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor) -> None:
         adv = inputs["advantages"]
-        mask = inputs["completion_mask"]
+        mask = inputs["completion_mask"].clone()
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
         if adv.dim() == 1:
             adv = adv[:, None] * mask.to(adv.dtype)
+        # TRL 1.16 skips the old-policy pass when the batch is on-policy (num_iterations = 1,
+        # generation aligned with optimizer steps) and then uses the current log-probs,
+        # detached, as the old ones: the same holds for adv-reweight's rollout probability.
+        old = inputs.get("old_per_token_logps")
+        old = logps if old is None else old.detach()
         g = torch.Generator(device="cpu").manual_seed(derived_seed(
             self.credit.seed, self.state.global_step, -1, self.accelerator.process_index))
         result = ktae.calibrate_advantages(self.credit.calibration, adv.detach(), logprobs=logps,
-                                           entropies=entropies, mask=mask.bool(), generator=g,
+                                           entropies=entropies, mask=mask.bool(),
+                                           old_logprobs=old, generator=g,
                                            **self.credit.calibration_options)
         inputs["advantages"] = result.advantages.detach().to(adv.dtype)
+        self._narrow_loss_mask(inputs, mask.bool(), result.loss_mask)
         if self.rollouts is not None:
             self.rollouts.on_calibration(self, inputs=inputs, logprobs=logps,
                                          entropies=entropies, result=result)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["ktae/flagged_token_rate"].append(
             self._mean_across_processes(float(result.flag_rate)))
+        for key, value in result.metrics.items():
+            self._metrics[mode][f"ktae/{key}"].append(self._mean_across_processes(value))
+
+    def _narrow_loss_mask(self, inputs: dict, mask: torch.Tensor, loss_mask: torch.Tensor):
+        """Make ``loss_mask`` TRL's loss mask (see :meth:`_loss_inputs`), in place.
+
+        TRL's ``dapo`` loss (and ``cispo``/``vespo``) divides by ``num_items_in_batch``,
+        the generation batch's token count gathered at generation time; it is scaled by
+        the surviving share of this micro-batch over all processes, which makes it the
+        surviving-token count when a generation batch is one micro-batch per process
+        (``ktae train``'s layout) and an estimate of it otherwise.
+        """
+        completion_mask = inputs["completion_mask"]
+        completion_mask.mul_(loss_mask.to(completion_mask.dtype))
+        if "num_items_in_batch" in inputs:
+            counts = torch.stack([loss_mask.sum(), mask.sum()]).float()
+            if self.accelerator.num_processes > 1:
+                counts = self.accelerator.gather(counts).view(-1, 2).sum(dim=0)
+            share = counts[0] / counts[1].clamp(min=1)
+            inputs["num_items_in_batch"] = inputs["num_items_in_batch"] * share.to(
+                inputs["num_items_in_batch"].device)
 
     # ------------------------------------------------------------------ helpers
 

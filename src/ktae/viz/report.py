@@ -394,8 +394,10 @@ def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tens
                              "used a calibration records them; otherwise pass --model to "
                              "score the responses)")
         g = torch.Generator().manual_seed(0)
+        # adv-reweight reads the rollout policy's log-probs: the scored ones are the
+        # generating policy's for an on-policy run
         res = ktae.calibrate_advantages(credit.calibration, adv.double(), logprobs=lp,
-                                        entropies=H, mask=mask, generator=g,
+                                        entropies=H, mask=mask, old_logprobs=lp, generator=g,
                                         **credit.calibration_options)
         w, flagged, result_adv = res.weights.double(), res.flagged, res.advantages.double()
         loss_mask = getattr(res, "loss_mask", None)

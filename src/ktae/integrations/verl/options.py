@@ -1,0 +1,308 @@
+"""The plugin's configuration: parse, validate and check it against the rest of verl's.
+
+Two blocks of verl's Hydra config belong to ktae:
+
+* ``algorithm.ktae`` (with ``algorithm.adv_estimator=ktae``): KTAE's options, forwarded
+  to :func:`ktae.compute_advantages`, plus how correctness is read (``correct_key``);
+* ``actor_rollout_ref.actor.policy_loss.ktae`` (with ``policy_loss.loss_mode`` set to a
+  calibration name such as ``taco``): the calibration's options, forwarded to
+  :func:`ktae.calibrate_advantages`.
+
+Every name is checked (a typo is a ``ValueError`` naming the key and listing the valid
+ones) and every value is checked by running the real core function once on a two-response
+batch, so a bad value fails at start-up, not after the first rollout. Nothing here
+imports verl; configs may be OmegaConf nodes, verl config dataclasses or plain dicts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Options of ``algorithm.ktae``. All but ``correct_key`` go to ``compute_advantages``.
+KTAE_OPTIONS = ("base", "h1", "h2", "h3", "k1", "b", "top", "mode", "variant",
+                "reward_threshold", "ignore_token_ids", "chunk_tokens", "correct_key")
+
+#: Options of ``algorithm.gtpo`` (registered when the installed ktae has the estimator).
+GTPO_OPTIONS = ("a1", "a2", "eps", "normalize", "reward_threshold", "correct_key")
+
+_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {"ktae": KTAE_OPTIONS, "gtpo": GTPO_OPTIONS}
+
+
+def plugin_estimators() -> dict[str, tuple[str, ...]]:
+    """Estimators the plugin registers in verl (those ktae has), with their options.
+
+    verl's own ``grpo`` and ``rloo`` stay verl's; ``drgrpo`` is verl's ``grpo`` with
+    ``algorithm.norm_adv_by_std_in_grpo=false``.
+    """
+    import ktae
+
+    return {name: options for name, options in _ESTIMATOR_OPTIONS.items()
+            if name in ktae.ADVANTAGE_ESTIMATORS}
+
+
+def estimator_needs_entropies(name: str) -> bool:
+    """Whether the estimator reads the rollout policy's per-token entropies (verl's v1
+    trainer stores them; the legacy trainer drops them before computing advantages)."""
+    import ktae
+
+    return name in ktae.ADVANTAGE_ESTIMATORS and \
+        bool(getattr(ktae.ADVANTAGE_ESTIMATORS.get(name), "needs_entropies", False))
+
+#: Where verl's accuracy sits in the reward function's extra info (``dapo`` manager).
+DEFAULT_CORRECT_KEY = "acc"
+
+POLICY_LOSS_KEY = "ktae"
+POLICY_LOSS_PATH = "actor_rollout_ref.actor.policy_loss"
+CALCULATE_ENTROPY_PATH = "actor_rollout_ref.actor.calculate_entropy"
+
+
+def plain(value: Any) -> Any:
+    """OmegaConf containers and config dataclasses as plain dicts/lists (others as is)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - verl always brings omegaconf
+        DictConfig = ListConfig = ()  # noqa: N806
+    if DictConfig and isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _get(node: Any, key: str, default: Any = None) -> Any:
+    if node is None:
+        return default
+    getter = getattr(node, "get", None)
+    if getter is not None:
+        return getter(key, default)
+    return getattr(node, key, default)
+
+
+def _section(node: Any, key: str, where: str) -> dict:
+    value = plain(_get(node, key))
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected a block of options (key=value), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class EstimatorSettings:
+    """A plugin estimator's parsed ``algorithm.<name>`` block.
+
+    Attributes:
+        name: the estimator (``ktae``).
+        options: keyword options for :func:`ktae.compute_advantages`.
+        correct_key: the reward extra-info field read as correctness (None: use
+            ``reward > reward_threshold`` on the sequence reward).
+        reward_threshold: correctness threshold on ``correct_key``'s value, or on the
+            reward when that field is absent.
+    """
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    correct_key: str | None = DEFAULT_CORRECT_KEY
+    reward_threshold: float = 0.0
+
+
+def estimator_settings(name: str, algorithm: Any) -> EstimatorSettings:
+    """Parse ``algorithm.<name>`` (names only; values are checked by :func:`check_config`).
+
+    ``base`` defaults to ``drgrpo`` when verl's ``algorithm.norm_adv_by_std_in_grpo`` is
+    false (verl's Dr.GRPO switch) and to ``grpo`` otherwise; an explicit ``base`` that
+    contradicts that switch is an error.
+    """
+    estimators = plugin_estimators()
+    if name not in estimators:
+        raise ValueError(f"algorithm.adv_estimator: {name!r} is not an estimator of the ktae "
+                         f"plugin; expected one of {sorted(estimators)}")
+    where = f"algorithm.{name}"
+    block = _section(algorithm, name, where)
+    allowed = estimators[name]
+    unknown = sorted(set(block) - set(allowed))
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]}: unknown option; expected one of "
+                         f"{', '.join(allowed)}")
+    options = dict(block)
+    reference = options.get("mode") == "reference"
+    correct_key = options.pop("correct_key", None if reference else DEFAULT_CORRECT_KEY)
+    if correct_key is not None and not isinstance(correct_key, str):
+        raise ValueError(f"{where}.correct_key: expected a field name or null, got {correct_key!r}")
+    if reference and correct_key is not None:
+        raise ValueError(f"{where}.correct_key: mode=reference uses the released runtime's rule "
+                         "(reward > 0); remove correct_key or use mode=exact")
+    threshold = options.pop("reward_threshold", 0.0)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+            or not math.isfinite(threshold):
+        raise ValueError(f"{where}.reward_threshold: expected a finite number, got {threshold!r}")
+    if reference and threshold != 0:
+        raise ValueError(f"{where}.reward_threshold: mode=reference uses the released "
+                         "runtime's rule (reward > 0)")
+    if "base" in options or name == "ktae":
+        norm_by_std = _get(algorithm, "norm_adv_by_std_in_grpo", True)
+        implied = "grpo" if norm_by_std else "drgrpo"
+        base = options.setdefault("base", implied)
+        if not norm_by_std and base == "grpo":
+            raise ValueError(f"{where}.base: 'grpo' divides by the group std, but "
+                             "algorithm.norm_adv_by_std_in_grpo=false asks for Dr.GRPO; "
+                             "set one of them consistently")
+    if "ignore_token_ids" in options and options["ignore_token_ids"] is not None:
+        ids = options["ignore_token_ids"]
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                and i >= 0 for i in ids):
+            raise ValueError(f"{where}.ignore_token_ids: expected a list of token ids, "
+                             f"e.g. [151643], got {ids!r}")
+    return EstimatorSettings(name, options, correct_key, float(threshold))
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """A calibration selected by ``policy_loss.loss_mode`` and its ``policy_loss.ktae`` options."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def calibration_settings(policy_loss: Any) -> CalibrationSettings:
+    """Parse the policy-loss block (names only; values are checked by :func:`check_config`)."""
+    import ktae
+
+    name = _get(policy_loss, "loss_mode", "vanilla")
+    block = _section(policy_loss, POLICY_LOSS_KEY, f"{POLICY_LOSS_PATH}.{POLICY_LOSS_KEY}")
+    if name not in ktae.CALIBRATIONS:
+        raise ValueError(f"{POLICY_LOSS_PATH}.loss_mode: {name!r} is not a ktae calibration; "
+                         f"expected one of {', '.join(ktae.CALIBRATIONS.names())}")
+    return CalibrationSettings(name, block)
+
+
+def calibration_accepts(argument: str) -> bool:
+    """Whether the installed :func:`ktae.calibrate_advantages` takes ``argument``."""
+    import ktae
+
+    return argument in inspect.signature(ktae.calibrate_advantages).parameters
+
+
+# -- start-up checks --------------------------------------------------------------------
+
+def _check_estimator_values(settings: EstimatorSettings) -> None:
+    """Run the real estimator on two responses: bad option values raise here."""
+    import torch
+
+    import ktae
+
+    extra = {}
+    if estimator_needs_entropies(settings.name):
+        extra["entropies"] = torch.ones(2, 2)
+    try:
+        ktae.compute_advantages(settings.name, rewards=torch.tensor([1.0, 0.0]), group=[0, 0],
+                                token_ids=torch.tensor([[1, 2], [1, 3]]), **settings.options,
+                                **extra)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"algorithm.{settings.name}: {e}") from None
+
+
+def _dry_run_calibration(settings: CalibrationSettings, with_entropy: bool) -> None:
+    import torch
+
+    import ktae
+
+    lp = torch.log(torch.tensor([[0.5, 0.001], [0.9, 0.2]]))
+    extra = {"old_logprobs": lp} if calibration_accepts("old_logprobs") else {}
+    ktae.calibrate_advantages(settings.name, torch.tensor([1.0, -1.0]), logprobs=lp,
+                              entropies=torch.ones(2, 2) if with_entropy else None,
+                              mask=torch.ones(2, 2), generator=torch.Generator(), **extra,
+                              **settings.options)
+
+
+def calibration_needs_entropy(settings: CalibrationSettings) -> bool:
+    """Whether the calibration reads the current policy's entropy (it raises without it)."""
+    try:
+        _dry_run_calibration(settings, with_entropy=False)
+    except ValueError as e:
+        if str(e).startswith("entropies:"):
+            return True
+        raise
+    return False
+
+
+def check_calibration_values(settings: CalibrationSettings) -> None:
+    """Run the real calibration once on a 2 x 2 batch: bad option names or values raise."""
+    try:
+        _dry_run_calibration(settings, with_entropy=True)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{POLICY_LOSS_PATH}.{POLICY_LOSS_KEY} (loss_mode={settings.name}): "
+                         f"{e}") from None
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """What :func:`check_config` found: the plugin parts a verl config uses (or None)."""
+
+    estimator: EstimatorSettings | None
+    calibration: CalibrationSettings | None
+
+
+def check_config(config: Any) -> PluginConfig:
+    """Check a full verl PPO config (``ppo_trainer.yaml`` + overrides) for the plugin's parts.
+
+    Raises ``ValueError`` naming the setting to change: an unknown option or a bad value in
+    ``algorithm.ktae`` / ``policy_loss.ktae``, a block whose estimator or loss is not
+    selected, a calibration that needs the current entropy while verl does not compute
+    it, or a combination verl 0.9.1's legacy trainer cannot run. Configs that use no part
+    of the plugin pass unchanged.
+    """
+    import ktae
+
+    algorithm = _get(config, "algorithm")
+    actor = _get(_get(config, "actor_rollout_ref"), "actor")
+    policy_loss = _get(actor, "policy_loss")
+    trainer = _get(config, "trainer")
+    use_v1 = bool(_get(trainer, "use_v1", True))
+
+    name = _get(algorithm, "adv_estimator")
+    estimator = None
+    estimators = plugin_estimators()
+    for other in estimators:
+        if other != name and _get(algorithm, other) is not None:
+            raise ValueError(f"algorithm.{other}: options for the {other!r} estimator are set "
+                             f"but algorithm.adv_estimator={name}; set "
+                             f"algorithm.adv_estimator={other} or remove the block")
+    if name in estimators:
+        estimator = estimator_settings(name, algorithm)
+        _check_estimator_values(estimator)
+        if estimator_needs_entropies(name) and not use_v1:
+            raise ValueError(f"algorithm.adv_estimator={name} needs the rollout policy's "
+                             "entropies, which verl 0.9.1's legacy trainer drops; set "
+                             "trainer.use_v1=true")
+
+    loss_mode = _get(policy_loss, "loss_mode", "vanilla")
+    calibration = None
+    if loss_mode in ktae.CALIBRATIONS:
+        calibration = calibration_settings(policy_loss)
+        check_calibration_values(calibration)
+        entropy_on = bool(_get(actor, "calculate_entropy", False)) or \
+            float(_get(actor, "entropy_coeff", 0.0) or 0.0) != 0.0
+        if not entropy_on and calibration_needs_entropy(calibration):
+            raise ValueError(f"{POLICY_LOSS_PATH}.loss_mode={loss_mode} reads the current "
+                             "policy's entropy at each update, which verl computes only when "
+                             f"asked: set {CALCULATE_ENTROPY_PATH}=true")
+    elif _get(policy_loss, POLICY_LOSS_KEY) is not None:
+        raise ValueError(f"{POLICY_LOSS_PATH}.{POLICY_LOSS_KEY}: calibration options are set "
+                         f"but loss_mode={loss_mode} is not a ktae calibration; set "
+                         f"{POLICY_LOSS_PATH}.loss_mode to one of "
+                         f"{', '.join(ktae.CALIBRATIONS.names())}")
+
+    if (estimator or calibration) and not use_v1:
+        groups = _get(algorithm, "filter_groups")
+        if groups is not None and bool(_get(groups, "enable", False)):
+            raise ValueError("algorithm.filter_groups.enable=true: verl 0.9.1 filters groups "
+                             "(DAPO dynamic sampling) only in its v1 trainer and ignores the "
+                             "setting in the legacy one; set trainer.use_v1=true")
+    return PluginConfig(estimator, calibration)

@@ -1,0 +1,152 @@
+"""``ktae simulate``: the TACO paper's synthetic MDP, every credit method against the oracle.
+
+``ktae simulate --preset quick -o runs/simulate`` trains a tabular softmax policy on the
+synthetic sequential MDP (SPEC section 6) with each credit method, for each setting of
+the three axes (H, n_opt, G) and each seed, then writes to the output directory:
+``curves_H.png``, ``curves_n_opt.png``, ``curves_G.png`` (curves per axis), ``results.md``
+(final and mean return, steps to the target, the paper's claims) and ``curves.json``
+(the raw curves), and prints a one-paragraph summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ktae import CALIBRATIONS
+from ktae.sim.config import PRESETS, SimConfig
+
+QUICK_METHODS = ",".join(PRESETS["quick"]["methods"])
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    quick, paper = PRESETS["quick"], PRESETS["paper"]
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), default="quick",
+        help=f"quick: |A| = {quick['actions']}, {quick['steps']} updates, lr {quick['lr']}, "
+             f"{quick['seeds']} seeds, methods {QUICK_METHODS} (about 1.6 CPU-minutes); "
+             f"paper: the TACO paper's |A| = {paper['actions']}, {paper['steps']} updates, "
+             f"lr {paper['lr']}, {paper['seeds']} seeds, every method (about 25 CPU-hours "
+             "on one thread, an estimate: see docs/simulate.md). Flags override it.")
+    parser.add_argument("--horizon", type=_int_list, default=None, metavar="H,H,...",
+                        help="trace lengths of the H axis (default 4,16,64)")
+    parser.add_argument("--n-opt", type=_int_list, default=None, metavar="N,N,...",
+                        help="optimal actions per step of the n_opt axis (default 1,10,100)")
+    parser.add_argument("--group-size", type=_int_list, default=None, metavar="G,G,...",
+                        help="trajectories per update of the G axis (default 4,8,16)")
+    parser.add_argument("--actions", type=int, default=None, help="|A|, actions per step")
+    parser.add_argument("--steps", type=int, default=None, help="SGD updates per run")
+    parser.add_argument("--lr", type=float, default=None, help="SGD learning rate")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per (method, setting)")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="updates between evaluations")
+    parser.add_argument(
+        "--methods", default=None,
+        help="comma list: broadcast, step (the oracle), ktae, a calibration on broadcast "
+             f"({', '.join(CALIBRATIONS.names())}), BASE+CALIBRATION (e.g. ktae+taco), or "
+             f"all (default: quick {QUICK_METHODS}; paper all)")
+    parser.add_argument("--ktae-threshold", type=float, default=None,
+                        help="KTAE correctness: return > this value (default: return above "
+                             "the group mean)")
+    parser.add_argument("--target", type=float, default=0.9,
+                        help="steps-to-target threshold on the normalised return (0.9)")
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 is faster on a "
+                             "busy machine)")
+    parser.add_argument("-o", "--output-dir", default="runs/simulate",
+                        help="where the PNGs, results.md and curves.json go")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """The :class:`SimConfig` of the parsed flags (ValueError on bad values)."""
+    overrides = {}
+    for flag, field in (("horizon", "horizons"), ("n_opt", "n_opts"),
+                        ("group_size", "group_sizes"), ("actions", "actions"),
+                        ("steps", "steps"), ("lr", "lr"), ("seeds", "seeds"),
+                        ("eval_every", "eval_every")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[field] = value
+    if args.methods is not None:
+        overrides["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    return SimConfig.preset(args.preset, ktae_threshold=args.ktae_threshold,
+                            target=args.target, device=args.device, **overrides)
+
+
+class _Progress:
+    """A tqdm bar over every update of every block (silent when tqdm is missing)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                return
+            self.bar = tqdm(total=total, desc="ktae simulate", unit="update",
+                            dynamic_ncols=True)
+
+    def __call__(self, block: int, n_blocks: int, step: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"block {block + 1}/{n_blocks}", refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``ktae simulate``."""
+    try:
+        config = config_from_args(args)
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"threads: expected a positive integer, got {args.threads}")
+    except ValueError as err:
+        print(f"ktae simulate: {err}", file=sys.stderr)
+        return 2
+    try:
+        import matplotlib  # noqa: F401  (checked before a long run, used by the plots)
+    except ImportError:
+        print("ktae simulate: the plots need matplotlib: pip install 'ktae[sim]'",
+              file=sys.stderr)
+        return 2
+    import torch
+
+    from ktae.sim import plots, report
+    from ktae.sim.run import plan_blocks, simulate
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n_blocks = len(plan_blocks(config))
+    n_runs = len(config.method_names) * len(config.settings()) * config.seeds
+    print(f"ktae simulate: {len(config.method_names)} methods x {len(config.settings())} "
+          f"settings x {config.seeds} seeds = {n_runs} runs of {config.steps} updates, "
+          f"|A| = {config.actions}, in {n_blocks} block(s)", file=sys.stderr)
+    bar = _Progress(n_blocks * config.steps, enabled=not args.no_progress)
+    try:
+        result = simulate(config, progress=bar)
+    finally:
+        bar.close()
+    (out / "results.md").write_text(report.markdown(result))
+    report.write_json(result, out / "curves.json")
+    pngs = plots.plot_all(result, out)
+    print(report.summary_paragraph(result))
+    print(f"ktae simulate: {result.seconds:.0f} s; wrote {out / 'results.md'}, "
+          f"{out / 'curves.json'}, " + ", ".join(str(p) for p in pngs))
+    return 0

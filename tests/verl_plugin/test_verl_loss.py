@@ -1,0 +1,227 @@
+"""Calibrated losses through verl's real actor loss: ``partial(ppo_loss, config=actor
+config)`` as ``verl.workers.engine_workers`` builds it, fed verl's no-padding layout."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is not installed (pip install -e '.[verl,test]')")
+
+import torch  # noqa: E402
+
+import ktae  # noqa: E402
+
+PROMPT_LENS = [3, 2, 4, 1, 2]
+RESPONSE_LENS = [4, 6, 1, 5, 3]
+ALPHA, LAM = 0.01, 0.9
+
+
+def actor_config(loss_mode="taco", options=None, agg="token-mean", **extra):
+    from verl.workers.config import FSDPActorConfig
+
+    from ktae.integrations.verl.config import CalibratedPolicyLossConfig
+
+    policy_loss = CalibratedPolicyLossConfig(loss_mode=loss_mode, ktae=dict(options or {}))
+    return FSDPActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=2,
+                           clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode=agg,
+                           policy_loss=policy_loss, calculate_entropy=True, **extra)
+
+
+def worker_loss_fn(config):
+    """The actor loss exactly as ``ActorRolloutRefWorker.init_model`` builds it."""
+    from verl.workers import engine_workers
+
+    return partial(engine_workers.ppo_loss, config=config)
+
+
+def _nested(rows):
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+class MicroBatch:
+    """One micro-batch in verl's no-padding layout plus its padded [B, T] twins.
+
+    Current log-probs and entropies sit on either side of TACO's threshold
+    ``logp = -H + log(alpha)`` by a clear margin, so the flagged tokens are known.
+    """
+
+    def __init__(self, seed=0, is_weights=False):
+        g = torch.Generator().manual_seed(seed)
+        B, T = len(RESPONSE_LENS), max(RESPONSE_LENS)
+        self.mask = torch.arange(T)[None, :] < torch.tensor(RESPONSE_LENS)[:, None]
+        self.entropy = torch.rand(B, T, generator=g) * 2 + 0.1
+        side = torch.where(torch.rand(B, T, generator=g) < 0.35, -1.0, 1.0)
+        self.logp_values = (-self.entropy + math.log(ALPHA) + side * 0.7).clamp(max=-1e-3)
+        self.old = self.logp_values + 0.05 * torch.randn(B, T, generator=g)
+        self.adv = torch.randn(B, T, generator=g)
+        self.adv[0] = self.adv[0].abs() + 0.1  # a response with positive credit throughout
+        self.is_weights = torch.rand(B, T, generator=g) * 1.5 if is_weights else None
+        zero = torch.zeros(B, T)
+        self.adv, self.old, self.entropy = (torch.where(self.mask, x, zero)
+                                            for x in (self.adv, self.old, self.entropy))
+        self.logp_values = torch.where(self.mask, self.logp_values, zero)
+        self.flagged = (self.logp_values < -self.entropy + math.log(ALPHA)) & (self.adv > 0) \
+            & self.mask
+        assert 0 < int(self.flagged.sum()) < int(((self.adv > 0) & self.mask).sum())
+
+    def rows(self, x):
+        return [x[i, :n] for i, n in enumerate(RESPONSE_LENS)]
+
+    def verl_inputs(self, logp: torch.Tensor, *, dp_size=1, batch_num_tokens=None,
+                    global_batch_size=None, with_entropy=True):
+        """``(model_output, data)`` as the engine hands them to the loss function."""
+        from verl.utils import tensordict_utils as tu
+
+        def full_sequence(resp):  # response values shifted into the [prompt | response] rows
+            parts = []
+            for i, (p, r) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS, strict=True)):
+                parts += [resp.new_zeros(p - 1), resp[i, :r], resp.new_zeros(1)]
+            return torch.cat(parts)
+
+        model_output = {"log_probs": full_sequence(logp)}
+        if with_entropy:
+            model_output["entropy"] = full_sequence(self.entropy)
+        fields = {
+            "prompts": _nested([torch.full((p,), 7) for p in PROMPT_LENS]),
+            "responses": _nested([torch.full((r,), 5) for r in RESPONSE_LENS]),
+            "response_mask": _nested([torch.ones(r, dtype=torch.int64) for r in RESPONSE_LENS]),
+            "old_log_probs": _nested(self.rows(self.old)),
+            "advantages": _nested(self.rows(self.adv)),
+        }
+        if self.is_weights is not None:
+            fields["rollout_is_weights"] = _nested(self.rows(self.is_weights))
+        data = tu.get_tensordict(fields)
+        tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
+                             global_batch_size=global_batch_size)
+        return model_output, data
+
+
+def value(metric):
+    return metric.aggregate() if hasattr(metric, "aggregate") else metric
+
+
+def test_the_worker_loss_is_the_wrapped_ppo_loss():
+    from verl.workers import engine_workers
+    from verl.workers.utils import losses
+
+    assert engine_workers.ppo_loss is losses.ppo_loss
+    assert getattr(losses.ppo_loss, "_ktae_verl_plugin", False)
+    assert losses.ppo_loss.__wrapped__.__module__ == "verl.workers.utils.losses"
+
+
+def test_taco_loss_equals_ktae_on_calibrated_advantages_with_current_entropy(monkeypatch):
+    mb = MicroBatch()
+    seen = {}
+    real = ktae.calibrate_advantages
+
+    def spy(name, advantages, **kwargs):
+        seen.update(kwargs, name=name)
+        return real(name, advantages, **kwargs)
+
+    monkeypatch.setattr(ktae, "calibrate_advantages", spy)
+    logp = mb.logp_values.clone().requires_grad_(True)
+    model_output, data = mb.verl_inputs(logp)
+    loss, metrics = worker_loss_fn(actor_config(options={"alpha": ALPHA, "lam": LAM}))(
+        model_output=model_output, data=data)
+
+    # the calibration saw the current forward pass's entropy and log-probs
+    assert seen["name"] == "taco"
+    torch.testing.assert_close(seen["entropies"], mb.entropy, rtol=0, atol=0)
+    torch.testing.assert_close(seen["logprobs"], mb.logp_values, rtol=0, atol=0)
+    assert not seen["logprobs"].requires_grad
+
+    monkeypatch.setattr(ktae, "calibrate_advantages", real)
+    res = ktae.calibrate_advantages("taco", mb.adv, logprobs=mb.logp_values, entropies=mb.entropy,
+                                    mask=mb.mask, alpha=ALPHA, lam=LAM)
+    assert torch.equal(res.flagged, mb.flagged)
+    assert value(metrics["actor/calibration/flag_rate"]) == pytest.approx(
+        float(mb.flagged.sum()) / float(mb.mask.sum()))
+    keep = getattr(res, "loss_mask", mb.mask)
+    ref_logp = mb.logp_values.clone().requires_grad_(True)
+    want, _ = ktae.policy_loss(ref_logp, mb.old, res.advantages, keep, clip_low=0.2,
+                               clip_high=0.28, dual_clip=3.0, aggregation="token-mean")
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-7)
+
+    # gradients flow into the current log-probs, as ktae's loss defines them
+    loss.backward()
+    want.backward()
+    assert logp.grad is not None and logp.grad[mb.mask].abs().sum() > 0
+    torch.testing.assert_close(logp.grad, ref_logp.grad, rtol=1e-6, atol=1e-7)
+    # a flagged token's gradient is the uncalibrated one times its calibration weight < 1
+    uncalibrated = mb.logp_values.clone().requires_grad_(True)
+    ktae.policy_loss(uncalibrated, mb.old, mb.adv, mb.mask, clip_low=0.2, clip_high=0.28,
+                     dual_clip=3.0)[0].backward()
+    flagged = mb.flagged & (ref_logp.grad != 0)
+    assert flagged.any() and (res.weights[flagged] < 1).all()
+    torch.testing.assert_close(logp.grad[flagged],
+                               res.weights[flagged] * uncalibrated.grad[flagged])
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "token-sum", "seq-mean-token-mean",
+                                 "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("split", ["one micro-batch", "global mini-batch over 2 ranks"])
+@pytest.mark.parametrize("is_weights", [False, True])
+def test_reweight_only_loss_matches_verl_vanilla_normalisation(agg, split, is_weights):
+    """With lam = 0 TACO changes nothing: the loss must be verl's own vanilla loss for every
+    aggregation mode and global-batch normaliser (gradient accumulation across splits)."""
+    mb = MicroBatch(seed=1, is_weights=is_weights)
+    info = {} if split == "one micro-batch" else dict(
+        dp_size=2, batch_num_tokens=3 * int(mb.mask.sum()), global_batch_size=12)
+    model_output, data = mb.verl_inputs(mb.logp_values, **info)
+    ours, _ = worker_loss_fn(actor_config(options={"lam": 0.0}, agg=agg))(
+        model_output=model_output, data=data)
+    model_output, data = mb.verl_inputs(mb.logp_values, **info)
+    vanilla, _ = worker_loss_fn(actor_config("vanilla", agg=agg))(
+        model_output=model_output, data=data)
+    torch.testing.assert_close(ours, vanilla, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["taco-prob-only", "taco-hard", "taco-entropy-only",
+                                  "taco-random", "adv-reweight", "forking-tokens", "stapo"])
+def test_every_calibration_runs_through_ppo_loss(name):
+    torch.manual_seed(0)
+    mb = MicroBatch(seed=2)
+    logp = mb.logp_values.clone().requires_grad_(True)
+    model_output, data = mb.verl_inputs(logp)
+    loss, metrics = worker_loss_fn(actor_config(name))(model_output=model_output, data=data)
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert logp.grad[mb.mask].abs().sum() > 0
+    torch.manual_seed(0)
+    extra = {"old_logprobs": mb.old} if "old_logprobs" in \
+        __import__("inspect").signature(ktae.calibrate_advantages).parameters else {}
+    res = ktae.calibrate_advantages(name, mb.adv, logprobs=mb.logp_values, entropies=mb.entropy,
+                                    mask=mb.mask, **extra)
+    want, _ = ktae.policy_loss(mb.logp_values, mb.old, res.advantages,
+                               getattr(res, "loss_mask", mb.mask), clip_low=0.2, clip_high=0.28,
+                               dual_clip=3.0)
+    torch.testing.assert_close(loss.detach(), want, rtol=1e-6, atol=1e-7)
+    assert value(metrics["actor/calibration/flag_rate"]) == pytest.approx(res.flag_rate)
+
+
+def test_missing_entropy_names_the_setting():
+    mb = MicroBatch()
+    model_output, data = mb.verl_inputs(mb.logp_values, with_entropy=False)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.calculate_entropy=true"):
+        worker_loss_fn(actor_config())(model_output=model_output, data=data)
+
+
+def test_loss_outside_ppo_loss_refuses():
+    from verl.trainer.ppo import core_algos
+
+    mb = MicroBatch()
+    fn = core_algos.get_policy_loss_fn("taco")
+    with pytest.raises(RuntimeError, match="needs the current policy's entropy"):
+        fn(mb.old, mb.logp_values, mb.adv, mb.mask, "token-mean", actor_config(), None)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"alhpa": 0.1}, "alhpa: unknown option for calibration 'taco'; expected alpha, lam"),
+    ({"alpha": -1.0}, "alpha"),
+])
+def test_bad_calibration_options_are_refused_when_verl_builds_the_config(options, message):
+    with pytest.raises(ValueError, match=message):
+        actor_config(options=options)
