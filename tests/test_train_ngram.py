@@ -108,3 +108,45 @@ def test_compare_arm_reaches_the_estimator(tmp_path, monkeypatch, capsys):
     assert (root / "ktae-ngram=2-seed0" / "summary.json").exists()
     assert "ktae_ngram: 2" in (root / "ktae-ngram=2-seed0" / "config.yaml").read_text()
     capsys.readouterr()
+
+
+def test_verl_plugin_forwards_span_options():
+    """``+algorithm.ktae.ngram=3`` reaches ``compute_advantages`` (the options module needs
+    no verl); a bad value fails the start-up check, naming the option."""
+    from ktae.integrations.verl.options import _check_estimator_values, estimator_settings
+
+    settings = estimator_settings("ktae", {"ktae": {"ngram": 3, "ngram_reduce": "maxabs"}})
+    assert settings.options["ngram"] == 3 and settings.options["ngram_reduce"] == "maxabs"
+    _check_estimator_values(settings)
+    bad = estimator_settings("ktae", {"ktae": {"ngram": 0}})
+    with pytest.raises(ValueError, match="algorithm.ktae: ngram: expected a positive integer"):
+        _check_estimator_values(bad)
+
+
+def test_simulator_forwards_span_length(tmp_path, capsys):
+    """``ktae simulate --ktae-ngram N``: KTAE over spans of N consecutive steps, the
+    library's call on the simulator's batch; recorded in the run's config."""
+    from ktae.sim.credit import CreditBatch, base_advantages
+
+    gen = torch.Generator().manual_seed(0)
+    G, H, A = 4, 6, 3
+    actions = torch.randint(0, A, (2 * G, H), generator=gen)
+    mask = torch.ones(2 * G, H, dtype=torch.bool)
+    batch = CreditBatch(step_rewards=(actions < 1).float(), mask=mask,
+                        group=torch.arange(2).repeat_interleave(G),
+                        horizon=torch.full((2 * G,), H),
+                        token_ids=torch.arange(H) * A + actions,
+                        logprobs=torch.zeros(2 * G, H), entropies=torch.ones(2 * G, H),
+                        run_slices=((0, G), (G, 2 * G)))
+    direct = ktae.compute_advantages("ktae", rewards=batch.returns, group=batch.group,
+                                     token_ids=batch.token_ids, mask=mask, ngram=3,
+                                     correct=batch.above_group_mean())
+    torch.testing.assert_close(base_advantages("ktae", batch, ktae_ngram=3), direct)
+    assert not torch.equal(direct, base_advantages("ktae", batch))
+    out = tmp_path / "sim"
+    assert main(["simulate", "--actions", "16", "--steps", "6", "--seeds", "1", "--eval-every",
+                 "3", "--horizon", "4", "--n-opt", "1", "--group-size", "4", "--threads", "1",
+                 "--methods", "ktae", "--ktae-ngram", "2", "--no-progress", "-o", str(out)]) == 0
+    assert json.loads((out / "curves.json").read_text())["config"]["ktae_ngram"] == 2
+    assert main(["simulate", "--ktae-ngram", "0", "-o", str(tmp_path / "x")]) == 2
+    assert "ktae_ngram: expected a positive integer" in capsys.readouterr().err

@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ktae-threshold", type=float, default=None,
                         help="KTAE correctness: return > this value (default: return above "
                              "the group mean)")
+    parser.add_argument("--ktae-ngram", type=int, default=1,
+                        help="KTAE span length: 1 = single (step, action) tokens (default); "
+                             "N > 1 = spans of N consecutive steps")
     parser.add_argument("--target", type=float, default=0.9,
                         help="steps-to-target threshold on the normalised return (0.9)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
@@ -83,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     if args.methods is not None:
         overrides["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     return SimConfig.preset(args.preset, ktae_threshold=args.ktae_threshold,
+                            ktae_ngram=args.ktae_ngram,
                             target=args.target, device=args.device, **overrides)
 
 

@@ -58,6 +58,8 @@ class SimConfig:
     """method names (see ktae.sim.credit); 'all' expands"""
     ktae_threshold: float | None = None
     """KTAE correctness: None = return above the group mean, else return > threshold"""
+    ktae_ngram: int = 1
+    """KTAE span length: 1 = single (step, action) tokens; N > 1 = spans of N steps"""
     target: float = 0.9
     """steps-to-target: first evaluation with expected normalised return >= target"""
     device: str = "cpu"
@@ -96,6 +98,7 @@ class SimConfig:
             raise ValueError(f"target: expected a normalised return in (0, 1], got {self.target}")
         if self.ktae_threshold is not None and not -float("inf") < self.ktae_threshold < float("inf"):
             raise ValueError(f"ktae_threshold: expected a finite number, got {self.ktae_threshold}")
+        _positive("ktae_ngram", self.ktae_ngram)
         parse_methods(self.methods)
 
     @classmethod

@@ -16,7 +16,8 @@ trajectory ``i``, ``R_i = sum_t r[i,t] / H`` its normalised return):
 ``ktae``
     ``ktae.compute_advantages("ktae", ...)`` with tokens = (step, action) pairs, id
     ``t * |A| + a``, and ``correct`` = the trajectory's return is above its group's mean
-    (with ``ktae_threshold``: the library's ``reward_threshold`` rule, return > threshold).
+    (with ``ktae_threshold``: the library's ``reward_threshold`` rule, return > threshold);
+    with ``ktae_ngram=N > 1``, KTAE over spans of N consecutive steps (docs/ngram.md).
 ``+CALIBRATION``
     ``ktae.calibrate_advantages(CALIBRATION, A, logprobs, entropies, mask)`` on the base
     advantages, with the current per-step softmax's log-probability of the sampled action
@@ -133,7 +134,7 @@ class CreditBatch:
 
 
 def base_advantages(base: str, batch: CreditBatch, *,
-                    ktae_threshold: float | None = None) -> torch.Tensor:
+                    ktae_threshold: float | None = None, ktae_ngram: int = 1) -> torch.Tensor:
     """``[B, T]`` token advantages of a base credit (0 on padding)."""
     if base == "broadcast":
         return ktae.compute_advantages("grpo", rewards=batch.returns, group=batch.group,
@@ -150,9 +151,10 @@ def base_advantages(base: str, batch: CreditBatch, *,
             correctness = {"correct": batch.above_group_mean()}
         else:
             correctness = {"reward_threshold": float(ktae_threshold)}
+        spans = {"ngram": ktae_ngram} if ktae_ngram != 1 else {}
         return ktae.compute_advantages("ktae", rewards=batch.returns, group=batch.group,
                                        token_ids=batch.token_ids, mask=batch.mask,
-                                       **correctness)
+                                       **correctness, **spans)
     raise ValueError(f"base: expected one of {', '.join(BASES)}, got {base!r}")
 
 
@@ -198,10 +200,11 @@ def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
 
 
 def method_advantages(method: Method, batch: CreditBatch, *,
-                      ktae_threshold: float | None = None,
+                      ktae_threshold: float | None = None, ktae_ngram: int = 1,
                       generators: list[torch.Generator] | None = None) -> Credit:
     """A method's :class:`Credit` on a batch."""
-    adv = base_advantages(method.base, batch, ktae_threshold=ktae_threshold)
+    adv = base_advantages(method.base, batch, ktae_threshold=ktae_threshold,
+                          ktae_ngram=ktae_ngram)
     if method.calibration is None:
         return Credit(adv, batch.mask, torch.zeros_like(batch.mask))
     return calibrate(method.calibration, adv, batch, generators)

@@ -218,6 +218,7 @@ class Block:
         for method, mb in self.methods.items():
             credit = method_advantages(method, self.credit_batch(mb, actions, logp, stats),
                                        ktae_threshold=self.config.ktae_threshold,
+                                       ktae_ngram=self.config.ktae_ngram,
                                        generators=self.generators.get(method))
             coef[mb.real_rows, mb.real_cols] = self.loss_weights(mb, credit)[mb.mask]
             self.flagged.index_add_(0, mb.traj_run, (credit.flagged & mb.mask).sum(1))
