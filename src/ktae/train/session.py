@@ -286,5 +286,13 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
             (folder / "README.md").write_text(card)
         rundir.plot()
     state.wait_for_everyone()
-    trainer.accelerator.end_training()  # tears the process group down on every rank
+    # Tear the process group down on every process. DDP's reducer holds the group: release
+    # it first (free_memory drops the prepared models and collects them), so that the
+    # group's last reference goes through torch's GIL-releasing destructor. Had the
+    # reducer been last, gloo's destructor would join its worker threads with the GIL
+    # held while a worker waits for the GIL to free a finished collective's tensors.
+    accelerator = trainer.accelerator
+    del trainer
+    accelerator.free_memory()
+    accelerator.end_training()
     return summary
