@@ -82,6 +82,8 @@ def test_task_checks_run_before_any_model_loads(tmp_path, capsys, monkeypatch):
         (["--estimator-option", "h_1=1"], "h_1"),
         (["--config", str(tmp_path / "missing.yaml")], "not found"),
         (["--trl", "per_device_train_batch_size=4"], "use --num-prompts"),
+        (["--trl", "use_vlm=true"], "did you mean 'use_vllm'"),
+        (["--trl", "use_vllm=perhaps"], "trl: use_vllm: expected true/false"),
         (["--model", str(tmp_path / "no-such-model")], "model: no such directory"),
     ]
     for extra, match in cases:
