@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 
 GRPO_EPS = 1e-6
@@ -27,6 +28,12 @@ TF_EPS = 1e-5
 P_ONE_TOL = 1e-9
 QWEN_EOS_ID = 151643
 MAXABS_RTOL = 1e-9  # near-equal magnitudes are ties under ngram_reduce="maxabs"
+# Hypothesis settings of the property tests against this oracle (deterministic examples).
+SETTINGS = dict(deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# The floating-point columns of ktae.key_token_table compared with the oracle's.
+FLOAT_FIELDS = ("p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", "direction",
+                "value")
 
 
 # --------------------------------------------------------------------------- helpers

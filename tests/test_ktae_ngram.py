@@ -12,9 +12,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import (
+    FLOAT_FIELDS,
+    SETTINGS,
     batch_specs,
     bm25_tf,
     dense_group_index,
@@ -25,11 +27,6 @@ from oracle import (
 )
 
 import ktae
-
-SETTINGS = dict(deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-FLOAT_FIELDS = ("p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", "direction",
-                "value")
 
 
 @st.composite

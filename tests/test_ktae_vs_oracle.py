@@ -17,10 +17,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import (
+    FLOAT_FIELDS,
     QWEN_EOS_ID,
+    SETTINGS,
     batch_specs,
     dense_group_index,
     exact_ktae,
@@ -31,11 +33,6 @@ from oracle import (
 )
 
 import ktae
-
-SETTINGS = dict(deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-FLOAT_FIELDS = ("p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", "direction",
-                "value")
 
 
 @st.composite
