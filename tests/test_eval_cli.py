@@ -84,7 +84,7 @@ def test_ktae_eval_avg_at_k(model_dir, tmp_path):
     out = tmp_path / "k"
     rc = main(["eval", str(model_dir), "--benchmarks", "embedded", "--limit", "3", "--k", "2",
                "--temperature", "1.0", "--top-p", "0.9", "--max-new-tokens", "6",
-               "--output-dir", str(out), "--no-progress"])
+               "-o", str(out), "--no-progress"])
     assert rc == 0
     rows = _read_jsonl(out / "samples_embedded.jsonl")
     assert [(r["index"], r["sample"]) for r in rows] == [(i, j) for i in range(3) for j in (0, 1)]

@@ -66,6 +66,8 @@ def test_cli_flags_override_config_file(tmp_path):
     assert config_from_args(parser.parse_args([])) == TrainConfig().resolve()
     with pytest.raises(ValueError, match="magic"):
         config_from_args(parser.parse_args(["--credit", "magic"]))
+    # -o is --output-dir, as in ktae explain and ktae simulate
+    assert config_from_args(parser.parse_args(["-o", "somewhere"])).output_dir == "somewhere"
 
 
 def test_credit_settings():

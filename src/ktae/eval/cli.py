@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--template", choices=TEMPLATES, default=None,
                         help=f"prompt template (default: the model's {GENERATION_FILE}, else "
                              "auto: chat template if the tokenizer has one, else qwen-math)")
-    parser.add_argument("--output-dir", default=None,
+    parser.add_argument("-o", "--output-dir", default=None,
                         help="where results.json and samples_*.jsonl go "
                              "(default: eval-results/<model name>)")
     parser.add_argument("--limit", type=int, default=None,

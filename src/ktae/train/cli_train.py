@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, dest, typ, help_text in _FLAGS:
         default = getattr(defaults, dest)
         shown = "" if default is None else f" (default {default})"
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=help_text + shown)
+        flags = ("-o", flag) if dest == "output_dir" else (flag,)  # -o as in explain/simulate
+        parser.add_argument(*flags, dest=dest, type=typ, default=None, help=help_text + shown)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--dynamic-sampling", dest="dynamic_sampling", action="store_true",
                        default=None, help="force DAPO dynamic sampling on")
