@@ -87,6 +87,7 @@ def test_jsonl_with_a_byte_level_tokenizer(tmp_path):
     ([{"prompt": "p", "responses": ["a", "b"], "rewards": [1]}], [], "expected 'rewards' as 2"),
     (GROUPS, ["--credit", "bogus"], "credit: 'bogus' is not a registered"),
     (GROUPS, ["--credit", "ktae+taco"], "needs per-token log-probs and entropies"),
+    (GROUPS, ["--credit", "gtpo"], "estimator 'gtpo' needs the rollout policy's per-token"),
     (GROUPS, ["--group", "zzz"], "group: no group with id 'zzz'"),
     (GROUPS, ["--step", "3"], "step: only a run directory"),
     (GROUPS, ["--groups", "0"], "groups: expected a positive integer"),
@@ -174,3 +175,39 @@ def test_train_then_explain_the_run(tmp_path, capsys):
     assert "step 1 \u00b7 group 1" in page and 'id="view-token"' not in page
     assert main(["explain", str(run), "--step", "7"]) == 2
     assert "step: 7 was not recorded; recorded steps: [1, 2]" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gtpo_run_records_the_entropies_its_estimator_read(tmp_path, capsys):
+    run = tmp_path / "gtpo"
+    assert main(["train", "--max-steps", "1", "--num-prompts", "2", "--num-generations", "4",
+                 "--max-new-tokens", "16", "--eval-size", "4", "--eval-every", "0",
+                 "--train-size", "32", "--save-every", "0", "--no-progress", "--algo", "grpo",
+                 "--credit", "gtpo", "--rollout-every", "1", "--rollout-groups", "2",
+                 "--output-dir", str(run)]) == 0
+    header, records = read_rollouts(run / "rollouts.jsonl")
+    assert header["estimator"] == "gtpo" and len(records) == 2
+    for rec in records:
+        ids = rec["responses"]
+        assert [len(e) for e in rec["old_entropies"]] == [len(r) for r in ids]
+        assert "entropies" not in rec  # no calibration: the current policy's are not kept
+        # the recorded advantages are GTPO's on the recorded tokens and entropies
+        T = max(map(len, ids))
+        mask = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in ids])
+        H = torch.tensor([e + [0.0] * (T - len(e)) for e in rec["old_entropies"]])
+        adv = ktae.compute_advantages(
+            "gtpo", rewards=torch.tensor(rec["rewards"]), group=[0] * len(ids), mask=mask,
+            entropies=H, correct=torch.tensor(rec["correct"]), **header["estimator_options"])
+        for i, row in enumerate(rec["advantages"]):
+            assert row == pytest.approx(adv[i, :len(ids[i])].tolist(), rel=1e-4, abs=1e-4)
+    out = tmp_path / "gtpo.html"
+    capsys.readouterr()
+    assert main(["explain", str(run), "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "trained with credit gtpo" in page and 'id="view-token"' in page
+    assert len(token_spans(page)) == sum(len(r) for rec in records for r in rec["responses"])
+    # JSONL responses: --model scores them, its entropies standing in for the rollout's
+    src = _write_jsonl(tmp_path / "in.jsonl", GROUPS)
+    assert main(["explain", str(src), "--credit", "gtpo", "--model", "default",
+                 "-o", str(out)]) == 0
+    assert 'id="view-token"' in out.read_text(encoding="utf-8")

@@ -144,12 +144,16 @@ def _sampled_source(args, model, tok, path):
 
 def build(args):
     """``(report, selected groups)`` for the arguments (raises ValueError on bad input)."""
+    from ktae.core.advantages import estimator_needs_entropies
     from ktae.explain import sources
     from ktae.viz.report import build_report
 
     source = load_source(args)
     model = None
-    if args.model is not None and (source is None or source.credit.calibration is not None):
+    needs_entropies = source is not None and (
+        source.credit.calibration is not None
+        or estimator_needs_entropies(source.credit.estimator))
+    if args.model is not None and (source is None or needs_entropies):
         import torch
 
         torch.set_num_threads(args.threads)
@@ -158,7 +162,13 @@ def build(args):
             source = _sampled_source(args, model, tok, path)
     groups = _select(source.groups, args)
     cal = source.credit.calibration
-    if cal is not None and model is not None and not source.use_recorded:
+    # A calibration reads the current policy's log-probs and entropies, an estimator such
+    # as GTPO the rollout policy's entropies: score the responses unless they are recorded.
+    estimator_unscored = estimator_needs_entropies(source.credit.estimator) and not any(
+        all(getattr(g, attr) is not None for g in groups)
+        for attr in ("old_entropies", "entropies"))
+    if model is not None and (estimator_unscored
+                              or (cal is not None and not source.use_recorded)):
         sources.score_groups(model, source.tokenizer, groups, temperature=args.temperature)
     meta = [*source.meta, _credit_line(source)]
     report = build_report(groups, credit=source.credit, tokenizer=source.tokenizer,

@@ -148,7 +148,8 @@ def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None
         g = GroupInput(prompt=r["prompt"], responses=r["responses"], rewards=r["rewards"],
                        correct=r["correct"], label=f"step {step} \u00b7 group {r['group']}",
                        trained=r.get("advantages"), logprobs=r.get("logprobs"),
-                       entropies=r.get("entropies"), weights=r.get("weights"),
+                       entropies=r.get("entropies"), old_entropies=r.get("old_entropies"),
+                       weights=r.get("weights"),
                        flagged=r.get("flagged"), loss_mask=r.get("loss_mask"))
         groups.append((str(r["group"]), g))
     meta = [f"run {run}: trained with credit {run_name}; step {step} (recorded steps "

@@ -17,12 +17,15 @@ File format (JSON Lines, one object per line; docs/explain.md)::
      "advantages": [[per-token floats], ...],
      "logprobs": [[...] | null, ...], "entropies": ..., "weights": ...,
      "flagged": [[0/1, ...] | null, ...],                          (calibration only)
+     "old_entropies": [[...], ...],       (estimators that read entropies, e.g. gtpo)
      "loss_mask": [[0/1, ...] | null, ...]}          (only when a token is left out)
 
 ``responses[i]`` holds the response's real tokens only (EOS included); every per-token
 list has the same length. ``advantages`` are the estimator's (before the calibration);
 the loss reads ``weights * advantages`` on the tokens where ``loss_mask`` is 1 (all of
-them when it is absent). Floats carry 6 significant digits. A calibration or loss-mask
+them when it is absent). ``old_entropies`` are the rollout policy's per-token entropies
+that the estimator read (GTPO); ``entropies`` are the current policy's, which the
+calibration read. Floats carry 6 significant digits. A calibration or loss-mask
 list is ``null`` for a row the main process does not hold (a group split across
 processes).
 
@@ -146,14 +149,17 @@ class RolloutRecorder:
 
     def on_advantages(self, trainer, *, batch: dict, ids: torch.Tensor, mask: torch.Tensor,
                       rewards: torch.Tensor, correct: torch.Tensor, advantages: torch.Tensor,
-                      loss_mask: torch.Tensor | None = None) -> None:
+                      loss_mask: torch.Tensor | None = None,
+                      old_entropies: torch.Tensor | None = None) -> None:
         """Keep the first groups of a recorded training step.
 
         ``batch``: this process's generation batch (``prompt_ids``, ``prompt_mask``,
         ``completion_ids``); ``ids``, ``mask`` (real tokens), ``rewards``, ``correct``,
         ``advantages``: the gathered global batch (``[B, T]`` / ``[B]``) the advantages
         were computed on; ``loss_mask``: this process's ``[b, T]`` tokens that reach the
-        loss (e.g. without truncated responses), or None when every real token does.
+        loss (e.g. without truncated responses), or None when every real token does;
+        ``old_entropies``: the gathered ``[B, T]`` rollout-policy entropies the estimator
+        read, or None.
         """
         if not trainer.model.training or not trainer.accelerator.is_main_process:
             return
@@ -180,6 +186,8 @@ class RolloutRecorder:
                 "prompt": tok.decode(prompt_ids, skip_special_tokens=True),
                 "responses": [], "rewards": [], "correct": [], "advantages": [],
                 "loss_mask": []}
+            if old_entropies is not None:
+                rec["old_entropies"] = []
             for r in range(first, first + G):
                 m = mask[r].bool().cpu()
                 n = int(m.sum())
@@ -188,6 +196,8 @@ class RolloutRecorder:
                 rec["correct"].append(bool(correct[r]))
                 adv = advantages[r].cpu()
                 rec["advantages"].append(_floats(adv[m] if adv.dim() else adv.expand(n)))
+                if old_entropies is not None:
+                    rec["old_entropies"].append(_floats(old_entropies[r].cpu()[m]))
                 # real tokens are a prefix of the row (right padding)
                 in_loss = _bits(loss_mask[r][:n]) if loss_mask is not None and r < local else None
                 rec["loss_mask"].append(in_loss)

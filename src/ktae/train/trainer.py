@@ -361,7 +361,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         self._log_trained_completions(batch, adv, mask, per_func, prompts)
         if self.rollouts is not None:
             self.rollouts.on_advantages(self, batch=batch, ids=ids, mask=mask, rewards=rewards,
-                                        correct=correct, advantages=adv, loss_mask=loss_mask)
+                                        correct=correct, advantages=adv, loss_mask=loss_mask,
+                                        old_entropies=entropies)
         return batch
 
     def _log_trained_completions(self, batch: dict, adv: torch.Tensor, mask: torch.Tensor,

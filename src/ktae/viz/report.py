@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ktae.core.advantages import estimator_needs_entropies
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.viz.tokens import TokenPiece, token_label, token_pieces
 
@@ -87,7 +88,10 @@ class GroupInput:
     """One prompt and its sampled responses (token ids), as read from a source.
 
     ``correct`` defaults to ``reward > 0``. ``logprobs``/``entropies`` (per token) feed a
-    calibration. ``trained``, ``weights``, ``flagged``, ``loss_mask``: what a training
+    calibration. ``old_entropies``: the rollout policy's per-token entropies, for an
+    estimator that reads them (GTPO); when absent, ``entropies`` stand in for them (a
+    model scoring its own samples is the rollout policy). ``trained``, ``weights``,
+    ``flagged``, ``loss_mask``: what a training
     run recorded (the estimator's advantages and the calibration applied to them); a
     row may be None where nothing was recorded.
     """
@@ -100,6 +104,7 @@ class GroupInput:
     answer: str | None = None
     logprobs: list | None = None
     entropies: list | None = None
+    old_entropies: list | None = None
     trained: list | None = None
     weights: list | None = None
     flagged: list | None = None
@@ -282,6 +287,8 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
         est_opts = dict(credit.estimator_options)
         if credit.estimator == "ktae":
             est_opts.update({k: v for k, v in table_opts.items() if k in ("correct", "ignore_token_ids")})
+        if estimator_needs_entropies(credit.estimator):
+            est_opts["entropies"] = _rollout_entropies(groups, credit.estimator, T)
         token = ktae.compute_advantages(credit.estimator, **batch, **est_opts)
         trained = _per_response(groups, "trained") if use_recorded else None
         if trained is not None and all(r is not None for r in trained):
@@ -363,6 +370,17 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
                   for g in out_groups for r in g.responses)
     return Report(title=title, views=view_list, default_view=default, groups=out_groups,
                   meta=notes, calibrated=bool(cal), partial_loss=partial)
+
+
+def _rollout_entropies(groups, estimator: str, T: int) -> torch.Tensor:
+    """``[B, T]`` rollout-policy entropies for an estimator that reads them."""
+    for attr in ("old_entropies", "entropies"):
+        rows = _per_response(groups, attr)
+        if rows is not None and all(r is not None for r in rows):
+            return _pad(rows, T, torch.float64, 0.0)
+    raise ValueError(f"credit: estimator {estimator!r} needs the rollout policy's per-token "
+                     "entropies of every response (a run trained with it records them; "
+                     "otherwise pass --model to score the responses)")
 
 
 def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tensor, T: int,
