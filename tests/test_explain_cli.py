@@ -130,14 +130,20 @@ def test_model_default_samples_on_the_spot(tmp_path):
     assert nums["logp"] <= 0 and nums["entropy"] >= 0 and nums["weight"] in (0.1, 1.0)
 
 
+def _train_recording(run, *args) -> int:
+    """A few-step GRPO run on the shipped model that records 2 groups of every step."""
+    return main(["train", "--num-prompts", "2", "--num-generations", "4",
+                 "--max-new-tokens", "16", "--eval-size", "4", "--eval-every", "0",
+                 "--train-size", "32", "--save-every", "0", "--no-progress", "--algo", "grpo",
+                 "--rollout-every", "1", "--rollout-groups", "2", "--output-dir", str(run),
+                 *args])
+
+
 @pytest.mark.slow
 def test_train_then_explain_the_run(tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["train", "--max-steps", "2", "--num-prompts", "2", "--num-generations", "4",
-                 "--max-new-tokens", "16", "--eval-size", "4", "--eval-every", "0",
-                 "--train-size", "32", "--save-every", "0", "--no-progress", "--algo", "grpo",
-                 "--credit", "ktae+taco", "--taco-alpha", "0.9", "--rollout-every", "1",
-                 "--rollout-groups", "2", "--output-dir", str(run)]) == 0
+    assert _train_recording(run, "--max-steps", "2", "--credit", "ktae+taco",
+                            "--taco-alpha", "0.9") == 0
     header, records = read_rollouts(run / "rollouts.jsonl")
     assert header["estimator"] == "ktae" and header["calibration"] == "taco"
     assert [(r["step"], r["group"]) for r in records] == [(1, 0), (1, 1), (2, 0), (2, 1)]
@@ -180,11 +186,7 @@ def test_train_then_explain_the_run(tmp_path, capsys):
 @pytest.mark.slow
 def test_gtpo_run_records_the_entropies_its_estimator_read(tmp_path, capsys):
     run = tmp_path / "gtpo"
-    assert main(["train", "--max-steps", "1", "--num-prompts", "2", "--num-generations", "4",
-                 "--max-new-tokens", "16", "--eval-size", "4", "--eval-every", "0",
-                 "--train-size", "32", "--save-every", "0", "--no-progress", "--algo", "grpo",
-                 "--credit", "gtpo", "--rollout-every", "1", "--rollout-groups", "2",
-                 "--output-dir", str(run)]) == 0
+    assert _train_recording(run, "--max-steps", "1", "--credit", "gtpo") == 0
     header, records = read_rollouts(run / "rollouts.jsonl")
     assert header["estimator"] == "gtpo" and len(records) == 2
     for rec in records:
