@@ -103,21 +103,33 @@ def test_relabelling_token_ids(spec, mode, big):
         assert after[(g, relabel[t])]["value"] == row["value"]
 
 
+def _padded(batch: dict, seed: int, extra: int, left: bool) -> dict:
+    """``batch`` with ``extra`` padding columns (random ids, mask 0) on the left or right."""
+    B = len(batch["rewards"])
+    pad_tok = np.random.default_rng(seed + 3).integers(0, 50_000, size=(B, extra))
+
+    def cat(x, y):
+        return np.concatenate([y, x] if left else [x, y], 1)
+
+    return {**batch, "token_ids": cat(batch["token_ids"], pad_tok),
+            "mask": cat(batch["mask"], np.zeros((B, extra), dtype=np.int64))}
+
+
+def _split_padding(values: np.ndarray, extra: int, left: bool):
+    """``(original columns, padding columns)`` of a ``_padded`` batch's output."""
+    if left:
+        return values[:, extra:], values[:, :extra]
+    return values[:, :-extra], values[:, -extra:]
+
+
 @settings(**SETTINGS)
 @given(spec=batch_specs(), mode=MODES, extra=st.integers(1, 5), left=st.booleans())
 def test_padding_length(spec, mode, extra, left):
     batch = random_batch(**spec)
-    rng = np.random.default_rng(spec["seed"] + 3)
-    B = len(batch["rewards"])
-    pad_tok = rng.integers(0, 50_000, size=(B, extra))
-    cat = (lambda x, y: np.concatenate([y, x], 1)) if left else (
-        lambda x, y: np.concatenate([x, y], 1))
-    padded = {**batch, "token_ids": cat(batch["token_ids"], pad_tok),
-              "mask": cat(batch["mask"], np.zeros((B, extra), dtype=np.int64))}
-    got = advantages(padded, mode=mode)
-    core = got[:, extra:] if left else got[:, :-extra]
+    padded = _padded(batch, spec["seed"], extra, left)
+    core, pad = _split_padding(advantages(padded, mode=mode), extra, left)
     np.testing.assert_allclose(core, advantages(batch, mode=mode), rtol=0, atol=ATOL[mode])
-    assert (got[:, :extra] if left else got[:, -extra:]).sum() == 0
+    assert pad.sum() == 0
 
 
 @settings(**SETTINGS)
@@ -223,17 +235,10 @@ def test_ngram_relabelling_token_ids(spec, opts, big):
        left=st.booleans())
 def test_ngram_padding_length(spec, opts, extra, left):
     batch = random_batch(**spec)
-    rng = np.random.default_rng(spec["seed"] + 3)
-    B = len(batch["rewards"])
-    pad_tok = rng.integers(0, 50_000, size=(B, extra))
-    cat = (lambda x, y: np.concatenate([y, x], 1)) if left else (
-        lambda x, y: np.concatenate([x, y], 1))
-    padded = {**batch, "token_ids": cat(batch["token_ids"], pad_tok),
-              "mask": cat(batch["mask"], np.zeros((B, extra), dtype=np.int64))}
-    got = advantages(padded, **opts)
-    core = got[:, extra:] if left else got[:, :-extra]
+    padded = _padded(batch, spec["seed"], extra, left)
+    core, pad = _split_padding(advantages(padded, **opts), extra, left)
     np.testing.assert_allclose(core, advantages(batch, **opts), rtol=0, atol=1e-12)
-    assert (got[:, :extra] if left else got[:, -extra:]).sum() == 0
+    assert pad.sum() == 0
 
 
 @settings(**NGRAM_SETTINGS)
