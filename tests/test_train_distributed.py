@@ -4,7 +4,6 @@ across processes, and dynamic sampling refuses a layout that would split groups.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,14 +17,17 @@ import ktae
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = """
+# what both scripts start with (formatted with tests, model, out_dir)
+PRELUDE = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 from test_train_helpers import contains_digit, tiny_config
 from ktae.train.session import train
 from ktae.train.trainer import KTAEGRPOTrainer
 torch.set_num_threads(1)
+"""
 
+SCRIPT = PRELUDE + """
 class Dump(KTAEGRPOTrainer):
     def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
         mask = batch["ktae_token_mask"].clone()
@@ -56,23 +58,32 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+needs_torchrun = pytest.mark.skipif(not os.path.exists(TORCHRUN), reason="torchrun not installed")
+
+
+def _run_two_processes(tmp_path, name: str, script: str) -> str:
+    """Run ``script`` (formatted with tests, model, out_dir = tmp_path) under torchrun with
+    2 CPU processes; assert it exits 0 and return its output."""
+    model = save_tiny_model(tmp_path / "model")
+    path = tmp_path / name
+    path.write_text(script.format(tests=str(Path(__file__).parent), model=str(model),
+                                  out_dir=str(tmp_path)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([TORCHRUN, "--nproc_per_node", "2", "--master_port", str(free_port()),
+                           str(path)], env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
 def _pad(t: torch.Tensor, length: int, value) -> torch.Tensor:
     return torch.cat([t, t.new_full((t.shape[0], length - t.shape[1]), value)], dim=1)
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
-                    reason="torchrun not installed")
+@needs_torchrun
 def test_two_processes_split_groups(tmp_path):
-    model = save_tiny_model(tmp_path / "model")
-    script = tmp_path / "dist.py"
-    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent), model=str(model),
-                                    out_dir=str(tmp_path)))
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()),
-                           str(script)], env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+    out = _run_two_processes(tmp_path, "dist.py", SCRIPT)
     assert out.count("REFUSED: dynamic sampling") == 2, out[-3000:]
     assert "multiple of num_generations=4" in out
     parts = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
@@ -110,14 +121,7 @@ def test_two_processes_split_groups(tmp_path):
     assert (run / "ktae_run.json").is_file() and (run / "README.md").is_file()
 
 
-GTPO_SCRIPT = """
-import sys, torch
-sys.path.insert(0, {tests!r})
-from test_train_helpers import contains_digit, tiny_config
-from ktae.train.session import train
-from ktae.train.trainer import KTAEGRPOTrainer
-torch.set_num_threads(1)
-
+GTPO_SCRIPT = PRELUDE + """
 class Dump(KTAEGRPOTrainer):
     def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
         mask = batch["ktae_token_mask"].clone()
@@ -137,21 +141,11 @@ train(tiny_config({model!r}, {out_dir!r} + "/gtpo", algo="dapo", credit="gtpo+st
 """
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
-                    reason="torchrun not installed")
+@needs_torchrun
 def test_two_processes_gtpo_on_split_groups(tmp_path):
     """GTPO's old-policy entropies are gathered with the ids: the advantages equal GTPO
     on the gathered batch."""
-    model = save_tiny_model(tmp_path / "model")
-    script = tmp_path / "gtpo.py"
-    script.write_text(GTPO_SCRIPT.format(tests=str(Path(__file__).parent), model=str(model),
-                                         out_dir=str(tmp_path)))
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()),
-                           str(script)], env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+    _run_two_processes(tmp_path, "gtpo.py", GTPO_SCRIPT)
     parts = [torch.load(tmp_path / f"gtpo{r}.pt") for r in (0, 1)]
     T = max(p["mask"].shape[1] for p in parts)
     mask = torch.cat([_pad(p["mask"], T, 0) for p in parts]).bool()
