@@ -60,23 +60,22 @@ _STEP: ContextVar[PolicyStep | None] = ContextVar("ktae_verl_policy_step", defau
 
 
 @contextmanager
-def providing_responses(fields: ResponseFields) -> Iterator[None]:
+def _providing(var: ContextVar, value) -> Iterator[None]:
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def providing_responses(fields: ResponseFields):
     """Make ``fields`` visible to :func:`current_responses` inside the block."""
-    token = _RESPONSES.set(fields)
-    try:
-        yield
-    finally:
-        _RESPONSES.reset(token)
+    return _providing(_RESPONSES, fields)
 
 
-@contextmanager
-def providing_step(step: PolicyStep) -> Iterator[None]:
+def providing_step(step: PolicyStep):
     """Make ``step`` visible to :func:`current_step` inside the block."""
-    token = _STEP.set(step)
-    try:
-        yield
-    finally:
-        _STEP.reset(token)
+    return _providing(_STEP, step)
 
 
 def current_responses() -> ResponseFields | None:
