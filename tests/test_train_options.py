@@ -153,6 +153,21 @@ def test_trl_values_are_typed():
         check_trl_settings({"use_vllm": "yes"})
 
 
+def test_report_to_needs_a_known_installed_integration(monkeypatch):
+    from transformers.integrations import integration_utils
+
+    from ktae.train.trl_args import check_trl_settings
+
+    monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: False)
+    with pytest.raises(ValueError, match=r"trl: report_to: 'wandb' needs its package installed"):
+        check_trl_settings({"report_to": "wandb"})
+    with pytest.raises(ValueError, match=r"'wandbb' is not a logging integration.*'wandb'"):
+        check_trl_settings({"report_to": ["wandbb"]})
+    monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: True)
+    assert check_trl_settings({"report_to": ["wandb"]}) == {"report_to": ["wandb"]}
+    assert check_trl_settings({"report_to": "none"}) == {"report_to": "none"}
+
+
 def test_layout_is_checked_before_trl_builds_anything(tiny_model, tmp_path, monkeypatch):
     from trl import GRPOTrainer
 

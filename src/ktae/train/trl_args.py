@@ -104,7 +104,28 @@ def check_trl_settings(settings: dict[str, typing.Any]) -> dict[str, typing.Any]
             out[name] = check_value(f"trl: {name}", value, hint)
         except FieldError as err:
             raise ValueError(str(err)) from None
+    if "report_to" in out:
+        _check_report_to(out["report_to"])
     for name in sorted(set(out) & set(NO_EFFECT)):
         warnings.warn(f"trl: {name} has no effect under ktae train: {NO_EFFECT[name]}",
                       stacklevel=2)
     return out
+
+
+def _check_report_to(value) -> None:
+    """Every ``report_to`` integration is one transformers knows and is installed (else
+    the trainer would fail only after the model has loaded)."""
+    from transformers.integrations import integration_utils
+
+    names = [value] if isinstance(value, str) else list(value or [])
+    known = integration_utils.INTEGRATION_TO_CALLBACK
+    for name in names:
+        if name in ("none", "all"):
+            continue
+        if name not in known:
+            raise ValueError(f"trl: report_to: {name!r} is not a logging integration of "
+                             f"transformers{closest(name, list(known))}")
+        available = getattr(integration_utils, f"is_{name}_available", None)
+        if available is not None and not available():
+            raise ValueError(f"trl: report_to: {name!r} needs its package installed "
+                             f"(e.g. pip install {name})")
