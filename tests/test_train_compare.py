@@ -41,3 +41,19 @@ def test_compare_grid(tmp_path, capsys):
 def test_compare_rejects_bad_credit(tmp_path, capsys):
     assert main(["compare", "--credit", "none,magic", "--output-dir", str(tmp_path)]) == 2
     assert "magic" in capsys.readouterr().err
+
+
+def test_short_runs_still_show_on_the_sampled_accuracy_panel(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from ktae.train.cli_compare import plot_curves
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    run = {"evals": [{"step": 0, "accuracy": 0.5}, {"step": 2, "accuracy": 0.6}],
+           "metrics": [{"round1_accuracy": 0.5}, {"round1_accuracy": 0.3}]}
+    plot_curves({"none": [run]}, tmp_path / "curves.png")
+    right = figures[0].axes[1]
+    (line,) = right.get_lines()
+    assert line.get_marker() == "o" and list(line.get_ydata()) == pytest.approx([0.4])
+    assert right.get_ylabel() == "sampled accuracy (2-step mean)"

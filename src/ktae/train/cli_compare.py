@@ -165,6 +165,7 @@ def plot_curves(table: dict, path: Path, *, window: int = 20) -> None:
     import numpy as np
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    used = set()  # moving-average lengths (shorter than ``window`` for short runs)
     for credit, rows in table.items():
         steps = sorted({e["step"] for r in rows for e in r["evals"]})
         means = []
@@ -179,9 +180,12 @@ def plot_curves(table: dict, path: Path, *, window: int = 20) -> None:
             mean = np.nanmean(acc, axis=0)
             k = max(1, min(window, n))
             smooth = np.convolve(mean, np.ones(k) / k, mode="valid")
-            ax2.plot(np.arange(k, n + 1), smooth, color=line.get_color(), label=credit)
+            ax2.plot(np.arange(k, n + 1), smooth, color=line.get_color(), label=credit,
+                     marker="o" if len(smooth) == 1 else None)  # one point: no line to draw
+            used.add(k)
     ax1.set(xlabel="step", ylabel="held-out accuracy (greedy)")
-    ax2.set(xlabel="step", ylabel=f"sampled accuracy ({window}-step mean)")
+    mean_of = "/".join(str(k) for k in sorted(used)) if used else str(window)
+    ax2.set(xlabel="step", ylabel=f"sampled accuracy ({mean_of}-step mean)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
