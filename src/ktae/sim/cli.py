@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"quick: |A| = {quick['actions']}, {quick['steps']} updates, lr {quick['lr']}, "
              f"{quick['seeds']} seeds, methods {QUICK_METHODS} (about 1.6 CPU-minutes); "
              f"paper: the TACO paper's |A| = {paper['actions']}, {paper['steps']} updates, "
-             f"lr {paper['lr']}, {paper['seeds']} seeds, every method (about 25 CPU-hours "
+             f"lr {paper['lr']}, {paper['seeds']} seeds, every method (about 29 CPU-hours "
              "on one thread, an estimate: see docs/simulate.md). Flags override it.")
     parser.add_argument("--horizon", type=_int_list, default=None, metavar="H,H,...",
                         help="trace lengths of the H axis (default 4,16,64)")
