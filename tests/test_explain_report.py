@@ -269,3 +269,27 @@ def test_adv_reweight_uses_the_scored_log_probs_as_the_rollout_policy(bpe):
     for span, lp in zip(spans, rows, strict=True):
         weight = tooltip_numbers(span["title"])["weight"]
         assert weight == pytest.approx(0.1 * math.exp(lp) + 0.9, rel=1e-5)
+
+
+def test_gtpo_reads_the_rollout_entropies_and_correctness(bpe):
+    groups = _groups(bpe)[:2]
+    # shaped rewards: response 3 of the first group is correct with a reward of 0
+    groups[0].rewards, groups[0].correct = [1.0, -0.5, 0.0, 0.0], [True, False, True, False]
+    for g in groups:
+        g.old_entropies = [[0.1 + 0.05 * (t % 7) for t in range(len(r))] for r in g.responses]
+        g.entropies = [[9.0] * len(r) for r in g.responses]  # current policy: not GTPO's
+    report = build_report(groups, credit=CreditSpec(estimator="gtpo"), tokenizer=bpe)
+    rows, _, mask, rewards, group = _flat(groups)
+    T = mask.shape[1]
+    H = torch.tensor([e + [0.0] * (T - len(e)) for g in groups for e in g.old_entropies])
+    correct = torch.tensor([c for g in groups for c in (g.correct or [x > 0 for x in g.rewards])])
+    want = ktae.compute_advantages("gtpo", rewards=rewards, group=group, mask=mask,
+                                   entropies=H, correct=correct)
+    got = [r.values["token"] for g in report.groups for r in g.responses]
+    for i, row in enumerate(got):
+        assert row == pytest.approx(want[i, :len(rows[i])].tolist(), abs=1e-9)
+    groups[0].old_entropies = None  # without them (and with no scores) it says what is missing
+    for g in groups:
+        g.entropies = None
+    with pytest.raises(ValueError, match="estimator 'gtpo' needs the rollout policy's"):
+        build_report(groups, credit=CreditSpec(estimator="gtpo"), tokenizer=bpe)

@@ -287,6 +287,8 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
         est_opts = dict(credit.estimator_options)
         if credit.estimator == "ktae":
             est_opts.update({k: v for k, v in table_opts.items() if k in ("correct", "ignore_token_ids")})
+        if credit.estimator == "gtpo":  # as the trainer: correctness, not reward > 0
+            est_opts["correct"] = correct
         if estimator_needs_entropies(credit.estimator):
             est_opts["entropies"] = _rollout_entropies(groups, credit.estimator, T)
         token = ktae.compute_advantages(credit.estimator, **batch, **est_opts)
