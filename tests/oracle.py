@@ -13,6 +13,7 @@ vectorised code can be checked against an implementation that is easy to read.
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from functools import cache
 
@@ -31,6 +32,15 @@ MAXABS_RTOL = 1e-9  # near-equal magnitudes are ties under ngram_reduce="maxabs"
 # Hypothesis settings of the property tests against this oracle (deterministic examples).
 SETTINGS = dict(deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def examples(n: int) -> dict:
+    """``SETTINGS`` with ``n`` examples, scaled by ``KTAE_TEST_EXAMPLES`` (a fraction, 1 by
+    default). The CI sweep over CPU kernels and thread counts runs the property tests on a
+    tenth of their examples: it looks for results that depend on the machine, which show
+    on the first examples as well as on all of them."""
+    scale = float(os.environ.get("KTAE_TEST_EXAMPLES", "1"))
+    return {**SETTINGS, "max_examples": max(1, round(n * scale))}
 # The floating-point columns of ktae.key_token_table compared with the oracle's.
 FLOAT_FIELDS = ("p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", "direction",
                 "value")
@@ -41,12 +51,14 @@ FLOAT_FIELDS = ("p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", 
 
 @pytest.fixture(autouse=True, scope="module")
 def single_thread():
-    """Run a test module with one torch thread (fast and steady on a busy 2-core CPU).
+    """Run a test module with one torch thread (fast and steady on a busy 2-core CPU), or
+    with ``KTAE_TEST_THREADS`` threads when set (the CI sweep runs the numeric tests at 1
+    and 2 threads, so a result that depends on the thread count fails there).
 
     Import it into a test module (``from oracle import single_thread``) to activate it.
     """
     n = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("KTAE_TEST_THREADS", "1")))
     yield
     torch.set_num_threads(n)
 

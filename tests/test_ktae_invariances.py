@@ -12,14 +12,13 @@ import math
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import batch_specs, random_batch, single_thread  # noqa: F401
+from oracle import batch_specs, examples, random_batch, single_thread  # noqa: F401
 
 import ktae
 
-SETTINGS = dict(max_examples=40, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = examples(40)
 MODES = st.sampled_from(["exact", "reference"])
 ATOL = {"exact": 1e-12, "reference": 1e-6}  # float32 mean/std may move by an ulp
 
@@ -192,7 +191,7 @@ def test_ablations(spec):
 
 NGRAM_OPTS = st.fixed_dictionaries({"ngram": st.sampled_from([2, 3]),
                                     "ngram_reduce": st.sampled_from(["maxabs", "mean"])})
-NGRAM_SETTINGS = {**SETTINGS, "max_examples": 25}
+NGRAM_SETTINGS = examples(25)
 
 
 def span_table_by_label(batch: dict, **opts) -> dict:

@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import (
     FLOAT_FIELDS,
-    SETTINGS,
     batch_specs,
     bm25_tf,
     dense_group_index,
     exact_ktae,
     exact_token_stats,
+    examples,
     random_batch,
     single_thread,  # noqa: F401  (autouse fixture)
 )
@@ -83,7 +83,7 @@ def check_span_table(table, batch: dict, opts: dict) -> None:
     assert sorted(ids, key=ids.get) == sorted(ids), "span ids are not in lexicographic order"
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(**examples(150))
 @given(spec=batch_specs(vocab=(2, 6)), data=st.data())
 def test_ngram_matches_oracle(spec, data):
     batch = random_batch(**spec)
@@ -101,7 +101,7 @@ def test_ngram_matches_oracle(spec, data):
     check_span_table(ktae.key_token_table(rewards=rewards, **inputs, **opts), batch, opts)
 
 
-@settings(max_examples=30, **SETTINGS)
+@settings(**examples(30))
 @given(spec=batch_specs(max_groups=3, vocab=(2, 5)), n=st.integers(2, 5), big=st.booleans())
 def test_exact_span_ids_with_real_and_huge_vocabularies(spec, n, big):
     """Real vocabularies need ranking from 4-grams on, huge ids from bigrams on: results

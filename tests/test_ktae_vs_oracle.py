@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from oracle import (
     FLOAT_FIELDS,
     QWEN_EOS_ID,
-    SETTINGS,
     batch_specs,
     dense_group_index,
     exact_ktae,
     exact_token_stats,
+    examples,
     random_batch,
     runtime_ktae,
     single_thread,  # noqa: F401  (autouse fixture)
@@ -111,7 +111,7 @@ def check_table(table, batch: dict, opts: dict) -> None:
                                              f"{e[f]!r}, got {g[f]!r}")
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(**examples(150))
 @given(spec=batch_specs(), data=st.data())
 def test_exact_mode_matches_oracle(spec, data):
     batch = random_batch(**spec)
@@ -137,7 +137,7 @@ def test_exact_mode_matches_oracle(spec, data):
     check_table(table, batch, opts)
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(**examples(40))
 @given(spec=batch_specs(max_groups=4))
 def test_exact_mode_float32_rewards(spec):
     """float32 rewards give float32 advantages that still match the float64 oracle."""
@@ -242,7 +242,7 @@ def check_reference(batch: dict, dtype: torch.dtype = torch.float32, **kw) -> No
                                 f"got {got[i, t]!r}")
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(**examples(150))
 @given(spec=batch_specs(max_size=16), eos=st.booleans(),
        dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
 def test_reference_mode_matches_runtime_emulation(spec, eos, dtype):
@@ -252,11 +252,10 @@ def test_reference_mode_matches_runtime_emulation(spec, eos, dtype):
     check_reference(batch, dtype)
 
 
-@settings(max_examples=25, **SETTINGS)
+@settings(**examples(25))
 @given(spec=batch_specs(max_groups=3, vocab=(50, 200), length=(32, 64)),
        g=st.sampled_from([8, 16]))
 def test_reference_mode_matches_runtime_on_realistic_batches(spec, g):
-    torch.set_num_threads(1)
     spec = {**spec, "sizes": [g] * len(spec["sizes"]), "empty_class": False,
             "pad_only_token": False}
     check_reference(random_batch(**spec, eos_id=QWEN_EOS_ID))

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracle import examples
 
 import ktae
 from ktae.core.baselines import GRPO_EPS, group_mean_std
@@ -82,7 +83,7 @@ def test_group_mean_std_is_finite_where_representable():
     assert torch.isinf(std).all()  # 4.2e38 is beyond float32: documented
 
 
-@settings(max_examples=200, deadline=None)
+@settings(**examples(200))
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=1,
                 max_size=8), st.sampled_from([torch.float32, torch.float64]))
 def test_grpo_is_finite_and_bounded_for_any_finite_rewards(values, dtype):

@@ -13,6 +13,13 @@ exact statistics on 10-30% of tokens. Reproduced here, vectorised:
 
 The float32 sum over a row depends only on the row's values and K, so the grid is built
 once per distinct (table, K) and gathered back.
+
+Two of these float32 decisions depend on the CPU's kernels (vector width, or
+``ATEN_CPU_CAPABILITY``), in the released runtime as here: ``p == 1.0`` for a table whose
+exact p is 1, and ``p_k <= p_obs`` for a term that ties the observed probability exactly.
+This module computes the same float32 terms and row sums with torch, so it takes the side
+the released code takes on the same machine and torch build; on another CPU both may take
+the other one for such tables.
 """
 
 from __future__ import annotations
