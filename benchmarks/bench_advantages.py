@@ -4,6 +4,7 @@ Usage:
     python benchmarks/bench_advantages.py --preset small      # seconds
     python benchmarks/bench_advantages.py --preset paper      # 1024 x 16 x 3072
     python benchmarks/bench_advantages.py --ngram 1,3         # KTAE over spans too
+    python benchmarks/bench_advantages.py --contend 2         # with 2 busy processes
 
 Prints the median of ``--repeats`` rounds (each function once per round, in rotation, in
 one process), the median ratio to a single ``torch.sort`` of the batch's int64 keys (one
@@ -12,7 +13,10 @@ key per real token) timed in the same round, and the peak extra memory of one KT
 the input tensors. Runs on
 CUDA when available (``--device``). With ``--ngram 1,3`` KTAE's exact mode is also timed
 with ``ngram=3`` in the same rounds, and a last column gives each row's median ratio to
-``ngram=1`` (``ktae exact``) in the same round.
+``ngram=1`` (``ktae exact``) in the same round. ``--contend K`` starts K busy-loop
+processes (one Python ``while True`` each, at the default priority) before the batch is
+built and stops them at the end, to measure under CPU contention as on a busy training
+machine.
 """
 
 from __future__ import annotations
@@ -124,6 +128,25 @@ def _measure_memory(args, probe: str) -> float:
     return float(out.strip().splitlines()[-1])
 
 
+class BusyProcesses:
+    """``k`` processes that spin on the CPU until the context exits (then killed)."""
+
+    def __init__(self, k: int):
+        self.k, self.procs = k, []
+
+    def __enter__(self):
+        cmd = [sys.executable, "-c", "while True: pass"]
+        self.procs = [subprocess.Popen(cmd) for _ in range(self.k)]
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        return False
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="small")
@@ -141,6 +164,10 @@ def main(argv=None) -> int:
                          "(1 is always timed: the ratios refer to it)")
     ap.add_argument("--ngram-reduce", default="mean", choices=["mean", "maxabs"],
                     help="KTAE's ngram_reduce for span lengths > 1")
+    ap.add_argument("--contend", type=int, default=0, metavar="K",
+                    help="run with K busy-loop processes competing for the CPU")
+    ap.add_argument("--no-memory", action="store_true",
+                    help="skip the peak-memory probes (fresh processes)")
     ap.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     try:
@@ -153,12 +180,20 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.memory_probe:
         return _memory_probe(args)
+    if args.contend < 0:
+        ap.error(f"--contend: expected a number of processes >= 0, got {args.contend}")
+    with BusyProcesses(args.contend):
+        return _run(args, ngrams)
+
+
+def _run(args, ngrams) -> int:
     P, G, L, V = PRESETS[args.preset]
     t0 = time.perf_counter()
     batch, kw = _inputs(args)
     print(f"preset {args.preset}: {P} prompts x {G} responses x <= {L} tokens, vocab {V}, "
           f"{batch.num_tokens / 1e6:.2f}M real tokens, device {args.device}, "
-          f"{torch.get_num_threads()} threads (built in {time.perf_counter() - t0:.1f} s)")
+          f"{torch.get_num_threads()} threads, {args.contend} competing busy processes on "
+          f"{os.cpu_count()} cores (built in {time.perf_counter() - t0:.1f} s)")
     # The floor: one sort of the batch's int64 keys, one key per real token.
     keys = (batch.group[:, None] * V + batch.token_ids)[batch.mask]
     opts = {"chunk_tokens": args.chunk_tokens} if args.chunk_tokens else {}
@@ -178,7 +213,8 @@ def main(argv=None) -> int:
     times = paired_rounds(runs, args.repeats, args.device)
     floor, unigram = times["sort (floor)"], times["ktae exact"]
     input_bytes = sum(t.element_size() * t.numel() for t in kw.values())
-    mem = {name: _measure_memory(args, probe) for name, probe in probes.items()}
+    mem = {} if args.no_memory else {name: _measure_memory(args, probe)
+                                     for name, probe in probes.items()}
     width = max(16, *(len(name) + 2 for name in runs))
     extra_col = len(ngrams) > 1
     print(f"\n{'what':<{width}}{'median s':>10}{'median x sort':>15}{'peak extra / input':>20}"

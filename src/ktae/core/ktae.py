@@ -14,7 +14,7 @@ give a 2x2 table ``[[a, b], [c, d]]`` (responses containing ``v`` or not). Then
 ``mode="exact"`` (default) computes these exactly (float64); ``mode="reference"``
 reproduces the authors' released runtime including its float32 quirks (SPEC 2b, see
 :mod:`ktae.core.ktae_reference`). Both run as one vectorised pass over the batch
-(:func:`ktae.core.token_counts.count_tokens`): no Python loop over groups or tokens.
+(:func:`ktae.core.token_counts.count_units`): no Python loop over groups or tokens.
 
 ``ngram=N > 1`` (exact mode) scores spans of N consecutive tokens instead of single
 tokens, with the same formulas per (group, distinct span); each token then gets the
@@ -25,7 +25,6 @@ docs/ngram.md).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +45,15 @@ from ktae.core.ktae_options import (
 from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.ngrams import Spans, find_spans, reduce_to_tokens
-from ktae.core.token_counts import TokenCounts, count_tokens, count_units, unique_small_keys
+from ktae.core.table_stats import TableStats, table_stats
+from ktae.core.tasks import run_tasks
+from ktae.core.token_counts import (
+    TokenCounts,
+    count_units,
+    real_positions,
+    real_token_ids,
+    unique_small_keys,
+)
 
 __all__ = ["PAPER_DEFAULTS", "QWEN_ENDOFTEXT_ID", "RUNTIME_DEFAULTS", "KeyTokenTable",
            "key_token_table", "ktae_advantages"]
@@ -90,22 +97,31 @@ def _term_frequencies(cnt: TokenCounts, k1: float, b: float):
     return one(cnt.count_correct, lc, li), one(cnt.count_incorrect, li, lc)
 
 
-def _exact_values(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant) -> torch.Tensor:
-    """``[U]`` key-token values; F, IG and Cohen's h evaluated once per distinct table."""
-    tables, inv = _distinct_tables(cnt)
-    p = stats.fisher_exact_pvalue(*tables)
-    weight = (h1 * stats.fisher_score(p) + h2 * stats.information_gain(*tables)) / (h1 + h2)
-    h = stats.cohens_h(*tables)
+def _pair_tables(cnt: TokenCounts, tables: TableStats | None):
+    """``(p, F, IG, h)`` per pair: rows of the call's :class:`TableStats`, or (without one)
+    each distinct table of the chunk evaluated once."""
+    if tables is not None:
+        rows = tables.rows(cnt.a, cnt.b, cnt.n_correct, cnt.n_incorrect)
+        return (tables.p_value[rows], tables.fisher[rows], tables.info_gain[rows],
+                tables.cohens_h[rows])
+    distinct, inv = _distinct_tables(cnt)
+    p = stats.fisher_exact_pvalue(*distinct)
+    return (p[inv], stats.fisher_score(p)[inv], stats.information_gain(*distinct)[inv],
+            stats.cohens_h(*distinct)[inv])
+
+
+def _exact_values(cnt: TokenCounts, tables: TableStats | None, *, h1, h2, h3, k1, b, top,
+                  variant) -> torch.Tensor:
+    """``[U]`` key-token values (Eq. 9-10)."""
+    _, fisher, ig, h = _pair_tables(cnt, tables)
     tf_t, tf_f = _term_frequencies(cnt, k1, b)
-    return stats.scale_key_value(weight[inv] * stats.direction(h[inv], tf_t, tf_f, h3), top,
-                                 variant)
+    weight = (h1 * fisher + h2 * ig) / (h1 + h2)
+    return stats.scale_key_value(weight * stats.direction(h, tf_t, tf_f, h3), top, variant)
 
 
-def _exact_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant) -> KeyTokenTable:
-    tables, inv = _distinct_tables(cnt)
-    p_u = stats.fisher_exact_pvalue(*tables)
-    p, ig, h = p_u[inv], stats.information_gain(*tables)[inv], stats.cohens_h(*tables)[inv]
-    fisher = stats.fisher_score(p)
+def _exact_table(cnt: TokenCounts, tables: TableStats | None, *, h1, h2, h3, k1, b, top,
+                 variant) -> KeyTokenTable:
+    p, fisher, ig, h = _pair_tables(cnt, tables)
     tf_t, tf_f = _term_frequencies(cnt, k1, b)
     dirn = stats.direction(h, tf_t, tf_f, h3)
     value = stats.scale_key_value((h1 * fisher + h2 * ig) * dirn / (h1 + h2), top, variant)
@@ -125,20 +141,31 @@ def _keep(cnt: TokenCounts, opts: KTAEOptions) -> torch.Tensor:
     return keep
 
 
-def _table(cnt: TokenCounts, opts: KTAEOptions) -> KeyTokenTable:
+def _table(cnt: TokenCounts, opts: KTAEOptions, tables: TableStats | None) -> KeyTokenTable:
     if opts.mode == "reference":
         table = reference_table(cnt, **opts.stats_kwargs())
     else:
-        table = _exact_table(cnt, **opts.stats_kwargs())
+        table = _exact_table(cnt, tables, **opts.stats_kwargs())
     value = torch.where(_keep(cnt, opts), table.value, torch.zeros_like(table.value))
     return dataclasses.replace(table, value=value)
 
 
-def _values(cnt: TokenCounts, opts: KTAEOptions) -> torch.Tensor:
+def _values(cnt: TokenCounts, opts: KTAEOptions, tables: TableStats | None) -> torch.Tensor:
     if opts.mode == "reference":
-        return _table(cnt, opts).value
-    value = _exact_values(cnt, **opts.stats_kwargs())
+        return _table(cnt, opts, None).value
+    value = _exact_values(cnt, tables, **opts.stats_kwargs())
     return torch.where(_keep(cnt, opts), value, torch.zeros_like(value))
+
+
+def _call_tables(batch: AdvantageBatch, correct: torch.Tensor, opts: KTAEOptions
+                 ) -> TableStats | None:
+    """The exact mode's :class:`TableStats` of the batch's group compositions (one task:
+    one thread, so that the values do not depend on the thread count)."""
+    if opts.mode != "exact":
+        return None
+    sizes = torch.bincount(batch.gid, minlength=batch.num_groups)
+    n_c = torch.zeros_like(sizes).index_add_(0, batch.gid, correct.long())
+    return run_tasks(lambda _: table_stats(n_c, sizes - n_c), [None], device=batch.device)[0]
 
 
 # ------------------------------------------------------------------ chunks of groups
@@ -146,22 +173,28 @@ def _values(cnt: TokenCounts, opts: KTAEOptions) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class _Chunk:
-    """Consecutive groups of a batch: rows (None = the whole batch), inputs, first group."""
+    """Consecutive groups of a batch: their rows (a slice when the batch stores its groups
+    contiguously, the usual layout, so that inputs are views; else row indices), inputs and
+    first group."""
 
-    rows: torch.Tensor | None
+    rows: slice | torch.Tensor
     first_group: int
     token_ids: torch.Tensor
     mask: torch.Tensor
+    row_len: torch.Tensor
     gid: torch.Tensor
     num_groups: int
     correct: torch.Tensor
 
-    def count(self, opts: KTAEOptions) -> tuple[TokenCounts, Spans | None]:
-        """Counts per (group, token), or per (group, span) with their spans."""
+    def count(self, opts: KTAEOptions, flat: torch.Tensor, row: torch.Tensor
+              ) -> tuple[TokenCounts, Spans | None]:
+        """Counts per (group, token), or per (group, span) with their spans; ``flat`` and
+        ``row`` from :func:`ktae.core.token_counts.real_positions` of the chunk."""
         if opts.ngram == 1:
-            return count_tokens(self.token_ids, self.mask, self.gid, self.num_groups,
-                                self.correct), None
-        spans, key = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids)
+            return count_units(real_token_ids(self.token_ids, flat), row, self.row_len,
+                               self.gid, self.num_groups, self.correct), None
+        spans, key = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids,
+                                flat=flat)
         cnt = count_units(key, spans.row, spans.row_len, self.gid, self.num_groups,
                           self.correct)
         return cnt, spans
@@ -170,40 +203,43 @@ class _Chunk:
 def _group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max_tokens: int):
     """Split the groups into consecutive ranges of about ``max_tokens`` real tokens.
 
-    Yields ``(rows, first_group, num_groups_in_chunk)``. Key-token statistics never cross
-    groups, so chunks are independent; they bound the memory of the sort and its
-    companions (and shorter sorts are cheaper per element). A handful of chunks per batch:
-    this is not a loop over groups.
+    Yields ``(rows, first_group, num_groups_in_chunk)``, ``rows`` a slice when every
+    chunk's rows are contiguous in the batch (groups stored one after the other), else an
+    index tensor. Key-token statistics never cross groups, so chunks are independent; they
+    bound the memory of the sort and its companions (and shorter sorts are cheaper per
+    element), and are the tasks of :func:`ktae.core.tasks.run_tasks`. A handful of chunks
+    per batch: this is not a loop over groups.
     """
     per_group = torch.zeros(num_groups, dtype=torch.int64, device=gid.device).index_add_(0, gid, row_len)
     before = torch.cumsum(per_group, 0) - per_group
     chunk_of_group = before // max(1, max_tokens)
-    if int(chunk_of_group[-1]) == 0:
-        yield None, 0, num_groups
-        return
     chunk_of_row = chunk_of_group[gid]
+    first_groups = torch.searchsorted(chunk_of_group, torch.unique(chunk_of_group)).tolist()
+    ends = first_groups[1:] + [num_groups]
+    if bool((chunk_of_row[1:] >= chunk_of_row[:-1]).all()):  # contiguous chunks: slices
+        bounds = torch.searchsorted(chunk_of_row, torch.unique(chunk_of_group), right=True)
+        start = 0
+        for g0, g1, end in zip(first_groups, ends, bounds.tolist(), strict=True):
+            yield slice(start, end), g0, g1 - g0
+            start = end
+        return
     order = torch.argsort(chunk_of_row, stable=True)
     bounds = torch.searchsorted(chunk_of_row[order], torch.unique(chunk_of_group), right=True)
-    first_groups = torch.searchsorted(chunk_of_group, torch.unique(chunk_of_group))
     start = 0
-    for i, end in enumerate(bounds.tolist()):
-        g0 = int(first_groups[i])
-        g1 = int(first_groups[i + 1]) if i + 1 < first_groups.numel() else num_groups
+    for g0, g1, end in zip(first_groups, ends, bounds.tolist(), strict=True):
         yield order[start:end], g0, g1 - g0
         start = end
 
 
 def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | None
-            ) -> Iterator[_Chunk]:
+            ) -> list[_Chunk]:
     if chunk_tokens is None:
         chunk_tokens = CPU_CHUNK_TOKENS if batch.device.type == "cpu" else DEVICE_CHUNK_TOKENS
     row_len = batch.mask.sum(1, dtype=torch.int32).long()
-    for rows, g0, n_groups in _group_chunks(batch.gid, batch.num_groups, row_len, chunk_tokens):
-        if rows is None:  # one chunk: the whole batch, no copies
-            yield _Chunk(None, 0, batch.token_ids, batch.mask, batch.gid, n_groups, correct)
-        else:
-            yield _Chunk(rows, g0, batch.token_ids[rows], batch.mask[rows],
-                         batch.gid[rows] - g0, n_groups, correct[rows])
+    return [_Chunk(rows, g0, batch.token_ids[rows], batch.mask[rows], row_len[rows],
+                   batch.gid[rows] - g0, n_groups, correct[rows])
+            for rows, g0, n_groups in _group_chunks(batch.gid, batch.num_groups, row_len,
+                                                    chunk_tokens)]
 
 
 # ------------------------------------------------------------------ public functions
@@ -283,19 +319,27 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     out_dtype = torch.float64 if batch.rewards.dtype == torch.float64 else torch.float32
     seq = SEQUENCE_BASELINES[base](rewards, batch.gid, batch.num_groups).to(out_dtype)
     out = torch.zeros(batch.mask.shape, dtype=out_dtype, device=batch.device)
-    for chunk in _chunks(batch, is_correct, chunk_tokens):
-        cnt, spans = chunk.count(opts)
+
+    tables = _call_tables(batch, is_correct, opts)
+
+    def one_chunk(chunk: _Chunk) -> None:  # a task: writes its own rows of ``out``
+        flat, row, _ = real_positions(chunk.mask, chunk.row_len)
+        cnt, spans = chunk.count(opts, flat, row)
         if spans is None:
-            per_token = cnt.spread(_values(cnt, opts).to(out_dtype))
+            per_token = cnt.spread(_values(cnt, opts, tables).to(out_dtype))
         else:
-            per_span = cnt.spread(_values(cnt, opts))
+            per_span = cnt.spread(_values(cnt, opts, tables))
             per_token = reduce_to_tokens(per_span, spans, opts.ngram_reduce).to(out_dtype)
-        if chunk.rows is None:
-            out.masked_scatter_(chunk.mask, per_token)
+        per_token += seq[chunk.rows][row]  # padding keeps the 0 of ``out``
+        if isinstance(chunk.rows, slice):
+            out[chunk.rows].view(-1).index_put_((flat,), per_token)
         else:
-            out.index_copy_(0, chunk.rows,
-                            torch.zeros_like(out[chunk.rows]).masked_scatter_(chunk.mask, per_token))
-    return out.add_(seq[:, None]).masked_fill_(~batch.mask, 0.0)
+            block = torch.zeros(chunk.mask.shape, dtype=out_dtype, device=out.device)
+            out.index_copy_(0, chunk.rows, block.view(-1).index_put_((flat,), per_token)
+                            .view(chunk.mask.shape))
+
+    run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens), device=batch.device)
+    return out
 
 
 def _span_columns(table: KeyTokenTable, cnt: TokenCounts, spans: Spans) -> KeyTokenTable:
@@ -338,15 +382,19 @@ def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = 
         ignore_token_ids=ignore_token_ids, mode=mode, variant=variant, ngram=ngram,
         ngram_reduce=ngram_reduce))
     chunk_tokens = check_chunk_tokens(chunk_tokens)
-    parts = []
-    for chunk in _chunks(batch, is_correct, chunk_tokens):
-        cnt, spans = chunk.count(opts)
-        table = _table(cnt, opts)
+    tables = _call_tables(batch, is_correct, opts)
+
+    def one_chunk(chunk: _Chunk) -> KeyTokenTable:
+        flat, row, _ = real_positions(chunk.mask, chunk.row_len)
+        cnt, spans = chunk.count(opts, flat, row)
+        table = _table(cnt, opts, tables)
         if spans is not None:
             table = _span_columns(table, cnt, spans)
         if chunk.first_group:
             table = dataclasses.replace(table, group=table.group + chunk.first_group)
-        parts.append(table)
+        return table
+
+    parts = run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens), device=batch.device)
     if len(parts) == 1:
         table = parts[0]
     else:

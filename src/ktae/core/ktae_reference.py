@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ktae.core import stats
+from ktae.core import pointwise, stats
 from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.token_counts import TokenCounts, unique_small_keys
 
@@ -36,7 +36,7 @@ _F32 = torch.float32
 def _lgc(n: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     n = n.to(_F32)
     k = k.to(_F32)
-    return torch.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+    return pointwise.lgamma(n + 1) - pointwise.lgamma(k + 1) - pointwise.lgamma(n - k + 1)
 
 
 def runtime_fisher_pvalue(a, b, c, d, width) -> torch.Tensor:
@@ -53,8 +53,8 @@ def runtime_fisher_pvalue(a, b, c, d, width) -> torch.Tensor:
     in_support = (k >= lo[:, None]) & (k <= hi[:, None]) & (k < width[:, None])
     kk = torch.minimum(torch.maximum(k, lo[:, None]), hi[:, None])
     log_norm = _lgc(n, r1)[:, None]
-    p_k = torch.exp(_lgc(c1[:, None], kk) + _lgc((n - c1)[:, None], r1[:, None] - kk) - log_norm)
-    p_obs = torch.exp(_lgc(c1, a) + _lgc(n - c1, r1 - a) - log_norm[:, 0])
+    p_k = pointwise.exp(_lgc(c1[:, None], kk) + _lgc((n - c1)[:, None], r1[:, None] - kk) - log_norm)
+    p_obs = pointwise.exp(_lgc(c1, a) + _lgc(n - c1, r1 - a) - log_norm[:, 0])
     grid = torch.where(in_support & (p_k <= p_obs[:, None]), p_k, torch.zeros_like(p_k))
     # Rows narrower than kmax: their zero columns beyond K do not change a float32 row sum
     # only if summed in the same width; sum each distinct width separately.
@@ -86,7 +86,7 @@ def reference_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant):
     ub = (uniq // base**3) % base
     ua = uniq // base**4
     p = runtime_fisher_pvalue(ua, ub, uc, ud, uw)[inv]
-    fisher = torch.where(p == 1.0, torch.zeros_like(p), torch.exp(-2.0 * p))
+    fisher = torch.where(p == 1.0, torch.zeros_like(p), pointwise.exp(-2.0 * p))
 
     nf = n.to(_F32)
     h_y = stats.entropy_bits(c1, n, _F32)
@@ -96,7 +96,7 @@ def reference_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant):
 
     p_t = (a.to(_F32) / (a + c).to(_F32).add(1e-10)).clamp(0.0, 1.0)
     p_f = (bb.to(_F32) / (bb + d).to(_F32).add(1e-10)).clamp(0.0, 1.0)
-    h = torch.asin(p_t.sqrt()) - torch.asin(p_f.sqrt())
+    h = pointwise.asin(p_t.sqrt()) - pointwise.asin(p_f.sqrt())
 
     def tf(count, length, other):
         count, length, other = count.to(_F32), length.to(_F32), other.to(_F32)

@@ -61,12 +61,15 @@ class Spans:
 
 
 def find_spans(token_ids: torch.Tensor, mask: torch.Tensor, n: int,
-               ignore_token_ids: tuple[int, ...] = ()) -> tuple[Spans, torch.Tensor]:
+               ignore_token_ids: tuple[int, ...] = (), *, flat: torch.Tensor | None = None
+               ) -> tuple[Spans, torch.Tensor]:
     """Every span of ``n >= 2`` tokens of a validated ``[B, T]`` batch, and their ``[S]``
-    exact ids (non-negative int64: equal ids exactly when the spans are equal)."""
+    exact ids (non-negative int64: equal ids exactly when the spans are equal).
+    ``flat``: the row-major positions of the real tokens, when the caller has them."""
     B, T = token_ids.shape
     device = token_ids.device
-    flat = mask.reshape(-1).nonzero().squeeze(1)  # row-major positions of the real tokens
+    if flat is None:
+        flat = mask.reshape(-1).nonzero().squeeze(1)  # row-major positions of the real tokens
     tokens = real_token_ids(token_ids, flat)
     m = tokens.numel()
     if m < n:

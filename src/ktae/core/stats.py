@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from ktae.core import pointwise
+
 #: Relative tolerance when comparing hypergeometric probabilities to the observed one,
 #: as scipy.stats.fisher_exact does (tables of equal probability count as "as extreme").
 FISHER_RTOL = 1e-7
@@ -47,7 +49,7 @@ def log_binom(n: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """``log C(n, k)`` in float64 via lgamma (``n >= k >= 0``)."""
     n = n.to(torch.float64)
     k = k.to(torch.float64)
-    return torch.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+    return pointwise.lgamma(n + 1) - pointwise.lgamma(k + 1) - pointwise.lgamma(n - k + 1)
 
 
 def fisher_exact_pvalue(a, b, c, d) -> torch.Tensor:
@@ -85,13 +87,20 @@ def fisher_exact_pvalue(a, b, c, d) -> torch.Tensor:
             - log_binom(n_, r1_)[:, None])
     logp_obs = (log_binom(c1_, a_) + log_binom(n_ - c1_, r1_ - a_) - log_binom(n_, r1_))
     keep = valid & (logp <= logp_obs[:, None] + math.log1p(FISHER_RTOL))
-    p = torch.where(keep, logp.exp(), torch.zeros_like(logp)).sum(dim=1).clamp(0.0, 1.0)
-    return p.reshape(a.shape)
+    terms = torch.where(keep, pointwise.exp(logp), torch.zeros_like(logp))
+    # Each row summed over its own support only, so that a table's p does not depend on
+    # the widest table it is evaluated with (a float sum's rounding depends on its length).
+    own = hi_ - lo_ + 1
+    p = torch.empty(own.shape, dtype=torch.float64, device=a.device)
+    for w in torch.unique(own).tolist():  # a handful of widths (<= the group size + 1)
+        rows = (own == w).nonzero().squeeze(1)
+        p[rows] = terms[rows, :w].sum(dim=1)
+    return p.clamp_(0.0, 1.0).reshape(a.shape)
 
 
 def fisher_score(p: torch.Tensor) -> torch.Tensor:
     """``F = exp(-2 p)``, and 0 when ``p`` is 1 (no evidence of association)."""
-    return torch.where(p >= 1.0 - P_ONE_ATOL, torch.zeros_like(p), torch.exp(-2.0 * p))
+    return torch.where(p >= 1.0 - P_ONE_ATOL, torch.zeros_like(p), pointwise.exp(-2.0 * p))
 
 
 def entropy_bits(pos: torch.Tensor, total: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
@@ -99,7 +108,7 @@ def entropy_bits(pos: torch.Tensor, total: torch.Tensor, dtype=torch.float64) ->
     q = pos.to(dtype) / total.to(dtype).clamp_min(1)
     safe = (q > 0) & (q < 1)
     qs = torch.where(safe, q, torch.full_like(q, 0.5))
-    h = -(qs * torch.log2(qs) + (1 - qs) * torch.log2(1 - qs))
+    h = -(qs * pointwise.log2(qs) + (1 - qs) * pointwise.log2(1 - qs))
     return torch.where(safe, h, torch.zeros_like(h))
 
 
@@ -154,7 +163,7 @@ def cohens_h(a, b, c, d) -> torch.Tensor:
     a, b, c, d = _table(a, b, c, d)
     p_t = a.to(torch.float64) / (a + c).clamp_min(1)
     p_f = b.to(torch.float64) / (b + d).clamp_min(1)
-    return torch.asin(p_t.sqrt()) - torch.asin(p_f.sqrt())
+    return pointwise.asin(p_t.sqrt()) - pointwise.asin(p_f.sqrt())
 
 
 def scale_key_value(k: torch.Tensor, top: float, variant: str = "runtime") -> torch.Tensor:
@@ -164,8 +173,8 @@ def scale_key_value(k: torch.Tensor, top: float, variant: str = "runtime") -> to
     ``(-top, top)``; ``variant="paper"`` (paper Eq. 10): ``top * (sigmoid(k) - 0.5)``.
     """
     if variant == "paper":
-        return top * (torch.sigmoid(k) - 0.5)
-    return top * (2.0 * torch.sigmoid(k) - 1.0)
+        return top * (pointwise.sigmoid(k) - 0.5)
+    return top * (2.0 * pointwise.sigmoid(k) - 1.0)
 
 
 def direction(h: torch.Tensor, tf_correct: torch.Tensor, tf_incorrect: torch.Tensor,

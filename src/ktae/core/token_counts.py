@@ -6,9 +6,10 @@ distinct tokens; here every real token of the batch gets one int64 key
     key = (group * V + token) << S  |  incorrect << s  |  rank of its response in the group
 
 and a single ``torch.sort`` of the keys puts the occurrences of each (group, token) next
-to each other, subdivided by response, with the response's class readable from the key.
-Run boundaries then give, with cumulative sums only: ``a``/``b`` (responses containing
-the token, by class) and the occurrence counts by class.
+to each other, subdivided by class (correct first) and response. Three passes of
+``torch.unique_consecutive`` over ever shorter arrays (the runs of responses, of
+(pair, class), of pairs) then give ``a``/``b`` (responses containing the token, by class)
+and the occurrence counts by class.
 """
 
 from __future__ import annotations
@@ -75,24 +76,6 @@ class TokenCounts:
         return torch.empty_like(sorted_vals).index_put_((self.order,), sorted_vals)
 
 
-def _segment_sums(flags: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """Sums of ``flags`` over the runs ``[starts, ends)``, via one cumulative sum."""
-    dtype = torch.int32 if flags.numel() < 2**31 else torch.int64
-    cs = torch.empty(flags.numel() + 1, dtype=dtype, device=flags.device)
-    cs[0] = 0
-    torch.cumsum(flags, 0, dtype=dtype, out=cs[1:])
-    return (cs[ends] - cs[starts]).long()
-
-
-def _run_starts(values: torch.Tensor) -> torch.Tensor:
-    """``[M]`` bool: True where a sorted array starts a new run of equal values."""
-    new = torch.empty(values.numel(), dtype=torch.bool, device=values.device)
-    if values.numel():
-        new[0] = True
-        torch.ne(values[1:], values[:-1], out=new[1:])
-    return new
-
-
 def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
                  num_groups: int, correct: torch.Tensor) -> TokenCounts:
     """Build :class:`TokenCounts` for a validated batch in one vectorised pass.
@@ -104,12 +87,21 @@ def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
     Raises:
         ValueError: a negative token id where mask is 1.
     """
-    # Real tokens in row-major order (nonzero + index_select beats boolean indexing).
+    flat, row, row_len = real_positions(mask)
+    return count_units(real_token_ids(token_ids, flat), row, row_len, gid, num_groups, correct)
+
+
+def real_positions(mask: torch.Tensor, row_len: torch.Tensor | None = None):
+    """``(flat, row, row_len)`` of the real tokens of a ``[B, T]`` mask, in row-major order:
+    ``[M]`` positions in the flattened batch, ``[M]`` rows, ``[B]`` tokens per row (given, or
+    counted here)."""
+    # nonzero + index_select beats boolean indexing; rows by repetition beat a division.
+    if row_len is None:
+        row_len = mask.sum(1, dtype=torch.int32).long()
     flat = mask.reshape(-1).nonzero().squeeze(1)
-    tok = real_token_ids(token_ids, flat)
-    row = flat.div_(token_ids.shape[1], rounding_mode="floor")
-    row_len = mask.sum(1, dtype=torch.int32).long()
-    return count_units(tok, row, row_len, gid, num_groups, correct)
+    row = torch.repeat_interleave(torch.arange(mask.shape[0], device=mask.device), row_len,
+                                  output_size=flat.numel())
+    return flat, row, row_len
 
 
 def real_token_ids(token_ids: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
@@ -134,13 +126,8 @@ def count_units(unit: torch.Tensor, row: torch.Tensor, row_len: torch.Tensor,
     ``TokenCounts.token`` then holds the unit ids and ``order``/``spread`` index units.
     """
     device = unit.device
-    B = gid.shape[0]
-    sizes = torch.bincount(gid, minlength=num_groups)
+    sizes, rank = _ranks_in_groups(gid, num_groups)
     g_max = int(sizes.max().item())
-    order_rows = torch.argsort(gid, stable=True)
-    starts_g = torch.cumsum(sizes, 0) - sizes
-    rank = torch.empty(B, dtype=torch.int64, device=device)
-    rank[order_rows] = torch.arange(B, device=device) - starts_g[gid[order_rows]]
 
     vocab = int(unit.max()) + 1 if unit.numel() else 1
     tok = unit
@@ -156,36 +143,55 @@ def count_units(unit: torch.Tensor, row: torch.Tensor, row_len: torch.Tensor,
     del tok, unit
     key, order = torch.sort(key)
 
-    m = key.numel()
-    new_resp = _run_starts(key)
-    corr = torch.bitwise_and(key, 1 << s) == 0
-    pair_key = key >> shift
+    # Runs of the sorted keys, each found by one pass of unique_consecutive: responses
+    # (pair, class, rank), then (pair, class), then pairs. In a pair's run the correct
+    # occurrences come first (class bit 0).
+    resp_key, tokens_per_resp = torch.unique_consecutive(key, return_counts=True)
     del key
-    starts = _run_starts(pair_key).nonzero().squeeze(1)
-    ends = torch.cat([starts[1:], torch.tensor([m], device=device)])
-    pk = pair_key[starts]
-    del pair_key
-    run_length = ends - starts
-    count_correct = _segment_sums(corr, starts, ends)
-    corr &= new_resp
-    a = _segment_sums(corr, starts, ends)
-    b = _segment_sums(new_resp, starts, ends) - a
-    del corr, new_resp
+    cls, resp_per_cls = torch.unique_consecutive(resp_key >> s, return_counts=True)
+    del resp_key
+    cs = torch.zeros(tokens_per_resp.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(tokens_per_resp, 0, out=cs[1:])
+    cls_end = torch.cumsum(resp_per_cls, 0)
+    tokens_per_cls = cs[cls_end] - cs[cls_end - resp_per_cls]
+    pk, cls_per_pair = torch.unique_consecutive(cls >> 1, return_counts=True)
+    first = torch.cumsum(cls_per_pair, 0) - cls_per_pair  # the pair's first (pair, class)
+    first_correct = (cls[first] & 1) == 0
+    both = cls_per_pair == 2
+    second = torch.where(both, first + 1, first)
+    zero = torch.zeros_like(pk)
+    a = torch.where(first_correct, resp_per_cls[first], zero)
+    b = torch.where(both | ~first_correct, resp_per_cls[second], zero)
+    count_correct = torch.where(first_correct, tokens_per_cls[first], zero)
+    run_length = tokens_per_cls[first] + torch.where(both, tokens_per_cls[second], zero)
     group = pk // vocab
     token = pk - group * vocab
     if remap is not None:
         token = remap[token]
 
-    n_c = torch.zeros(num_groups, dtype=torch.int64, device=device).index_add_(0, gid, correct.long())
+    return TokenCounts(group=group, token=token, a=a, b=b, count_correct=count_correct,
+                       count_incorrect=run_length - count_correct, run_length=run_length,
+                       order=order, **_group_totals(gid, num_groups, sizes, correct, row_len))
+
+
+def _ranks_in_groups(gid: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[P]`` group sizes and ``[B]`` the rank of each response within its group."""
+    B = gid.shape[0]
+    sizes = torch.bincount(gid, minlength=num_groups)
+    order_rows = torch.argsort(gid, stable=True)
+    starts_g = torch.cumsum(sizes, 0) - sizes
+    rank = torch.empty(B, dtype=torch.int64, device=gid.device)
+    rank[order_rows] = torch.arange(B, device=gid.device) - starts_g[gid[order_rows]]
+    return sizes, rank
+
+
+def _group_totals(gid, num_groups, sizes, correct, row_len) -> dict:
+    n_c = torch.zeros(num_groups, dtype=torch.int64, device=gid.device).index_add_(
+        0, gid, correct.long())
     len_c = torch.zeros_like(n_c).index_add_(0, gid, row_len * correct)
     len_all = torch.zeros_like(n_c).index_add_(0, gid, row_len)
-    return TokenCounts(
-        group=group, token=token, a=a, b=b,
-        count_correct=count_correct, count_incorrect=run_length - count_correct,
-        run_length=run_length, order=order,
-        group_n_correct=n_c, group_n_incorrect=sizes - n_c,
-        group_len_correct=len_c, group_len_incorrect=len_all - len_c,
-    )
+    return dict(group_n_correct=n_c, group_n_incorrect=sizes - n_c,
+                group_len_correct=len_c, group_len_incorrect=len_all - len_c)
 
 
 def unique_small_keys(key: torch.Tensor, keyspace: int, limit: int = 1 << 24):

@@ -1,0 +1,78 @@
+"""Fisher's p, F, IG and Cohen's h of every 2x2 table a batch can hold, once per call.
+
+These statistics depend on the table alone (``a``, ``b`` and the group's class sizes
+``n_T``, ``n_F``), not on any option, and a batch holds few group compositions
+``(n_T, n_F)``. So every table of every composition present, ``(n_T + 1) (n_F + 1)`` of
+each (under a thousand in all for groups of 16), is evaluated once per call, and each
+(group, token) pair of each chunk reads its table's row by index. Evaluating them per chunk
+instead would repeat the same small computations in every chunk, a cost that grows with
+the number of chunks rather than with the batch.
+
+The rows are laid out composition after composition, ``a``-major:
+``row = offset[n_T, n_F] + a (n_F + 1) + b``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ktae.core import stats
+
+#: Beyond this many tables (huge groups with many compositions), the caller evaluates the
+#: distinct tables of each chunk instead.
+MAX_TABLES = 1 << 21
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """Statistics of every table of the compositions present. E = number of tables.
+
+    Attributes:
+        p_value, fisher, info_gain, cohens_h: ``[E]`` float64 (SPEC 2, Eq. 4-7, 9).
+        offset: ``[S, S]`` int64, the first row of composition ``(n_T, n_F)``; -1 where the
+            batch has no such group (S = the largest class size + 1).
+    """
+
+    p_value: torch.Tensor
+    fisher: torch.Tensor
+    info_gain: torch.Tensor
+    cohens_h: torch.Tensor
+    offset: torch.Tensor
+
+    def rows(self, a: torch.Tensor, b: torch.Tensor, n_correct: torch.Tensor,
+             n_incorrect: torch.Tensor) -> torch.Tensor:
+        """``[U]`` row of each table ``[[a, b], [n_T - a, n_F - b]]`` (per-pair tensors)."""
+        return self.offset[n_correct, n_incorrect] + a * (n_incorrect + 1) + b
+
+
+def table_stats(n_correct: torch.Tensor, n_incorrect: torch.Tensor) -> TableStats | None:
+    """Every table of the group compositions ``(n_correct[g], n_incorrect[g])``.
+
+    Args:
+        n_correct, n_incorrect: ``[P]`` int64 class sizes of each group.
+
+    Returns:
+        The statistics, or None when they would hold more than :data:`MAX_TABLES` tables.
+    """
+    device = n_correct.device
+    size = int(max(int(n_correct.max()), int(n_incorrect.max()))) + 1 if n_correct.numel() else 1
+    comp = torch.unique(n_correct * size + n_incorrect)
+    n_t, n_f = comp // size, comp % size
+    per_comp = (n_t + 1) * (n_f + 1)
+    total = int(per_comp.sum())
+    if total > MAX_TABLES:
+        return None
+    first = torch.cumsum(per_comp, 0) - per_comp
+    offset = torch.full((size, size), -1, dtype=torch.int64, device=device)
+    offset[n_t, n_f] = first
+    which = torch.repeat_interleave(torch.arange(comp.numel(), device=device), per_comp)
+    local = torch.arange(total, device=device) - first[which]
+    nf1 = n_f[which] + 1
+    a, b = local // nf1, local % nf1
+    c, d = n_t[which] - a, n_f[which] - b
+    p = stats.fisher_exact_pvalue(a, b, c, d)
+    return TableStats(p_value=p, fisher=stats.fisher_score(p),
+                      info_gain=stats.information_gain(a, b, c, d),
+                      cohens_h=stats.cohens_h(a, b, c, d), offset=offset)
