@@ -20,6 +20,18 @@ reproduces the authors' released runtime including its float32 quirks (SPEC 2b, 
 tokens, with the same formulas per (group, distinct span); each token then gets the
 value of the spans covering it, reduced by ``ngram_reduce`` (:mod:`ktae.core.ngrams`,
 docs/ngram.md).
+
+How the pass is organised (measured with ``benchmarks/bench_advantages.py``, README
+"Speed"): the batch is split into chunks of whole groups (about 2**18 real tokens on CPU:
+their sorts stay in cache), and the chunks run as coarse tasks, each on one torch thread,
+on a pool as large as the caller's thread count (:mod:`ktae.core.tasks`). There is no
+barrier inside a chunk, so on a machine that other processes keep busy KTAE slows by the
+CPU share it loses, where torch's intra-op parallelism over many short operations made it
+wait a time slice at the end of each one. F, IG and Cohen's h of every 2x2 table the
+batch's group compositions allow are evaluated once per call
+(:mod:`ktae.core.table_stats`), not once per chunk. Transcendental functions go through
+:mod:`ktae.core.pointwise`, so that a value never depends on its neighbours in an array:
+results are bit for bit the same at any chunking and thread count.
 """
 
 from __future__ import annotations
@@ -60,7 +72,7 @@ __all__ = ["PAPER_DEFAULTS", "QWEN_ENDOFTEXT_ID", "RUNTIME_DEFAULTS", "KeyTokenT
 
 #: Real tokens per chunk (see ``chunk_tokens``): measured fastest on CPU with memory below
 #: the input's; accelerators prefer fewer, larger launches.
-CPU_CHUNK_TOKENS = 1 << 19
+CPU_CHUNK_TOKENS = 1 << 18
 DEVICE_CHUNK_TOKENS = 1 << 23
 
 
@@ -90,8 +102,8 @@ def _term_frequencies(cnt: TokenCounts, k1: float, b: float):
         length = length.to(torch.float64)
         inv_len = torch.where(length > 0, 1.0 / length.clamp_min(1), 0.0)
         sat = k1 * (1 - b + b * length / ((length + other) / 2).clamp_min(1e-12))
-        f = count * inv_len[cnt.group]
-        return f * (k1 + 1) / (f + sat[cnt.group]).clamp_min(1e-300)
+        f = count * inv_len.index_select(0, cnt.group)
+        return f * (k1 + 1) / (f + sat.index_select(0, cnt.group)).clamp_min(1e-300)
 
     lc, li = cnt.group_len_correct, cnt.group_len_incorrect
     return one(cnt.count_correct, lc, li), one(cnt.count_incorrect, li, lc)
@@ -101,9 +113,9 @@ def _pair_tables(cnt: TokenCounts, tables: TableStats | None):
     """``(p, F, IG, h)`` per pair: rows of the call's :class:`TableStats`, or (without one)
     each distinct table of the chunk evaluated once."""
     if tables is not None:
-        rows = tables.rows(cnt.a, cnt.b, cnt.n_correct, cnt.n_incorrect)
-        return (tables.p_value[rows], tables.fisher[rows], tables.info_gain[rows],
-                tables.cohens_h[rows])
+        rows = tables.rows(cnt.a, cnt.b, cnt.group, cnt.group_n_correct, cnt.group_n_incorrect)
+        return tuple(x.index_select(0, rows) for x in (tables.p_value, tables.fisher,
+                                                        tables.info_gain, tables.cohens_h))
     distinct, inv = _distinct_tables(cnt)
     p = stats.fisher_exact_pvalue(*distinct)
     return (p[inv], stats.fisher_score(p)[inv], stats.information_gain(*distinct)[inv],
@@ -113,9 +125,14 @@ def _pair_tables(cnt: TokenCounts, tables: TableStats | None):
 def _exact_values(cnt: TokenCounts, tables: TableStats | None, *, h1, h2, h3, k1, b, top,
                   variant) -> torch.Tensor:
     """``[U]`` key-token values (Eq. 9-10)."""
-    _, fisher, ig, h = _pair_tables(cnt, tables)
+    if tables is not None:  # the weight of each table once, then one gather per pair
+        rows = tables.rows(cnt.a, cnt.b, cnt.group, cnt.group_n_correct, cnt.group_n_incorrect)
+        weight = ((h1 * tables.fisher + h2 * tables.info_gain) / (h1 + h2)).index_select(0, rows)
+        h = tables.cohens_h.index_select(0, rows)
+    else:
+        _, fisher, ig, h = _pair_tables(cnt, None)
+        weight = (h1 * fisher + h2 * ig) / (h1 + h2)
     tf_t, tf_f = _term_frequencies(cnt, k1, b)
-    weight = (h1 * fisher + h2 * ig) / (h1 + h2)
     return stats.scale_key_value(weight * stats.direction(h, tf_t, tf_f, h3), top, variant)
 
 
@@ -134,7 +151,7 @@ def _keep(cnt: TokenCounts, opts: KTAEOptions) -> torch.Tensor:
     """Pairs that get a value: groups with both classes, tokens not ignored (spans never
     contain an ignored token)."""
     both = (cnt.group_n_correct > 0) & (cnt.group_n_incorrect > 0)
-    keep = both[cnt.group]
+    keep = both.index_select(0, cnt.group)
     if opts.ngram == 1 and opts.ignore_token_ids:
         ids = torch.tensor(opts.ignore_token_ids, dtype=cnt.token.dtype, device=cnt.token.device)
         keep &= ~torch.isin(cnt.token, ids)
@@ -194,7 +211,7 @@ class _Chunk:
             return count_units(real_token_ids(self.token_ids, flat), row, self.row_len,
                                self.gid, self.num_groups, self.correct), None
         spans, key = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids,
-                                flat=flat)
+                                flat=flat, row=row)
         cnt = count_units(key, spans.row, spans.row_len, self.gid, self.num_groups,
                           self.correct)
         return cnt, spans
@@ -296,8 +313,9 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     value of the spans covering it; "maxabs": the value of largest magnitude among them),
     ``chunk_tokens``
     (groups are processed in chunks of about this many real tokens, which bounds memory and
-    keeps sorts in cache; results do not depend on it; default 2**19 on CPU, 2**23 on
-    accelerators). Bounds: :mod:`ktae.core.ktae_options`.
+    keeps sorts in cache; results do not depend on it, bit for bit; default 2**18 on CPU,
+    2**23 on accelerators; on CPU the chunks run as single-threaded tasks in parallel,
+    :mod:`ktae.core.tasks`). Bounds: :mod:`ktae.core.ktae_options`.
 
     Degenerate input: a group of one gets its base advantage (GRPO: mean 0, std 1) and no
     key-token values; a group that is all correct or all incorrect gets values 0; empty
@@ -330,12 +348,12 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
         else:
             per_span = cnt.spread(_values(cnt, opts, tables))
             per_token = reduce_to_tokens(per_span, spans, opts.ngram_reduce).to(out_dtype)
-        per_token += seq[chunk.rows][row]  # padding keeps the 0 of ``out``
+        per_token += seq[chunk.rows].index_select(0, row)  # padding keeps the 0 of ``out``
         if isinstance(chunk.rows, slice):
-            out[chunk.rows].view(-1).index_put_((flat,), per_token)
+            out[chunk.rows].view(-1).index_copy_(0, flat, per_token)
         else:
             block = torch.zeros(chunk.mask.shape, dtype=out_dtype, device=out.device)
-            out.index_copy_(0, chunk.rows, block.view(-1).index_put_((flat,), per_token)
+            out.index_copy_(0, chunk.rows, block.view(-1).index_copy_(0, flat, per_token)
                             .view(chunk.mask.shape))
 
     run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens), device=batch.device)

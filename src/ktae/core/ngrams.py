@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ktae.core.token_counts import real_token_ids, unique_small_keys
+from ktae.core.token_counts import real_positions, real_token_ids, unique_small_keys
 
 _KEY_LIMIT = 1 << 62
 
@@ -61,15 +61,16 @@ class Spans:
 
 
 def find_spans(token_ids: torch.Tensor, mask: torch.Tensor, n: int,
-               ignore_token_ids: tuple[int, ...] = (), *, flat: torch.Tensor | None = None
-               ) -> tuple[Spans, torch.Tensor]:
+               ignore_token_ids: tuple[int, ...] = (), *, flat: torch.Tensor | None = None,
+               row: torch.Tensor | None = None) -> tuple[Spans, torch.Tensor]:
     """Every span of ``n >= 2`` tokens of a validated ``[B, T]`` batch, and their ``[S]``
     exact ids (non-negative int64: equal ids exactly when the spans are equal).
-    ``flat``: the row-major positions of the real tokens, when the caller has them."""
+    ``flat``, ``row``: the row-major positions and the rows of the real tokens, when the
+    caller has them (:func:`ktae.core.token_counts.real_positions`)."""
     B, T = token_ids.shape
     device = token_ids.device
-    if flat is None:
-        flat = mask.reshape(-1).nonzero().squeeze(1)  # row-major positions of the real tokens
+    if flat is None or row is None:
+        flat, row, _ = real_positions(mask)
     tokens = real_token_ids(token_ids, flat)
     m = tokens.numel()
     if m < n:
@@ -78,16 +79,16 @@ def find_spans(token_ids: torch.Tensor, mask: torch.Tensor, n: int,
                      tokens), empty.clone()
     head = flat[: m - n + 1]
     # n real tokens in consecutive columns of one row: the last is n - 1 positions on.
-    ok = (flat[n - 1:] - head == n - 1) & (head % T <= T - n)
+    ok = (flat[n - 1:] - head == n - 1) & (row[n - 1:] == row[: m - n + 1])
     if ignore_token_ids:
         ids = torch.tensor(ignore_token_ids, dtype=torch.int64, device=device)
         hits = torch.zeros(m + 1, dtype=torch.int64, device=device)
         torch.cumsum(torch.isin(tokens, ids), 0, out=hits[1:])
         ok &= hits[n:] == hits[: m - n + 1]
     start = ok.nonzero().squeeze(1)
-    row = head[start].div_(T, rounding_mode="floor")
-    row_len = torch.bincount(row, minlength=B)
-    return Spans(n, start, row, row_len, tokens), _span_keys(tokens, start, n)
+    span_row = row.index_select(0, start)
+    row_len = torch.bincount(span_row, minlength=B)
+    return Spans(n, start, span_row, row_len, tokens), _span_keys(tokens, start, n)
 
 
 def _span_keys(tokens: torch.Tensor, start: torch.Tensor, n: int) -> torch.Tensor:
@@ -97,13 +98,19 @@ def _span_keys(tokens: torch.Tensor, start: torch.Tensor, n: int) -> torch.Tenso
     vocab = int(tokens.max()) + 1 if tokens.numel() else 1
     uniq, tokens = unique_small_keys(tokens, vocab)
     vocab = max(1, uniq.numel())
-    key = tokens[start]
+    m = tokens.numel()
+    if vocab ** n <= _KEY_LIMIT:  # codes of every position by shifted slices, one gather
+        code = tokens[: m - n + 1].clone()
+        for j in range(1, n):
+            code.mul_(vocab).add_(tokens[j: m - n + 1 + j])
+        return code.index_select(0, start)
+    key = tokens.index_select(0, start)
     bound = vocab  # keys lie in [0, bound)
     for j in range(1, n):  # a loop over the span length only
         if bound * vocab > _KEY_LIMIT:
             uniq, key = torch.unique(key, return_inverse=True)
             bound = uniq.numel()
-        key = key * vocab + tokens[start + j]
+        key = key.mul_(vocab).add_(tokens.index_select(0, start + j))
         bound *= vocab
     return key
 
@@ -124,7 +131,7 @@ def reduce_to_tokens(span_values: torch.Tensor, spans: Spans, reduce: str) -> to
     # by_start[s]: the value of the span starting at real token s (0 where none starts).
     # A span starting at s covers tokens s .. s + n - 1, all in its row, so token p's
     # covering spans start at p - j (j < n): shifted slices, no gathers.
-    by_start = torch.zeros_like(out).index_put_((spans.start,), span_values)
+    by_start = torch.zeros_like(out).index_copy_(0, spans.start, span_values)
     if reduce == "mean":
         starts = torch.zeros_like(out).index_fill_(0, spans.start, 1.0)
         covering = torch.zeros_like(out)

@@ -5,10 +5,10 @@ an array with vector instructions in blocks of a few elements, and the last, inc
 block with the scalar C library function; the two can differ in the last bit. Which
 elements fall in that tail depends on the array's length, so the value of one table or one
 token would depend on which other tables or tokens share its chunk of the batch (or a
-thread's share of it). These wrappers pad a CPU array to a whole number of blocks (64
-elements covers every vector width torch uses) before the call, so every element takes
-the vector path, and KTAE's values do not depend on chunking or thread count. The pad is a
-copy of at most 63 elements; arrays that are already whole blocks are not copied.
+thread's share of it). These wrappers evaluate a CPU array as a whole number of blocks
+(64 elements covers every vector width torch uses): the leading whole blocks in place, the
+last few elements padded to one block, so that every element takes the vector path, and
+KTAE's values do not depend on chunking or thread count. No copy of the array is made.
 """
 
 from __future__ import annotations
@@ -20,17 +20,21 @@ import torch
 _BLOCK = 64
 
 
-def _blockwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def _blockwise(fn: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu":
         return fn(x)
-    n = x.numel()
-    pad = -n % _BLOCK
-    flat = x.reshape(-1)
-    if pad:
-        flat = torch.cat([flat, flat.new_zeros(pad)])
-    elif not flat.is_contiguous():
-        flat = flat.contiguous()
-    return fn(flat)[:n].reshape(x.shape)
+    flat = x.reshape(-1).contiguous()
+    n = flat.numel()
+    whole = n - n % _BLOCK
+    if whole == n:
+        return fn(flat).reshape(x.shape)
+    out = torch.empty_like(flat)
+    if whole:
+        fn(flat[:whole], out=out[:whole])
+    tail = flat.new_zeros(_BLOCK)
+    tail[: n - whole] = flat[whole:]
+    out[whole:] = fn(tail)[: n - whole]
+    return out.reshape(x.shape)
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:

@@ -41,10 +41,13 @@ class TableStats:
     cohens_h: torch.Tensor
     offset: torch.Tensor
 
-    def rows(self, a: torch.Tensor, b: torch.Tensor, n_correct: torch.Tensor,
-             n_incorrect: torch.Tensor) -> torch.Tensor:
-        """``[U]`` row of each table ``[[a, b], [n_T - a, n_F - b]]`` (per-pair tensors)."""
-        return self.offset[n_correct, n_incorrect] + a * (n_incorrect + 1) + b
+    def rows(self, a: torch.Tensor, b: torch.Tensor, group: torch.Tensor,
+             group_n_correct: torch.Tensor, group_n_incorrect: torch.Tensor) -> torch.Tensor:
+        """``[U]`` row of each table ``[[a, b], [n_T - a, n_F - b]]``: ``a``, ``b`` and
+        ``group`` per pair, the class sizes per group."""
+        first = self.offset[group_n_correct, group_n_incorrect]
+        return (first.index_select(0, group) + b
+                + a * (group_n_incorrect + 1).index_select(0, group))
 
 
 def table_stats(n_correct: torch.Tensor, n_incorrect: torch.Tensor) -> TableStats | None:

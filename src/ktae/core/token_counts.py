@@ -56,24 +56,24 @@ class TokenCounts:
 
     @property
     def n_correct(self) -> torch.Tensor:
-        return self.group_n_correct[self.group]
+        return self.group_n_correct.index_select(0, self.group)
 
     @property
     def n_incorrect(self) -> torch.Tensor:
-        return self.group_n_incorrect[self.group]
+        return self.group_n_incorrect.index_select(0, self.group)
 
     @property
     def len_correct(self) -> torch.Tensor:
-        return self.group_len_correct[self.group]
+        return self.group_len_correct.index_select(0, self.group)
 
     @property
     def len_incorrect(self) -> torch.Tensor:
-        return self.group_len_incorrect[self.group]
+        return self.group_len_incorrect.index_select(0, self.group)
 
     def spread(self, per_pair: torch.Tensor) -> torch.Tensor:
         """``[U] -> [M]``: each real token (row-major order) gets its pair's value."""
         sorted_vals = per_pair.repeat_interleave(self.run_length)
-        return torch.empty_like(sorted_vals).index_put_((self.order,), sorted_vals)
+        return torch.empty_like(sorted_vals).index_copy_(0, self.order, sorted_vals)
 
 
 def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
@@ -153,17 +153,19 @@ def count_units(unit: torch.Tensor, row: torch.Tensor, row_len: torch.Tensor,
     cs = torch.zeros(tokens_per_resp.numel() + 1, dtype=torch.int64, device=device)
     torch.cumsum(tokens_per_resp, 0, out=cs[1:])
     cls_end = torch.cumsum(resp_per_cls, 0)
-    tokens_per_cls = cs[cls_end] - cs[cls_end - resp_per_cls]
+    tokens_per_cls = cs.index_select(0, cls_end) - cs.index_select(0, cls_end - resp_per_cls)
     pk, cls_per_pair = torch.unique_consecutive(cls >> 1, return_counts=True)
     first = torch.cumsum(cls_per_pair, 0) - cls_per_pair  # the pair's first (pair, class)
-    first_correct = (cls[first] & 1) == 0
+    first_correct = (cls.index_select(0, first) & 1) == 0
     both = cls_per_pair == 2
     second = torch.where(both, first + 1, first)
     zero = torch.zeros_like(pk)
-    a = torch.where(first_correct, resp_per_cls[first], zero)
-    b = torch.where(both | ~first_correct, resp_per_cls[second], zero)
-    count_correct = torch.where(first_correct, tokens_per_cls[first], zero)
-    run_length = tokens_per_cls[first] + torch.where(both, tokens_per_cls[second], zero)
+    resp_first, resp_second = resp_per_cls.index_select(0, first), resp_per_cls.index_select(0, second)
+    tok_first, tok_second = tokens_per_cls.index_select(0, first), tokens_per_cls.index_select(0, second)
+    a = torch.where(first_correct, resp_first, zero)
+    b = torch.where(both | ~first_correct, resp_second, zero)
+    count_correct = torch.where(first_correct, tok_first, zero)
+    run_length = tok_first + torch.where(both, tok_second, zero)
     group = pk // vocab
     token = pk - group * vocab
     if remap is not None:
@@ -203,7 +205,7 @@ def unique_small_keys(key: torch.Tensor, keyspace: int, limit: int = 1 << 24):
     if keyspace > limit:
         return torch.unique(key, return_inverse=True)
     present = torch.zeros(keyspace, dtype=torch.bool, device=key.device)
-    present[key] = True
+    present.index_fill_(0, key, True)
     uniq = present.nonzero().squeeze(1)
     lookup = torch.cumsum(present, 0) - 1
-    return uniq, lookup[key]
+    return uniq, lookup.index_select(0, key)
