@@ -22,6 +22,7 @@ from ktae.data.schema import (
     apply_filters,
     boxed_answer,
     check_filters,
+    fallback_columns,
     resolve_fields,
     to_examples,
 )
@@ -74,7 +75,8 @@ def load_examples(source: str | Source | Rows, *, fields: Mapping[str, str] | No
     if limit is not None:
         rows = rows.select(range(min(limit, len(rows))))
     resolved = resolve_fields(rows, fields, preferred)
-    return to_examples(rows, resolved, parse_answer=parse_answer, check=check)
+    return to_examples(rows, resolved, parse_answer=parse_answer, check=check,
+                       fallbacks=fallback_columns(rows, resolved, fields))
 
 
 __all__ = ["FIELDS", "GUESSES", "KINDS", "Example", "Rows", "Source", "answer_text",

@@ -69,7 +69,7 @@ def answer_text(value) -> str:
     if value is None:
         raise ValueError("answer: expected a string, number or list, got null")
     if isinstance(value, bool):
-        return str(value)
+        raise ValueError(f"answer: expected a string, number or list, got {value!r}")
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"answer: expected a finite number, got {value}")
@@ -210,17 +210,39 @@ def apply_filters(rows: Rows, filters: Mapping[str, Sequence[str]]) -> Rows:
     return rows.select(keep)
 
 
+def fallback_columns(rows: Rows, fields: Mapping[str, str | None],
+                     field_map: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """For problem and answer (unless field-mapped): the other guessed columns present,
+    read where a row has no value in the chosen one (JSON rows of mixed schemas)."""
+    return {key: [c for c in GUESSES[key] if c != fields[key] and rows.has(c)]
+            for key in ("problem", "answer")
+            if key not in (field_map or {}) and fields[key] is not None}
+
+
+def _fill(values: list, rows: Rows, columns: Sequence[str]) -> list:
+    """``values`` with each None replaced by the first non-None of ``columns``."""
+    if not columns or all(v is not None for v in values):
+        return values
+    others = [rows.column(c) for c in columns]
+    return [v if v is not None else next((o[i] for o in others if o[i] is not None), None)
+            for i, v in enumerate(values)]
+
+
 def to_examples(rows: Rows, fields: Mapping[str, str | None], *,
                 parse_answer: Callable[[object], str] = answer_text,
-                check: Callable[[Example], None] | None = None) -> list[Example]:
+                check: Callable[[Example], None] | None = None,
+                fallbacks: Mapping[str, Sequence[str]] | None = None) -> list[Example]:
     """Examples of ``rows`` under resolved ``fields``; errors start with the row's place.
 
     ``check(example)`` may raise ValueError for a row the caller cannot use; the message
-    is prefixed with the row's place.
+    is prefixed with the row's place. ``fallbacks`` (:func:`fallback_columns`) fill rows
+    with no value in the chosen problem or answer column.
     """
     n = len(rows)
-    problems = rows.column(fields["problem"])
-    answers = rows.column(fields["answer"]) if fields["answer"] else None
+    fallbacks = fallbacks or {}
+    problems = _fill(rows.column(fields["problem"]), rows, fallbacks.get("problem", ()))
+    answers = _fill(rows.column(fields["answer"]), rows, fallbacks.get("answer", ())) \
+        if fields["answer"] else None
     solutions = rows.column(fields["solution"]) if fields.get("solution") else None
     ids = rows.column(fields["id"]) if fields.get("id") else None
     sources = rows.column(fields["data_source"]) if fields.get("data_source") else None

@@ -12,7 +12,7 @@ from pathlib import Path
 from ktae.eval.benchmarks import BenchmarkRecord, fixture_path, load_benchmark
 from ktae.eval.defaults import resolve_generation
 from ktae.eval.generate import Generation, SamplingConfig, generate_hf, generate_vllm
-from ktae.eval.prompts import build_prompt, resolve_template
+from ktae.eval.prompts import build_prompt, resolve_template, uses_chat_template
 from ktae.eval.results import (
     benchmark_metrics,
     prepare_output_dir,
@@ -130,7 +130,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             else:
                 gens = generate_hf(model, tokenizer, prompts[name], sampling,
                                    batch_size=batch_size, on_batch=advance,
-                                   add_special_tokens=resolved != "chat")
+                                   add_special_tokens=not uses_chat_template(resolved))
             flat: list[Generation] = [g for gs in gens for g in gs]
             rewards = batch_math_reward([g.text for g in flat],
                                         [r.answer for r in recs for _ in range(sampling.k)],
