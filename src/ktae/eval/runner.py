@@ -27,8 +27,10 @@ from ktae.rewards import batch_math_reward, reward_stats
 def load_records(names: Sequence[str], *, limit: int | None = None,
                  data_dir: str | Path | None = None, fixtures: bool = False,
                  split: str | None = None) -> dict[str, list[BenchmarkRecord]]:
-    """Records of each named benchmark: from ``data_dir`` (``<name>.jsonl`` etc.), from the
-    shipped fixtures (``fixtures=True``), or from the hub. ``embedded`` is always generated."""
+    """Records of each named benchmark: from ``data_dir`` (``<name>.jsonl`` etc.,
+    ``<name>/test.jsonl``, or a split of a dataset saved there with ``save_to_disk``;
+    :func:`ktae.eval.benchmarks.load_benchmark`), from the shipped fixtures
+    (``fixtures=True``), or from the hub. ``embedded`` is always generated."""
     out = {}
     for name in names:
         path = None
