@@ -40,7 +40,7 @@ GUESSES: dict[str, tuple[str, ...]] = {
 """Columns tried for each field, in order, when no field map names one."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Example:
     """One problem read from a dataset.
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FILE_KINDS = ("jsonl", "json", "parquet")
+PARQUET_BATCH_ROWS = 8192
+"""Rows of a Parquet column converted to Python at a time."""
 KINDS = (*FILE_KINDS, "disk", "hf")
 
 
@@ -243,15 +245,18 @@ def read_parquet(path: str | Path) -> Rows:
     def get(name: str) -> list:
         import pyarrow.compute as pc
 
+        # batch by batch, so that at most one batch of the column is in Arrow memory
+        # beside the Python values
         top, _, sub = name.partition(".")
+        out: list = []
         try:
-            column = file.read(columns=[top]).column(top)
+            for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[top]):
+                column = batch.column(0)
+                out.extend((pc.struct_field(column, sub) if sub else column).to_pylist())
         except (pa.ArrowException, OSError) as e:
             raise ValueError(f"{path}: column {top!r} cannot be read ({_first_line(e)})") \
                 from None
-        if sub:
-            column = pc.struct_field(column, sub)
-        return column.to_pylist()
+        return out
 
     return Rows(origin, schema.names, file.metadata.num_rows, get=get, fields=fields,
                 where=lambda i: f"{origin}, row {i}")
