@@ -164,3 +164,40 @@ def test_yaml_keys_of_the_data_options(tmp_path):
     checked = preflight(cfg)
     assert len(checked.task.train) == 10 and len(checked.task.eval) == 10
     assert {e.data_source for e in checked.task.train} == {"math_dapo"}
+
+
+def test_compare_takes_the_data_options(tmp_path, capsys, monkeypatch):
+    """``ktae compare`` passes the data options to every run and reads the data once per
+    setting before any model loads (a filter keeping nothing: one line, exit 2)."""
+    from ktae.train import cli_compare, session
+
+    rows = _math_jsonl(tmp_path / "math.jsonl", _problems(30, seed=5))
+    task = f"jsonl:{tmp_path / 'math.jsonl'}"
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(cfg, **_):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr(session, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    assert main(["compare", "--task", task, "--task-filter", "level=Level 9", "--seeds", "1",
+                 "--credit", "none,ktae", "-o", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "filter level=Level 9: no row" in err and err.count("\n") == 1
+    monkeypatch.setattr(session, "train", fake_train)
+    with pytest.raises(Stop):
+        main(["compare", "--task", task, "--task-filter", "level=Level 4,Level 5",
+              "--task-field", "solution=solution", "--reward", "boxed", "--template", "raw",
+              "--eval-task", task, "--seeds", "1", "--credit", "none", "-o", str(tmp_path / "c")])
+    (cfg,) = seen
+    assert cfg.task == task and cfg.eval_task == task and cfg.template == "raw"
+    assert cfg.task_filters == {"level": ["Level 4", "Level 5"]}
+    assert cfg.task_fields == {"solution": "solution"}
+    checked = session.preflight(cfg)
+    assert {e.problem for e in checked.task.train} == \
+        {r["problem"] for r in rows if r["level"] in ("Level 4", "Level 5")}
+    text = cli_compare.markdown_table({}, algo="grpo", steps=2, task=task)
+    assert f"held-out part of {task}" in text
