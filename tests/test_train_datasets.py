@@ -201,3 +201,36 @@ def test_compare_takes_the_data_options(tmp_path, capsys, monkeypatch):
         {r["problem"] for r in rows if r["level"] in ("Level 4", "Level 5")}
     text = cli_compare.markdown_table({}, algo="grpo", steps=2, task=task)
     assert f"held-out part of {task}" in text
+
+
+def test_chat_rows_and_plain_eval_rows_under_the_dapo_reward(tmp_path):
+    """DAPO-Math-17k rows keep their messages; a MATH-style held-out set without messages
+    gets the dapo instruction (what the dapo scorer reads), not the boxed one."""
+    from ktae.eval.prompts import DAPO_PREFIX, DAPO_SUFFIX
+    from ktae.train.data import format_task, read_task
+
+    class Tok:
+        chat_template = "x"
+
+        def __len__(self):
+            return 150_000
+
+        def apply_chat_template(self, messages, *, tokenize, add_generation_prompt):
+            return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
+
+    verl = [{"data_source": "math_dapo",
+             "prompt": [{"role": "user", "content": f"{DAPO_PREFIX}What is {i}+1?{DAPO_SUFFIX}"}],
+             "reward_model": {"ground_truth": str(i + 1)}} for i in range(6)]
+    pq.write_table(pa.Table.from_pylist(verl), tmp_path / "d.parquet")
+    (tmp_path / "m.jsonl").write_text(json.dumps({"problem": "What is 9+1?", "answer": "10"}))
+    task = read_task(f"parquet:{tmp_path / 'd.parquet'}", train_size=1, eval_size=10, seed=0,
+                     eval_task=f"jsonl:{tmp_path / 'm.jsonl'}")
+    from ktae.train.data import default_template
+
+    assert default_template(task, Tok(), "dapo") == "chat"
+    train, held = format_task(task, "chat", Tok(), "dapo")
+    assert train[0]["prompt"] == f"user:{DAPO_PREFIX}What is 0+1?{DAPO_SUFFIX}|assistant:"
+    assert held[0]["prompt"] == f"user:{DAPO_PREFIX}What is 9+1?{DAPO_SUFFIX}|assistant:"
+    assert train[0]["data_source"] == "math_dapo" and held[0]["data_source"] is None
+    _, boxed_held = format_task(task, "chat", Tok(), "boxed")
+    assert "\\boxed{}" in boxed_held[0]["prompt"]

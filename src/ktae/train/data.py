@@ -121,10 +121,15 @@ def default_template(rows: TaskRows, tokenizer, reward: str = "boxed") -> str:
     return "qwen-math"
 
 
-def format_task(rows: TaskRows, template: str, tokenizer=None) -> tuple[list[dict], list[dict]]:
+def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "boxed"
+                ) -> tuple[list[dict], list[dict]]:
     """``(train_rows, eval_rows)``: dicts with ``prompt`` and ``answer``, plus ``data_source``
     where the rows have one (the ``auto`` reward reads it) and, for the embedded task,
-    ``carry`` (whether the problem needs a carry or borrow)."""
+    ``carry`` (whether the problem needs a carry or borrow).
+
+    Under ``chat``, rows without their own chat prompt (e.g. a MATH-500 ``--eval-task``
+    beside DAPO-Math-17k) get the reward's own template where it has one (``dapo``: the
+    answer-line instruction its scorer reads), else the ``qwen-math`` user message."""
     if rows.embedded:
         from ktae.tasks import format_prompt, has_carry_or_borrow
 
@@ -138,14 +143,17 @@ def format_task(rows: TaskRows, template: str, tokenizer=None) -> tuple[list[dic
 
         return fmt(rows.train), fmt(rows.eval)
     from ktae.eval.prompts import render_prompt, resolve_template
+    from ktae.rewards.registry import get_reward
 
     template = resolve_template(template, tokenizer)
+    plain = get_reward(reward).template if template == "chat" else None
     with_source = any(e.data_source is not None for e in (*rows.train, *rows.eval))
 
     def fmt_external(examples):
         out = []
         for e in examples:
-            row = {"prompt": render_prompt(e.problem, template, tokenizer, messages=e.messages),
+            use = plain if plain and not e.messages else template
+            row = {"prompt": render_prompt(e.problem, use, tokenizer, messages=e.messages),
                    "answer": e.answer}
             if with_source:
                 row["data_source"] = e.data_source
