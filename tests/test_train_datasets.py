@@ -107,6 +107,10 @@ def test_data_options_are_checked_before_any_model_loads(tmp_path, capsys, monke
     _math_jsonl(tmp_path / "math.jsonl", problems)
     fake = tmp_path / "fake.parquet"
     fake.write_text("not parquet")
+    nobox = tmp_path / "nobox.jsonl"
+    nobox.write_text("".join(json.dumps({"problem": f"{i}+1", "solution": f"so \\boxed{{{i + 1}}}"})
+                             + "\n" for i in range(5)) + json.dumps({"problem": "2+2",
+                                                                   "solution": "it is 4"}) + "\n")
     rows = [{"data_source": "apps", "prompt": [{"role": "user", "content": "x"}],
              "reward_model": {"ground_truth": "1"}}] * 6
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "code.parquet")
@@ -127,6 +131,8 @@ def test_data_options_are_checked_before_any_model_loads(tmp_path, capsys, monke
         (["--task", f"parquet:{tmp_path / 'code.parquet'}", "--reward", "auto"],
          "code.parquet, row 0: reward auto: no scorer for data_source 'apps'"),
         (["--task", "train.csv"], "task: expected jsonl:PATH"),
+        (["--task", f"jsonl:{nobox}"], "nobox.jsonl, line 6: solution: no answer column and "
+                                       "the solution has no complete \\boxed{}"),
         (["--task", f"parquet:{good}", "--eval-task", f"jsonl:{tmp_path / 'no.jsonl'}"],
          "eval_task: " + str(tmp_path / "no.jsonl") + ": no such file"),
         (["--task", f"parquet:{good}", "--template", "fancy"], "template: expected one of"),

@@ -267,7 +267,7 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _dataset_rows(ds, origin: str) -> Rows:
+def dataset_rows(ds, origin: str) -> Rows:
     """Rows of a ``datasets.Dataset`` (its Arrow table, indices mapping applied)."""
     if getattr(ds, "_indices", None) is not None:
         ds = ds.flatten_indices()
@@ -310,8 +310,8 @@ def read_saved_splits(path: str | Path) -> dict[str | None, Rows]:
         raise ValueError(f"{path}: not a dataset saved with save_to_disk ({_first_line(e)})") \
             from None
     if isinstance(ds, datasets.DatasetDict):
-        return {name: _dataset_rows(d, f"{path}@{name}") for name, d in ds.items()}
-    return {None: _dataset_rows(ds, str(path))}
+        return {name: dataset_rows(d, f"{path}@{name}") for name, d in ds.items()}
+    return {None: dataset_rows(ds, str(path))}
 
 
 def read_hub(name: str, config: str | None = None, split: str | None = None, *,
@@ -326,7 +326,7 @@ def read_hub(name: str, config: str | None = None, split: str | None = None, *,
     except Exception as e:  # noqa: BLE001 - hub, network and cache errors of every kind
         raise ValueError(f"{origin}: cannot be loaded ({_first_line(e)}); offline, export it "
                          "to a file or a save_to_disk directory and pass that") from None
-    return _dataset_rows(ds, origin)
+    return dataset_rows(ds, origin)
 
 
 def read_source(source: str | Source, *, name: str = "task",

@@ -16,12 +16,13 @@ the loaders, ``ktae eval`` and their tests run offline.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ktae.data import Rows, answer_text, arrow_rows, load_examples, read_source
-from ktae.data.sources import read_saved_splits
+from ktae.data import Rows, answer_text, load_examples, read_source
+from ktae.data.sources import dataset_rows, read_saved_splits
 
 FIXTURE_DIR = Path(__file__).with_name("fixtures")
 EMBEDDED_DEFAULT_N = 200
@@ -131,8 +132,6 @@ def saved_benchmarks(path: str | Path) -> dict[str, str | None] | None:
         return None
     if not (path / "dataset_dict.json").is_file():
         return {}
-    import json
-
     try:
         splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
     except (ValueError, KeyError, TypeError, OSError):
@@ -192,10 +191,7 @@ def _load_hub(spec: BenchmarkSpec, split: str) -> Rows:
     import datasets
 
     ds = datasets.load_dataset(spec.hub_path, spec.hub_config, split=split)
-    origin = f"{spec.hub_path} ({split} split)"
-    if getattr(ds, "_indices", None) is not None:
-        ds = ds.flatten_indices()
-    return arrow_rows(ds.data.table, origin)
+    return dataset_rows(ds, f"{spec.hub_path} ({split} split)")
 
 
 def _load_embedded(split: str | None, limit: int | None) -> list[BenchmarkRecord]:
