@@ -280,3 +280,41 @@ def test_a_large_parquet_becomes_python_strings_once(tmp_path):
         tracemalloc.stop()
     assert len(examples) == n and examples[-1].answer == str(n - 1)
     assert peak < 1.25 * text + 800 * n, (peak / 2**20, text / 2**20)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl", "disk"])
+def test_filtered_rows_keep_their_places_and_only_they_are_read(tmp_path, monkeypatch, kind):
+    """A filter (and a limit) keep rows by position; errors still name the source row, and
+    a Parquet column is converted for the kept rows only, batch by batch."""
+    from ktae.data import sources
+
+    monkeypatch.setattr(sources, "PARQUET_BATCH_ROWS", 2)  # several batches
+    rows = [dict(r) for r in math_rows() * 2]
+    for i, r in enumerate(rows):
+        r["problem"] = f"{i}: {r['problem']}"
+    rows[7]["solution"] = "no box"
+    if kind == "parquet":
+        source = str(write_parquet(tmp_path / "m.parquet", rows))
+        place = "row 7"
+    elif kind == "jsonl":
+        source = str(write_jsonl(tmp_path / "m.jsonl", rows))
+        place = "line 8"
+    else:
+        datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+        source, place = str(tmp_path / "saved"), "row 7"
+    got = load_examples(source, filters={"level": ["Level 3", "Level 5"]}, limit=3)
+    assert [e.problem.split(":")[0] for e in got] == ["1", "3", "6"]
+    assert [e.answer for e in got] == [PROBLEMS[1][1], PROBLEMS[3][1], PROBLEMS[1][1]]
+    with pytest.raises(ValueError, match=f"{place}: solution: no answer column"):
+        load_examples(source, filters={"level": ["Level 4"]})  # rows 2 and 7 of the source
+    converted = []
+    original = sources.Rows.column
+
+    def spy(self, name):
+        values = original(self, name)
+        converted.append((name, len(values)))
+        return values
+
+    monkeypatch.setattr(sources.Rows, "column", spy)
+    load_examples(source, filters={"level": ["Level 3"]})
+    assert ("problem", 2) in converted and ("level", 10) in converted

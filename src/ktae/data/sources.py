@@ -86,20 +86,29 @@ def _split_suffix(text: str) -> tuple[str, str | None]:
     return text, None
 
 
+Getter = Callable[[str, "Sequence[int] | None"], list]
+"""``get(name, rows)``: column ``name`` as a Python list, of the rows ``rows`` (increasing
+source row numbers) or of every row (None)."""
+
+
 class Rows:
     """A table of rows read from a source: ``columns``, ``len()`` and :meth:`column`.
 
     ``column(name)`` is that column as a Python list (computed once, then cached); a
     dotted name (``reward_model.ground_truth``) reads a field of a struct column.
     :meth:`where` names row ``i`` in error messages (``"train.jsonl, line 7"``).
+    :meth:`select` keeps some rows: their columns are then converted from the source for
+    those rows only.
     """
 
-    def __init__(self, origin: str, columns: Sequence[str], n: int, *,
-                 get: Callable[[str], list], fields: Callable[[str], Sequence[str]],
-                 where: Callable[[int], str]):
+    def __init__(self, origin: str, columns: Sequence[str], n: int, *, get: Getter,
+                 fields: Callable[[str], Sequence[str]], where: Callable[[int], str],
+                 rows: Sequence[int] | None = None):
         self.origin = origin
         self.columns = tuple(columns)
-        self._n, self._get, self._fields, self._where = n, get, fields, where
+        self._get, self._fields, self._where = get, fields, where
+        self._rows = None if rows is None else list(rows)
+        self._n = n if rows is None else len(self._rows)
         self._cache: dict[str, list] = {}
 
     def __len__(self) -> int:
@@ -117,24 +126,21 @@ class Rows:
             if not self.has(name):
                 raise ValueError(f"{self.origin}: no column {name!r}; columns are "
                                  f"{list(self.columns)}")
-            self._cache[name] = self._get(name)
+            self._cache[name] = self._get(name, self._rows)
         return self._cache[name]
 
     def where(self, i: int) -> str:
-        return self._where(i)
+        return self._where(i if self._rows is None else self._rows[i])
 
     def select(self, indices: Sequence[int]) -> Rows:
-        """The rows ``indices`` (in that order), keeping their original places."""
+        """The rows ``indices`` (increasing positions in this table), keeping their
+        original places in error messages."""
         indices = list(indices)
-        parent = self
-        out = Rows(self.origin, self.columns, len(indices),
-                   get=lambda name: _take(parent.column(name), indices),
-                   fields=self._fields, where=lambda i: parent.where(indices[i]))
-        return out
-
-
-def _take(values: list, indices: list[int]) -> list:
-    return [values[i] for i in indices]
+        if any(b <= a for a, b in zip(indices, indices[1:], strict=False)):
+            raise ValueError("indices: expected increasing row positions")
+        rows = indices if self._rows is None else [self._rows[i] for i in indices]
+        return Rows(self.origin, self.columns, len(rows), get=self._get, fields=self._fields,
+                    where=self._where, rows=rows)
 
 
 # ----------------------------------------------------------------------------- JSON
@@ -148,12 +154,13 @@ def _json_fields(records: list[dict]) -> Callable[[str], Sequence[str]]:
     return fields
 
 
-def _json_get(records: list[dict]) -> Callable[[str], list]:
-    def get(name: str) -> list:
+def _json_get(records: list[dict]) -> Getter:
+    def get(name: str, rows: Sequence[int] | None) -> list:
         top, _, sub = name.partition(".")
+        chosen = records if rows is None else [records[i] for i in rows]
         if not sub:
-            return [r.get(top) for r in records]
-        return [r[top].get(sub) if isinstance(r.get(top), dict) else None for r in records]
+            return [r.get(top) for r in chosen]
+        return [r[top].get(sub) if isinstance(r.get(top), dict) else None for r in chosen]
 
     return get
 
@@ -211,9 +218,11 @@ def arrow_rows(table, origin: str, *, unit: str = "row") -> Rows:
         return tuple(typ.field(i).name for i in range(typ.num_fields)) \
             if pa.types.is_struct(typ) else ()
 
-    def get(name: str) -> list:
+    def get(name: str, rows: Sequence[int] | None) -> list:
         top, _, sub = name.partition(".")
         column = table.column(top)
+        if rows is not None:
+            column = column.take(pa.array(rows, type=pa.int64()))
         if sub:
             column = pc.struct_field(column, sub)
         return column.to_pylist()
@@ -242,17 +251,29 @@ def read_parquet(path: str | Path) -> Rows:
         return tuple(typ.field(i).name for i in range(typ.num_fields)) \
             if pa.types.is_struct(typ) else ()
 
-    def get(name: str) -> list:
+    def get(name: str, rows: Sequence[int] | None) -> list:
+        import numpy as np
         import pyarrow.compute as pc
 
         # batch by batch, so that at most one batch of the column is in Arrow memory
-        # beside the Python values
+        # beside the Python values; of a selection, only its rows are converted
         top, _, sub = name.partition(".")
+        wanted = None if rows is None else np.asarray(rows, dtype=np.int64)
         out: list = []
+        if wanted is not None and not len(wanted):
+            return out
+        start = 0
         try:
             for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[top]):
                 column = batch.column(0)
+                end = start + len(column)
+                if wanted is not None:
+                    lo, hi = np.searchsorted(wanted, [start, end])
+                    column = column.take(pa.array(wanted[lo:hi] - start))
+                start = end
                 out.extend((pc.struct_field(column, sub) if sub else column).to_pylist())
+                if wanted is not None and start > wanted[-1]:
+                    break
         except (pa.ArrowException, OSError) as e:
             raise ValueError(f"{path}: column {top!r} cannot be read ({_first_line(e)})") \
                 from None
