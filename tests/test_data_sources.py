@@ -104,7 +104,7 @@ def test_templates_render_as_documented():
     tok = _Tok()
     p = "What is $1+1$?"
     assert render_prompt(p, "ktae-train", tok) == f"<user>{p} {KTAE_TRAIN_INSTRUCTION}</user><a>"
-    assert render_prompt(p, "qwen-math-chatml") == (
+    assert render_prompt(p, "qwen-math-system") == (
         f"<|im_start|>system\n{QWEN_MATH_INSTRUCTION}<|im_end|>\n<|im_start|>user\n{p}"
         "<|im_end|>\n<|im_start|>assistant\n")
     assert render_prompt(p, "dapo", tok) == f"<user>{DAPO_PREFIX}{p}{DAPO_SUFFIX}</user><a>"
@@ -318,3 +318,17 @@ def test_filtered_rows_keep_their_places_and_only_they_are_read(tmp_path, monkey
     monkeypatch.setattr(sources.Rows, "column", spy)
     load_examples(source, filters={"level": ["Level 3"]})
     assert ("problem", 2) in converted and ("level", 10) in converted
+
+
+def test_benchmark_records_under_the_new_templates():
+    from ktae.eval.benchmarks import BenchmarkRecord
+    from ktae.eval.prompts import build_prompt, qwen_math_system_prompt
+
+    emb = BenchmarkRecord("e0", "37+45", "82", "embedded")
+    rec = BenchmarkRecord("1", "What is $2+2$?", "4", "math500")
+    assert build_prompt(emb, "qwen-math-system") == qwen_math_system_prompt("Compute 37+45.")
+    assert build_prompt(rec, "qwen-math-system") == qwen_math_system_prompt("What is $2+2$?")
+    assert build_prompt(rec, "raw") == "What is $2+2$?"
+    assert build_prompt(rec, "dapo", _Tok()) == f"<user>{DAPO_PREFIX}What is $2+2$?{DAPO_SUFFIX}</user><a>"
+    with pytest.raises(ValueError, match="template"):
+        build_prompt(rec, "auto")

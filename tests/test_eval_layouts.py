@@ -110,10 +110,10 @@ def test_ktae_eval_on_the_saved_suite_reports_every_split(model_dir, tmp_path):
 def test_ktae_eval_on_the_qwen_layout(model_dir, tmp_path, capsys):
     out = tmp_path / "q"
     assert main(["eval", str(model_dir), "--benchmarks", "minerva,amc23", "--data-dir", str(QWEN),
-                 "--max-new-tokens", "4", "--template", "qwen-math-chatml", "--no-progress",
+                 "--max-new-tokens", "4", "--template", "qwen-math-system", "--no-progress",
                  "--output-dir", str(out)]) == 0
     rows = [json.loads(x) for x in (out / "samples_minerva.jsonl").read_text().splitlines()]
     assert [r["answer"] for r in rows] == ["60", "9", "20"]
     assert rows[0]["prompt"].startswith("<|im_start|>system\nPlease reason step by step")
     results = json.loads((out / "results.json").read_text())
-    assert results["config"]["template"] == "qwen-math-chatml"
+    assert results["config"]["template"] == "qwen-math-system"

@@ -10,10 +10,11 @@ Templates:
   row's own chat messages where it has them (verl's RL schema: DAPO-Math-17k and verl's
   preprocessed sets carry their instruction in them), else over the ``qwen-math``
   message as the user turn.
-* ``qwen-math-chatml``: the KTAE authors' evaluation prompt (their ``eval/`` scripts,
-  Oat-Zero's ``qwen_math`` template): a ChatML prompt written out as text, with
-  :data:`QWEN_MATH_INSTRUCTION` as the *system* message and the problem as the user
-  message (needs no chat template; Qwen tokenizers read the ChatML markers).
+* ``qwen-math-system``: the KTAE authors' evaluation prompt (their ``eval/`` scripts,
+  Oat-Zero's ``qwen_math`` template; also Qwen2.5-Math's ``qwen25-math-cot``): a ChatML
+  prompt written out as text, with :data:`QWEN_MATH_INSTRUCTION` as the *system* message
+  and the bare problem as the user message (``"Compute <question>."`` for ``embedded``
+  records), whatever the tokenizer (Qwen tokenizers read the ChatML markers).
 * ``ktae-train``: the KTAE authors' training prompt (their MATH training data, as verl's
   MATH preprocessing builds it): ``"<problem> " + KTAE_TRAIN_INSTRUCTION`` as the user turn
   of the tokenizer's chat template.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from ktae.eval.benchmarks import BenchmarkRecord
 
-TEMPLATES = ("auto", "compact", "qwen-math", "chat", "qwen-math-chatml", "ktae-train", "dapo",
+TEMPLATES = ("auto", "compact", "qwen-math", "chat", "qwen-math-system", "ktae-train", "dapo",
              "raw")
 """Every template name (``auto`` is resolved by :func:`resolve_template`)."""
 
@@ -55,14 +56,20 @@ def resolve_template(template: str, tokenizer) -> str:
         return "chat" if has_chat else "qwen-math"
     if template in CHAT_TEMPLATES and not has_chat:
         raise ValueError(f"template: {template!r} needs a tokenizer with a chat template; "
-                         "use 'qwen-math', 'qwen-math-chatml', 'raw' or 'compact'")
+                         "use 'qwen-math', 'qwen-math-system', 'raw' or 'compact'")
     return template
 
 
 def uses_chat_template(template: str) -> bool:
     """Whether prompts of ``template`` are already complete chat text (no special tokens
     to add when tokenizing)."""
-    return template in (*CHAT_TEMPLATES, "qwen-math-chatml")
+    return template in (*CHAT_TEMPLATES, "qwen-math-system")
+
+
+def qwen_math_system_prompt(problem: str) -> str:
+    """The ``qwen-math-system`` prompt of a bare problem text."""
+    return (f"<|im_start|>system\n{QWEN_MATH_INSTRUCTION}<|im_end|>\n"
+            f"<|im_start|>user\n{problem}<|im_end|>\n<|im_start|>assistant\n")
 
 
 def _chat(tokenizer, messages: list) -> str:
@@ -94,9 +101,8 @@ def render_prompt(problem: str, template: str, tokenizer=None, *, messages: list
                                      for m in messages])
         return _chat(tokenizer, [{"role": "user", "content": f"{problem}\n"
                                                              f"{QWEN_MATH_INSTRUCTION}"}])
-    if template == "qwen-math-chatml":
-        return (f"<|im_start|>system\n{QWEN_MATH_INSTRUCTION}<|im_end|>\n"
-                f"<|im_start|>user\n{problem}<|im_end|>\n<|im_start|>assistant\n")
+    if template == "qwen-math-system":
+        return qwen_math_system_prompt(problem)
     if template == "ktae-train":
         return _chat(tokenizer, [{"role": "user", "content": f"{problem} {KTAE_TRAIN_INSTRUCTION}"}])
     if template == "dapo":
@@ -124,6 +130,9 @@ def build_prompt(record: BenchmarkRecord, template: str, tokenizer=None) -> str:
             tokenize=False, add_generation_prompt=True)
     if template not in TEMPLATES[1:]:
         raise ValueError(f"template: expected one of {TEMPLATES[1:]}, got {template!r}")
-    if record.source == "embedded" and template in ("compact", "qwen-math"):
-        return _message(record, template)
+    if record.source == "embedded":
+        if template in ("compact", "qwen-math"):
+            return _message(record, template)
+        # the bare problem of an embedded record is its question as the task states it
+        return render_prompt(f"Compute {record.problem}.", template, tokenizer)
     return render_prompt(record.problem, template, tokenizer)

@@ -28,7 +28,7 @@ _FLAGS = [
     ("--eval-task", "eval_task", str, "held-out problems, a source as --task or math500 "
      "(default: the task's last fifth)"),
     ("--template", "template", str, "prompt template: compact | qwen-math | chat | "
-     "qwen-math-chatml | ktae-train | dapo | raw (docs/training.md)"),
+     "qwen-math-system | ktae-train | dapo | raw (docs/training.md)"),
     ("--reward", "reward", str, f"reward of a response: {' | '.join(REWARDS)}"),
     ("--algo", "algo", str, f"one of {', '.join(ALGOS)}"),
     ("--credit", "credit", str, "none | ktae | taco | any estimator/calibration | est+calib"),

@@ -70,7 +70,7 @@ class TrainConfig:
     """Held-out problems (a source as ``task``, or ``math500``); None = the task's last
     fifth (at most ``eval_size``; the embedded task: its test split)."""
     template: str | None = None
-    """Prompt template (:mod:`ktae.eval.prompts`: compact, qwen-math, chat, qwen-math-chatml,
+    """Prompt template (:mod:`ktae.eval.prompts`: compact, qwen-math, chat, qwen-math-system,
     ktae-train, dapo, raw); None = compact for the tiny default model, else chat for rows
     with chat prompts, the reward's template (dapo) or qwen-math."""
     reward: str = "boxed"
