@@ -117,3 +117,19 @@ def test_ktae_eval_on_the_qwen_layout(model_dir, tmp_path, capsys):
     assert rows[0]["prompt"].startswith("<|im_start|>system\nPlease reason step by step")
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["template"] == "qwen-math-system"
+
+
+def test_whole_rows_of_a_local_file(tmp_path):
+    """``_read_rows`` (for loaders that parse whole rows, e.g. multiple choice) names each
+    row's place; a saved Dataset directory reads the same."""
+    from ktae.eval.benchmarks import _data_file, _read_rows
+
+    rows = [{"question": "Q1", "options": ["a", "b"], "answer": "A"},
+            {"question": "Q2", "options": ["c", "d"], "answer": "B"}]
+    (tmp_path / "mc.jsonl").write_text("\n\n".join(json.dumps(r) for r in rows) + "\n")
+    got, where = _read_rows(_data_file(tmp_path, "mc"))
+    assert got == rows and where == [f"{tmp_path / 'mc.jsonl'}, line 1",
+                                     f"{tmp_path / 'mc.jsonl'}, line 3"]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved" / "mc"))
+    got2, where2 = _read_rows(_data_file(tmp_path / "saved", "mc"))
+    assert got2 == rows and where2[1].endswith("mc, row 1")

@@ -187,6 +187,16 @@ def _local_rows(path: Path, name: str) -> Rows:
     return read_source(f"{file.suffix.lstrip('.')}:{file}", name="path")
 
 
+def _read_rows(path: Path) -> tuple[list[dict], list[str]]:
+    """Rows of a local file or saved dataset (:func:`_data_file`'s answer) as dicts, and
+    where each comes from (``"<file>, line 7"``), for loaders that parse whole rows."""
+    rows = _saved_rows(path, path.name) if path.is_dir() else \
+        read_source(f"{path.suffix.lstrip('.')}:{path}", name="path")
+    columns = {c: rows.column(c) for c in rows.columns}
+    records = [{c: values[i] for c, values in columns.items()} for i in range(len(rows))]
+    return records, [rows.where(i) for i in range(len(rows))]
+
+
 def _load_hub(spec: BenchmarkSpec, split: str) -> Rows:
     import datasets
 
