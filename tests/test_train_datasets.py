@@ -287,3 +287,23 @@ def test_the_gpu_recipes_parse_and_resolve():
     assert (taco.num_prompts, taco.num_generations, taco.max_steps, taco.warmup_steps) == \
         (32, 8, 3200, 160)
     assert not taco.dynamic_sampling and taco.overlong_buffer == 0 and taco.beta == 0
+
+
+def test_math500_offline_says_what_to_do(monkeypatch):
+    import datasets
+
+    from ktae.train.data import read_task
+
+    def offline(*a, **k):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ValueError, match="task: MATH-500 could not be loaded .* --task jsonl:PATH"):
+        read_task("math500", train_size=1, eval_size=5, seed=0)
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda *a, **k: datasets.Dataset.from_list(
+                            [{"problem": f"{i}+1", "answer": str(i + 1),
+                              "unique_id": f"test/{i}.json"} for i in range(6)]))
+    task = read_task("math500", train_size=1, eval_size=5, seed=0)
+    assert [e.id for e in task.train][:2] == ["test/0.json", "test/1.json"]
+    assert len(task.train) == 5 and len(task.eval) == 1

@@ -58,8 +58,8 @@ def _load(task: str, *, option: str, fields=None, filters=None, check=None) -> l
         text = str(err)
         if task == "math500" and "cannot be loaded" in text:
             text = ("MATH-500 could not be loaded (no hub access?); export it to a JSONL file "
-                    "with 'problem' and 'answer' fields and pass --task jsonl:PATH "
-                    f"({text})")
+                    "with 'problem' and 'answer' fields and pass "
+                    f"--{option.replace('_', '-')} jsonl:PATH ({text})")
         raise ValueError(text if text.startswith(f"{option}:") else f"{option}: {text}") \
             from None
     if not examples:
