@@ -23,9 +23,10 @@ from ktae.eval.prompts import TEMPLATES
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="model directory or hub id")
-    parser.add_argument("--benchmarks", default="embedded",
+    parser.add_argument("--benchmarks", default=None,
                         help=f"comma-separated names among {', '.join(BENCHMARK_NAMES)} "
-                             "(default: embedded)")
+                             "(default: embedded; with a --data-dir saved by save_to_disk as a "
+                             "DatasetDict, every split)")
     parser.add_argument("--k", type=int, default=1,
                         help="samples per problem: 1 = greedy pass@1, >1 = avg@k sampling")
     parser.add_argument("--temperature", type=float, default=None,
@@ -45,8 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per generate call")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--data-dir", default=None,
-                        help="read <name>.jsonl/.json/.parquet (hub schema) from this directory "
-                             "instead of the hub")
+                        help="read <name>.jsonl/.json/.parquet or <name>/test.jsonl (Qwen2.5-Math "
+                             "layout) from this directory, or the splits of a Dataset/DatasetDict "
+                             "saved there with save_to_disk (the KTAE evaluation suite), instead "
+                             "of the hub")
     parser.add_argument("--fixtures", action="store_true",
                         help="use the few sample records shipped with ktae (offline smoke test)")
     parser.add_argument("--split", default=None, help="dataset split (default: each benchmark's)")
@@ -64,6 +67,15 @@ def _benchmark_names(spec: str) -> list[str]:
     if not names:
         raise ValueError("--benchmarks: expected at least one name")
     return names
+
+
+def _default_benchmarks(data_dir) -> str:
+    """Every split of a saved DatasetDict at ``data_dir`` (under its reported names), else
+    ``embedded``."""
+    from ktae.eval.benchmarks import saved_benchmarks
+
+    saved = saved_benchmarks(data_dir) if data_dir is not None else None
+    return ",".join(saved) if saved else "embedded"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,7 +105,7 @@ def _run(args: argparse.Namespace, console) -> int:
     from ktae.eval.results import prepare_output_dir, results_table
     from ktae.eval.runner import evaluate, load_records
 
-    names = _benchmark_names(args.benchmarks)
+    names = _benchmark_names(args.benchmarks or _default_benchmarks(args.data_dir))
     _check_options(args)
     model_path = resolve_model_path(args.model)
     choice = resolve_generation(model_path, template=args.template,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GENERATION_FILE = "ktae_generation.json"
-SAVED_TEMPLATES = ("compact", "qwen-math", "chat")
+SAVED_TEMPLATES = ("compact", "qwen-math", "chat", "qwen-math-system", "ktae-train", "dapo",
+                   "raw")
 """Templates a model can be saved with (``auto`` is decided at evaluation time)."""
 FALLBACK_TEMPLATE = "auto"
 FALLBACK_MAX_NEW_TOKENS = 1024

@@ -12,7 +12,7 @@ from pathlib import Path
 from ktae.eval.benchmarks import BenchmarkRecord, fixture_path, load_benchmark
 from ktae.eval.defaults import resolve_generation
 from ktae.eval.generate import Generation, SamplingConfig, generate_hf, generate_vllm
-from ktae.eval.prompts import build_prompt, resolve_template
+from ktae.eval.prompts import build_prompt, resolve_template, uses_chat_template
 from ktae.eval.results import (
     benchmark_metrics,
     prepare_output_dir,
@@ -27,8 +27,10 @@ from ktae.rewards import batch_math_reward, reward_stats
 def load_records(names: Sequence[str], *, limit: int | None = None,
                  data_dir: str | Path | None = None, fixtures: bool = False,
                  split: str | None = None) -> dict[str, list[BenchmarkRecord]]:
-    """Records of each named benchmark: from ``data_dir`` (``<name>.jsonl`` etc.), from the
-    shipped fixtures (``fixtures=True``), or from the hub. ``embedded`` is always generated."""
+    """Records of each named benchmark: from ``data_dir`` (``<name>.jsonl`` etc.,
+    ``<name>/test.jsonl``, or a split of a dataset saved there with ``save_to_disk``;
+    :func:`ktae.eval.benchmarks.load_benchmark`), from the shipped fixtures
+    (``fixtures=True``), or from the hub. ``embedded`` is always generated."""
     out = {}
     for name in names:
         path = None
@@ -130,7 +132,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             else:
                 gens = generate_hf(model, tokenizer, prompts[name], sampling,
                                    batch_size=batch_size, on_batch=advance,
-                                   add_special_tokens=resolved != "chat")
+                                   add_special_tokens=not uses_chat_template(resolved))
             flat: list[Generation] = [g for gs in gens for g in gs]
             rewards = batch_math_reward([g.text for g in flat],
                                         [r.answer for r in recs for _ in range(sampling.k)],
