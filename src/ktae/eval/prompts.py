@@ -8,6 +8,13 @@ Templates:
   exactly what :func:`ktae.tasks.embedded.format_prompt` gives the trainer).
 * ``chat``: the ``qwen-math`` message as the user turn of the tokenizer's chat template,
   with the generation prompt appended.
+* ``qwen-math-system``: a ChatML prompt with the Qwen-Math instruction as the *system*
+  message and the bare problem as the user message (for ``embedded`` records,
+  ``"Compute <question>."``), written out literally as the KTAE authors' evaluation
+  script builds it (its ``qwen_math`` template, used by their ``our`` setting), whatever
+  the tokenizer:
+  ``<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n``
+  ``<|im_start|>assistant\n``.
 * ``auto`` (default): ``chat`` when the tokenizer has a chat template, else ``qwen-math``.
 """
 
@@ -15,7 +22,7 @@ from __future__ import annotations
 
 from ktae.eval.benchmarks import BenchmarkRecord
 
-TEMPLATES = ("auto", "compact", "qwen-math", "chat")
+TEMPLATES = ("auto", "compact", "qwen-math", "chat", "qwen-math-system")
 QWEN_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -32,7 +39,16 @@ def resolve_template(template: str, tokenizer) -> str:
     return template
 
 
+def qwen_math_system_prompt(problem: str) -> str:
+    """The ``qwen-math-system`` prompt of a bare problem text."""
+    return (f"<|im_start|>system\n{QWEN_MATH_INSTRUCTION}<|im_end|>\n"
+            f"<|im_start|>user\n{problem}<|im_end|>\n<|im_start|>assistant\n")
+
+
 def _message(record: BenchmarkRecord, template: str) -> str:
+    if template == "qwen-math-system":
+        bare = f"Compute {record.problem}." if record.source == "embedded" else record.problem
+        return qwen_math_system_prompt(bare)
     if record.source == "embedded":
         from ktae.tasks.embedded import format_prompt
 
@@ -50,6 +66,7 @@ def build_prompt(record: BenchmarkRecord, template: str, tokenizer=None) -> str:
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": _message(record, "qwen-math")}],
             tokenize=False, add_generation_prompt=True)
-    if template not in ("compact", "qwen-math"):
-        raise ValueError(f"template: expected 'compact', 'qwen-math' or 'chat', got {template!r}")
+    if template not in ("compact", "qwen-math", "qwen-math-system"):
+        raise ValueError(f"template: expected 'compact', 'qwen-math', 'qwen-math-system' or "
+                         f"'chat', got {template!r}")
     return _message(record, template)
