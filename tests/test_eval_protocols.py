@@ -173,3 +173,13 @@ def test_ktae_preset_with_k_above_one_needs_a_temperature(model_dir, tmp_path, c
     rc = main(["eval", str(model_dir), "--k", "aime24=4", "--benchmarks", "amc23",
                "--fixtures", "-o", str(tmp_path / "x")])
     assert rc == 2 and "--k: aime24 not among the benchmarks" in capsys.readouterr().err
+
+
+def test_backend_vllm_without_vllm_is_one_error_line(model_dir, tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    rc = main(["eval", str(model_dir), "--backend", "vllm", "--protocol", "taco",
+               "--benchmarks", "aime24", "--fixtures", "-o", str(tmp_path / "v")])
+    assert rc == 2 and "--backend vllm: vLLM is not installed" in capsys.readouterr().err

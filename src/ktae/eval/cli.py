@@ -112,6 +112,12 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
     if args.select_on is not None and args.checkpoints is None:
         raise ValueError("--select-on: only with --checkpoints")
+    if args.backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError("--backend vllm: vLLM is not installed (pip install vllm, on a "
+                             "machine with a GPU); --backend hf runs anywhere")
 
 
 def _settings(args: argparse.Namespace, names: list[str], model_path: str):

@@ -147,6 +147,8 @@ def curve_png(summary: Mapping, path: Path) -> Path:
     ax.set_xlabel("training step")
     ax.set_ylabel("accuracy (%)")
     ax.set_xticks(steps)
+    top = max(100 * v for r in rows for v in r["scores"].values())
+    ax.set_ylim(0, max(5.0, 1.15 * top))
     ax.set_title("ktae eval --checkpoints")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
