@@ -144,14 +144,14 @@ def write_results(path: Path, results: Mapping) -> None:
 
 def results_table(results: Mapping):
     """A rich Table of the per-benchmark metrics and the average accuracy."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="ktae eval")
-    width = max((len(b) for b in results["benchmarks"]), default=9)
-    table.add_column("benchmark", no_wrap=True, min_width=width)
-    for col in ("n", "k", "avg@k", "std", "pass@k", "maj@k", "formatted", "truncated",
-                "mean len", "max len"):
-        table.add_column(col, justify="right")
+    table = Table(title="ktae eval", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False,
+                  caption="rates in %, ±std over the k samples; len, max: response tokens")
+    table.add_column("benchmark", no_wrap=True)
+    for col in ("n", "k", "avg@k", "±std", "pass@k", "maj@k", "fmt", "trunc", "len", "max"):
+        table.add_column(col, justify="right", no_wrap=True)
     for name, m in results["benchmarks"].items():
         table.add_row(name, str(m["n"]), str(m["k"]), f"{100 * m['accuracy']:.1f}",
                       f"{100 * m.get('accuracy_std', 0.0):.1f}", f"{100 * m['pass_at_k']:.1f}",
