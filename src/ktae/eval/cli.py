@@ -85,10 +85,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "picks the best checkpoint (default: the mean over benchmarks)")
 
 
-def _benchmark_names(spec: str) -> list[str]:
+def _benchmark_names(spec: str, data_dir) -> list[str]:
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise ValueError("--benchmarks: expected at least one name")
+    unknown = [n for n in names if n not in ALL_NAMES]
+    if unknown and data_dir is None:
+        raise ValueError(f"--benchmarks: unknown benchmark {unknown[0]!r}; expected names "
+                         f"among {', '.join(ALL_NAMES)} (any name reads <name>.jsonl "
+                         "with --data-dir)")
     return names
 
 
@@ -159,7 +164,7 @@ def _run(args: argparse.Namespace, console) -> int:
     from ktae.eval.results import prepare_output_dir, results_table
     from ktae.eval.runner import evaluate, load_records
 
-    names = _benchmark_names(args.benchmarks)
+    names = _benchmark_names(args.benchmarks, args.data_dir)
     _check_options(args)
     if args.checkpoints is not None:
         return _run_checkpoints(args, console, names)

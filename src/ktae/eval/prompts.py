@@ -13,8 +13,9 @@ Templates:
   ``"Compute <question>."``), written out literally as the KTAE authors' evaluation
   script builds it (its ``qwen_math`` template, used by their ``our`` setting), whatever
   the tokenizer:
-  ``<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n``
-  ``<|im_start|>assistant\n``.
+  ``<|im_start|>system\\n{instruction}<|im_end|>\\n<|im_start|>user\\n{problem}<|im_end|>\\n``
+  ``<|im_start|>assistant\\n``. It is also Qwen2.5-Math's own evaluation template
+  ``qwen25-math-cot``.
 * ``auto`` (default): ``chat`` when the tokenizer has a chat template, else ``qwen-math``.
 """
 
