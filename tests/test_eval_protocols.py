@@ -183,3 +183,28 @@ def test_backend_vllm_without_vllm_is_one_error_line(model_dir, tmp_path, capsys
     rc = main(["eval", str(model_dir), "--backend", "vllm", "--protocol", "taco",
                "--benchmarks", "aime24", "--fixtures", "-o", str(tmp_path / "v")])
     assert rc == 2 and "--backend vllm: vLLM is not installed" in capsys.readouterr().err
+
+
+def test_evaluate_takes_k_per_benchmark_and_names_a_missing_one(monkeypatch):
+    from ktae.eval import evaluate
+    from ktae.eval import runner as runner_mod
+    from ktae.eval.generate import Generation
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=16, num_layers=1, intermediate_size=32,
+                             num_heads=2)
+    recs = [BenchmarkRecord("0", "1+1", "2", "custom")]
+    seen = []
+
+    def fake_generate(model, tokenizer, prompts, sampling, **kwargs):
+        seen.append((sampling.k, sampling.effective_temperature))
+        return [[Generation("\\boxed{2}", 1)] * sampling.k]
+
+    monkeypatch.setattr(runner_mod, "generate_hf", fake_generate)
+    res = evaluate(model, tok, {"a": recs, "b": recs}, k={"a": 1, "b": 3}, template="compact")
+    assert seen == [(1, 0.0), (3, 0.6)]  # greedy at k = 1, sampled above
+    assert res["config"]["k"] == {"a": 1, "b": 3}
+    assert res["config"]["temperature"] == {"a": 0.0, "b": 0.6}
+    assert res["benchmarks"]["b"]["num_samples"] == 3
+    with pytest.raises(ValueError, match="k: no sample count for b"):
+        evaluate(model, tok, {"a": recs, "b": recs}, k={"a": 1}, template="compact")
