@@ -88,6 +88,16 @@ def test_checkpoint_errors_come_before_any_model_loads(run_dir, tmp_path, capsys
     for extra, message in cases:
         assert main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
+    # checkpoints saved with different budgets need one given explicitly
+    import shutil
+
+    mixed = tmp_path / "mixed-run"
+    shutil.copytree(run_dir, mixed)
+    gen = mixed / "checkpoint-2" / "ktae_generation.json"
+    gen.write_text(json.dumps({**json.loads(gen.read_text()), "max_new_tokens": 6}))
+    assert main(["eval", str(mixed), "--checkpoints", "all", "--benchmarks", "embedded",
+                 "-o", str(tmp_path / "m")]) == 2
+    assert "saved with different templates or budgets" in capsys.readouterr().err
     empty = tmp_path / "empty-run"
     empty.mkdir()
     assert main(["eval", str(empty), "--checkpoints", "all"]) == 2

@@ -229,7 +229,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
                 "backend": backend, "data_dir": args.data_dir, "fixtures": args.fixtures,
                 "split": args.split}
 
-    keys = {key_json(key_of(*v)) for v in by_label.values()}
+    keys = {_key_json(key_of(*v)) for v in by_label.values()}
     if len(keys) != 1:
         raise ValueError("--checkpoints: the checkpoints were saved with different "
                          "templates or budgets; give --template and --max-new-tokens")
@@ -269,7 +269,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
     return 0
 
 
-def key_json(key: dict) -> str:
+def _key_json(key: dict) -> str:
     import json
 
     return json.dumps(key, sort_keys=True)
