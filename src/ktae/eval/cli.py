@@ -51,11 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=None,
                         help="nucleus sampling mass (default: the protocol's, else 1)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="response length budget in tokens (default: the model's "
-                             f"{GENERATION_FILE}, else 1024)")
+                        help="response length budget in tokens (default: the protocol's, "
+                             f"else the model's {GENERATION_FILE}, else 1024)")
     parser.add_argument("--template", choices=TEMPLATES, default=None,
-                        help=f"prompt template (default: the model's {GENERATION_FILE}, else "
-                             "auto: chat template if the tokenizer has one, else qwen-math)")
+                        help="prompt template (default: the protocol's, else the model's "
+                             f"{GENERATION_FILE}, else auto: chat template if the tokenizer "
+                             "has one, else qwen-math)")
     parser.add_argument("-o", "--output-dir", default=None,
                         help="where results.json and samples_*.jsonl go "
                              "(default: eval-results/<model name>)")
