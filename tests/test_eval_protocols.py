@@ -127,6 +127,10 @@ def test_ktae_eval_protocol_taco_end_to_end(model_dir, tmp_path, capsys):
     assert "protocol taco (TACO paper, Appendix A)" in stdout
     assert "temperature 0.7 (protocol taco), top-p 0.9 (protocol taco); " \
            "k aime24=32, math500=4, gpqa_diamond=16 (protocol taco)" in stdout
+    header = next(line for line in stdout.splitlines() if "benchmark" in line).split()
+    assert header == ["benchmark", "n", "k", "avg@k", "±std", "pass@k", "maj@k", "fmt",
+                      "trunc", "len", "max"]
+    assert any(line.split()[:3] == ["gpqa_diamond", "2", "16"] for line in stdout.splitlines())
     results = json.loads((out / "results.json").read_text())
     config = results["config"]
     assert config["protocol"]["name"] == "taco" and config["protocol"]["max_new_tokens"] == 16384
