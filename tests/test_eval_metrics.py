@@ -156,3 +156,20 @@ def test_maj_at_k_uses_the_verifier_for_equivalent_wrong_answers(monkeypatch):
     assert m["pass_at"]["1"] == pytest.approx(3 / 8) and m["pass_at_k"] == 1.0
     assert m["truncation_rate"] == pytest.approx(1 / 8)
     assert res["config"]["k"] == {"custom": 4}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vectorised_metrics_match_the_slow_references(seed):
+    from oracle import majority_at_k_slow, pass_at_k_slow
+
+    rng = np.random.default_rng(seed)
+    p, k = int(rng.integers(1, 30)), int(rng.integers(1, 17))
+    counts = rng.integers(0, k + 1, size=p)
+    np.testing.assert_allclose(pass_at_k(counts, k),
+                               [pass_at_k_slow(counts, k, j) for j in range(1, k + 1)],
+                               rtol=0, atol=1e-12)  # both live; float rounding only
+    classes = rng.integers(-1, min(k, 4), size=(p, k))  # few classes: ties are common
+    right = np.array([rng.choice(row[row >= 0]) if (row >= 0).any() and rng.random() < 0.7
+                      else -1 for row in classes])
+    assert majority_at_k(classes, right) == pytest.approx(majority_at_k_slow(classes, right),
+                                                          abs=1e-12)
