@@ -515,3 +515,27 @@ def batch_specs(draw, *, max_groups: int = 6, max_size: int = 8, vocab=(3, 12), 
         empty_class=draw(st.booleans()),
         pad_only_token=draw(st.booleans()),
     )
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def pass_at_k_slow(num_correct, n: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al., 2021, eq. 1) with exact binomials, averaged over
+    problems: ``1 - C(n - c, k) / C(n, k)``."""
+    return float(np.mean([1.0 - math.comb(n - c, k) / math.comb(n, k) for c in num_correct]))
+
+
+def majority_at_k_slow(classes, correct_class) -> float:
+    """maj@k one problem at a time: count the votes (NO_ANSWER = -1 does not vote); a
+    problem scores 1/m when the correct class is among the m classes with the top count."""
+    scores = []
+    for votes, right in zip(classes, correct_class, strict=True):
+        counts = Counter(v for v in votes if v >= 0)
+        if not counts or right < 0:
+            scores.append(0.0)
+            continue
+        top = max(counts.values())
+        leaders = [c for c, n in counts.items() if n == top]
+        scores.append(1.0 / len(leaders) if right in leaders else 0.0)
+    return float(np.mean(scores))

@@ -102,7 +102,9 @@ class GenerationChoice:
 
 
 def _source_words(source: str) -> str:
-    return source if source in ("given", "default") else f"from {source}"
+    if source in ("given", "default") or source.startswith("protocol "):
+        return source
+    return f"from {source}"
 
 
 def resolve_generation(model_path, *, template: str | None = None,

@@ -14,7 +14,9 @@ Templates:
   Oat-Zero's ``qwen_math`` template; also Qwen2.5-Math's ``qwen25-math-cot``): a ChatML
   prompt written out as text, with :data:`QWEN_MATH_INSTRUCTION` as the *system* message
   and the bare problem as the user message (``"Compute <question>."`` for ``embedded``
-  records), whatever the tokenizer (Qwen tokenizers read the ChatML markers).
+  records), whatever the tokenizer (Qwen tokenizers read the ChatML markers):
+  ``<|im_start|>system\\n{instruction}<|im_end|>\\n<|im_start|>user\\n{problem}<|im_end|>\\n``
+  ``<|im_start|>assistant\\n``.
 * ``ktae-train``: the KTAE authors' training prompt (their MATH training data, as verl's
   MATH preprocessing builds it): ``"<problem> " + KTAE_TRAIN_INSTRUCTION`` as the user turn
   of the tokenizer's chat template.
