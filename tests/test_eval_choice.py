@@ -119,6 +119,26 @@ def test_parquet_and_directory_in_the_hub_schema(tmp_path):
     assert got == load_records(list(CHOICE_BENCHMARKS), fixtures=True)
 
 
+def test_saved_datasets_in_the_hub_schema(tmp_path):
+    """Choice benchmarks read every local layout the math benchmarks do (ktae.data): a
+    DatasetDict saved with save_to_disk whose splits are named for them, a saved Dataset
+    per benchmark, and the ``<name>/test.jsonl`` layout."""
+    import datasets
+
+    expected = load_records(list(CHOICE_BENCHMARKS), fixtures=True)
+    splits = {name: datasets.Dataset.from_list(_rows(name)) for name in CHOICE_BENCHMARKS}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "suite"))
+    assert load_records(list(CHOICE_BENCHMARKS), data_dir=tmp_path / "suite") == expected
+    for name, ds in splits.items():
+        ds.save_to_disk(str(tmp_path / "each" / name))
+        (tmp_path / "qwen" / name).mkdir(parents=True)
+        (tmp_path / "qwen" / name / "test.jsonl").write_text(fixture_path(name).read_text())
+    assert load_records(list(CHOICE_BENCHMARKS), data_dir=tmp_path / "each") == expected
+    assert load_records(list(CHOICE_BENCHMARKS), data_dir=tmp_path / "qwen") == expected
+    assert load_choice_benchmark("gpqa_diamond", path=tmp_path / "suite", limit=2) == \
+        expected["gpqa_diamond"][:2]
+
+
 def test_bad_rows_name_the_file_and_line(tmp_path):
     row = _rows("mmlu_pro")[0]
     path = tmp_path / "mmlu_pro.jsonl"

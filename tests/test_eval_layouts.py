@@ -120,16 +120,25 @@ def test_ktae_eval_on_the_qwen_layout(model_dir, tmp_path, capsys):
 
 
 def test_whole_rows_of_a_local_file(tmp_path):
-    """``_read_rows`` (for loaders that parse whole rows, e.g. multiple choice) names each
-    row's place; a saved Dataset directory reads the same."""
-    from ktae.eval.benchmarks import _data_file, _read_rows
+    """``benchmark_rows(...).dicts()`` (for loaders that parse whole rows, e.g. multiple
+    choice) names each row's place; a saved Dataset directory and a DatasetDict split read
+    the same."""
+    from ktae.eval.benchmarks import benchmark_rows
 
     rows = [{"question": "Q1", "options": ["a", "b"], "answer": "A"},
             {"question": "Q2", "options": ["c", "d"], "answer": "B"}]
     (tmp_path / "mc.jsonl").write_text("\n\n".join(json.dumps(r) for r in rows) + "\n")
-    got, where = _read_rows(_data_file(tmp_path, "mc"))
-    assert got == rows and where == [f"{tmp_path / 'mc.jsonl'}, line 1",
-                                     f"{tmp_path / 'mc.jsonl'}, line 3"]
+    got = benchmark_rows("mc", path=tmp_path)
+    assert got.dicts() == rows
+    assert [got.where(i) for i in range(2)] == [f"{tmp_path / 'mc.jsonl'}, line 1",
+                                                f"{tmp_path / 'mc.jsonl'}, line 3"]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved" / "mc"))
-    got2, where2 = _read_rows(_data_file(tmp_path / "saved", "mc"))
-    assert got2 == rows and where2[1].endswith("mc, row 1")
+    got2 = benchmark_rows("mc", path=tmp_path / "saved")
+    assert got2.dicts() == rows and got2.where(1).endswith("mc, row 1")
+    datasets.DatasetDict({"mc": datasets.Dataset.from_list(rows)}).save_to_disk(
+        str(tmp_path / "suite"))
+    assert benchmark_rows("mc", path=tmp_path / "suite").dicts() == rows
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "mc.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="no records for benchmark 'mc'"):
+        benchmark_rows("mc", path=tmp_path / "empty")

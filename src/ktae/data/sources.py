@@ -132,6 +132,11 @@ class Rows:
     def where(self, i: int) -> str:
         return self._where(i if self._rows is None else self._rows[i])
 
+    def dicts(self) -> list[dict]:
+        """Every row as a dict of all its columns, for readers that parse whole rows."""
+        columns = {c: self.column(c) for c in self.columns}
+        return [{c: values[i] for c, values in columns.items()} for i in range(len(self))]
+
     def select(self, indices: Sequence[int]) -> Rows:
         """The rows ``indices`` (increasing positions in this table), keeping their
         original places in error messages."""

@@ -29,8 +29,8 @@ EMBEDDED_DEFAULT_N = 200
 RECORD_FIELDS = ("id", "problem", "answer")
 
 __all__ = ["BENCHMARKS", "BENCHMARK_NAMES", "SAVED_SPLIT_NAMES", "BenchmarkRecord",
-           "BenchmarkSpec", "answer_text", "fixture_path", "gsm8k_answer", "load_benchmark",
-           "saved_benchmarks"]
+           "BenchmarkSpec", "answer_text", "benchmark_rows", "fixture_path", "gsm8k_answer",
+           "load_benchmark", "saved_benchmarks"]
 
 
 @dataclass(frozen=True)
@@ -187,21 +187,34 @@ def _local_rows(path: Path, name: str) -> Rows:
     return read_source(f"{file.suffix.lstrip('.')}:{file}", name="path")
 
 
-def _read_rows(path: Path) -> tuple[list[dict], list[str]]:
-    """Rows of a local file or saved dataset (:func:`_data_file`'s answer) as dicts, and
-    where each comes from (``"<file>, line 7"``), for loaders that parse whole rows."""
-    rows = _saved_rows(path, path.name) if path.is_dir() else \
-        read_source(f"{path.suffix.lstrip('.')}:{path}", name="path")
-    columns = {c: rows.column(c) for c in rows.columns}
-    records = [{c: values[i] for c, values in columns.items()} for i in range(len(rows))]
-    return records, [rows.where(i) for i in range(len(rows))]
-
-
 def _load_hub(spec: BenchmarkSpec, split: str) -> Rows:
     import datasets
 
     ds = datasets.load_dataset(spec.hub_path, spec.hub_config, split=split)
     return dataset_rows(ds, f"{spec.hub_path} ({split} split)")
+
+
+def benchmark_rows(name: str, spec=None, *, path: str | Path | None = None,
+                   split: str | None = None) -> Rows:
+    """Rows of benchmark ``name`` before they become records: from ``path`` (any local
+    layout :func:`load_benchmark` reads: a file, ``<name>.jsonl`` or ``<name>/test.jsonl``
+    in a directory, a saved Dataset or a DatasetDict split), else from the hub dataset of
+    ``spec`` (anything with ``hub_path``, ``hub_config`` and ``split``, such as a
+    :class:`BenchmarkSpec`).
+
+    Raises:
+        ValueError: no rows, or a file or dataset that cannot be read (one line naming it).
+    """
+    if path is not None:
+        rows = _local_rows(Path(path), name)
+    elif spec is None:
+        raise ValueError(f"name: unknown benchmark {name!r}; expected one of "
+                         f"{BENCHMARK_NAMES} or a local path=")
+    else:
+        rows = _load_hub(spec, split or spec.split)
+    if len(rows) == 0:
+        raise ValueError(f"{rows.origin}: no records for benchmark {name!r}")
+    return rows
 
 
 def _load_embedded(split: str | None, limit: int | None) -> list[BenchmarkRecord]:
@@ -247,15 +260,7 @@ def load_benchmark(name: str, *, path: str | Path | None = None, split: str | No
     spec = BENCHMARKS.get(name)
     if name == "embedded" and path is None:
         return _load_embedded(split, limit)
-    if path is not None:
-        rows = _local_rows(Path(path), name)
-    elif spec is None:
-        raise ValueError(f"name: unknown benchmark {name!r}; expected one of "
-                         f"{BENCHMARK_NAMES} or a local path=")
-    else:
-        rows = _load_hub(spec, split or spec.split)
-    if len(rows) == 0:
-        raise ValueError(f"{rows.origin}: no records for benchmark {name!r}")
+    rows = benchmark_rows(name, spec, path=path, split=split)
     if field_map is not None and not isinstance(field_map, Mapping):
         raise ValueError(f"field_map: expected a mapping with keys among {RECORD_FIELDS}, "
                          f"got {field_map!r}")

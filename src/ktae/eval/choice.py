@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ktae.eval.benchmarks import FIXTURE_DIR, BenchmarkRecord
+from ktae.eval.benchmarks import FIXTURE_DIR, BenchmarkRecord, benchmark_rows
 from ktae.rewards import RewardResult, extract_boxed
 
 GPQA_SHUFFLE_SEED = 0
@@ -124,7 +124,8 @@ def _mmlu_pro(row: dict, at: str, i: int, seed: int) -> BenchmarkRecord:
     index = row.get("answer_index")
     if index is not None and index != LETTERS.index(answer):
         raise ValueError(f"{at}: answer {answer!r} and answer_index {index!r} disagree")
-    rid = str(row.get("question_id", i))
+    qid = row.get("question_id")
+    rid = str(i if qid is None else qid)
     return BenchmarkRecord(rid, choice_problem(question, options), answer, "mmlu_pro")
 
 
@@ -157,8 +158,11 @@ def load_choice_benchmark(name: str, *, path: str | Path | None = None,
 
     Args:
         name: a key of :data:`CHOICE_BENCHMARKS`.
-        path: a local ``.jsonl``/``.json``/``.parquet`` file in the hub schema, or a
-            directory holding ``<name>.jsonl`` etc.; default: the hub.
+        path: local data in the hub schema, in any layout
+            :func:`ktae.eval.benchmarks.load_benchmark` reads (a ``.jsonl``/``.json``/
+            ``.parquet`` file, ``<name>.jsonl`` etc. or ``<name>/test.jsonl`` in a
+            directory, a saved Dataset, or a split ``name`` of a saved DatasetDict);
+            default: the hub.
         split: hub split (default: the benchmark's); ignored for local files.
         limit: keep the first ``limit`` rows.
         seed: GPQA's option shuffle (see the module docstring); unused by MMLU-Pro.
@@ -167,28 +171,12 @@ def load_choice_benchmark(name: str, *, path: str | Path | None = None,
         ValueError: an unknown name, an empty file or split, a row without the question,
             options or a valid answer letter; the message names the file and line.
     """
-    from ktae.eval.benchmarks import _data_file, _read_rows
-
     if name not in CHOICE_BENCHMARKS:
         raise ValueError(f"name: expected one of {tuple(CHOICE_BENCHMARKS)}, got {name!r}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit: expected a positive integer or None, got {limit!r}")
-    spec = CHOICE_BENCHMARKS[name]
-    if path is not None:
-        file = _data_file(Path(path), name)
-        rows, where = _read_rows(file)
-        origin = str(file)
-    else:
-        import datasets
-
-        split = split or spec.split
-        rows = [dict(r) for r in datasets.load_dataset(spec.hub_path, spec.hub_config,
-                                                       split=split)]
-        origin = f"{spec.hub_path} ({split} split)"
-        where = [f"{origin}, row {i}" for i in range(len(rows))]
-    if not rows:
-        raise ValueError(f"{origin}: no records for benchmark {name!r}")
+    rows = benchmark_rows(name, CHOICE_BENCHMARKS[name], path=path, split=split)
     if limit is not None:
-        rows, where = rows[:limit], where[:limit]
+        rows = rows.select(range(min(limit, len(rows))))
     parse = _PARSERS[name]
-    return [parse(row, at, i, seed) for i, (row, at) in enumerate(zip(rows, where, strict=True))]
+    return [parse(row, rows.where(i), i, seed) for i, row in enumerate(rows.dicts())]
