@@ -33,6 +33,8 @@ def test_taco_preset_is_appendix_a():
     assert (s.temperature, s.top_p, s.max_new_tokens) == (0.7, 0.9, 16384)
     assert s.k == {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4,
                    "olympiadbench": 4, "mmlu_pro": 16, "gpqa_diamond": 16, "gsm8k": 1}
+    # the KTAE suite's AMC split (AMC 2022 and 2023) is sampled as AMC
+    assert resolve_settings(["amc22-23"], protocol="taco").k == {"amc22-23": 32}
     assert s.template == "qwen-math-system"
 
 
@@ -150,6 +152,32 @@ def test_ktae_eval_protocol_taco_end_to_end(model_dir, tmp_path, capsys):
         assert all(r["prompt"].startswith("<|im_start|>system\n") for r in rows)
         # a random model rarely stops within 3 tokens: the rate is what the rows say
         assert m["truncation_rate"] == pytest.approx(sum(r["truncated"] for r in rows) / len(rows))
+
+
+def test_taco_protocol_on_the_saved_ktae_suite(model_dir, tmp_path, capsys):
+    """The KTAE evaluation suite (a saved DatasetDict) under --protocol taco: every split
+    gets the paper's k under the name it is reported as, whether --benchmarks is left out
+    or names the splits by their own names (amc -> amc22-23)."""
+    from ktae.eval.benchmarks import FIXTURE_DIR
+
+    suite = FIXTURE_DIR / "ktae_suite"
+    want = {"aime24": 32, "amc22-23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
+    out = tmp_path / "suite"
+    assert main(["eval", str(model_dir), "--protocol", "taco", "--data-dir", str(suite),
+                 "--limit", "1", "--max-new-tokens", "1", "--no-progress", "-o",
+                 str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["k"] == want
+    assert {n: m["k"] for n, m in results["benchmarks"].items()} == want
+    out2 = tmp_path / "named"
+    assert main(["eval", str(model_dir), "--protocol", "taco", "--data-dir", str(suite),
+                 "--benchmarks", "amc,aime24,aime", "--limit", "1", "--max-new-tokens", "1",
+                 "--no-progress", "-o", str(out2)]) == 0
+    config = json.loads((out2 / "results.json").read_text())["config"]
+    assert config["benchmarks"] == ["amc22-23", "aime24"]
+    assert config["k"] == {"amc22-23": 32, "aime24": 32}
+    assert (out2 / "samples_amc22-23.jsonl").is_file()
+    capsys.readouterr()
 
 
 def test_ktae_eval_protocol_ktae_records_and_prints(model_dir, tmp_path, capsys):

@@ -89,25 +89,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "picks the best checkpoint (default: the mean over benchmarks)")
 
 
-def _benchmark_names(spec: str, data_dir) -> list[str]:
+def _benchmark_names(spec: str | None, data_dir) -> list[str]:
+    """The names of ``--benchmarks`` (default: every split of a DatasetDict saved as
+    ``data_dir``, else ``embedded``). A split of that DatasetDict named by its own name
+    (``amc``) becomes the name it is reported under (``amc22-23``), so the protocols' k
+    and the results use one name."""
+    from ktae.eval.benchmarks import saved_benchmarks
+
+    saved = saved_benchmarks(data_dir) if data_dir is not None else None
+    if spec is None:
+        spec = ",".join(saved) if saved else "embedded"
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise ValueError("--benchmarks: expected at least one name")
+    if saved:
+        reported = {split: name for name, split in saved.items()}
+        names = list(dict.fromkeys(reported.get(n, n) for n in names))
     unknown = [n for n in names if n not in ALL_NAMES]
     if unknown and data_dir is None:
         raise ValueError(f"--benchmarks: unknown benchmark {unknown[0]!r}; expected names "
                          f"among {', '.join(ALL_NAMES)} (any name reads <name>.jsonl "
                          "with --data-dir)")
     return names
-
-
-def _default_benchmarks(data_dir) -> str:
-    """Every split of a saved DatasetDict at ``data_dir`` (under its reported names), else
-    ``embedded``."""
-    from ktae.eval.benchmarks import saved_benchmarks
-
-    saved = saved_benchmarks(data_dir) if data_dir is not None else None
-    return ",".join(saved) if saved else "embedded"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,8 +180,7 @@ def _run(args: argparse.Namespace, console) -> int:
     from ktae.eval.results import prepare_output_dir, results_table
     from ktae.eval.runner import evaluate, load_records
 
-    names = _benchmark_names(args.benchmarks or _default_benchmarks(args.data_dir),
-                             args.data_dir)
+    names = _benchmark_names(args.benchmarks, args.data_dir)
     _check_options(args)
     if args.checkpoints is not None:
         return _run_checkpoints(args, console, names)

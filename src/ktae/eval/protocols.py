@@ -12,7 +12,10 @@ the preset (``--template``, ``--temperature``, ``--top-p``, ``--max-new-tokens``
 * ``taco``: the TACO paper, Appendix A: temperature 0.7, top-p 0.9, 16,384 new tokens;
   avg@32 on AIME24, AIME25 and AMC23, avg@4 on MATH-500, Minerva and OlympiadBench,
   avg@16 on MMLU-Pro and GPQA-Diamond. The paper names no prompt; the preset uses the same
-  ``qwen-math-system`` template. Benchmarks it does not list get one sample.
+  ``qwen-math-system`` template. The KTAE evaluation suite's splits (``--data-dir`` of
+  its saved DatasetDict) are keyed by the names they are reported under: ``aime24``,
+  ``amc22-23`` (AMC 2022 and 2023, avg@32 as AMC), ``math500``, ``minerva``,
+  ``olympiadbench``. Benchmarks it does not list get one sample.
 
 ``--k`` takes one integer (every benchmark), or comma-separated ``name=k`` entries, with
 at most one bare integer among them for the benchmarks not named
@@ -54,8 +57,10 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
              source="the KTAE authors' eval/run_eval.sh and eval_baseline.py"),
     Protocol("taco", template="qwen-math-system", temperature=0.7, top_p=0.9,
              max_new_tokens=16384,
-             k={"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4,
-                "olympiadbench": 4, "mmlu_pro": 16, "gpqa_diamond": 16},
+             # amc22-23: the AMC split of the KTAE evaluation suite (AMC 2022 and 2023,
+             # ktae.eval.benchmarks.SAVED_SPLIT_NAMES), sampled as the paper samples AMC
+             k={"aime24": 32, "aime25": 32, "amc23": 32, "amc22-23": 32, "math500": 4,
+                "minerva": 4, "olympiadbench": 4, "mmlu_pro": 16, "gpqa_diamond": 16},
              default_k=1, source="TACO paper, Appendix A"),
 )}
 
