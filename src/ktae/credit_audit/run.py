@@ -209,33 +209,25 @@ def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
 
 
 def jsonl_input(path: Path, tokenizer) -> AuditInput:
-    """Groups with user-given ``wrong`` spans (see the module docstring)."""
+    """Groups with user-given ``wrong`` spans (see the module docstring), read by
+    :func:`ktae.explain.sources.load_jsonl`."""
     from ktae.explain.sources import load_jsonl
     from ktae.tasks import token_labels
     from ktae.viz.tokens import token_pieces
 
     loaded = load_jsonl(path, tokenizer=tokenizer)
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-               if line.strip()]
-    numbers = [n for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-               if line.strip()]
+               if line.strip()]  # the same lines, in order (load_jsonl checked them)
     groups = []
-    for (key, g), rec, n in zip(loaded, records, numbers, strict=True):
-        where = f"INPUT: {path} line {n}"
-        texts = rec["responses"]
-        wrong = rec.get("wrong")
-        if not isinstance(wrong, list) or len(wrong) != len(texts):
-            raise ValueError(f"{where}: expected 'wrong' as {len(texts)} lists of [start, end] "
-                             "character spans (one list per response; [] when none is wrong)")
-        checked = rec.get("checked")
-        if checked is not None and (not isinstance(checked, list) or len(checked) != len(texts)):
-            raise ValueError(f"{where}: expected 'checked' as {len(texts)} lists of spans")
+    for (key, g), rec in zip(loaded, records, strict=True):
+        where = f"INPUT: {path} {g.label}"
+        if g.labels is None:
+            raise ValueError(f"{where}: expected 'wrong': per response a list of [start, end] "
+                             "character spans that are locally wrong ([] when none is)")
         labels = []
-        for i, (text, ids) in enumerate(zip(texts, g.responses, strict=True)):
-            chars = span_labels(text, wrong[i], None if checked is None else checked[i],
-                                f"{where} response {i}")
+        for i, (chars, ids) in enumerate(zip(g.labels, g.responses, strict=True)):
             pieces = [p.text for p in token_pieces(tokenizer, ids)]
-            if "".join(pieces) != text:
+            if sum(map(len, pieces)) != len(chars):
                 raise ValueError(f"{where} response {i}: the tokenizer does not decode the "
                                  "response back to its text, so character spans cannot be "
                                  "mapped to tokens")

@@ -109,6 +109,10 @@ class GroupInput:
     weights: list | None = None
     flagged: list | None = None
     loss_mask: list | None = None
+    labels: list | None = None
+    """Per response (or None): local-error labels of each character of its decoded text
+    (``"w"`` locally wrong, ``"r"`` right, ``"."`` not judged;
+    :func:`ktae.tasks.label_response`), outlined on the page."""
 
 
 # --------------------------------------------------------------------------- outputs
@@ -130,6 +134,8 @@ class ResponseReport:
     weights: list[float] | None = None
     flagged: list[bool] | None = None
     in_loss: list[bool] | None = None
+    labels: list[str] | None = None
+    """Per token: the local-error labels of its characters (as long as its text), or None."""
 
 
 @dataclass
@@ -404,6 +410,7 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
                 token_ids=responses[r], pieces=token_pieces(tokenizer, responses[r]),
                 values={k: per_view[k][r][:n] for k in keys},
                 stats=[rows[i] if i >= 0 else None for i in row_idx[r][:n]])
+            rep.labels = _token_char_labels(g.labels[j] if g.labels else None, rep.pieces)
             if cal:
                 for name, key in (("logprobs", "logprobs"), ("entropies", "entropies"),
                                   ("weights", "weights"), ("flagged", "flagged"),
@@ -428,6 +435,17 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
                   for g in out_groups for r in g.responses)
     return Report(title=title, views=view_list, default_view=default, groups=out_groups,
                   meta=notes, calibrated=bool(cal), partial_loss=partial)
+
+
+def _token_char_labels(labels: str | None, pieces: list[TokenPiece]) -> list[str] | None:
+    """Split a response's character labels over its tokens (None when they do not fit)."""
+    if labels is None or sum(len(p.text) for p in pieces) != len(labels):
+        return None
+    out, pos = [], 0
+    for p in pieces:
+        out.append(labels[pos:pos + len(p.text)])
+        pos += len(p.text)
+    return out
 
 
 def _rollout_entropies(groups, estimator: str, T: int) -> torch.Tensor:
