@@ -60,6 +60,11 @@ def markdown(result: dict) -> str:
             for name, entry in methods.items():
                 cells = " | ".join(_cell(entry["levels"][lv][metric]) for lv in result["levels"])
                 lines.append(f"| {name} | {_cell(entry['all'][metric])} | {cells} |")
+            if metric == "lowest":
+                ref = next(iter(methods.values()))
+                cells = " | ".join(_cell(ref["levels"][lv]["chance"]) for lv in result["levels"])
+                lines.append(f"| *chance (constant credit)* | {_cell(ref['all']['chance'])} | "
+                             f"{cells} |")
             lines.append("")
     if len(result.get("steps") or []) > 0:
         steps = [str(s) for s in result["steps"]]
