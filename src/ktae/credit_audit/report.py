@@ -87,6 +87,7 @@ def plot_metric(result: dict, metric: str, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     methods = result["methods"]
     names = list(methods)
@@ -94,15 +95,18 @@ def plot_metric(result: dict, metric: str, path: Path) -> Path:
     if len(steps) > 1:
         fig, ax = plt.subplots(figsize=(9, 4.8))
         x = [int(s) for s in steps]
-        cmap = matplotlib.colormaps["tab20"]
+        cmap = matplotlib.colormaps["tab10"]
+        dashes = ("-", "--", ":")
         for k, name in enumerate(names):
             ys = [methods[name]["steps"][s][metric] for s in steps]
             mean = [y["mean"] if y["mean"] is not None else float("nan") for y in ys]
             low = [y["low"] if y["low"] is not None else float("nan") for y in ys]
             high = [y["high"] if y["high"] is not None else float("nan") for y in ys]
-            ax.plot(x, mean, marker="o", color=cmap(k % 20), label=name, linewidth=1.3)
-            ax.fill_between(x, low, high, color=cmap(k % 20), alpha=0.12)
-        ax.set_xlabel("training step (recorded rollouts)")
+            ax.plot(x, mean, marker="o", color=cmap(k % 10), linestyle=dashes[k // 10 % 3],
+                    label=name, linewidth=1.3)
+            ax.fill_between(x, low, high, color=cmap(k % 10), alpha=0.10)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_xlabel("training step (recorded rollouts; identical methods overlap)")
         ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(names) + 2), 4.8))
