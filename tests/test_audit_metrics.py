@@ -137,6 +137,10 @@ def test_audit_of_grpo_through_the_api_is_exactly_half():
     assert result["methods"]["rloo"]["all"]["blame"]["mean"] == 0.5
     # contamination of the right answer holding a slip: GRPO spreads evenly, 1 of 2 tokens
     assert grpo["all"]["contamination"]["mean"] == pytest.approx(0.5)
+    assert grpo["all"]["contamination_vs_grpo"]["mean"] == 0.0
+    ktae_vs = result["methods"]["ktae"]["all"]["contamination_vs_grpo"]["mean"]
+    assert ktae_vs == pytest.approx(result["methods"]["ktae"]["all"]["contamination"]["mean"]
+                                    - grpo["all"]["contamination"]["mean"])
     assert set(grpo["levels"]) == {"1", "2"}
     assert grpo["levels"]["2"]["contamination"]["responses"] == 1
 

@@ -26,6 +26,14 @@ def _cell(s: dict | None, digits: int = 3) -> str:
     return f"{s['mean']:.{digits}f} [{s['low']:.{digits}f}, {s['high']:.{digits}f}]"
 
 
+def _signed_cell(s: dict | None) -> str:
+    if not s or s["mean"] is None:
+        return "n/a"
+    if s["low"] == s["high"] == s["mean"]:
+        return f"{s['mean']:+.3f}"
+    return f"{s['mean']:+.3f} [{s['low']:+.3f}, {s['high']:+.3f}]"
+
+
 def markdown(result: dict) -> str:
     """The tables of ``audit.md``: every method's three figures with their 95% intervals;
     then each figure per level and, for a run directory, the means per recorded step."""
@@ -43,13 +51,14 @@ def markdown(result: dict) -> str:
                   f"Log-probs and entropies: {result.get('scored_with', 'n/a')}. "
                   f"Intervals: bootstrap 95% over groups ({result.get('resamples')} draws).", ""]
     lines += ["| method | blame P(w<r) | lowest-credit token wrong | contamination | "
-              "responses (blame / contamination) |", "|---|---|---|---|---|"]
+              "contamination − GRPO's (paired) | responses (blame / contamination) |",
+              "|---|---|---|---|---|---|"]
     chance = first["chance"]
     for name, entry in methods.items():
         a = entry["all"]
         lines.append(f"| {name} | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
-                     f"{_cell(a['contamination'])} | {a['blame']['responses']} / "
-                     f"{a['contamination']['responses']} |")
+                     f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} | "
+                     f"{a['blame']['responses']} / {a['contamination']['responses']} |")
     lines += ["", f"Chance share of the lowest-credit token (wrong tokens / labelled tokens, "
               f"what a constant credit gives): {_cell(chance)}.", ""]
     if result.get("levels"):
@@ -185,6 +194,7 @@ def summary(result: dict) -> str:
     if con:
         grpo = m.get("grpo", {}).get("all", {}).get("contamination")
         ref = f"; GRPO {_cell(grpo)}" if grpo else ""
+        paired = _signed_cell(m[con]["all"].get("contamination_vs_grpo"))
         lines.append(f"  least contamination: {con} ({_cell(m[con]['all']['contamination'])}"
-                     f"{ref})")
+                     f"{ref}; paired difference from GRPO {paired})")
     return "\n".join(lines)

@@ -35,6 +35,11 @@ DEFAULT_PROMPTS = 200
 DEFAULT_SAMPLES = 8
 DEFAULT_RESAMPLES = 1000
 DEFAULT_MODEL = "default"
+REFERENCE = "grpo"
+"""The method contamination is compared with, response by response."""
+EXTRA = ("chance", "contamination_vs_grpo")
+"""Figures besides :data:`METRICS`: the chance share of ``lowest`` and the paired
+difference ``contamination - GRPO's contamination`` on the same responses."""
 _CODES = {"w": WRONG, "r": RIGHT, ".": OTHER}
 
 
@@ -296,9 +301,10 @@ def check_groups(groups: list[AuditGroup]) -> None:
 
 def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DEFAULT_RESAMPLES,
                  seed: int = 0) -> dict:
-    """Every method's figures: ``{"methods": {name: {"all": {metric: summary},
-    "levels": {level: {...}}, "steps": {step: {...}}}}, "chance": {...}, "counts": ...}``
-    (summaries as :func:`ktae.credit_audit.metrics.summarise`)."""
+    """Every method's figures: ``{"methods": {name: {"all": {figure: summary},
+    "levels": {level: {...}}, "steps": {step: {...}}}}, "levels": [...], "steps": [...]}``
+    with the figures :data:`METRICS` and :data:`EXTRA` (summaries as
+    :func:`ktae.credit_audit.metrics.summarise`)."""
     check_groups(groups)
     levels = sorted({g.level for g in groups if g.level is not None}, key=str)
     steps = sorted({g.step for g in groups if g.step is not None})
@@ -306,10 +312,13 @@ def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DE
 
     def summaries(values: dict, keep: np.ndarray) -> dict:
         return {k: summarise(np.where(keep, values[k], np.nan), values["group"],
-                             resamples=resamples, seed=seed) for k in (*METRICS, "chance")}
+                             resamples=resamples, seed=seed) for k in (*METRICS, *EXTRA)}
 
+    reference = per_response(groups, parse_methods(REFERENCE)[REFERENCE])
     for name, spec in methods.items():
         values = per_response(groups, spec)
+        # paired with GRPO on the same response (NaN where either is undefined)
+        values["contamination_vs_grpo"] = values["contamination"] - reference["contamination"]
         level = np.array([str(groups[i].level) for i in values["group"]])
         step = np.array([groups[i].step if groups[i].step is not None else -1
                          for i in values["group"]])
