@@ -26,12 +26,16 @@ def _cell(s: dict | None, digits: int = 3) -> str:
     return f"{s['mean']:.{digits}f} [{s['low']:.{digits}f}, {s['high']:.{digits}f}]"
 
 
+def _signed(x: float) -> str:
+    return f"{x + 0.0 if round(x, 3) else 0.0:+.3f}"  # no "-0.000"
+
+
 def _signed_cell(s: dict | None) -> str:
     if not s or s["mean"] is None:
         return "n/a"
     if s["low"] == s["high"] == s["mean"]:
-        return f"{s['mean']:+.3f}"
-    return f"{s['mean']:+.3f} [{s['low']:+.3f}, {s['high']:+.3f}]"
+        return _signed(s["mean"])
+    return f"{_signed(s['mean'])} [{_signed(s['low'])}, {_signed(s['high'])}]"
 
 
 def markdown(result: dict) -> str:
