@@ -133,3 +133,19 @@ def test_bad_labels_are_one_line(tmp_path, capsys):
     _write_jsonl(src, all_right)
     assert main(["audit", str(src), "--credit", "grpo"]) == 2
     _one_error_line(capsys, "INPUT: no mixed group")
+
+
+@pytest.mark.slow
+def test_sampling_options_and_a_tokenizer_directory(tmp_path):
+    from ktae.explain.sources import default_tokenizer_path
+
+    out = tmp_path / "audit"
+    assert main(["audit", "--model", "default", "--prompts", "8", "--samples", "4", "--seed",
+                 "1", "--max-new-tokens", "30", "--temperature", "0.8", "--credit",
+                 "grpo,ktae", "--resamples", "10", "-o", str(out)]) == 0
+    result = json.loads((out / "audit.json").read_text())
+    assert "temperature 0.8, seed 1, at most 30 new tokens" in result["input"]
+    src = _write_jsonl(tmp_path / "groups.jsonl", GROUPS)
+    assert main(["audit", str(src), "--tokenizer", str(default_tokenizer_path()),
+                 "--credit", "grpo", "-o", str(out)]) == 0
+    assert json.loads((out / "audit.json").read_text())["kind"] == "jsonl"
