@@ -161,3 +161,18 @@ def test_bad_groups_and_methods():
     short = [_group([[1, 2], [1, 3]], [1.0, 0.0], ["r", "rw"])]
     with pytest.raises(ValueError, match="^labels: "):
         audit_groups(short, parse_methods("grpo"))
+
+
+def test_tokens_a_loss_mask_removes_receive_no_credit():
+    # forking-tokens keeps the ceil(0.2 * 15) = 3 highest-entropy tokens of the batch: the
+    # wrong answer's slip (entropy 5) and two tokens of the right answer; every other
+    # token leaves the loss and so gets 0, above the slip's negative credit
+    responses = [[1, 2, 3, 4, 5], [1, 2, 6, 4, 5], [1, 2, 3, 4, 5]]
+    entropies = [[0.1, 0.2, 4.0, 0.3, 3.0], [0.1, 0.2, 5.0, 0.3, 0.4], [0.1] * 5]
+    g = GroupInput(prompt="p", responses=responses, rewards=[1.0, 0.0, 1.0],
+                   logprobs=[[-1.0] * 5] * 3, entropies=entropies)
+    groups = [AuditGroup(g, labels=["rrrrr", "rrwrr", "rrrrr"])]
+    result = audit_groups(groups, parse_methods("grpo,forking-tokens"), resamples=0)
+    forking = result["methods"]["forking-tokens"]["all"]
+    assert forking["blame"]["mean"] == 1.0 and forking["lowest"]["mean"] == 1.0
+    assert result["methods"]["grpo"]["all"]["blame"]["mean"] == 0.5
