@@ -237,3 +237,13 @@ def test_page_outlines_locally_wrong_characters(tmp_path):
     spans[0]["wrong"] = [[], [[1, 9]]]
     _write_jsonl(src2, spans)
     assert main(["explain", str(src2), "-o", str(out)]) == 2
+
+
+def test_credit_with_its_own_settings(tmp_path):
+    src = _write_jsonl(tmp_path / "groups.jsonl", GROUPS)
+    out = tmp_path / "page.html"
+    assert main(["explain", str(src), "-o", str(out), "--credit", "ktae@ngram=2"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "credit: ktae (base=grpo, mode=exact, ngram=2)" in page
+    assert "key span" in page
+    assert main(["explain", str(src), "-o", str(out), "--credit", "ktae@bogus=2"]) == 2

@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", help=f"HTML page to write (default {DEFAULT_OUTPUT}; "
                         "with --terminal only when given)")
     parser.add_argument("--credit", help="credit to explain: ktae, ktae+taco, grpo, taco, any "
-                        "estimator or est+calibration (default: the run's own, else ktae)")
+                        "estimator or est+calibration, with settings as in ktae compare "
+                        "(ktae@ngram=3) (default: the run's own, else ktae)")
     parser.add_argument("--tokenizer", help="tokenizer directory (default: the run's, the "
                         "model's, or the shipped tiny model's)")
     parser.add_argument("--model", help="model to sample from (no INPUT) or to score responses "
