@@ -60,14 +60,18 @@ def test_audit_of_the_shipped_model(tmp_path, capsys):
         assert again["methods"][name]["all"] == result["methods"][name]["all"]
 
 
-@pytest.mark.slow
-def test_train_then_audit_the_run(tmp_path, capsys):
-    run = tmp_path / "run"
-    assert main(["train", "--num-prompts", "8", "--num-generations", "4",
+def _train(run, *args) -> int:
+    return main(["train", "--num-prompts", "8", "--num-generations", "4",
                  "--max-new-tokens", "40", "--eval-size", "4", "--eval-every", "0",
                  "--train-size", "64", "--save-every", "0", "--no-progress", "--algo", "grpo",
                  "--rollout-every", "1", "--rollout-groups", "8", "--output-dir", str(run),
-                 "--max-steps", "2"]) == 0
+                 *args])
+
+
+@pytest.mark.slow
+def test_train_then_audit_the_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "--max-steps", "2", "--credit", "none") == 0
     capsys.readouterr()
     out = tmp_path / "audit"
     assert main(["audit", str(run), "--credit", "grpo,ktae,taco", "--resamples", "20",
@@ -78,6 +82,11 @@ def test_train_then_audit_the_run(tmp_path, capsys):
     assert result["scored_with"] != "recorded"  # a GRPO run records no log-probs: scored
     assert "per recorded step" in (out / "audit.md").read_text()
     assert (out / "audit_blame.png").stat().st_size > 0
+    # a run trained with a calibration recorded the log-probs and entropies it read
+    cal_run = tmp_path / "taco-run"
+    assert _train(cal_run, "--max-steps", "1", "--credit", "ktae+taco") == 0
+    result = ktae.audit(cal_run, credit="taco,ktae+taco", resamples=0)
+    assert result["scored_with"] == "recorded" and result["steps"] == [1]
 
 
 def test_audit_of_user_labelled_groups(tmp_path, capsys):
