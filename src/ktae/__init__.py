@@ -7,7 +7,8 @@ Core API (pure torch):
     policy_loss(logprobs, old_logprobs, advantages, mask, ...)
     calibrate_advantages(name, advantages, *, logprobs, entropies, mask, old_logprobs, ...)
     audit(input=None, *, model=None, credit=None, ...)   (the credit audit; needs the
-                                                          eval extra)
+                                                          eval extra, and matplotlib
+                                                          for its PNGs)
 """
 
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
