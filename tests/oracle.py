@@ -527,3 +527,62 @@ def batch_specs(draw, *, max_groups: int = 6, max_size: int = 8, vocab=(3, 12), 
         empty_class=draw(st.booleans()),
         pad_only_token=draw(st.booleans()),
     )
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def pass_at_k_slow(num_correct, n: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al., 2021, eq. 1) with exact binomials, averaged over
+    problems: ``1 - C(n - c, k) / C(n, k)``."""
+    return float(np.mean([1.0 - math.comb(n - c, k) / math.comb(n, k) for c in num_correct]))
+
+
+def majority_at_k_slow(classes, correct_class) -> float:
+    """maj@k one problem at a time: count the votes (NO_ANSWER = -1 does not vote); a
+    problem scores 1/m when the correct class is among the m classes with the top count."""
+    scores = []
+    for votes, right in zip(classes, correct_class, strict=True):
+        counts = Counter(v for v in votes if v >= 0)
+        if not counts or right < 0:
+            scores.append(0.0)
+            continue
+        top = max(counts.values())
+        leaders = [c for c, n in counts.items() if n == top]
+        scores.append(1.0 / len(leaders) if right in leaders else 0.0)
+    return float(np.mean(scores))
+
+
+# --------------------------------------------------------------------------- credit audit
+
+
+def audit_response_metrics(credit, labels, mask, correct, group) -> list[dict]:
+    """The credit audit's per-response figures (ktae.credit_audit.metrics), by plain loops
+    over token pairs: ``{"blame", "lowest", "chance", "contamination"}`` per response, None
+    where undefined."""
+    credit, labels, mask = _np(credit, np.float64), _np(labels), _np(mask).astype(bool)
+    correct, group = _np(correct).astype(bool), _np(group)
+    out = []
+    for i in range(len(credit)):
+        members = [j for j in range(len(credit)) if group[j] == group[i]]
+        mixed = any(correct[j] for j in members) and not all(correct[j] for j in members)
+        toks = [t for t in range(credit.shape[1]) if mask[i, t]]
+        wrong = [credit[i, t] for t in toks if labels[i, t] == 1]
+        right = [credit[i, t] for t in toks if labels[i, t] == 0]
+        row = {"blame": None, "lowest": None, "chance": None, "contamination": None}
+        if mixed and not correct[i] and wrong and right:
+            score = 0.0
+            for w in wrong:
+                for r in right:
+                    score += 1.0 if w < r else 0.5 if w == r else 0.0
+            row["blame"] = score / (len(wrong) * len(right))
+            low = min(wrong + right)
+            row["lowest"] = (sum(w == low for w in wrong)
+                             / (sum(w == low for w in wrong) + sum(r == low for r in right)))
+            row["chance"] = len(wrong) / (len(wrong) + len(right))
+        positive = [max(credit[i, t], 0.0) for t in toks]
+        on_wrong = sum(max(credit[i, t], 0.0) for t in toks if labels[i, t] == 1)
+        if mixed and correct[i] and wrong and sum(positive) > 0:
+            row["contamination"] = on_wrong / sum(positive)
+        out.append(row)
+    return out

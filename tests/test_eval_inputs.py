@@ -277,7 +277,7 @@ def test_null_and_empty_answers_in_other_schemas(tmp_path):
 
 def test_bad_decoding_options_are_refused_before_loading(model_dir, tmp_path, capsys,
                                                          no_loading):
-    for args, name in ((["--k", "0"], "k"), (["--max-new-tokens", "0"], "max_new_tokens"),
+    for args, name in ((["--k", "0"], "--k"), (["--max-new-tokens", "0"], "max_new_tokens"),
                        (["--batch-size", "0"], "--batch-size"), (["--timeout", "0"], "--timeout"),
                        (["--top-p", "2"], "top_p")):
         rc, _, err = _eval(capsys, str(model_dir), *args, "--output-dir", str(tmp_path / "o"))
@@ -434,4 +434,4 @@ def test_a_prompt_that_fills_the_context_gets_an_empty_response(short_context):
     assert len(tok(long_prompt)["input_ids"]) >= 24
     with pytest.warns(UserWarning, match="generating at most 0 new tokens"):
         out = generate_hf(model, tok, [long_prompt], SamplingConfig(max_new_tokens=5))
-    assert out == [[Generation("", 0)]]
+    assert out == [[Generation("", 0, (), truncated=True)]]  # cut off by the context

@@ -119,3 +119,52 @@ def test_screenshot_shows_each_token_in_its_colour(tmp_path):
         # signed colours appear on screen: reds and blues both present in the token area
         r, b = img[..., 0], img[..., 2]
         assert ((r - b) > 60).sum() > 200 and ((b - r) > 60).sum() > 200
+
+
+LW_RECTS = """<script>
+const box = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.width, b.height]; };
+const out = {tok: [...document.querySelectorAll('.tok')].map(box),
+             lw: [...document.querySelectorAll('.tok .lw')].map(box)};
+const pre = document.createElement('pre'); pre.id = 'rects';
+pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+</script>"""
+
+
+def test_screenshot_outlines_the_locally_wrong_characters(tmp_path):
+    from ktae.explain.cli import _add_labels
+    from ktae.explain.sources import default_tokenizer_path, load_tokenizer
+
+    tok = load_tokenizer(default_tokenizer_path())
+    texts = ["37+45=82. 82-18=64. \\boxed{64}", "37+45=72. 72-18=54. \\boxed{54}"]
+    groups = [GroupInput(prompt="Q:37+45-18 A:", rewards=[1.0, 0.0],
+                         responses=[tok(t, add_special_tokens=False)["input_ids"] for t in texts])]
+    _add_labels(groups, tok)
+    report = build_report(groups, credit=CreditSpec(), tokenizer=tok)
+    page = report_html(report)
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", LW_RECTS + "</body>"), encoding="utf-8")
+    dom = _chromium(tmp_path, probe.as_uri(), "--dump-dom").stdout
+    rects = json.loads(re.search(r'<pre id="rects">(.*?)</pre>', dom, re.S).group(1))
+    # one character per token: the "7" and the "2" of the forgotten carry, tokens 6 and 7
+    # of the second response
+    assert len(rects["lw"]) == 2
+    path = tmp_path / "page.html"
+    path.write_text(page, encoding="utf-8")
+    img = _screenshot(tmp_path, path, "shot.png")
+
+    def ring_red(rect) -> list[float]:
+        """Share of red pixels on the 2-pixel bands just above and below a box."""
+        x, y, w, h = rect
+        x0, x1 = int(x) - 1, int(np.ceil(x + w)) + 1
+        out = []
+        for y0 in (int(y) - 2, int(np.ceil(y + h))):
+            part = img[y0:y0 + 2, x0:x1]
+            out.append(float(((part[..., 0] > 150) & (part[..., 1] < 90)
+                              & (part[..., 2] < 100)).mean()))
+        return out
+
+    for rect in rects["lw"]:
+        assert min(ring_red(rect)) > 0.2, (rect, ring_red(rect))
+    # the same characters of the right answer carry no outline
+    for pos in (6, 7):
+        assert max(ring_red(rects["tok"][pos])) < 0.05

@@ -213,3 +213,37 @@ def test_gtpo_run_records_the_entropies_its_estimator_read(tmp_path, capsys):
     assert main(["explain", str(src), "--credit", "gtpo", "--model", "default",
                  "-o", str(out)]) == 0
     assert 'id="view-token"' in out.read_text(encoding="utf-8")
+
+
+def test_page_outlines_locally_wrong_characters(tmp_path):
+    import re
+
+    src = _write_jsonl(tmp_path / "groups.jsonl", GROUPS)
+    out = tmp_path / "page.html"
+    assert main(["explain", str(src), "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    # group 1: "72" (forgotten carry) and "74" (forgotten borrow); group 2: the "9"s of
+    # 5+3=9 (the box copies the last result, so only the equation's 9 is wrong)
+    wrong = re.findall(r'<span class="lw">([^<]*)</span>', page)
+    assert wrong == ["7", "2", "7", "4", "9"]
+    assert "locally wrong characters (exact labels)" in page
+    assert "locally wrong (exact label)" in page  # in the tooltip
+    # user-given spans take the place of the embedded labels; a span outside the text fails
+    spans = [{"prompt": "say hi", "rewards": [1, 0], "responses": ["hi there", "bye"],
+              "wrong": [[], [[0, 3]]]}]
+    src2 = _write_jsonl(tmp_path / "spans.jsonl", spans)
+    assert main(["explain", str(src2), "-o", str(out)]) == 0
+    assert re.findall(r'<span class="lw">([^<]*)</span>', out.read_text()) == ["b", "y", "e"]
+    spans[0]["wrong"] = [[], [[1, 9]]]
+    _write_jsonl(src2, spans)
+    assert main(["explain", str(src2), "-o", str(out)]) == 2
+
+
+def test_credit_with_its_own_settings(tmp_path):
+    src = _write_jsonl(tmp_path / "groups.jsonl", GROUPS)
+    out = tmp_path / "page.html"
+    assert main(["explain", str(src), "-o", str(out), "--credit", "ktae@ngram=2"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "credit: ktae (base=grpo, mode=exact, ngram=2)" in page
+    assert "key span" in page
+    assert main(["explain", str(src), "-o", str(out), "--credit", "ktae@bogus=2"]) == 2

@@ -30,11 +30,11 @@ def test_jsonl_task(tmp_path):
     assert len(train) == 8 and len(held) == 2  # at most a fifth held out
     assert train[3]["prompt"].startswith("What is 3+1?\n") and "\\boxed{}" in train[3]["prompt"]
     assert held[-1]["answer"] == "10"
-    with pytest.raises(ValueError, match="not found"):
+    with pytest.raises(ValueError, match="no such file"):
         load_task(f"jsonl:{tmp_path / 'missing.jsonl'}", template="compact", train_size=1,
                   eval_size=1, seed=0)
     (tmp_path / "bad.jsonl").write_text(json.dumps({"answer": 1}) + "\n")
-    with pytest.raises(ValueError, match="line 1"):
+    with pytest.raises(ValueError, match="bad.jsonl has no column for 'problem'"):
         load_task(f"jsonl:{tmp_path / 'bad.jsonl'}", template="compact", train_size=1,
                   eval_size=1, seed=0)
 
@@ -43,12 +43,12 @@ def test_jsonl_task(tmp_path):
     (b"", "holds no problems"),
     (b"\n\n", "holds no problems"),
     (b'{"question": "1+1?", "answer": 2}\n{"question": "2+2?", "answer": \n',
-     "line 2 of .*invalid JSON"),
-    (b'{"question": "1+1?", "answer": null}\n', "line 1 of .*'answer'"),
-    (b'{"question": "1+1?", "answer": true}\n', "line 1 of .*'answer'"),
-    (b'[1, 2]\n', "line 1 of .*JSON object"),
-    (b'{"question": "", "answer": 1}\n', "line 1 of .*non-empty 'question'"),
-    (b'{"question": "caf\xe9", "answer": 1}\n', "not UTF-8"),
+     r"t\.jsonl, line 2: invalid JSON"),
+    (b'{"question": "1+1?", "answer": null}\n', r"t\.jsonl, line 1: answer: .*got null"),
+    (b'{"question": "1+1?", "answer": true}\n', r"t\.jsonl, line 1: answer: .*got True"),
+    (b'[1, 2]\n', r"t\.jsonl, line 1: expected a JSON object"),
+    (b'{"question": "", "answer": 1}\n', r"t\.jsonl, line 1: expected a non-empty problem"),
+    (b'{"question": "caf\xe9", "answer": 1}\n', r"t\.jsonl, line 1: not valid UTF-8"),
     (b'{"question": "1+1?", "answer": 2}\n' * 3, "holds 3 problem.*at least 5"),
 ])
 def test_bad_task_files_name_the_problem(tmp_path, content, match):
@@ -77,7 +77,7 @@ def test_task_checks_run_before_any_model_loads(tmp_path, capsys, monkeypatch):
     small.write_text('{"question": "1+1?", "answer": 2}\n' * 6)
     cases = [
         (["--task", f"jsonl:{bad}"], "line 2"),
-        (["--task", f"jsonl:{tmp_path / 'nope.jsonl'}"], "not found"),
+        (["--task", f"jsonl:{tmp_path / 'nope.jsonl'}"], "nope.jsonl: no such file"),
         (["--task", f"jsonl:{small}", "--num-prompts", "8"], "fewer than num_prompts=8"),
         (["--estimator-option", "h_1=1"], "h_1"),
         (["--config", str(tmp_path / "missing.yaml")], "not found"),

@@ -6,6 +6,9 @@ Core API (pure torch):
     key_token_table(*, rewards, group, token_ids, mask=None, **options)
     policy_loss(logprobs, old_logprobs, advantages, mask, ...)
     calibrate_advantages(name, advantages, *, logprobs, entropies, mask, old_logprobs, ...)
+    audit(input=None, *, model=None, credit=None, ...)   (the credit audit; needs the
+                                                          eval extra, and matplotlib
+                                                          for its PNGs)
 """
 
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
@@ -14,11 +17,20 @@ from ktae.core.gtpo import gtpo_advantages as _gtpo  # noqa: F401  (registers "g
 from ktae.core.ktae import KeyTokenTable, key_token_table  # registers "ktae"
 from ktae.core.policy_loss import kl_penalty, policy_loss
 
+
+def audit(input=None, **options):
+    """The credit audit of ``ktae audit``: :func:`ktae.credit_audit.run.audit`."""
+    from ktae.credit_audit.run import audit as _audit
+
+    return _audit(input, **options)
+
+
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "CALIBRATIONS",
     "CalibrationResult",
     "KeyTokenTable",
+    "audit",
     "calibrate_advantages",
     "compute_advantages",
     "key_token_table",

@@ -15,8 +15,10 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("ktae.train.cli_train", "RL fine-tuning (GRPO/DAPO/Dr.GRPO) with KTAE or TACO credit"),
     "compare": ("ktae.train.cli_compare", "run a credit x seed grid and write a comparison table"),
-    "eval": ("ktae.eval.cli", "evaluate a model on math benchmarks"),
+    "eval": ("ktae.eval.cli", "evaluate a model on math and science benchmarks"),
     "explain": ("ktae.explain.cli", "show which tokens of sampled responses get which credit"),
+    "audit": ("ktae.credit_audit.cli", "measure whether each credit method's token credit "
+              "lands on locally wrong tokens (exact labels)"),
     "simulate": ("ktae.sim.cli", "credit methods on the TACO paper's synthetic MDP, "
                  "against the step-level oracle"),
 }

@@ -1,10 +1,15 @@
 """Math benchmarks as one normalised record type (SPEC section 7).
 
 Each benchmark is read from its usual hub dataset through ``datasets.load_dataset``, or
-from a local JSONL/JSON/Parquet file (or a directory holding ``<name>.jsonl`` /
-``<name>.parquet``) in the same schema, or in any schema with a ``field_map``. The
-package ships a handful of records per benchmark in each dataset's own schema
-(:func:`fixture_path`), so the loaders, ``ktae eval`` and their tests run offline.
+from local data in the same schema: a JSONL/JSON/Parquet file, a directory holding
+``<name>.jsonl`` / ``.json`` / ``.parquet``, the Qwen2.5-Math evaluation layout
+``<dir>/<name>/test.jsonl``, or a directory saved with ``datasets``' ``save_to_disk``
+(a Dataset, or a DatasetDict such as the KTAE / Oat-Zero evaluation suite, whose splits
+are reported under the names of :data:`SAVED_SPLIT_NAMES`). Any other schema works with a
+``field_map``. Reading and schema detection are :mod:`ktae.data`'s (answers from a
+solution's last ``\\boxed{}`` where a row has no answer column). The package ships a
+handful of records per benchmark in each dataset's own schema (:func:`fixture_path`), so
+the loaders, ``ktae eval`` and their tests run offline.
 
 ``embedded`` is the project's procedural task (:mod:`ktae.tasks.embedded`, test split).
 """
@@ -12,14 +17,20 @@ package ships a handful of records per benchmark in each dataset's own schema
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ktae.data import Rows, answer_text, load_examples, read_source
+from ktae.data.sources import dataset_rows, read_saved_splits
+
 FIXTURE_DIR = Path(__file__).with_name("fixtures")
 EMBEDDED_DEFAULT_N = 200
 RECORD_FIELDS = ("id", "problem", "answer")
+
+__all__ = ["BENCHMARKS", "BENCHMARK_NAMES", "SAVED_SPLIT_NAMES", "BenchmarkRecord",
+           "BenchmarkSpec", "answer_text", "benchmark_rows", "fixture_path", "gsm8k_answer",
+           "load_benchmark", "saved_benchmarks"]
 
 
 @dataclass(frozen=True)
@@ -30,33 +41,6 @@ class BenchmarkRecord:
     problem: str
     answer: str
     source: str
-
-
-def _strip_dollars(s: str) -> str:
-    s = s.strip()
-    while len(s) >= 2 and s[0] == "$" and s[-1] == "$":
-        s = s[1:-1].strip()
-    return s
-
-
-def answer_text(value) -> str:
-    """A reference answer as text: numbers without a spurious ``.0``, lists joined by
-    ``", "`` (OlympiadBench's ``final_answer``), surrounding ``$`` removed."""
-    if value is None:
-        raise ValueError("answer: expected a string, number or list, got null")
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"answer: expected a finite number, got {value}")
-        return str(int(value)) if value.is_integer() else repr(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return ", ".join(answer_text(v) for v in value)
-    if isinstance(value, str):
-        return _strip_dollars(value)
-    raise ValueError(f"answer: expected a string, number or list, got {type(value).__name__}")
 
 
 def gsm8k_answer(value) -> str:
@@ -109,8 +93,18 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {s.name: s for s in (
 BENCHMARK_NAMES = (*BENCHMARKS, "embedded")
 """Every name :func:`load_benchmark` knows (others need ``path=``)."""
 
-_GUESS = {"id": ("id", "unique_id", "idx"), "problem": ("problem", "question", "prompt"),
-          "answer": ("answer", "final_answer", "ground_truth", "solution")}
+SAVED_SPLIT_NAMES = {
+    "aime": "aime24",  # AIME 2024, 30 problems
+    "amc": "amc22-23",  # AMC 2022 and 2023, 83 problems (not the 40 of amc23)
+    "math": "math500",  # MATH-500
+    "minerva": "minerva",  # Minerva Math, 272 problems
+    "olympiad_bench": "olympiadbench",  # OlympiadBench, 675 problems
+}
+"""Split of a saved evaluation suite (the KTAE / Oat-Zero ``evaluation_suite`` DatasetDict)
+-> the name its results are reported under; other splits keep their own names."""
+
+QWEN_MATH_DIRS = {"minerva": ("minerva_math",), "math500": ("math_500", "math_oai")}
+"""Benchmark -> further folder names of the Qwen2.5-Math ``data/<name>/test.jsonl`` layout."""
 
 
 def fixture_path(name: str) -> Path:
@@ -121,101 +115,106 @@ def fixture_path(name: str) -> Path:
     return path
 
 
+def _is_saved(path: Path) -> bool:
+    """Whether ``path`` is a directory written by ``save_to_disk``."""
+    return path.is_dir() and any((path / f).is_file() for f in
+                                 ("dataset_dict.json", "state.json", "dataset_info.json"))
+
+
+def saved_benchmarks(path: str | Path) -> dict[str, str | None] | None:
+    """Benchmark name -> split of a saved DatasetDict at ``path`` (a saved Dataset: the
+    empty mapping), or None when ``path`` is not a saved dataset.
+
+    Split names are mapped by :data:`SAVED_SPLIT_NAMES` (``aime`` -> ``aime24``).
+    """
+    path = Path(path)
+    if not _is_saved(path):
+        return None
+    if not (path / "dataset_dict.json").is_file():
+        return {}
+    try:
+        splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+    except (ValueError, KeyError, TypeError, OSError):
+        raise ValueError(f"path: {path / 'dataset_dict.json'} is not a DatasetDict index") \
+            from None
+    return {SAVED_SPLIT_NAMES.get(split, split): split for split in splits}
+
+
+def _saved_rows(path: Path, name: str) -> Rows:
+    """Rows of benchmark ``name`` in the saved dataset at ``path``: a Dataset is taken
+    whole; a DatasetDict gives its split called ``name`` or mapped to ``name``."""
+    names = saved_benchmarks(path)
+    splits = read_saved_splits(path)
+    if not names:
+        return splits[None]
+    split = names.get(name, name if name in splits else None)
+    if split is None:
+        raise ValueError(f"path: {path} holds no split for {name!r}; it holds "
+                         + ", ".join(f"{b} (split {s})" if b != s else b
+                                     for b, s in names.items()))
+    return splits[split]
+
+
 def _data_file(path: Path, name: str) -> Path:
-    """``path`` itself, or ``<name>.jsonl/.json/.parquet`` in the directory ``path``."""
+    """``path`` itself, ``<name>.jsonl/.json/.parquet`` in the directory ``path``, or the
+    Qwen2.5-Math layout ``path/<name>/test.jsonl`` (also under the folder names of
+    :data:`QWEN_MATH_DIRS`)."""
     if path.is_dir():
         for suffix in (".jsonl", ".json", ".parquet"):
             if (path / f"{name}{suffix}").is_file():
                 return path / f"{name}{suffix}"
-        raise ValueError(f"path: no {name}.jsonl/.json/.parquet in directory {path}")
+        for folder in (name, *QWEN_MATH_DIRS.get(name, ())):
+            for suffix in (".jsonl", ".json", ".parquet"):
+                if (path / folder / f"test{suffix}").is_file():
+                    return path / folder / f"test{suffix}"
+            if _is_saved(path / folder):
+                return path / folder
+        raise ValueError(f"path: no {name}.jsonl/.json/.parquet or {name}/test.jsonl in "
+                         f"directory {path}")
     if not path.is_file():
         raise ValueError(f"path: no such file: {path}")
+    if path.suffix not in (".jsonl", ".json", ".parquet"):
+        raise ValueError(f"path: expected a .jsonl, .json or .parquet file, got {path.name}")
     return path
 
 
-def _read_rows(path: Path) -> tuple[list[dict], list[str]]:
-    """Rows of a local file and where each comes from (``"<file>, line 7"``)."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(path).to_pylist()
-        return rows, [f"{path}, row {i}" for i in range(len(rows))]
-    if path.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"path: expected a .jsonl, .json or .parquet file, got {path.name}")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte {e.start})") from None
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {e.lineno}: invalid JSON ({e.msg})") from None
-        where = [f"{path}, record {i}" for i in range(len(rows))]
-    else:
-        rows, where = [], []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {number}: invalid JSON ({e.msg})") from None
-            where.append(f"{path}, line {number}")
-    for row, at in zip(rows, where, strict=True):
-        if not isinstance(row, dict):
-            raise ValueError(f"{at}: expected a JSON object, got {type(row).__name__}")
-    return rows, where
+def _local_rows(path: Path, name: str) -> Rows:
+    if _is_saved(path):
+        return _saved_rows(path, name)
+    file = _data_file(path, name)
+    if file.is_dir():
+        return _saved_rows(file, name)
+    return read_source(f"{file.suffix.lstrip('.')}:{file}", name="path")
 
 
-def _load_hub(spec: BenchmarkSpec, split: str) -> list[dict]:
+def _load_hub(spec: BenchmarkSpec, split: str) -> Rows:
     import datasets
 
     ds = datasets.load_dataset(spec.hub_path, spec.hub_config, split=split)
-    return [dict(row) for row in ds]
+    return dataset_rows(ds, f"{spec.hub_path} ({split} split)")
 
 
-def _resolve_fields(spec: BenchmarkSpec | None, field_map, columns: set[str]) -> dict:
-    if field_map is not None:
-        if not isinstance(field_map, Mapping) or set(field_map) - set(RECORD_FIELDS):
-            raise ValueError(f"field_map: expected a mapping with keys among {RECORD_FIELDS}, "
-                             f"got {field_map!r}")
-    fields = dict(spec.fields) if spec else {}
-    fields.update(field_map or {})
-    if fields.get("id") not in columns and "id" not in (field_map or {}):
-        fields.pop("id", None)  # ids are optional: guess a column or number the rows
-    for key in RECORD_FIELDS:
-        if key not in fields:
-            fields[key] = next((c for c in _GUESS[key] if c in columns), None)
-        if key != "id" and fields[key] is None:
-            raise ValueError(f"field_map: no column for {key!r}; columns are {sorted(columns)}")
-    return fields
+def benchmark_rows(name: str, spec=None, *, path: str | Path | None = None,
+                   split: str | None = None) -> Rows:
+    """Rows of benchmark ``name`` before they become records: from ``path`` (any local
+    layout :func:`load_benchmark` reads: a file, ``<name>.jsonl`` or ``<name>/test.jsonl``
+    in a directory, a saved Dataset or a DatasetDict split), else from the hub dataset of
+    ``spec`` (anything with ``hub_path``, ``hub_config`` and ``split``, such as a
+    :class:`BenchmarkSpec`).
 
-
-def _to_records(rows: list[dict], where: list[str], source: str, fields: dict,
-                parse_answer: Callable[[object], str]) -> list[BenchmarkRecord]:
-    """Records of ``rows``; errors start with the row's place (``where[i]``)."""
-    out = []
-    for i, (row, at) in enumerate(zip(rows, where, strict=True)):
-        for key, column in fields.items():
-            if column is not None and column not in row:
-                raise ValueError(f"{at}: no column {column!r} (for {key!r}; see field_map); "
-                                 f"columns are {sorted(row)}")
-        problem = row[fields["problem"]]
-        if not isinstance(problem, str) or not problem.strip():
-            raise ValueError(f"{at}: expected a non-empty problem, got {problem!r}")
-        try:
-            answer = parse_answer(row[fields["answer"]])
-        except ValueError as e:
-            raise ValueError(f"{at}: {e}") from None
-        if not answer.strip():
-            raise ValueError(f"{at}: answer: expected a non-empty answer, "
-                             f"got {row[fields['answer']]!r}")
-        rid = str(row[fields["id"]]) if fields["id"] is not None else str(i)
-        out.append(BenchmarkRecord(id=rid, problem=problem, answer=answer, source=source))
-    return out
+    Raises:
+        ValueError: no rows, or a file or dataset that cannot be read (one line naming it).
+    """
+    if path is not None:
+        rows = _local_rows(Path(path), name)
+    elif spec is None:
+        raise ValueError(f"name: unknown benchmark {name!r}; expected one of "
+                         f"{BENCHMARK_NAMES} or a local path=")
+    else:
+        rows = _load_hub(spec, split or spec.split)
+    if len(rows) == 0:
+        raise ValueError(f"{rows.origin}: no records for benchmark {name!r}")
+    return rows
 
 
 def _load_embedded(split: str | None, limit: int | None) -> list[BenchmarkRecord]:
@@ -234,8 +233,11 @@ def load_benchmark(name: str, *, path: str | Path | None = None, split: str | No
 
     Args:
         name: one of :data:`BENCHMARK_NAMES`, or any label when ``path`` is given.
-        path: local ``.jsonl``/``.json``/``.parquet`` file, or a directory holding
-            ``<name>.jsonl`` etc.; default: the hub dataset (network or hub cache).
+        path: local ``.jsonl``/``.json``/``.parquet`` file, a directory holding
+            ``<name>.jsonl`` etc. or ``<name>/test.jsonl`` (Qwen2.5-Math layout), or a
+            ``save_to_disk`` directory (a Dataset, or a DatasetDict whose split is
+            ``name`` or maps to it by :data:`SAVED_SPLIT_NAMES`); default: the hub
+            dataset (network or hub cache).
         split: hub split (default: the benchmark's evaluation split); for ``embedded``,
             ``"test"`` (default) or ``"train"``. Ignored for local files.
         limit: keep the first ``limit`` records (``embedded``: generate that many;
@@ -258,23 +260,12 @@ def load_benchmark(name: str, *, path: str | Path | None = None, split: str | No
     spec = BENCHMARKS.get(name)
     if name == "embedded" and path is None:
         return _load_embedded(split, limit)
-    if path is not None:
-        file = _data_file(Path(path), name)
-        rows, where = _read_rows(file)
-        origin = str(file)
-    elif spec is None:
-        raise ValueError(f"name: unknown benchmark {name!r}; expected one of "
-                         f"{BENCHMARK_NAMES} or a local path=")
-    else:
-        split = split or spec.split
-        rows = _load_hub(spec, split)
-        origin = f"{spec.hub_path} ({split} split)"
-        where = [f"{origin}, row {i}" for i in range(len(rows))]
-    if not rows:
-        raise ValueError(f"{origin}: no records for benchmark {name!r}")
-    if limit is not None:
-        rows, where = rows[:limit], where[:limit]
-    columns = set().union(*(r.keys() for r in rows))
-    fields = _resolve_fields(spec, field_map, columns)
+    rows = benchmark_rows(name, spec, path=path, split=split)
+    if field_map is not None and not isinstance(field_map, Mapping):
+        raise ValueError(f"field_map: expected a mapping with keys among {RECORD_FIELDS}, "
+                         f"got {field_map!r}")
     parse = spec.parse_answer if spec and (field_map or {}).get("answer") is None else answer_text
-    return _to_records(rows, where, name, fields, parse)
+    examples = load_examples(rows, fields=field_map, limit=limit,
+                             preferred=spec.fields if spec else None, parse_answer=parse)
+    return [BenchmarkRecord(id=e.id, problem=e.problem, answer=e.answer, source=name)
+            for e in examples]

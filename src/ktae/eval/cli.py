@@ -1,7 +1,10 @@
 """``ktae eval MODEL --benchmarks math500,aime24,...``: benchmark a model (SPEC section 7).
 
 Writes ``results.json`` and ``samples_<bench>.jsonl`` to ``--output-dir`` and prints a
-table. Uses vLLM when it is installed and a GPU is present (``--backend auto``),
+table. ``--protocol ktae|taco`` sets a paper's template, decoding, budget and k per
+benchmark (:mod:`ktae.eval.protocols`); ``--checkpoints all`` evaluates every checkpoint
+of a ``ktae train`` run directory (:mod:`ktae.eval.sweep`). Uses vLLM when it is
+installed and a GPU is present (``--backend auto``),
 transformers otherwise. A model saved with ``ktae_generation.json`` (``ktae train``'s
 models, the shipped default model) is prompted and budgeted as it was trained unless
 ``--template`` / ``--max-new-tokens`` say otherwise; the choice is printed.
@@ -17,26 +20,44 @@ import argparse
 from pathlib import Path
 
 from ktae.eval.benchmarks import BENCHMARK_NAMES
+from ktae.eval.choice import CHOICE_BENCHMARKS
 from ktae.eval.defaults import GENERATION_FILE
 from ktae.eval.prompts import TEMPLATES
+from ktae.eval.protocols import PROTOCOLS
+
+ALL_NAMES = (*BENCHMARK_NAMES, *CHOICE_BENCHMARKS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", help="model directory or hub id")
-    parser.add_argument("--benchmarks", default="embedded",
-                        help=f"comma-separated names among {', '.join(BENCHMARK_NAMES)} "
-                             "(default: embedded)")
-    parser.add_argument("--k", type=int, default=1,
-                        help="samples per problem: 1 = greedy pass@1, >1 = avg@k sampling")
+    parser.add_argument("model", metavar="MODEL",
+                        help="model directory or hub id (with --checkpoints: a ktae train "
+                             "run directory)")
+    parser.add_argument("--benchmarks", default=None,
+                        help=f"comma-separated names among {', '.join(ALL_NAMES)} "
+                             "(default: embedded; with a --data-dir saved by save_to_disk as a "
+                             "DatasetDict, every split)")
+    parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default=None,
+                        help="a paper's evaluation: ktae (Qwen-Math system prompt, greedy, "
+                             "8000 new tokens, k=1) or taco (temperature 0.7, top-p 0.9, "
+                             "16384 new tokens, avg@32/4/16 per benchmark); explicit "
+                             "flags override it")
+    parser.add_argument("--k", default=None,
+                        help="samples per problem: an integer for every benchmark, or "
+                             "name=k entries (aime24=32,math500=4; a bare integer among "
+                             "them covers the rest). 1 = pass@1, >1 = avg@k sampling "
+                             "(default: the protocol's, else 1)")
     parser.add_argument("--temperature", type=float, default=None,
-                        help="sampling temperature (default 0 for k=1, 0.6 for k>1)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+                        help="sampling temperature (default: the protocol's, else 0 for "
+                             "k=1 and 0.6 for k>1)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus sampling mass (default: the protocol's, else 1)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="response length budget in tokens (default: the model's "
-                             f"{GENERATION_FILE}, else 1024)")
+                        help="response length budget in tokens (default: the protocol's, "
+                             f"else the model's {GENERATION_FILE}, else 1024)")
     parser.add_argument("--template", choices=TEMPLATES, default=None,
-                        help=f"prompt template (default: the model's {GENERATION_FILE}, else "
-                             "auto: chat template if the tokenizer has one, else qwen-math)")
+                        help="prompt template (default: the protocol's, else the model's "
+                             f"{GENERATION_FILE}, else auto: chat template if the tokenizer "
+                             "has one, else qwen-math)")
     parser.add_argument("-o", "--output-dir", default=None,
                         help="where results.json and samples_*.jsonl go "
                              "(default: eval-results/<model name>)")
@@ -45,8 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per generate call")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--data-dir", default=None,
-                        help="read <name>.jsonl/.json/.parquet (hub schema) from this directory "
-                             "instead of the hub")
+                        help="read <name>.jsonl/.json/.parquet or <name>/test.jsonl (Qwen2.5-Math "
+                             "layout) from this directory, or the splits of a Dataset/DatasetDict "
+                             "saved there with save_to_disk (the KTAE evaluation suite), instead "
+                             "of the hub")
     parser.add_argument("--fixtures", action="store_true",
                         help="use the few sample records shipped with ktae (offline smoke test)")
     parser.add_argument("--split", default=None, help="dataset split (default: each benchmark's)")
@@ -57,12 +80,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="verifier time limit per answer, seconds")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--checkpoints", default=None, metavar="all|STEPS",
+                        help="MODEL is a run directory: evaluate each complete checkpoint-N "
+                             "('all', or steps such as 2,4) once (results cached per "
+                             "checkpoint), draw the curves and name the best")
+    parser.add_argument("--select-on", default=None, metavar="BENCH",
+                        help="with --checkpoints: the validation benchmark whose accuracy "
+                             "picks the best checkpoint (default: the mean over benchmarks)")
 
 
-def _benchmark_names(spec: str) -> list[str]:
+def _benchmark_names(spec: str | None, data_dir) -> list[str]:
+    """The names of ``--benchmarks`` (default: every split of a DatasetDict saved as
+    ``data_dir``, else ``embedded``). A split of that DatasetDict named by its own name
+    (``amc``) becomes the name it is reported under (``amc22-23``), so the protocols' k
+    and the results use one name."""
+    from ktae.eval.benchmarks import saved_benchmarks
+
+    saved = saved_benchmarks(data_dir) if data_dir is not None else None
+    if spec is None:
+        spec = ",".join(saved) if saved else "embedded"
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise ValueError("--benchmarks: expected at least one name")
+    if saved:
+        reported = {split: name for name, split in saved.items()}
+        names = list(dict.fromkeys(reported.get(n, n) for n in names))
+    unknown = [n for n in names if n not in ALL_NAMES]
+    if unknown and data_dir is None:
+        raise ValueError(f"--benchmarks: unknown benchmark {unknown[0]!r}; expected names "
+                         f"among {', '.join(ALL_NAMES)} (any name reads <name>.jsonl "
+                         "with --data-dir)")
     return names
 
 
@@ -84,22 +131,61 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--batch-size: expected a positive integer, got {args.batch_size}")
     if not (0 < args.timeout < float("inf")):
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
+    if args.select_on is not None and args.checkpoints is None:
+        raise ValueError("--select-on: only with --checkpoints")
+    if args.backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError("--backend vllm: vLLM is not installed (pip install vllm, on a "
+                             "machine with a GPU); --backend hf runs anywhere")
+
+
+def _settings(args: argparse.Namespace, names: list[str], model_path: str):
+    """The protocol and flags resolved, the template and budget chosen, and every
+    benchmark's sampling validated (errors name the flag)."""
+    from dataclasses import replace
+
+    from ktae.eval.defaults import resolve_generation
+    from ktae.eval.generate import SamplingConfig
+    from ktae.eval.protocols import resolve_settings
+
+    settings = resolve_settings(names, protocol=args.protocol, template=args.template,
+                                temperature=args.temperature, top_p=args.top_p,
+                                max_new_tokens=args.max_new_tokens, k=args.k)
+    choice = resolve_generation(model_path, template=settings.template,
+                                max_new_tokens=settings.max_new_tokens)
+    for field in ("template", "max_new_tokens"):
+        src = settings.sources[field]
+        if src and src != "given":
+            choice = replace(choice, **{f"{field}_source": src})
+    for name, k in settings.k.items():
+        try:
+            SamplingConfig(k=k, temperature=settings.temperature, top_p=settings.top_p,
+                           max_new_tokens=choice.max_new_tokens, seed=args.seed)
+        except ValueError as e:
+            raise ValueError(f"{e} (benchmark {name}, k={k})") from None
+    return settings, choice
+
+
+def _settings_record(settings, names: list[str], args) -> dict:
+    return {"benchmarks": names, "limit": args.limit,
+            "protocol": settings.protocol.as_dict() if settings.protocol else None,
+            "settings_sources": dict(settings.sources)}
 
 
 def _run(args: argparse.Namespace, console) -> int:
-    from ktae.eval.defaults import resolve_generation
-    from ktae.eval.generate import SamplingConfig, vllm_available
+    from ktae.eval.generate import vllm_available
     from ktae.eval.model_path import resolve_model_path
     from ktae.eval.results import prepare_output_dir, results_table
     from ktae.eval.runner import evaluate, load_records
 
-    names = _benchmark_names(args.benchmarks)
+    names = _benchmark_names(args.benchmarks, args.data_dir)
     _check_options(args)
+    if args.checkpoints is not None:
+        return _run_checkpoints(args, console, names)
     model_path = resolve_model_path(args.model)
-    choice = resolve_generation(model_path, template=args.template,
-                                max_new_tokens=args.max_new_tokens)
-    SamplingConfig(k=args.k, temperature=args.temperature, top_p=args.top_p,
-                   max_new_tokens=choice.max_new_tokens, seed=args.seed)  # validates
+    settings, choice = _settings(args, names, model_path)
     output_dir = prepare_output_dir(
         args.output_dir or Path("eval-results") / Path(args.model).name, "--output-dir")
     records = load_records(names, limit=args.limit, data_dir=args.data_dir,
@@ -108,20 +194,101 @@ def _run(args: argparse.Namespace, console) -> int:
     if backend == "auto":
         backend = "vllm" if vllm_available() else "hf"
     tokenizer, model = _load(model_path, args.model, backend, args.dtype)
-    console.print(f"generation: {choice.describe()}", markup=False, highlight=False,
-                  soft_wrap=True)
+    _print(console, settings, choice)
     results = evaluate(
-        model, tokenizer, records, k=args.k, temperature=args.temperature, top_p=args.top_p,
-        max_new_tokens=choice.max_new_tokens, template=choice.template,
+        model, tokenizer, records, k=settings.k, temperature=settings.temperature,
+        top_p=settings.top_p, max_new_tokens=choice.max_new_tokens, template=choice.template,
         batch_size=args.batch_size, seed=args.seed, output_dir=output_dir,
         timeout=args.timeout, show_progress=not args.no_progress, backend=backend,
-        model_path=model_path,
-        config={"model": args.model, "benchmarks": names, "limit": args.limit,
+        model_path=model_path, dtype=args.dtype,
+        config={"model": args.model, **_settings_record(settings, names, args),
                 "template_source": choice.template_source,
                 "max_new_tokens_source": choice.max_new_tokens_source})
     console.print(results_table(results))
     console.print(f"wrote {output_dir / 'results.json'}")
     return 0
+
+
+def _print(console, settings, choice) -> None:
+    for line in (settings.describe(), f"generation: {choice.describe()}"):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int:
+    """``--checkpoints``: everything checked first, then one evaluation per checkpoint
+    not already cached (see :mod:`ktae.eval.sweep`)."""
+    from ktae.eval.generate import vllm_available
+    from ktae.eval.results import prepare_output_dir, results_table
+    from ktae.eval.runner import evaluate, load_records
+    from ktae.eval.sweep import AVG, run_checkpoints, sweep
+
+    checkpoints = run_checkpoints(args.model, args.checkpoints)
+    select_on = args.select_on or AVG
+    if select_on != AVG and select_on not in names:
+        raise ValueError(f"--select-on: {select_on} is not among --benchmarks "
+                         f"({', '.join(names)})")
+    plans = [(ck, *_settings(args, names, str(ck.path))) for ck in checkpoints]
+    output_dir = prepare_output_dir(
+        args.output_dir or Path("eval-results") / Path(args.model).resolve().name,
+        "--output-dir")
+    records = load_records(names, limit=args.limit, data_dir=args.data_dir,
+                           fixtures=args.fixtures, split=args.split)
+    backend = args.backend
+    if backend == "auto":
+        backend = "vllm" if vllm_available() else "hf"
+    by_label = {ck.label: (settings, choice) for ck, settings, choice in plans}
+
+    def key_of(settings, choice) -> dict:
+        return {"benchmarks": names, "k": settings.k, "temperature": settings.temperature,
+                "top_p": settings.top_p, "max_new_tokens": choice.max_new_tokens,
+                "template": choice.template, "seed": args.seed, "limit": args.limit,
+                "backend": backend, "data_dir": args.data_dir, "fixtures": args.fixtures,
+                "split": args.split}
+
+    keys = {_key_json(key_of(*v)) for v in by_label.values()}
+    if len(keys) != 1:
+        raise ValueError("--checkpoints: the checkpoints were saved with different "
+                         "templates or budgets; give --template and --max-new-tokens")
+    key = key_of(*next(iter(by_label.values())))
+
+    def evaluate_one(ck, out: Path) -> dict:
+        settings, choice = by_label[ck.label]
+        console.print(f"{ck.label}: evaluating", markup=False, highlight=False)
+        _print(console, settings, choice)
+        tokenizer, model = _load(str(ck.path), str(ck.path), backend, args.dtype)
+        return evaluate(
+            model, tokenizer, records, k=settings.k, temperature=settings.temperature,
+            top_p=settings.top_p, max_new_tokens=choice.max_new_tokens,
+            template=choice.template, batch_size=args.batch_size, seed=args.seed,
+            output_dir=out, timeout=args.timeout, show_progress=not args.no_progress,
+            backend=backend, model_path=str(ck.path), dtype=args.dtype,
+            config={"model": str(ck.path), "checkpoint": ck.label, "step": ck.step,
+                    **_settings_record(settings, names, args),
+                    "template_source": choice.template_source,
+                    "max_new_tokens_source": choice.max_new_tokens_source,
+                    "sweep_key": key})
+
+    def report(ck, results, cached) -> None:
+        if cached:
+            console.print(f"{ck.label}: cached ({output_dir / ck.label / 'results.json'})",
+                          markup=False, highlight=False, soft_wrap=True)
+        console.print(results_table(results))
+
+    summary = sweep(checkpoints, output_dir, key, evaluate_one, select_on=select_on,
+                    on_result=report)
+    best = summary["best"]
+    console.print(f"best checkpoint on {select_on}: {best['label']} (step {best['step']}, "
+                  f"{100 * best['scores'][select_on]:.1f}%)", markup=False, highlight=False)
+    console.print(f"wrote {output_dir / 'checkpoints.json'} and "
+                  f"{output_dir / 'checkpoints.png'}", markup=False, highlight=False,
+                  soft_wrap=True)
+    return 0
+
+
+def _key_json(key: dict) -> str:
+    import json
+
+    return json.dumps(key, sort_keys=True)
 
 
 def _load(model_path: str, name: str, backend: str, dtype: str):

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GENERATION_FILE = "ktae_generation.json"
-SAVED_TEMPLATES = ("compact", "qwen-math", "chat")
+SAVED_TEMPLATES = ("compact", "qwen-math", "chat", "qwen-math-system", "ktae-train", "dapo",
+                   "raw")
 """Templates a model can be saved with (``auto`` is decided at evaluation time)."""
 FALLBACK_TEMPLATE = "auto"
 FALLBACK_MAX_NEW_TOKENS = 1024
@@ -101,7 +102,9 @@ class GenerationChoice:
 
 
 def _source_words(source: str) -> str:
-    return source if source in ("given", "default") else f"from {source}"
+    if source in ("given", "default") or source.startswith("protocol "):
+        return source
+    return f"from {source}"
 
 
 def resolve_generation(model_path, *, template: str | None = None,

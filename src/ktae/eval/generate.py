@@ -2,7 +2,12 @@
 
 Greedy decoding gives pass@1; with ``k > 1`` every prompt is sampled ``k`` times
 (avg@k). Response length counts the generated tokens up to and including the first
-end-of-sequence token (the whole continuation when none is generated).
+end-of-sequence token (the whole continuation when none is generated); a response with
+no end-of-sequence token ran out of budget (``truncated``).
+
+Each backend's arguments come from one pure function of :class:`SamplingConfig`
+(:func:`hf_generate_kwargs`, :func:`vllm_sampling_kwargs`), so what reaches the engine
+is tested without it.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ _CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_l
 
 @dataclass(frozen=True)
 class Generation:
-    """One sampled response: decoded ``text``, its length in tokens and its token ids
-    (up to and including the first end-of-sequence token)."""
+    """One sampled response: decoded ``text``, its length in tokens, its token ids (up to
+    and including the first end-of-sequence token), and whether it stopped at the budget
+    (or the model's context) instead of an end-of-sequence token."""
 
     text: str
     num_tokens: int
     token_ids: tuple[int, ...] = ()
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,31 @@ class SamplingConfig:
         if self.temperature is not None:
             return float(self.temperature)
         return 0.0 if self.k == 1 else 0.6
+
+
+def hf_generate_kwargs(sampling: SamplingConfig) -> dict:
+    """The decoding arguments of ``model.generate`` for ``sampling``: ``k`` return
+    sequences, the budget, and sampling with ``temperature``/``top_p`` (``top_k`` off) or
+    greedy search (sampling arguments unset) when the temperature is 0."""
+    temperature = sampling.effective_temperature
+    kwargs = dict(max_new_tokens=sampling.max_new_tokens, num_return_sequences=sampling.k)
+    if temperature > 0:
+        kwargs.update(do_sample=True, temperature=temperature, top_p=sampling.top_p, top_k=0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    return kwargs
+
+
+def vllm_sampling_kwargs(sampling: SamplingConfig) -> dict:
+    """The arguments of ``vllm.SamplingParams`` for ``sampling``, one to one:
+    ``n = k``, ``temperature``, ``top_p``, ``max_tokens = max_new_tokens``, ``seed``
+    (``top_k`` left at vLLM's default, off, as in the transformers backend). vLLM treats temperature 0 as
+    greedy and then ignores ``top_p``; it is passed as 1.0 there, as greedy search has
+    none."""
+    temperature = sampling.effective_temperature
+    return {"n": sampling.k, "temperature": temperature,
+            "top_p": float(sampling.top_p) if temperature > 0 else 1.0,
+            "max_tokens": sampling.max_new_tokens, "seed": sampling.seed}
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -103,13 +135,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         pad_id = min(eos) if eos else 0
-    temperature = sampling.effective_temperature
-    kwargs = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=pad_id,
-                  eos_token_id=sorted(eos) or None, num_return_sequences=sampling.k)
-    if temperature > 0:
-        kwargs.update(do_sample=True, temperature=temperature, top_p=sampling.top_p, top_k=0)
-    else:
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    kwargs = dict(hf_generate_kwargs(sampling), pad_token_id=pad_id,
+                  eos_token_id=sorted(eos) or None)
     device = next(model.parameters()).device
     was_training, side = model.training, tokenizer.padding_side
     model.eval()
@@ -148,10 +175,11 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
                 for i in range(len(chunk)):
                     gens = []
                     for row in new[i * sampling.k:(i + 1) * sampling.k]:
-                        n = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
+                        stop = next((t + 1 for t, tok in enumerate(row) if tok in eos), None)
+                        n = len(row) if stop is None else stop
                         gens.append(Generation(
                             tokenizer.decode(row[:n], skip_special_tokens=True), n,
-                            tuple(row[:n])))
+                            tuple(row[:n]), truncated=stop is None))
                     out.append(gens)
                 if on_batch is not None:
                     on_batch(len(chunk))
@@ -171,19 +199,25 @@ def vllm_available() -> bool:
     return torch.cuda.is_available()
 
 
-def generate_vllm(model_path: str, prompts: Sequence[str], sampling: SamplingConfig, *,
-                  dtype: str = "auto", on_batch: Callable[[int], None] | None = None
-                  ) -> list[list[Generation]]:  # pragma: no cover - needs vLLM and a GPU
-    """Same contract as :func:`generate_hf`, with a vLLM engine on ``model_path``."""
-    from vllm import LLM, SamplingParams
+def load_vllm(model_path: str, *, dtype: str = "auto", seed: int = 0
+              ):  # pragma: no cover - needs vLLM and a GPU
+    """A vLLM engine on ``model_path`` (load it once, generate for every benchmark)."""
+    from vllm import LLM
 
-    llm = LLM(model=model_path, dtype=dtype, seed=sampling.seed)
-    temperature = sampling.effective_temperature
-    params = SamplingParams(n=sampling.k, temperature=temperature,
-                            top_p=sampling.top_p if temperature > 0 else 1.0,
-                            max_tokens=sampling.max_new_tokens, seed=sampling.seed)
-    results = llm.generate(list(prompts), params)
+    return LLM(model=model_path, dtype=dtype, seed=seed)
+
+
+def generate_vllm(llm, prompts: Sequence[str], sampling: SamplingConfig, *,
+                  on_batch: Callable[[int], None] | None = None
+                  ) -> list[list[Generation]]:  # pragma: no cover - needs vLLM and a GPU
+    """Same contract as :func:`generate_hf`, with the engine of :func:`load_vllm` and
+    the parameters of :func:`vllm_sampling_kwargs`; a response that stopped for length
+    (``finish_reason == "length"``) is ``truncated``."""
+    from vllm import SamplingParams
+
+    results = llm.generate(list(prompts), SamplingParams(**vllm_sampling_kwargs(sampling)))
     if on_batch is not None:
         on_batch(len(prompts))
-    return [[Generation(o.text, len(o.token_ids), tuple(o.token_ids)) for o in r.outputs]
+    return [[Generation(o.text, len(o.token_ids), tuple(o.token_ids),
+                        truncated=o.finish_reason == "length") for o in r.outputs]
             for r in results]

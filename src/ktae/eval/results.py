@@ -1,10 +1,15 @@
 """Scoring generations and writing evaluation results (SPEC section 7).
 
-Per benchmark: ``accuracy`` (greedy pass@1, or avg@k: the mean over all k samples of
-all problems), ``pass_at_k`` (fraction of problems with at least one correct sample),
-``mean_response_length`` / ``max_response_length`` in tokens, ``formatted_rate`` (a
-closed, non-empty ``\\boxed{}``), ``n`` problems, ``k`` samples each, and ``timeouts``
-of the verifier. The results JSON also carries the KTAE authors' summary fields:
+Per benchmark (:mod:`ktae.eval.metrics` defines the estimators): ``accuracy`` (greedy
+pass@1, or avg@k: the mean over the k samples' accuracies) and ``accuracy_std`` (their
+standard deviation), ``pass_at_k`` (fraction of problems with at least one correct
+sample) and ``pass_at`` (unbiased pass@j for every j = 1..k, keys ``"1"``..``"k"``),
+``maj_at_k`` (majority vote over equivalent answers, ties shared), ``mean_response_length``
+/ ``max_response_length`` in tokens, ``truncation_rate`` (responses that hit the budget
+without an end-of-sequence token), ``formatted_rate`` (a closed, non-empty ``\\boxed{}``;
+for multiple-choice benchmarks a boxed letter), ``n`` problems, ``k`` samples each,
+``timeouts`` of the verifier and ``generation_seconds`` (wall clock of generation).
+The results JSON also carries the KTAE authors' summary fields:
 ``results`` (accuracy per benchmark), ``avg`` (their unweighted mean), ``avg_lens``,
 ``max_lens`` and ``formatted``.
 """
@@ -16,50 +21,80 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ktae.eval.benchmarks import BenchmarkRecord
 from ktae.eval.generate import Generation
+from ktae.eval.metrics import NO_ANSWER, avg_at_k, majority_at_k, pass_at_k
 from ktae.rewards import RewardResult
 
 
 def sample_rows(records: Sequence[BenchmarkRecord], prompts: Sequence[str],
                 generations: Sequence[Sequence[Generation]],
-                rewards: Sequence[RewardResult]) -> list[dict]:
+                rewards: Sequence[RewardResult],
+                classes: Sequence[int] | None = None) -> list[dict]:
     """One JSON-ready row per sample, problems in order, samples ``0..k-1`` within each.
 
-    ``rewards`` is flat, in the same order (``len(records) * k`` entries).
+    ``rewards`` and ``classes`` (each sample's class of equivalent answers within its
+    problem, for maj@k; default: every answer its own class) are flat, in the same order
+    (``len(records) * k`` entries).
     """
     rows, it = [], iter(rewards)
+    cls = iter(classes) if classes is not None else None
     for i, (rec, prompt, gens) in enumerate(zip(records, prompts, generations, strict=True)):
         for j, g in enumerate(gens):
             r = next(it)
+            c = next(cls) if cls is not None else (j if r.formatted else NO_ANSWER)
             rows.append({"index": i, "id": rec.id, "sample": j, "prompt": prompt,
                          "completion": g.text, "extracted": r.extracted,
                          "answer": rec.answer, "correct": r.correct,
                          "formatted": r.formatted, "timed_out": r.timed_out,
-                         "response_tokens": g.num_tokens})
+                         "response_tokens": g.num_tokens, "truncated": g.truncated,
+                         "answer_class": c})
     return rows
 
 
 def benchmark_metrics(rows: Sequence[dict], *, k: int) -> dict:
     """Aggregate metrics of one benchmark from its sample rows (see module docstring).
 
-    An empty benchmark gives ``n == 0`` and zero for every rate and length.
+    Every problem must have exactly ``k`` rows (samples ``0..k-1``). An empty benchmark
+    gives ``n == 0`` and zero for every rate and length.
     """
-    n_samples = len(rows)
-    per_problem: dict[int, bool] = {}
+    index = sorted({r["index"] for r in rows})
+    pos = {p: i for i, p in enumerate(index)}
+    correct = np.zeros((len(index), k), dtype=bool)
+    classes = np.full((len(index), k), NO_ANSWER, dtype=int)
+    right = np.full(len(index), NO_ANSWER, dtype=int)
+    seen = np.zeros((len(index), k), dtype=bool)
     for r in rows:
-        per_problem[r["index"]] = per_problem.get(r["index"], False) or r["correct"]
+        p, j = pos[r["index"]], r["sample"]
+        if not 0 <= j < k or seen[p, j]:
+            raise ValueError(f"rows: sample {j} of problem {r['index']} is out of 0..{k - 1} "
+                             "or repeated")
+        seen[p, j] = True
+        correct[p, j] = bool(r["correct"])
+        classes[p, j] = r.get("answer_class", j if r["formatted"] else NO_ANSWER)
+        if r["correct"]:
+            right[p] = classes[p, j]
+    if not seen.all():
+        raise ValueError(f"rows: expected {k} samples for every problem")
     lengths = [r["response_tokens"] for r in rows]
     mean = (lambda xs: sum(xs) / len(xs) if xs else 0.0)  # noqa: E731
+    accuracy, accuracy_std = avg_at_k(correct) if index else (0.0, 0.0)
+    passes = pass_at_k(correct.sum(axis=1), k) if index else np.zeros(k)
     return {
-        "accuracy": mean([float(r["correct"]) for r in rows]),
-        "pass_at_k": mean([float(v) for v in per_problem.values()]),
+        "accuracy": accuracy,
+        "accuracy_std": accuracy_std,
+        "pass_at_k": float(passes[-1]),
+        "pass_at": {str(j + 1): float(v) for j, v in enumerate(passes)},
+        "maj_at_k": majority_at_k(classes, right) if index else 0.0,
         "mean_response_length": mean(lengths),
         "max_response_length": max(lengths, default=0),
+        "truncation_rate": mean([float(r.get("truncated", False)) for r in rows]),
         "formatted_rate": mean([float(r["formatted"]) for r in rows]),
-        "n": len(per_problem),
+        "n": len(index),
         "k": k,
-        "num_samples": n_samples,
+        "num_samples": len(rows),
         "timeouts": sum(bool(r["timed_out"]) for r in rows),
     }
 
@@ -109,17 +144,21 @@ def write_results(path: Path, results: Mapping) -> None:
 
 def results_table(results: Mapping):
     """A rich Table of the per-benchmark metrics and the average accuracy."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="ktae eval")
-    for col, justify in (("benchmark", "left"), ("n", "right"), ("k", "right"),
-                         ("accuracy", "right"), ("pass@k", "right"),
-                         ("formatted", "right"), ("mean len", "right"), ("max len", "right")):
-        table.add_column(col, justify=justify)
+    table = Table(title="ktae eval", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False,
+                  caption="rates in %, ±std over the k samples; len, max: response tokens")
+    table.add_column("benchmark", no_wrap=True)
+    for col in ("n", "k", "avg@k", "±std", "pass@k", "maj@k", "fmt", "trunc", "len", "max"):
+        table.add_column(col, justify="right", no_wrap=True)
     for name, m in results["benchmarks"].items():
         table.add_row(name, str(m["n"]), str(m["k"]), f"{100 * m['accuracy']:.1f}",
-                      f"{100 * m['pass_at_k']:.1f}", f"{100 * m['formatted_rate']:.1f}",
+                      f"{100 * m.get('accuracy_std', 0.0):.1f}", f"{100 * m['pass_at_k']:.1f}",
+                      f"{100 * m.get('maj_at_k', m['accuracy']):.1f}",
+                      f"{100 * m['formatted_rate']:.1f}",
+                      f"{100 * m.get('truncation_rate', 0.0):.1f}",
                       f"{m['mean_response_length']:.1f}", str(m["max_response_length"]))
     table.add_section()
-    table.add_row("avg", "", "", f"{100 * results['avg']:.1f}", "", "", "", "")
+    table.add_row("avg", "", "", f"{100 * results['avg']:.1f}", *[""] * 7)
     return table

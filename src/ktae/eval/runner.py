@@ -5,14 +5,25 @@ The same function serves ``ktae eval`` and the trainer's periodic evaluation.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
+from ktae.eval import choice
 from ktae.eval.benchmarks import BenchmarkRecord, fixture_path, load_benchmark
 from ktae.eval.defaults import resolve_generation
-from ktae.eval.generate import Generation, SamplingConfig, generate_hf, generate_vllm
-from ktae.eval.prompts import build_prompt, resolve_template
+from ktae.eval.generate import (
+    Generation,
+    SamplingConfig,
+    generate_hf,
+    generate_vllm,
+    hf_generate_kwargs,
+    load_vllm,
+    vllm_sampling_kwargs,
+)
+from ktae.eval.metrics import answer_classes, candidate_pairs
+from ktae.eval.prompts import build_prompt, resolve_template, uses_chat_template
 from ktae.eval.results import (
     benchmark_metrics,
     prepare_output_dir,
@@ -21,23 +32,69 @@ from ktae.eval.results import (
     write_results,
     write_samples,
 )
-from ktae.rewards import batch_math_reward, reward_stats
+from ktae.rewards import RewardResult, batch_math_reward, reward_stats
 
 
 def load_records(names: Sequence[str], *, limit: int | None = None,
                  data_dir: str | Path | None = None, fixtures: bool = False,
                  split: str | None = None) -> dict[str, list[BenchmarkRecord]]:
-    """Records of each named benchmark: from ``data_dir`` (``<name>.jsonl`` etc.), from the
-    shipped fixtures (``fixtures=True``), or from the hub. ``embedded`` is always generated."""
+    """Records of each named benchmark: from ``data_dir`` (``<name>.jsonl`` etc.,
+    ``<name>/test.jsonl``, or a split of a dataset saved there with ``save_to_disk``;
+    :func:`ktae.eval.benchmarks.load_benchmark`), from the shipped fixtures
+    (``fixtures=True``), or from the hub. ``embedded`` is always generated;
+    ``mmlu_pro`` and ``gpqa_diamond`` are read by :mod:`ktae.eval.choice`."""
     out = {}
     for name in names:
         path = None
+        is_choice = name in choice.CHOICE_BENCHMARKS
         if name != "embedded":
             if fixtures:
-                path = fixture_path(name)
+                path = choice.fixture_path(name) if is_choice else fixture_path(name)
             elif data_dir is not None:
                 path = Path(data_dir)
-        out[name] = load_benchmark(name, path=path, limit=limit, split=split)
+        if is_choice:
+            out[name] = choice.load_choice_benchmark(name, path=path, limit=limit, split=split)
+        else:
+            out[name] = load_benchmark(name, path=path, limit=limit, split=split)
+    return out
+
+
+def _k_of(k, names) -> dict[str, int]:
+    if isinstance(k, Mapping):
+        missing = [n for n in names if n not in k]
+        if missing:
+            raise ValueError(f"k: no sample count for {', '.join(missing)}")
+        return {n: k[n] for n in names}
+    return dict.fromkeys(names, k)
+
+
+def _verify(name: str, texts: list[str], answers: list[str], timeout: float
+            ) -> list[RewardResult]:
+    """Scores of one benchmark's responses: the option letter for multiple-choice
+    benchmarks, the math verifier otherwise."""
+    if name in choice.CHOICE_BENCHMARKS:
+        return [choice.letter_reward(t, a) for t, a in zip(texts, answers, strict=True)]
+    return batch_math_reward(texts, answers, timeout=timeout)
+
+
+def _vote_classes(name: str, rewards: list[RewardResult], k: int, timeout: float
+                  ) -> list[int]:
+    """Each sample's class of equivalent answers within its problem (maj@k). Distinct
+    math answers that are not correct are compared with the verifier (every pair of the
+    benchmark in one parallel batch); letters are equal or not."""
+    problems = [rewards[i:i + k] for i in range(0, len(rewards), k)]
+    answers = [[r.extracted if r.formatted else None for r in rs] for rs in problems]
+    correct = [[r.correct for r in rs] for rs in problems]
+    verdict: dict[tuple[str, str], bool] = {}
+    if name not in choice.CHOICE_BENCHMARKS:
+        pairs = list(dict.fromkeys(p for a, ok in zip(answers, correct, strict=True)
+                                   for p in candidate_pairs(a, ok)))
+        checked = batch_math_reward([f"\\boxed{{{a}}}" for a, _ in pairs],
+                                    [b for _, b in pairs], timeout=timeout)
+        verdict = {p: r.correct for p, r in zip(pairs, checked, strict=True)}
+    out = []
+    for a, ok in zip(answers, correct, strict=True):
+        out.extend(answer_classes(a, ok, lambda x, y: verdict.get((x, y), False))[0])
     return out
 
 
@@ -60,11 +117,12 @@ def _model_dir(model, model_path) -> str | None:
 
 
 def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence[BenchmarkRecord]],
-             *, k: int = 1, temperature: float | None = None, top_p: float = 1.0,
-             max_new_tokens: int | None = None, template: str | None = None, batch_size: int = 16,
-             seed: int = 0, limit: int | None = None, output_dir: str | Path | None = None,
-             timeout: float = 5.0, show_progress: bool = False, backend: str = "hf",
-             model_path: str | None = None, config: Mapping | None = None) -> dict:
+             *, k: int | Mapping[str, int] = 1, temperature: float | None = None,
+             top_p: float = 1.0, max_new_tokens: int | None = None, template: str | None = None,
+             batch_size: int = 16, seed: int = 0, limit: int | None = None,
+             output_dir: str | Path | None = None, timeout: float = 5.0,
+             show_progress: bool = False, backend: str = "hf", model_path: str | None = None,
+             dtype: str = "auto", config: Mapping | None = None) -> dict:
     """Evaluate ``model`` on ``benchmarks`` and return the results document.
 
     Args:
@@ -72,8 +130,10 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             ``backend="vllm"`` the model is ``model_path`` instead and ``model`` is unused.
         benchmarks: names for :func:`load_records` (hub / embedded), or a mapping
             ``name -> records`` already loaded (e.g. fixtures, a trainer's eval set).
-        k, temperature, top_p, seed: decoding (:class:`SamplingConfig`); greedy pass@1
-            by default, avg@k with sampling when ``k > 1``.
+        k: samples per problem, one int or ``{benchmark: k}`` covering every benchmark.
+        temperature, top_p, seed: decoding (:class:`SamplingConfig`); greedy pass@1
+            by default, avg@k with sampling when ``k > 1`` (temperature None: 0 for a
+            benchmark with k = 1, 0.6 otherwise).
         max_new_tokens, template: response budget and prompt template
             (:mod:`ktae.eval.prompts`); None (default) takes them from the model's
             ``ktae_generation.json`` (:mod:`ktae.eval.defaults`: what ``ktae train`` and
@@ -85,23 +145,25 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         show_progress: rich progress bar over prompts.
         model_path: the model's directory (vLLM loads it; both backends read its
             ``ktae_generation.json``); default: the ``name_or_path`` of ``model``.
+        dtype: vLLM's weights dtype (the transformers model is already loaded).
 
     Returns:
         ``{"config", "benchmarks": {name: metrics}, "results", "avg", "avg_lens",
         "max_lens", "formatted"}`` (see :mod:`ktae.eval.results`), plus ``"samples":
         {name: rows}`` in memory only (not in ``results.json``). ``config`` records the
         template and budget used and where each came from (``template_source``,
-        ``max_new_tokens_source``: ``"given"``, the file, or ``"default"``).
+        ``max_new_tokens_source``: ``"given"``, the file, or ``"default"``), ``k`` per
+        benchmark and ``backend_arguments``: per benchmark, the decoding arguments the
+        backend received (:func:`~ktae.eval.generate.hf_generate_kwargs` or
+        :func:`~ktae.eval.generate.vllm_sampling_kwargs`).
 
     Raises:
         ValueError: bad arguments, a benchmark with no records, an unusable output_dir.
     """
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend: expected 'hf' or 'vllm', got {backend!r}")
-    choice = resolve_generation(_model_dir(model, model_path), template=template,
-                                max_new_tokens=max_new_tokens)
-    sampling = SamplingConfig(k=k, temperature=temperature, top_p=top_p,
-                              max_new_tokens=choice.max_new_tokens, seed=seed)
+    choice_of = resolve_generation(_model_dir(model, model_path), template=template,
+                                   max_new_tokens=max_new_tokens)
     if isinstance(benchmarks, Mapping):
         records = {n: list(r)[:limit] if limit else list(r) for n, r in benchmarks.items()}
     elif isinstance(benchmarks, str) or not isinstance(benchmarks, Sequence) or not benchmarks:
@@ -111,38 +173,53 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         records = load_records(list(benchmarks), limit=limit)
     if not records:
         raise ValueError("benchmarks: expected at least one benchmark, got none")
+    sampling = {n: SamplingConfig(k=kn, temperature=temperature, top_p=top_p,
+                                  max_new_tokens=choice_of.max_new_tokens, seed=seed)
+                for n, kn in _k_of(k, list(records)).items()}
     for name, recs in records.items():
         if not recs:
             raise ValueError(f"benchmarks: {name!r} has no records (nothing to score)")
     out_dir = prepare_output_dir(output_dir) if output_dir is not None else None
-    resolved = resolve_template(choice.template, tokenizer)
+    resolved = resolve_template(choice_of.template, tokenizer)
     prompts = {n: [build_prompt(r, resolved, tokenizer) for r in recs]
                for n, recs in records.items()}
+    to_backend = vllm_sampling_kwargs if backend == "vllm" else hf_generate_kwargs
     timeouts_before = reward_stats()["timeouts"]
+    llm = None
+    if backend == "vllm":  # pragma: no cover - needs vLLM and a GPU
+        llm = load_vllm(model_path, dtype=dtype, seed=seed)
 
     per_bench, samples = {}, {}
     with _progress(show_progress) as progress:
         for name, recs in records.items():
             task = progress.add_task(name, total=len(recs)) if progress else None
             advance = (lambda n, t=task: progress.advance(t, n)) if progress else None
+            s = sampling[name]
+            started = time.perf_counter()
             if backend == "vllm":  # pragma: no cover - needs vLLM and a GPU
-                gens = generate_vllm(model_path, prompts[name], sampling, on_batch=advance)
+                gens = generate_vllm(llm, prompts[name], s, on_batch=advance)
             else:
-                gens = generate_hf(model, tokenizer, prompts[name], sampling,
+                gens = generate_hf(model, tokenizer, prompts[name], s,
                                    batch_size=batch_size, on_batch=advance,
-                                   add_special_tokens=resolved != "chat")
+                                   add_special_tokens=not uses_chat_template(resolved))
+            seconds = time.perf_counter() - started
             flat: list[Generation] = [g for gs in gens for g in gs]
-            rewards = batch_math_reward([g.text for g in flat],
-                                        [r.answer for r in recs for _ in range(sampling.k)],
-                                        timeout=timeout)
-            samples[name] = sample_rows(recs, prompts[name], gens, rewards)
-            per_bench[name] = benchmark_metrics(samples[name], k=sampling.k)
+            rewards = _verify(name, [g.text for g in flat],
+                              [r.answer for r in recs for _ in range(s.k)], timeout)
+            classes = _vote_classes(name, rewards, s.k, timeout)
+            samples[name] = sample_rows(recs, prompts[name], gens, rewards, classes)
+            per_bench[name] = benchmark_metrics(samples[name], k=s.k)
+            per_bench[name]["generation_seconds"] = round(seconds, 3)
 
-    run_config = {"k": sampling.k, "temperature": sampling.effective_temperature,
-                  "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens,
+    first = next(iter(sampling.values()))
+    run_config = {"k": {n: s.k for n, s in sampling.items()},
+                  "temperature": {n: s.effective_temperature for n, s in sampling.items()},
+                  "top_p": first.top_p, "max_new_tokens": first.max_new_tokens,
                   "template": resolved, "seed": seed, "limit": limit, "backend": backend,
-                  "template_source": choice.template_source,
-                  "max_new_tokens_source": choice.max_new_tokens_source,
+                  "backend_arguments": {n: to_backend(s) for n, s in sampling.items()},
+                  "gpqa_shuffle_seed": choice.GPQA_SHUFFLE_SEED,
+                  "template_source": choice_of.template_source,
+                  "max_new_tokens_source": choice_of.max_new_tokens_source,
                   "verifier_timeouts": reward_stats()["timeouts"] - timeouts_before,
                   **dict(config or {})}
     results = summarize(per_bench, run_config)

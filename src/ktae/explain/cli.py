@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", help=f"HTML page to write (default {DEFAULT_OUTPUT}; "
                         "with --terminal only when given)")
     parser.add_argument("--credit", help="credit to explain: ktae, ktae+taco, grpo, taco, any "
-                        "estimator or est+calibration (default: the run's own, else ktae)")
+                        "estimator or est+calibration, with settings as in ktae compare "
+                        "(ktae@ngram=3) (default: the run's own, else ktae)")
     parser.add_argument("--tokenizer", help="tokenizer directory (default: the run's, the "
                         "model's, or the shipped tiny model's)")
     parser.add_argument("--model", help="model to sample from (no INPUT) or to score responses "
@@ -170,10 +171,25 @@ def build(args):
     if model is not None and (estimator_unscored
                               or (cal is not None and not source.use_recorded)):
         sources.score_groups(model, source.tokenizer, groups, temperature=args.temperature)
+    _add_labels(groups, source.tokenizer)
     meta = [*source.meta, _credit_line(source)]
     report = build_report(groups, credit=source.credit, tokenizer=source.tokenizer,
                           title=source.title, meta=meta, use_recorded=source.use_recorded)
     return report
+
+
+def _add_labels(groups, tokenizer) -> None:
+    """Local-error labels (outlined on the page) of the responses to embedded-task
+    prompts, unless the input gave its own."""
+    from ktae.tasks import label_response, question_of
+    from ktae.viz.tokens import token_pieces
+
+    for g in groups:
+        question = question_of(g.prompt)
+        if g.labels is not None or question is None:
+            continue
+        g.labels = [label_response("".join(p.text for p in token_pieces(tokenizer, r)), question)
+                    for r in g.responses]
 
 
 def _credit_line(source) -> str:

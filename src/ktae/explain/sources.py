@@ -8,6 +8,10 @@ JSONL input: one group per line, ``{"prompt": str, "responses": [str, ...]}`` wi
 ``"rewards": [float, ...]`` (one per response) or ``"answer"`` (a reference answer, each
 response scored by :func:`ktae.rewards.math_reward`); optional ``"correct"``
 (booleans) and ``"id"``. ``"question"``/``"problem"`` are accepted for ``"prompt"``.
+Optional ``"wrong"`` (per response, ``[start, end)`` character spans that are locally
+wrong) and ``"checked"`` (spans judged at all; default every character) give labels that
+the page outlines (and that ``ktae audit`` scores credit against); without them, the
+responses to embedded-task prompts are labelled by :func:`ktae.tasks.label_response`.
 """
 
 from __future__ import annotations
@@ -64,11 +68,29 @@ def ignore_ids(tokenizer) -> tuple[int, ...]:
 
 def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditSpec:
     """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ...) the way
-    ``ktae train`` does, with that run's hyper-parameters when ``train_config`` is given."""
+    ``ktae train`` does, with that run's hyper-parameters when ``train_config`` is given.
+
+    ``name`` may carry its own settings as ``ktae compare`` entries do,
+    ``CREDIT@KEY=VALUE[@...]`` (``ktae@ngram=3``, ``taco@lambda=0.5``; parsed by
+    :func:`ktae.train.cli_compare.parse_arm`), applied on top of ``train_config``."""
     from ktae.train.config import TrainConfig
     from ktae.train.credit import credit_settings, parse_credit
 
     base = train_config if train_config is not None else TrainConfig()
+    if "@" in name:
+        from ktae.train.cli_compare import parse_arm
+
+        arm = parse_arm(name)
+        run_estimator, run_calibration = parse_credit(base.credit)
+        estimator, calibration = parse_credit(arm.credit)
+        if (estimator or base.advantage_base) != (run_estimator or base.advantage_base):
+            base = dataclasses.replace(base, ktae_h1=None, ktae_h2=None, ktae_h3=None,
+                                       ktae_mode="exact", estimator_options={})
+        if calibration != run_calibration:
+            base = dataclasses.replace(base, taco_alpha=None, taco_lambda=None,
+                                       calibration_options={})
+        base = dataclasses.replace(base, credit=arm.credit, **arm.overrides)
+        name = arm.credit
     estimator, calibration = parse_credit(name)
     run_estimator, run_calibration = parse_credit(base.credit)
     changes: dict = {"credit": name}
@@ -174,6 +196,22 @@ def _strings(value, what: str, where: str) -> list[str]:
     return value
 
 
+def _span_labels(rec: dict, responses: list[str], where: str) -> list[str] | None:
+    """Character labels from the optional ``wrong``/``checked`` spans of a record."""
+    if "wrong" not in rec:
+        return None
+    from ktae.credit_audit.run import span_labels
+
+    wrong, checked = rec["wrong"], rec.get("checked")
+    if not isinstance(wrong, list) or len(wrong) != len(responses):
+        raise ValueError(f"{where}: expected 'wrong' as {len(responses)} lists of [start, end] "
+                         "character spans (one list per response; [] when none is wrong)")
+    if checked is not None and (not isinstance(checked, list) or len(checked) != len(responses)):
+        raise ValueError(f"{where}: expected 'checked' as {len(responses)} lists of spans")
+    return [span_labels(text, wrong[i], None if checked is None else checked[i],
+                        f"{where} response {i}") for i, text in enumerate(responses)]
+
+
 def load_jsonl(path: Path, *, tokenizer) -> list[tuple[str, GroupInput]]:
     """Groups of text responses, tokenised with ``tokenizer`` (see the module docstring)."""
     from ktae.rewards import math_reward
@@ -218,7 +256,8 @@ def load_jsonl(path: Path, *, tokenizer) -> list[tuple[str, GroupInput]]:
             raise ValueError(f"{where}: expected 'correct' as {len(responses)} booleans")
         ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in responses]
         key = str(rec.get("id", len(groups)))
-        groups.append((key, GroupInput(
+        labels = _span_labels(rec, responses, where)
+        groups.append((key, GroupInput(labels=labels,
             prompt=prompt, responses=ids, rewards=rewards,
             correct=[bool(c) for c in correct] if correct is not None else None,
             label=f"{key} (line {n})" if "id" in rec else f"line {n}",

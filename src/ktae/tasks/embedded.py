@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -328,3 +329,118 @@ def generate(n: int, *, split: str = "train", seed: int = 0,
         out.append(Problem(id=f"embedded-{split}-{seed}-{i}", question=q,
                            answer=answer_for(q), level=level))
     return out
+
+
+# --------------------------------------------------------------------------- local-error labels
+
+LABEL_RIGHT = "r"
+"""Label of a character of an equation or boxed answer that is locally right."""
+LABEL_WRONG = "w"
+"""Label of a character of a number that is locally wrong."""
+LABEL_OTHER = "."
+"""Label of a character that is no part of an equation or a boxed number."""
+
+_NUMBER_CHARS = "0123456789"
+_EQUATION = re.compile(r"(?<![0-9=+\-*])(\d+)([+\-*])(\d+)=(-?\d+)(?![0-9=+\-*])")
+_BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
+
+
+def _question_numbers(question: str) -> set[int]:
+    return {t for t in _tokenize(question) if isinstance(t, int)}
+
+
+def label_response(text: str, question: str | None = None) -> str:
+    """Per-character local-error labels of a response: a string as long as ``text`` of
+    :data:`LABEL_RIGHT` (``"r"``), :data:`LABEL_WRONG` (``"w"``) and :data:`LABEL_OTHER`
+    (``"."``).
+
+    What is read:
+
+    * an *equation* is ``x op y = z`` (``x, y`` digits, ``op`` one of ``+ - *``, ``z``
+      digits with an optional leading ``-``), not touching another digit, operator or
+      ``=`` on either side (so ``3+4=7+1=8`` or ``3+=7`` is no equation);
+    * a *boxed number* is ``\\boxed{v}`` with ``v`` an integer (spaces allowed around it).
+
+    What is locally wrong (every other character of an equation or boxed number is right;
+    every character outside them is :data:`LABEL_OTHER`):
+
+    * the digits (and sign) of ``z`` when ``z != x op y`` computed from ``x`` and ``y``
+      *as written* -- so a wrong value carried into a later step that is then computed
+      correctly from it is **not** locally wrong there: only the step that made the
+      error is;
+    * with ``question`` given, the digits of an operand that is neither a number of the
+      question nor the written result of an earlier equation of the response (a miscopy);
+      operands are not checked without the question;
+    * the digits of ``v`` in a boxed number when ``v`` differs from the written result of
+      the last equation before it (a wrong copy into the box); with no equation before it,
+      ``v`` is checked against the question's answer, and without a question it is not
+      read (:data:`LABEL_OTHER`).
+
+    Raises ValueError (naming the argument) when ``text`` is not a string or
+    ``question`` is not a valid question (:func:`answer_for`).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"text: expected a string, got {type(text).__name__}")
+    allowed = _question_numbers(question) if question is not None else None
+    labels = [LABEL_OTHER] * len(text)
+
+    def mark(start: int, end: int, wrong: bool) -> None:
+        for k in range(start, end):
+            labels[k] = LABEL_WRONG if wrong else LABEL_RIGHT
+
+    events = [(m.start(), "eq", m) for m in _EQUATION.finditer(text)]
+    events += [(m.start(), "box", m) for m in _BOXED.finditer(text)]
+    results: list[int] = []
+    for _, kind, m in sorted(events, key=lambda e: e[0]):
+        if kind == "eq":
+            x, op, y, z = int(m[1]), m[2], int(m[3]), int(m[4])
+            mark(m.start(), m.end(), False)
+            for g, value in ((1, x), (3, y)):
+                if allowed is not None and value not in allowed and value not in results:
+                    mark(m.start(g), m.end(g), True)
+            mark(m.start(4), m.end(4), z != _apply(x, op, y))
+            results.append(z)
+        else:
+            v = int(m[1])
+            if results:
+                mark(m.start(1), m.end(1), v != results[-1])
+            elif question is not None:
+                mark(m.start(1), m.end(1), str(v) != answer_for(question))
+    return "".join(labels)
+
+
+def token_labels(labels: str, pieces: Sequence[str]) -> list[str]:
+    """One label per token from per-character ``labels`` and the tokens' texts ``pieces``
+    (which concatenate to the labelled text): :data:`LABEL_WRONG` when any of the token's
+    characters is wrong, else :data:`LABEL_RIGHT` when any is right, else
+    :data:`LABEL_OTHER` (also for a token with no characters)."""
+    total = sum(len(p) for p in pieces)
+    if total != len(labels):
+        raise ValueError(f"pieces: their texts hold {total} characters, the labels {len(labels)}")
+    out, pos = [], 0
+    for p in pieces:
+        chunk = labels[pos:pos + len(p)]
+        pos += len(p)
+        out.append(LABEL_WRONG if LABEL_WRONG in chunk else
+                   LABEL_RIGHT if LABEL_RIGHT in chunk else LABEL_OTHER)
+    return out
+
+
+def question_of(prompt: str) -> str | None:
+    """The embedded question in a prompt of :func:`format_prompt` (either template), or
+    None when ``prompt`` is not one."""
+    for pattern in (r"^Q:([0-9+\-*]+) A:$", r"^Compute ([0-9+\-*]+)\.\n"):
+        m = re.match(pattern, prompt)
+        if m:
+            try:
+                answer_for(m[1])
+            except ValueError:
+                return None
+            return m[1]
+    return None
+
+
+def level_of(question: str) -> int:
+    """The difficulty level of a question (1: one ``±``, 2: two, 3: with a product)."""
+    ops = [t for t in _tokenize(question) if isinstance(t, str)]
+    return 3 if "*" in ops else min(len(ops), 2)

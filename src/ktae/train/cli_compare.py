@@ -136,9 +136,10 @@ def summarize(root: Path, arms: list[Arm | str], seeds: list[int]) -> dict:
     return table
 
 
-def markdown_table(table: dict, *, algo: str, steps: int) -> str:
+def markdown_table(table: dict, *, algo: str, steps: int, task: str = "embedded") -> str:
     """The comparison as a markdown table (accuracies in %, mean ± std over seeds)."""
-    lines = [f"Held-out greedy accuracy on the embedded test split after {steps} steps of "
+    where = "the embedded test split" if task == "embedded" else f"the held-out part of {task}"
+    lines = [f"Held-out greedy accuracy on {where} after {steps} steps of "
              f"{algo}, mean ± std over seeds.", "",
              "| credit | seeds | acc. before (%) | acc. after (%) | carry/borrow after (%) | "
              "response length | step time (s) | advantage share (%) |",
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     root = Path(args.output_dir)
     seeds = list(range(args.seeds))
     base_args = argparse.Namespace(**vars(args))
-    from ktae.train.session import train
+    from ktae.train.session import preflight, train
 
     configs = []
     try:
@@ -218,6 +219,13 @@ def run(args: argparse.Namespace) -> int:
                 ns.output_dir = str(root / f"{arm.dirname}-seed{seed}")
                 ns.resume = None
                 configs.append(cli_train.config_from_args(ns))
+        checked = set()  # the data of every distinct setting, read before any model loads
+        for cfg in configs:
+            key = json.dumps([cfg.task, cfg.task_fields, cfg.task_filters, cfg.eval_task,
+                              cfg.reward, cfg.model])
+            if key not in checked:
+                preflight(cfg)
+                checked.add(key)
     except ValueError as err:
         print(f"ktae compare: {err}", file=sys.stderr)
         return 2
@@ -232,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         train(dataclasses.replace(cfg, resume=resume))
     table = summarize(root, arms, seeds)
-    text = markdown_table(table, algo=configs[0].algo, steps=configs[0].max_steps)
+    text = markdown_table(table, algo=configs[0].algo, steps=configs[0].max_steps,
+                          task=configs[0].task)
     (root / "comparison.md").write_text(text)
     (root / "comparison.json").write_text(json.dumps(
         {c: [{k: v for k, v in r.items() if k not in ("evals", "metrics")} for r in rows]

@@ -15,14 +15,21 @@ import sys
 import time
 from pathlib import Path
 
+from ktae.rewards.registry import REWARDS
 from ktae.train.config import ALGOS, TrainConfig
 from ktae.train.credit import credit_settings
 
 # flag -> (TrainConfig field, type, help); defaults come from TrainConfig
 _FLAGS = [
     ("--model", "model", str, "local path or hub id (default: cached warm-started tiny model)"),
-    ("--task", "task", str, "embedded | math500 | jsonl:PATH"),
-    ("--template", "template", str, "prompt template: compact | qwen-math"),
+    ("--task", "task", str, "embedded | math500 | jsonl:PATH | json:PATH | parquet:PATH | "
+     "a save_to_disk DIR[@SPLIT] | hf:NAME[:CONFIG][@SPLIT] (verl, MATH or question/answer "
+     "schema)"),
+    ("--eval-task", "eval_task", str, "held-out problems, a source as --task or math500 "
+     "(default: the task's last fifth)"),
+    ("--template", "template", str, "prompt template: compact | qwen-math | chat | "
+     "qwen-math-system | ktae-train | dapo | raw (docs/training.md)"),
+    ("--reward", "reward", str, f"reward of a response: {' | '.join(REWARDS)}"),
     ("--algo", "algo", str, f"one of {', '.join(ALGOS)}"),
     ("--credit", "credit", str, "none | ktae | taco | any estimator/calibration | est+calib"),
     ("--seed", "seed", int, "random seed"),
@@ -94,6 +101,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, dest, help_text in _PAIR_FLAGS:
         parser.add_argument(flag, dest=f"{dest}_pairs", action="append", default=None,
                             metavar="KEY=VALUE", help=help_text)
+    parser.add_argument("--task-field", dest="task_field_pairs", action="append", default=None,
+                        metavar="FIELD=COLUMN",
+                        help="the task column holding a field (problem, answer, solution, id, "
+                             "data_source), e.g. --task-field problem=query (repeatable)")
+    parser.add_argument("--task-filter", dest="task_filter_pairs", action="append", default=None,
+                        metavar="COLUMN=V1,V2",
+                        help="keep the task rows whose COLUMN takes one of the values, e.g. "
+                             "--task-filter 'level=Level 3,Level 4,Level 5' (repeatable)")
     parser.add_argument("--resume", action="store_true", default=None,
                         help="continue from the newest complete checkpoint in --output-dir")
     parser.add_argument("--bf16", action="store_true", default=None, help="bfloat16 (GPU)")
@@ -117,6 +132,22 @@ def _option_pairs(flag: str, pairs: list[str]) -> dict:
     return out
 
 
+def _data_pairs(flag: str, pairs: list[str], split: bool) -> dict:
+    """``["level=Level 3,Level 4"]`` -> ``{"level": ["Level 3", "Level 4"]}`` (``split``),
+    ``["problem=query"]`` -> ``{"problem": "query"}``; a key given twice is an error."""
+    out: dict = {}
+    for pair in pairs:
+        key, sep, text = (p.strip() for p in pair.partition("="))
+        if not sep or not key or not text:
+            raise ValueError(f"{flag}: expected {'COLUMN=V1,V2' if split else 'FIELD=COLUMN'}, "
+                             f"got {pair!r}")
+        if key in out:
+            raise ValueError(f"{flag}: {key} given twice; give all its values in one "
+                             f"{flag} {key}=V1,V2" if split else f"{flag}: {key} given twice")
+        out[key] = [v.strip() for v in text.split(",") if v.strip()] if split else text
+    return out
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults < ``--config`` file < explicit flags; resolved and validated (types, ranges,
     credit options, TRL settings; see :func:`ktae.train.session.preflight` for the rest)."""
@@ -133,6 +164,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         if pairs:
             parsed = parse_trl_pairs(pairs) if dest == "trl" else _option_pairs(flag, pairs)
             overrides[dest] = {**getattr(cfg, dest), **parsed}
+    for flag, dest, split in (("--task-field", "task_fields", False),
+                              ("--task-filter", "task_filters", True)):
+        pairs = getattr(args, f"{dest[:-1]}_pairs", None)
+        if pairs:
+            overrides[dest] = {**getattr(cfg, dest), **_data_pairs(flag, pairs, split)}
     cfg = dataclasses.replace(cfg, **overrides).resolve()
     credit_settings(cfg)  # unknown credit names and options fail here, before any model loads
     return cfg

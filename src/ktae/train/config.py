@@ -57,9 +57,24 @@ class TrainConfig:
     model: str | None = None
     """Local path or hub id of a causal LM; None = the cached warm-started tiny default."""
     task: str = "embedded"
-    """Training prompts: ``embedded``, ``math500`` or ``jsonl:PATH`` (fields question/answer)."""
+    """Training prompts: ``embedded``, ``math500``, or a dataset of :mod:`ktae.data`:
+    ``jsonl:PATH``, ``json:PATH``, ``parquet:PATH``, a ``save_to_disk`` directory (``@SPLIT``
+    for one split of a dict) or ``hf:NAME[:CONFIG][@SPLIT]`` (verl, MATH or question/answer
+    schema)."""
+    task_fields: dict[str, str] = field(default_factory=dict)
+    """Field -> column of the task (``{"problem": "query", "answer": "gt"}``; fields id,
+    problem, answer, solution, data_source; a dotted column reads a struct field)."""
+    task_filters: dict[str, list[str]] = field(default_factory=dict)
+    """Column -> values: keep the task's rows whose column takes one of them."""
+    eval_task: str | None = None
+    """Held-out problems (a source as ``task``, or ``math500``); None = the task's last
+    fifth (at most ``eval_size``; the embedded task: its test split)."""
     template: str | None = None
-    """Prompt template (``compact``/``qwen-math``); None = compact for the tiny default."""
+    """Prompt template (:mod:`ktae.eval.prompts`: compact, qwen-math, chat, qwen-math-system,
+    ktae-train, dapo, raw); None = compact for the tiny default model, else chat for rows
+    with chat prompts, the reward's template (dapo) or qwen-math."""
+    reward: str = "boxed"
+    """Reward of a response (:mod:`ktae.rewards.registry`): ``boxed`` (strict last box)."""
     algo: str = "dapo"
     """``grpo``, ``dapo`` or ``drgrpo``: fills the fields marked "None = algo default"."""
     credit: str = "ktae"
@@ -165,6 +180,8 @@ class TrainConfig:
             raise ValueError(f"algo: expected one of {ALGOS}, got {self.algo!r}")
         preset = _ALGO_DEFAULTS[self.algo]
         out = dataclasses.replace(self, estimator_options=dict(self.estimator_options),
+                                  task_fields=dict(self.task_fields),
+                                  task_filters=_filters(self.task_filters),
                                   calibration_options=dict(self.calibration_options),
                                   trl=dict(self.trl),
                                   lora_target_modules=list(self.lora_target_modules))
@@ -231,12 +248,7 @@ class TrainConfig:
             raise ValueError(f"taco_alpha: expected > 0, got {self.taco_alpha!r}")
         if self.taco_lambda is not None and not 0 <= self.taco_lambda <= 1:
             raise ValueError(f"taco_lambda: expected in [0, 1], got {self.taco_lambda!r}")
-        if not (self.task in ("embedded", "math500") or
-                (self.task.startswith("jsonl:") and len(self.task) > len("jsonl:"))):
-            raise ValueError("task: expected 'embedded', 'math500' or 'jsonl:PATH', "
-                             f"got {self.task!r}")
-        if self.template not in (None, "compact", "qwen-math"):
-            raise ValueError(f"template: expected 'compact' or 'qwen-math', got {self.template!r}")
+        self._validate_data()
         if self.lora_r:
             if not self.lora_alpha > 0:
                 raise ValueError(f"lora_alpha: expected > 0, got {self.lora_alpha!r}")
@@ -244,6 +256,33 @@ class TrainConfig:
                 raise ValueError(f"lora_dropout: expected in [0, 1), got {self.lora_dropout!r}")
             if not self.lora_target_modules:
                 raise ValueError("lora_target_modules: expected at least one module name")
+
+    def _validate_data(self) -> None:
+        from ktae.data import FIELDS, parse_source
+        from ktae.eval.prompts import TEMPLATES
+        from ktae.rewards.registry import get_reward
+        from ktae.train.data import EMBEDDED_TEMPLATES
+
+        for name in ("task", "eval_task"):
+            value = getattr(self, name)
+            if value is not None and value not in ("embedded", "math500"):
+                parse_source(value, name=name)
+        if self.eval_task == "embedded":
+            raise ValueError("eval_task: the embedded held-out split goes with --task embedded")
+        get_reward(self.reward)
+        for key, column in self.task_fields.items():
+            if key not in FIELDS or not isinstance(column, str) or not column:
+                raise ValueError(f"task_fields: expected FIELD=COLUMN with FIELD among "
+                                 f"{FIELDS}, got {key}={column!r}")
+        if self.template is not None and self.template not in TEMPLATES[1:]:
+            raise ValueError(f"template: expected one of {TEMPLATES[1:]}, got {self.template!r}")
+        if self.task == "embedded":
+            if self.task_fields or self.task_filters or self.eval_task:
+                raise ValueError("task: the embedded task takes no task_fields, task_filters "
+                                 "or eval_task (it has its own held-out split)")
+            if self.template not in (None, *EMBEDDED_TEMPLATES):
+                raise ValueError(f"template: the embedded task takes {EMBEDDED_TEMPLATES}, "
+                                 f"got {self.template!r}")
 
     # ------------------------------------------------------------------ I/O
 
@@ -299,6 +338,22 @@ class TrainConfig:
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
             raise ValueError(f"config {path}: invalid YAML{where}: {problem}") from None
         return cls.from_dict(data or {}, source=f"config {path}")
+
+
+def _filters(filters: dict) -> dict[str, list[str]]:
+    """``task_filters`` with each value a list of strings (``"a,b"`` -> ``["a", "b"]``)."""
+    from ktae.data import check_filters
+
+    out = {}
+    for column, values in filters.items():
+        if isinstance(values, str):
+            values = [v.strip() for v in values.split(",") if v.strip()]
+        try:
+            out[column] = list(check_filters({column: values})[column])
+        except ValueError:
+            raise ValueError(f"task_filters: expected COLUMN: [VALUE, ...], got "
+                             f"{column}: {values!r}") from None
+    return out
 
 
 _RENAMED = {

@@ -19,7 +19,7 @@ import torch
 from ktae.eval.defaults import save_generation_defaults
 from ktae.train.config import TrainConfig
 from ktae.train.credit import CreditSettings, credit_settings
-from ktae.train.data import TaskRows, format_task, read_task
+from ktae.train.data import TaskRows, default_template, format_task, read_task
 from ktae.train.rollouts import ROLLOUTS_FILE, RolloutRecorder
 from ktae.train.rundir import (
     RunDir,
@@ -48,6 +48,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
             settings, LoRA without peft, the task file, too few training problems).
     """
     from ktae.eval.model_path import resolve_model_path
+    from ktae.rewards.registry import get_reward
     from ktae.train.trl_args import check_trl_settings
 
     credit = credit_settings(cfg)
@@ -63,8 +64,14 @@ def preflight(cfg: TrainConfig) -> Preflight:
             import peft  # noqa: F401
         except ImportError:
             raise ValueError("lora_r: LoRA needs peft: pip install 'ktae[peft]'") from None
+    reward = get_reward(cfg.reward)
+    check = None
+    if reward.check_source is not None:
+        def check(example):
+            reward.check_source(example.data_source)
     task = read_task(cfg.task, train_size=cfg.train_size, eval_size=cfg.eval_size,
-                     seed=cfg.seed)
+                     seed=cfg.seed, fields=cfg.task_fields, filters=cfg.task_filters,
+                     eval_task=cfg.eval_task, check=check)
     if len(task.train) < cfg.num_prompts:
         raise ValueError(f"task: {len(task.train)} training problem(s), fewer than "
                          f"num_prompts={cfg.num_prompts} per step")
@@ -150,11 +157,12 @@ def model_card(cfg: TrainConfig, summary: dict) -> str:
         f"Trained with `ktae train` ({cfg.algo.upper()} with `{cfg.credit}` credit).", "",
         "| | |", "|---|---|",
         f"| base model | `{summary.get('model')}` |",
-        f"| task | `{cfg.task}` (template `{summary.get('template')}`, at most "
+        f"| task | `{cfg.task}`{_task_options(cfg)} (template `{summary.get('template')}`, at most "
         f"{cfg.max_new_tokens} new tokens) |",
         f"| algorithm | {cfg.algo}: loss `{cfg.loss_type}`, clip {cfg.clip_low}/{cfg.clip_high}, "
         f"dynamic sampling {'on' if cfg.dynamic_sampling else 'off'} |",
         f"| credit | `{cfg.credit}` |",
+        f"| reward | `{cfg.reward}` |",
         f"| steps | {summary.get('steps')} x {cfg.num_prompts} prompts x {cfg.num_generations} "
         "responses |",
         f"| held-out accuracy (greedy) | {pct(summary.get('heldout_before'))} -> "
@@ -170,6 +178,14 @@ def model_card(cfg: TrainConfig, summary: dict) -> str:
               "```bash", f"ktae train --config {Path(cfg.output_dir) / 'config.yaml'} "
               "--output-dir NEW_DIR", "```", ""]
     return "\n".join(lines)
+
+
+def _task_options(cfg: TrainConfig) -> str:
+    parts = [f"{k}={v}" for k, v in cfg.task_fields.items()]
+    parts += [f"{k} in {', '.join(v)}" for k, v in cfg.task_filters.items()]
+    if cfg.eval_task:
+        parts.append(f"held out: `{cfg.eval_task}`")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
@@ -216,15 +232,16 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     rundir = RunDir(out)
 
     model, tokenizer, model_path = load_model(cfg, checked.model)
-    template = cfg.template or ("compact" if len(tokenizer) < 1000 else "qwen-math")
-    train_rows, eval_rows = format_task(checked.task, template)
+    template = cfg.template or default_template(checked.task, tokenizer, cfg.reward)
+    train_rows, eval_rows = format_task(checked.task, template, tokenizer, cfg.reward)
     generation = {"template": template, "max_new_tokens": cfg.max_new_tokens}
     rewards = reward_funcs if reward_funcs is not None else make_reward_funcs(
         max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
-        overlong_factor=cfg.overlong_factor)
+        overlong_factor=cfg.overlong_factor, reward=cfg.reward)
     metrics_cb = MetricsCallback(rundir)
     eval_cb = EvalCallback(rundir, eval_rows, every=cfg.eval_every,
-                           max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer)
+                           max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer,
+                           reward=cfg.reward)
     callbacks = [metrics_cb, eval_cb, *extra_callbacks]
     if cfg.progress:
         callbacks.append(ProgressCallback(metrics_cb, eval_cb))

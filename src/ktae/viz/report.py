@@ -109,6 +109,10 @@ class GroupInput:
     weights: list | None = None
     flagged: list | None = None
     loss_mask: list | None = None
+    labels: list | None = None
+    """Per response (or None): local-error labels of each character of its decoded text
+    (``"w"`` locally wrong, ``"r"`` right, ``"."`` not judged;
+    :func:`ktae.tasks.label_response`), outlined on the page."""
 
 
 # --------------------------------------------------------------------------- outputs
@@ -130,6 +134,8 @@ class ResponseReport:
     weights: list[float] | None = None
     flagged: list[bool] | None = None
     in_loss: list[bool] | None = None
+    labels: list[str] | None = None
+    """Per token: the local-error labels of its characters (as long as its text), or None."""
 
 
 @dataclass
@@ -237,24 +243,41 @@ def _row_mapping(table, gid: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
     return torch.where(mask, order[pos], torch.full_like(pos, -1))
 
 
-def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
-                 title: str = "Token credit", meta: Sequence[str] = (),
-                 use_recorded: bool = False, top_rows: int = 10) -> Report:
-    """Compute every view and statistic of ``groups`` (see the module docstring).
+@dataclass
+class CreditValues:
+    """One credit's values on a batch of groups (:func:`credit_values`): the padded batch
+    (``token_ids``, ``mask`` ``[B, T]``, ``group`` ``[B]``, ...), the views (``seq``,
+    ``token``, ``final``, ``diff``: ``[B, T]``), ``final`` (what the loss reads per token
+    before the loss mask) and ``in_loss`` (``[B, T]`` bool: the tokens that reach the loss),
+    the calibration's per-token data (or None) and notes about recorded values."""
 
-    Args:
-        groups: the groups (each with at least two responses).
-        credit: the estimator (and calibration) to explain.
-        tokenizer: decodes token ids into per-token text (:func:`token_pieces`).
-        title, meta: page title and extra header lines.
-        use_recorded: show the advantages and calibration a run recorded
-            (``GroupInput.trained``/``weights``/``flagged``/``loss_mask``) instead of
-            recomputed ones; the largest difference from the recomputation is noted.
-        top_rows: key-token rows kept per sign and group.
+    responses: list[list[int]]
+    sizes: list[int]
+    token_ids: torch.Tensor
+    mask: torch.Tensor
+    lengths: torch.Tensor
+    group: torch.Tensor
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    table_options: dict
+    seq: torch.Tensor
+    views: dict
+    final: torch.Tensor
+    in_loss: torch.Tensor
+    calibration: dict | None
+    notes: list
+
+
+def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
+                  use_recorded: bool = False) -> CreditValues:
+    """Compute ``credit`` on ``groups`` through the public API, in one vectorised call:
+    the sequence advantage, the estimator's token credit
+    (:func:`ktae.compute_advantages`) and the calibration
+    (:func:`ktae.calibrate_advantages`, from each response's recorded or scored
+    log-probs and entropies). Shared by ``ktae explain`` and ``ktae audit``.
 
     Raises:
-        ValueError: a group with fewer than two responses, mismatched lengths, a
-            calibration without log-probs and entropies, or ids outside the tokenizer.
+        ValueError: as :func:`build_report`.
     """
     import ktae
 
@@ -282,7 +305,7 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
     seq_b = ktae.compute_advantages(credit.base, rewards=rewards, group=gid)  # [B]
     seq = torch.where(mask, seq_b[:, None], 0.0)
     views = {"seq": seq}
-    notes = list(meta)
+    notes: list = []
     if credit.token_level:
         est_opts = dict(credit.estimator_options)
         if credit.estimator == "ktae":
@@ -307,6 +330,45 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
         views["final"] = final
     if credit.token_level or cal:
         views["diff"] = torch.where(mask, final - seq, 0.0)
+    if cal:
+        in_loss = torch.tensor(cal["rows"]["loss_mask"], dtype=torch.bool).reshape(mask.shape)
+    else:
+        recorded_mask = _per_response(groups, "loss_mask") if use_recorded else None
+        in_loss = _in_loss(recorded_mask, mask)
+    return CreditValues(responses=responses, sizes=sizes, token_ids=ids, mask=mask,
+                        lengths=lengths, group=gid, rewards=rewards, correct=correct,
+                        table_options=table_opts, seq=seq_b, views=views, final=final,
+                        in_loss=in_loss, calibration=cal, notes=notes)
+
+
+def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
+                 title: str = "Token credit", meta: Sequence[str] = (),
+                 use_recorded: bool = False, top_rows: int = 10) -> Report:
+    """Compute every view and statistic of ``groups`` (see the module docstring).
+
+    Args:
+        groups: the groups (each with at least two responses).
+        credit: the estimator (and calibration) to explain.
+        tokenizer: decodes token ids into per-token text (:func:`token_pieces`).
+        title, meta: page title and extra header lines.
+        use_recorded: show the advantages and calibration a run recorded
+            (``GroupInput.trained``/``weights``/``flagged``/``loss_mask``) instead of
+            recomputed ones; the largest difference from the recomputation is noted.
+        top_rows: key-token rows kept per sign and group.
+
+    Raises:
+        ValueError: a group with fewer than two responses, mismatched lengths, a
+            calibration without log-probs and entropies, or ids outside the tokenizer.
+    """
+    import ktae
+
+    c = credit_values(groups, credit, use_recorded=use_recorded)
+    notes = [*meta, *c.notes]
+    views, cal, mask, gid, ids = c.views, c.calibration, c.mask, c.group, c.token_ids
+    responses, rewards, correct, seq_b, final = c.responses, c.rewards, c.correct, c.seq, c.final
+    sizes, lengths, table_opts = c.sizes, c.lengths, c.table_options
+    seq = views["seq"]
+    batch = dict(rewards=rewards, group=gid, token_ids=ids, mask=mask)
 
     recorded_mask = _per_response(groups, "loss_mask") if use_recorded else None
     in_loss_rows = _in_loss(recorded_mask, mask).tolist() if recorded_mask and not cal else None
@@ -348,6 +410,7 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
                 token_ids=responses[r], pieces=token_pieces(tokenizer, responses[r]),
                 values={k: per_view[k][r][:n] for k in keys},
                 stats=[rows[i] if i >= 0 else None for i in row_idx[r][:n]])
+            rep.labels = _token_char_labels(g.labels[j] if g.labels else None, rep.pieces)
             if cal:
                 for name, key in (("logprobs", "logprobs"), ("entropies", "entropies"),
                                   ("weights", "weights"), ("flagged", "flagged"),
@@ -372,6 +435,17 @@ def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
                   for g in out_groups for r in g.responses)
     return Report(title=title, views=view_list, default_view=default, groups=out_groups,
                   meta=notes, calibrated=bool(cal), partial_loss=partial)
+
+
+def _token_char_labels(labels: str | None, pieces: list[TokenPiece]) -> list[str] | None:
+    """Split a response's character labels over its tokens (None when they do not fit)."""
+    if labels is None or sum(len(p.text) for p in pieces) != len(labels):
+        return None
+    out, pos = [], 0
+    for p in pieces:
+        out.append(labels[pos:pos + len(p.text)])
+        pos += len(p.text)
+    return out
 
 
 def _rollout_entropies(groups, estimator: str, T: int) -> torch.Tensor:

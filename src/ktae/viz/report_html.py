@@ -73,6 +73,7 @@ td.sep { text-align: left; background: #f6f8fa; font-weight: 600; }
 .ws { opacity: 0.55; }
 .bytes { font-size: 10px; opacity: 0.8; }
 .flag { outline: 2px solid #111; outline-offset: -2px; }
+.lw { outline: 2px dashed #cf222e; outline-offset: 0; border-radius: 2px; }
 .out { background-image: repeating-linear-gradient(135deg, transparent 0 3px,
   rgba(0, 0, 0, 0.35) 3px 4px); }
 """
@@ -138,7 +139,22 @@ def tooltip(report: Report, resp: ResponseReport, pos: int) -> str:
         lines.append(cal)
     if resp.in_loss is not None and not resp.in_loss[pos]:
         lines.append("left out of the loss")
+    if resp.labels is not None and "w" in resp.labels[pos]:
+        lines.append("locally wrong (exact label)")
     return "\n".join(lines)
+
+
+def _labelled_visible(text: str, labels: str) -> str:
+    """``visible(text)`` with each run of locally wrong characters outlined."""
+    out, k = [], 0
+    while k < len(text):
+        j = k
+        while j < len(text) and (labels[j] == "w") == (labels[k] == "w"):
+            j += 1
+        body = visible(text[k:j])
+        out.append(f'<span class="lw">{body}</span>' if labels[k] == "w" else body)
+        k = j
+    return "".join(out)
 
 
 def _token_html(report: Report, resp: ResponseReport, pos: int, scale: float) -> str:
@@ -152,7 +168,9 @@ def _token_html(report: Report, resp: ResponseReport, pos: int, scale: float) ->
     if resp.in_loss is not None and not resp.in_loss[pos]:
         classes.append("out")
     piece = resp.pieces[pos]
-    if piece.text:
+    if piece.text and resp.labels is not None and "w" in resp.labels[pos]:
+        body = _labelled_visible(piece.text, resp.labels[pos])
+    elif piece.text:
         body = visible(piece.text)
     elif piece.raw:
         body = f'<span class="bytes">{piece.raw.hex(" ")}</span>'
@@ -192,6 +210,9 @@ def _legend_html(report: Report, group: GroupReport) -> str:
                      'calibration</span>')
     if report.calibrated or report.partial_loss:
         items.append('<span class="key"><span class="sw out"></span>left out of the loss</span>')
+    if any(r.labels is not None for r in group.responses):
+        items.append('<span class="key"><span class="sw lw"></span>locally wrong characters '
+                     '(exact labels)</span>')
     return f'<div class="legend">{"".join(items)}</div>'
 
 

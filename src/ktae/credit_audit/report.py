@@ -1,0 +1,204 @@
+"""What ``ktae audit`` writes: ``audit.md``, ``audit.json``, one PNG per figure, and a
+short terminal summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ktae.credit_audit.metrics import METRICS
+
+TITLES = {
+    "blame": "blame localisation: P(wrong token gets less credit than a right one)",
+    "lowest": "share of wrong answers whose lowest-credit token is locally wrong",
+    "contamination": "share of positive credit on locally wrong tokens (right answers)",
+}
+SHORT = {"blame": "blame P(w<r)", "lowest": "lowest token wrong",
+         "contamination": "contamination"}
+FILES = {m: f"audit_{m}.png" for m in METRICS}
+
+
+def _cell(s: dict | None, digits: int = 3) -> str:
+    if not s or s["mean"] is None:
+        return "n/a"
+    if s["low"] == s["high"] == s["mean"]:
+        return f"{s['mean']:.{digits}f}"
+    return f"{s['mean']:.{digits}f} [{s['low']:.{digits}f}, {s['high']:.{digits}f}]"
+
+
+def _signed(x: float) -> str:
+    return f"{x + 0.0 if round(x, 3) else 0.0:+.3f}"  # no "-0.000"
+
+
+def _signed_cell(s: dict | None) -> str:
+    if not s or s["mean"] is None:
+        return "n/a"
+    if s["low"] == s["high"] == s["mean"]:
+        return _signed(s["mean"])
+    return f"{_signed(s['mean'])} [{_signed(s['low'])}, {_signed(s['high'])}]"
+
+
+def markdown(result: dict) -> str:
+    """The tables of ``audit.md``: every method's three figures with their 95% intervals;
+    then each figure per level and, for a run directory, the means per recorded step."""
+    methods = result["methods"]
+    first = next(iter(methods.values()))["all"]
+    counts = result.get("counts", {})
+    lines = ["# Credit audit", "", f"Input: {result.get('input', '')}.", ""]
+    if counts:
+        t = counts["tokens"]
+        lines += [f"{counts['groups']} groups ({counts['mixed_groups']} mixed), "
+                  f"{counts['responses']} responses ({counts['wrong_answers']} wrong answers, "
+                  f"{counts['responses_with_wrong_tokens']} with a locally wrong token, "
+                  f"{counts['right_answers_with_wrong_tokens']} of them right answers); tokens: "
+                  f"{t['wrong']} wrong, {t['right']} right, {t['other']} not in an equation. "
+                  f"Log-probs and entropies: {result.get('scored_with', 'n/a')}. "
+                  f"Intervals: bootstrap 95% over groups ({result.get('resamples')} draws).", ""]
+    lines += ["| method | blame P(w<r) | lowest-credit token wrong | contamination | "
+              "contamination − GRPO's (paired) | responses (blame / contamination) |",
+              "|---|---|---|---|---|---|"]
+    chance = first["chance"]
+    for name, entry in methods.items():
+        a = entry["all"]
+        lines.append(f"| {name} | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
+                     f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} | "
+                     f"{a['blame']['responses']} / {a['contamination']['responses']} |")
+    lines += ["", f"Chance share of the lowest-credit token (wrong tokens / labelled tokens, "
+              f"what a constant credit gives): {_cell(chance)}.", ""]
+    if result.get("levels"):
+        for metric in METRICS:
+            head = " | ".join(f"level {lv}" for lv in result["levels"])
+            lines += [f"## {TITLES[metric]}, per level", "", f"| method | all | {head} |",
+                      "|---|---|" + "---|" * len(result["levels"])]
+            for name, entry in methods.items():
+                cells = " | ".join(_cell(entry["levels"][lv][metric]) for lv in result["levels"])
+                lines.append(f"| {name} | {_cell(entry['all'][metric])} | {cells} |")
+            if metric == "lowest":
+                ref = next(iter(methods.values()))
+                cells = " | ".join(_cell(ref["levels"][lv]["chance"]) for lv in result["levels"])
+                lines.append(f"| *chance (constant credit)* | {_cell(ref['all']['chance'])} | "
+                             f"{cells} |")
+            lines.append("")
+    if len(result.get("steps") or []) > 0:
+        steps = [str(s) for s in result["steps"]]
+        for metric in METRICS:
+            lines += [f"## {TITLES[metric]}, per recorded step (means)", "",
+                      "| method | " + " | ".join(f"step {s}" for s in steps) + " |",
+                      "|---|" + "---|" * len(steps)]
+            for name, entry in methods.items():
+                cells = " | ".join(_cell(entry["steps"][s][metric], 3).split(" [")[0]
+                                   for s in steps)
+                lines.append(f"| {name} | {cells} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def plot_metric(result: dict, metric: str, path: Path) -> Path:
+    """Methods side by side with their 95% intervals; over the recorded steps for a run
+    directory with more than one step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    methods = result["methods"]
+    names = list(methods)
+    steps = [str(s) for s in result.get("steps") or []]
+    if len(steps) > 1:
+        fig, ax = plt.subplots(figsize=(9, 4.8))
+        x = [int(s) for s in steps]
+        cmap = matplotlib.colormaps["tab10"]
+        dashes = ("-", "--", ":")
+        for k, name in enumerate(names):
+            ys = [methods[name]["steps"][s][metric] for s in steps]
+            mean = [y["mean"] if y["mean"] is not None else float("nan") for y in ys]
+            low = [y["low"] if y["low"] is not None else float("nan") for y in ys]
+            high = [y["high"] if y["high"] is not None else float("nan") for y in ys]
+            ax.plot(x, mean, marker="o", color=cmap(k % 10), linestyle=dashes[k // 10 % 3],
+                    label=name, linewidth=1.3)
+            ax.fill_between(x, low, high, color=cmap(k % 10), alpha=0.10)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_xlabel("training step (recorded rollouts; identical methods overlap)")
+        ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(names) + 2), 4.8))
+        entries = [methods[n]["all"][metric] for n in names]
+        mean = [e["mean"] if e["mean"] is not None else float("nan") for e in entries]
+        err = [[m - e["low"] if e["mean"] is not None else 0 for m, e in zip(mean, entries, strict=True)],
+               [e["high"] - m if e["mean"] is not None else 0 for m, e in zip(mean, entries, strict=True)]]
+        ax.bar(range(len(names)), mean, yerr=err, capsize=3, color="#4c72b0")
+        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
+        if metric == "blame":
+            ax.axhline(0.5, color="black", linestyle="--", linewidth=1, label="chance (GRPO)")
+            ax.legend(fontsize=8)
+        elif metric == "lowest":
+            chance = methods[names[0]]["all"]["chance"]["mean"]
+            if chance is not None:
+                ax.axhline(chance, color="black", linestyle="--", linewidth=1,
+                           label="chance (constant credit)")
+                ax.legend(fontsize=8)
+        elif "grpo" in methods and methods["grpo"]["all"][metric]["mean"] is not None:
+            ax.axhline(methods["grpo"]["all"][metric]["mean"], color="black", linestyle="--",
+                       linewidth=1, label="GRPO")
+            ax.legend(fontsize=8)
+    ax.set_title(TITLES[metric], fontsize=10)
+    ax.set_ylabel(SHORT[metric] + " (95% interval)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(result: dict, folder: Path) -> list[str]:
+    """``audit.md``, ``audit.json`` and one PNG per figure in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    md = folder / "audit.md"
+    md.write_text(markdown(result) + "\n", encoding="utf-8")
+    written.append(str(md))
+    for metric in METRICS:
+        written.append(str(plot_metric(result, metric, folder / FILES[metric])))
+    js = folder / "audit.json"
+    js.write_text(json.dumps({**result, "files": written + [str(js)]}, indent=1) + "\n",
+                  encoding="utf-8")
+    written.append(str(js))
+    return written
+
+
+def best(result: dict, metric: str, *, lowest: bool = False) -> str | None:
+    """The method with the highest (``lowest``: smallest) mean of ``metric``."""
+    scored = [(e["all"][metric]["mean"], n) for n, e in result["methods"].items()
+              if e["all"][metric]["mean"] is not None]
+    if not scored:
+        return None
+    return (min(scored) if lowest else max(scored))[1]
+
+
+def summary(result: dict) -> str:
+    """A few lines for the terminal."""
+    c = result.get("counts", {})
+    lines = [f"ktae audit: {result.get('input', '')}"]
+    if c:
+        lines.append(f"  {c['mixed_groups']} mixed groups; "
+                     f"{c['responses_with_wrong_tokens']} responses hold a locally wrong token "
+                     f"({c['right_answers_with_wrong_tokens']} of them right answers)")
+    b, low, con = best(result, "blame"), best(result, "lowest"), best(result, "contamination",
+                                                                       lowest=True)
+    m = result["methods"]
+    if b:
+        lines.append(f"  blame localisation best: {b} ({_cell(m[b]['all']['blame'])}; "
+                     "a constant credit gives 0.5)")
+    if low:
+        lines.append(f"  lowest-credit token wrong most often: {low} "
+                     f"({_cell(m[low]['all']['lowest'])}; chance "
+                     f"{_cell(next(iter(m.values()))['all']['chance'])})")
+    if con:
+        grpo = m.get("grpo", {}).get("all", {}).get("contamination")
+        ref = f"; GRPO {_cell(grpo)}" if grpo else ""
+        paired = _signed_cell(m[con]["all"].get("contamination_vs_grpo"))
+        lines.append(f"  least contamination: {con} ({_cell(m[con]['all']['contamination'])}"
+                     f"{ref}; paired difference from GRPO {paired})")
+    return "\n".join(lines)

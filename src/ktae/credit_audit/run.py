@@ -1,0 +1,448 @@
+"""``ktae audit``: does each credit method put its credit on the right tokens?
+
+Groups come with per-token local-error labels (:mod:`ktae.credit_audit.metrics`):
+
+* sampled from a model (``--model default``: the shipped tiny model on the embedded
+  task's held-out prompts), labelled by :func:`ktae.tasks.label_response`;
+* a ``ktae train`` run directory: its saved rollouts (``rollouts.jsonl``), labelled the
+  same way, the figures per recorded step;
+* a JSONL file of groups with user-given labels: the fields ``ktae explain`` reads
+  (``prompt``, ``responses``, ``rewards`` or ``answer``, optional ``correct``, ``id``)
+  plus ``"wrong"``: per response a list of ``[start, end)`` character spans that are
+  locally wrong, optional ``"checked"`` (spans that were judged at all; default: every
+  character) and ``"level"`` (any label to break the figures down by).
+
+Every method is named as ``ktae explain --credit`` and ``ktae compare --credit`` name it
+(:func:`ktae.explain.sources.credit_spec`, ``CREDIT[@KEY=VALUE...]``) and computed by
+the same function as the explain page (:func:`ktae.viz.report.credit_values`: the
+public ``compute_advantages`` and ``calibrate_advantages``, from the scoring policy's
+log-probs and entropies). A token a calibration's loss mask removes receives no credit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ktae.credit_audit.metrics import METRICS, OTHER, RIGHT, WRONG, response_metrics, summarise
+
+DEFAULT_PROMPTS = 200
+DEFAULT_SAMPLES = 8
+DEFAULT_RESAMPLES = 1000
+DEFAULT_MODEL = "default"
+REFERENCE = "grpo"
+"""The method contamination is compared with, response by response."""
+EXTRA = ("chance", "contamination_vs_grpo")
+"""Figures besides :data:`METRICS`: the chance share of ``lowest`` and the paired
+difference ``contamination - GRPO's contamination`` on the same responses."""
+_CODES = {"w": WRONG, "r": RIGHT, ".": OTHER}
+
+
+def default_methods() -> list[str]:
+    """Every registered estimator and calibration (on GRPO), ``ktae+taco`` and KTAE over
+    spans of 2, 3 and 4 tokens."""
+    import ktae
+
+    return [*ktae.ADVANTAGE_ESTIMATORS.names(), *ktae.CALIBRATIONS.names(), "ktae+taco",
+            "ktae@ngram=2", "ktae@ngram=3", "ktae@ngram=4"]
+
+
+def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=()) -> dict:
+    """``"grpo,ktae,ktae@ngram=3"`` (or a list; None: :func:`default_methods`) ->
+    ``{name: CreditSpec}``; an unknown name is a ValueError naming ``credit``."""
+    from ktae.explain.sources import credit_spec
+
+    names = default_methods() if spec is None else (
+        [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec))
+    names = [n for n in names if n]
+    if not names:
+        raise ValueError("credit: expected a comma-separated list of credit methods")
+    out = {}
+    for name in names:
+        if name in out:
+            raise ValueError(f"credit: {name!r} is listed twice")
+        try:
+            out[name] = credit_spec(name, ignore_token_ids=ignore_token_ids)
+        except ValueError as err:
+            text = str(err)
+            raise ValueError(text if text.startswith("credit") else f"credit: {name!r}: {text}"
+                             ) from None
+    return out
+
+
+def needs_scores(spec) -> bool:
+    """The method reads per-token log-probs/entropies (a calibration, or GTPO)."""
+    from ktae.core.advantages import estimator_needs_entropies
+
+    return spec.calibration is not None or estimator_needs_entropies(spec.estimator)
+
+
+@dataclass
+class AuditGroup:
+    """One group and its labels: ``labels[i]`` holds one of ``"w"``, ``"r"``, ``"."``
+    per token of response ``i``; ``level`` and ``step`` break the figures down."""
+
+    group: object  # ktae.viz.report.GroupInput
+    labels: list[str]
+    level: object = None
+    step: int | None = None
+    key: str = ""
+
+
+@dataclass
+class AuditInput:
+    """What is audited: groups, the tokenizer, a description and, for a run directory,
+    where to find a model that can score its responses."""
+
+    groups: list[AuditGroup]
+    tokenizer: object
+    description: str
+    kind: str
+    scorer: str | None = None
+    meta: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def embedded_labels(group, tokenizer, question: str) -> list[str]:
+    """Per-token labels of each response of ``group`` (token ids) from
+    :func:`ktae.tasks.label_response` on the decoded text."""
+    from ktae.tasks import label_response, token_labels
+    from ktae.viz.tokens import token_pieces
+
+    out = []
+    for ids in group.responses:
+        pieces = [p.text for p in token_pieces(tokenizer, ids)]
+        out.append("".join(token_labels(label_response("".join(pieces), question), pieces)))
+    return out
+
+
+def _spans(value, text: str, what: str, where: str) -> list[tuple[int, int]]:
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: expected '{what}' spans as a list of [start, end] pairs")
+    spans = []
+    for span in value:
+        ok = (isinstance(span, list) and len(span) == 2
+              and all(isinstance(x, int) and not isinstance(x, bool) for x in span))
+        if not ok:
+            raise ValueError(f"{where}: expected '{what}' spans as [start, end] integer pairs, "
+                             f"got {span!r}")
+        start, end = span
+        if not 0 <= start < end <= len(text):
+            raise ValueError(f"{where}: '{what}' span [{start}, {end}] lies outside the "
+                             f"response's {len(text)} characters (expected 0 <= start < end "
+                             f"<= {len(text)})")
+        spans.append((start, end))
+    return spans
+
+
+def span_labels(text: str, wrong: list, checked: list | None, where: str) -> str:
+    """Per-character labels from user spans: wrong inside ``wrong``, right elsewhere in
+    ``checked`` (None: the whole text), not judged outside it."""
+    chars = ["r" if checked is None else "."] * len(text)
+    for start, end in (_spans(checked, text, "checked", where) if checked is not None else ()):
+        chars[start:end] = "r" * (end - start)
+    for start, end in _spans(wrong, text, "wrong", where):
+        chars[start:end] = "w" * (end - start)
+    return "".join(chars)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, seed: int,
+                  max_new_tokens: int, temperature: float) -> AuditInput:
+    """``prompts`` held-out embedded prompts x ``samples`` responses from ``model``."""
+    from ktae.explain.sources import sample_groups
+    from ktae.tasks import format_prompt, generate
+    from ktae.train.data import EVAL_SEED
+
+    template = "compact" if len(tokenizer) < 1000 else "qwen-math"
+    problems = generate(prompts, split="test", seed=EVAL_SEED)
+    rows = [{"prompt": format_prompt(p, template), "answer": p.answer} for p in problems]
+    sampled = sample_groups(model, tokenizer, rows, num_generations=samples,
+                            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    groups = [AuditGroup(g, embedded_labels(g, tokenizer, p.question), level=p.level, key=key)
+              for (key, g), p in zip(sampled, problems, strict=True)]
+    desc = (f"{prompts} held-out embedded prompts x {samples} responses sampled from {path} "
+            f"(temperature {temperature:g}, seed {seed}, at most {max_new_tokens} new tokens)")
+    return AuditInput(groups, tokenizer, desc, "model")
+
+
+def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
+    """The recorded rollouts of a ``ktae train`` run directory, every recorded step."""
+    from ktae.explain.sources import _run_tokenizer
+    from ktae.tasks import level_of, question_of
+    from ktae.train.rollouts import ROLLOUTS_FILE, read_rollouts
+    from ktae.viz.report import GroupInput
+
+    path = run / ROLLOUTS_FILE
+    if not path.is_file():
+        raise ValueError(f"INPUT: {run} holds no {ROLLOUTS_FILE} (run directories of ktae train "
+                         "keep one unless --rollout-every 0)")
+    header, records = read_rollouts(path)
+    if not records:
+        raise ValueError(f"INPUT: {path} holds no recorded groups yet")
+    tok, tok_path = _run_tokenizer(run, header, tokenizer)
+    groups = []
+    for r in records:
+        question = question_of(r["prompt"])
+        if question is None:
+            raise ValueError(f"INPUT: {path}: prompt {r['prompt']!r} is not an embedded-task "
+                             "prompt, so its responses cannot be labelled; audit a JSONL of "
+                             "groups with 'wrong' spans instead")
+        g = GroupInput(prompt=r["prompt"], responses=r["responses"], rewards=r["rewards"],
+                       correct=r["correct"], label=f"step {r['step']} group {r['group']}",
+                       logprobs=r.get("logprobs"), entropies=r.get("entropies"),
+                       old_entropies=r.get("old_entropies"))
+        groups.append(AuditGroup(g, embedded_labels(g, tok, question), level=level_of(question),
+                                 step=int(r["step"]), key=f"{r['step']}:{r['group']}"))
+    steps = sorted({g.step for g in groups})
+    trained = header["estimator"] + (f"+{header['calibration']}" if header.get("calibration")
+                                     else "")
+    final = run / "final"
+    scorer = str(final) if (final / "config.json").is_file() else None
+    desc = (f"run {run} (trained with {trained}): {len(groups)} recorded groups at steps "
+            f"{', '.join(map(str, steps))}")
+    return AuditInput(groups, tok, desc, "run", scorer=scorer, meta=[f"tokenizer: {tok_path}"])
+
+
+def jsonl_input(path: Path, tokenizer) -> AuditInput:
+    """Groups with user-given ``wrong`` spans (see the module docstring), read by
+    :func:`ktae.explain.sources.load_jsonl`."""
+    from ktae.explain.sources import load_jsonl
+    from ktae.tasks import token_labels
+    from ktae.viz.tokens import token_pieces
+
+    loaded = load_jsonl(path, tokenizer=tokenizer)
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+               if line.strip()]  # the same lines, in order (load_jsonl checked them)
+    groups = []
+    for (key, g), rec in zip(loaded, records, strict=True):
+        where = f"INPUT: {path} {g.label}"
+        if g.labels is None:
+            raise ValueError(f"{where}: expected 'wrong': per response a list of [start, end] "
+                             "character spans that are locally wrong ([] when none is)")
+        labels = []
+        for i, (chars, ids) in enumerate(zip(g.labels, g.responses, strict=True)):
+            pieces = [p.text for p in token_pieces(tokenizer, ids)]
+            if sum(map(len, pieces)) != len(chars):
+                raise ValueError(f"{where} response {i}: the tokenizer does not decode the "
+                                 "response back to its text, so character spans cannot be "
+                                 "mapped to tokens")
+            labels.append("".join(token_labels(chars, pieces)))
+        groups.append(AuditGroup(g, labels, level=rec.get("level"), key=key))
+    return AuditInput(groups, tokenizer, f"{len(groups)} groups from {path}", "jsonl")
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def _label_tensor(labels: list[str], T: int) -> torch.Tensor:
+    out = torch.full((len(labels), T), OTHER, dtype=torch.int8)
+    for i, row in enumerate(labels):
+        if row:
+            out[i, :len(row)] = torch.tensor([_CODES[c] for c in row], dtype=torch.int8)
+    return out
+
+
+def _batches(groups: list[AuditGroup]) -> list[list[int]]:
+    """Indices of the groups computed together: one batch per recorded step."""
+    steps: dict = {}
+    for i, g in enumerate(groups):
+        steps.setdefault(g.step, []).append(i)
+    return list(steps.values())
+
+
+def per_response(groups: list[AuditGroup], spec) -> dict[str, np.ndarray]:
+    """Per-response figures of one method over ``groups`` (NaN where undefined), with
+    each response's group index, level and step."""
+    from ktae.viz.report import credit_values
+
+    parts = []
+    for batch in _batches(groups):
+        chosen = [groups[i] for i in batch]
+        values = credit_values([g.group for g in chosen], spec)
+        credit = torch.where(values.in_loss & values.mask, values.final.double(), 0.0)
+        labels = _label_tensor([row for g in chosen for row in g.labels], values.mask.shape[1])
+        m = response_metrics(credit, labels, values.mask, values.correct, values.group)
+        index = torch.tensor(batch)[values.group]
+        parts.append({"group": index.numpy(), **{k: getattr(m, k).numpy()
+                                                  for k in (*METRICS, "chance")}})
+    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    order = np.argsort(out["group"], kind="stable")
+    return {k: v[order] for k, v in out.items()}
+
+
+def check_groups(groups: list[AuditGroup]) -> None:
+    """ValueError when no group can be audited (a mixed group with a labelled wrong token
+    in a wrong answer, or in a right answer)."""
+    if not groups:
+        raise ValueError("INPUT: no groups to audit")
+    for g in groups:
+        lengths = [len(r) for r in g.group.responses]
+        if [len(x) for x in g.labels] != lengths:
+            raise ValueError(f"labels: group {g.key or g.group.label!r} has labels of "
+                             f"{[len(x) for x in g.labels]} tokens for responses of {lengths}")
+    for g in groups:
+        correct = g.group.correct or [r > 0 for r in g.group.rewards]
+        if any(correct) and not all(correct) and any("w" in row for row in g.labels):
+            return
+    raise ValueError("INPUT: no mixed group (right and wrong answers in one group) holds a "
+                     "locally wrong token, so no credit can be audited; sample more prompts "
+                     "or responses")
+
+
+def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DEFAULT_RESAMPLES,
+                 seed: int = 0) -> dict:
+    """Every method's figures: ``{"methods": {name: {"all": {figure: summary},
+    "levels": {level: {...}}, "steps": {step: {...}}}}, "levels": [...], "steps": [...]}``
+    with the figures :data:`METRICS` and :data:`EXTRA` (summaries as
+    :func:`ktae.credit_audit.metrics.summarise`)."""
+    check_groups(groups)
+    levels = sorted({g.level for g in groups if g.level is not None}, key=str)
+    steps = sorted({g.step for g in groups if g.step is not None})
+    result: dict = {"methods": {}, "levels": [str(x) for x in levels], "steps": steps}
+
+    def summaries(values: dict, keep: np.ndarray) -> dict:
+        return {k: summarise(np.where(keep, values[k], np.nan), values["group"],
+                             resamples=resamples, seed=seed) for k in (*METRICS, *EXTRA)}
+
+    reference = per_response(groups, parse_methods(REFERENCE)[REFERENCE])
+    for name, spec in methods.items():
+        values = per_response(groups, spec)
+        # paired with GRPO on the same response (NaN where either is undefined)
+        values["contamination_vs_grpo"] = values["contamination"] - reference["contamination"]
+        level = np.array([str(groups[i].level) for i in values["group"]])
+        step = np.array([groups[i].step if groups[i].step is not None else -1
+                         for i in values["group"]])
+        every = np.ones(len(level), dtype=bool)
+        entry = {"all": summaries(values, every),
+                 "levels": {str(lv): summaries(values, level == str(lv)) for lv in levels},
+                 "steps": {str(s): summaries(values, step == s) for s in steps}}
+        result["methods"][name] = entry
+    return result
+
+
+def audit(input=None, *, model: str | None = None, credit=None, prompts: int = DEFAULT_PROMPTS,
+          samples: int = DEFAULT_SAMPLES, seed: int = 0, max_new_tokens: int | None = None,
+          temperature: float = 1.0, tokenizer: str | None = None,
+          resamples: int = DEFAULT_RESAMPLES, threads: int | None = None,
+          output_dir: str | Path | None = None) -> dict:
+    """Audit credit methods on labelled groups (see the module docstring); what
+    ``ktae audit`` computes, as the ``audit.json`` dictionary.
+
+    Args:
+        input: a ``ktae train`` run directory or a JSONL file of labelled groups; None
+            samples from ``model``.
+        model: model to sample from (no ``input``) or to score responses with for the
+            methods that read log-probs/entropies; ``"default"`` is the shipped model.
+        credit: comma list (or list) of credit methods; None: :func:`default_methods`.
+        prompts, samples, seed, max_new_tokens, temperature: the sampling (no ``input``).
+        tokenizer: tokenizer directory for a JSONL input (default: the model's).
+        resamples: bootstrap draws of every interval (0: none).
+        threads: torch CPU threads (None: unchanged).
+        output_dir: also write ``audit.md``, ``audit.json`` and the PNGs there.
+
+    Raises:
+        ValueError: bad arguments or input (one line naming what was expected).
+    """
+    from ktae.explain import sources
+
+    check_arguments(input=input, model=model, prompts=prompts, samples=samples,
+                    resamples=resamples, temperature=temperature, max_new_tokens=max_new_tokens)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    methods = parse_methods(credit)
+    loaded = None
+    path = None if input is None else Path(input)
+    if path is not None and path.is_dir():
+        data = run_input(path, tokenizer=tokenizer)
+    elif path is not None:
+        tok_dir = tokenizer or (None if model in (None, DEFAULT_MODEL) else model)
+        tok = sources.load_tokenizer(tok_dir or sources.default_tokenizer_path())
+        data = jsonl_input(path, tok)
+    else:
+        loaded = sources.load_model(model or DEFAULT_MODEL)
+        m, tok, where = loaded
+        max_new = max_new_tokens or (40 if len(tok) < 1000 else 1024)
+        data = sampled_input(m, tok, where, prompts=prompts, samples=samples, seed=seed,
+                             max_new_tokens=max_new, temperature=temperature)
+    ignore = sources.ignore_ids(data.tokenizer)
+    methods = {n: _with_ignore(s, ignore) for n, s in methods.items()}
+    check_groups(data.groups)
+    scored = "recorded"
+    inputs = [g.group for g in data.groups]
+    if any(needs_scores(s) for s in methods.values()) and not all(
+            g.logprobs is not None and g.entropies is not None
+            and all(r is not None for r in g.logprobs) for g in inputs):
+        if loaded is None:
+            loaded = sources.load_model(model or data.scorer or DEFAULT_MODEL)
+        scored = loaded[2]
+        sources.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature)
+    result = audit_groups(data.groups, methods, resamples=resamples, seed=0)
+    result.update(input=data.description, kind=data.kind, scored_with=scored,
+                  resamples=resamples, counts=_counts(data.groups), meta=data.meta,
+                  credit={n: _describe(s) for n, s in methods.items()})
+    if output_dir is not None:
+        from ktae.credit_audit.report import write_outputs
+
+        result["files"] = write_outputs(result, Path(output_dir))
+    return result
+
+
+def _with_ignore(spec, ignore):
+    import dataclasses
+
+    return dataclasses.replace(spec, ignore_token_ids=tuple(ignore))
+
+
+def _describe(spec) -> str:
+    text = spec.estimator
+    if spec.estimator_options:
+        text += " (" + ", ".join(f"{k}={v}" for k, v in spec.estimator_options.items()) + ")"
+    if spec.calibration:
+        text += f" + {spec.calibration}"
+        if spec.calibration_options:
+            text += " (" + ", ".join(f"{k}={v}" for k, v in spec.calibration_options.items()) + ")"
+    return text
+
+
+def _counts(groups: list[AuditGroup]) -> dict:
+    responses = [(row, c) for g in groups for row, c in zip(
+        g.labels, g.group.correct or [r > 0 for r in g.group.rewards], strict=True)]
+    mixed = 0
+    for g in groups:
+        correct = g.group.correct or [r > 0 for r in g.group.rewards]
+        mixed += bool(any(correct) and not all(correct))
+    return {"groups": len(groups), "mixed_groups": mixed, "responses": len(responses),
+            "wrong_answers": sum(not c for _, c in responses),
+            "responses_with_wrong_tokens": sum("w" in row for row, _ in responses),
+            "right_answers_with_wrong_tokens": sum("w" in row and c for row, c in responses),
+            "tokens": {"wrong": sum(r.count("w") for r, _ in responses),
+                       "right": sum(r.count("r") for r, _ in responses),
+                       "other": sum(r.count(".") for r, _ in responses)}}
+
+
+def check_arguments(*, input, model, prompts, samples, resamples, temperature,
+                    max_new_tokens) -> None:
+    """The one-line errors of bad arguments (before any model loads)."""
+    for name, value, low in (("prompts", prompts, 1), ("samples", samples, 2),
+                             ("resamples", resamples, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
+        raise ValueError(f"max-new-tokens: expected a positive integer, got {max_new_tokens!r}")
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ValueError(f"temperature: expected > 0, got {temperature!r}")
+    if input is not None and not Path(input).exists():
+        raise ValueError(f"INPUT: no such file or directory: {input}")
+    if input is None and model is None:
+        raise ValueError("INPUT: give a run directory or a JSONL file of labelled groups, or "
+                         "--model (e.g. --model default) to sample responses")
