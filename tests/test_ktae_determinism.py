@@ -13,7 +13,7 @@ from oracle import random_batch
 
 import ktae
 from ktae.core import pointwise
-from ktae.core.tasks import run_tasks
+from ktae.core.tasks import one_thread_caller, run_tasks
 
 CHUNKS = (None, 1, 7, 50, 333, 10**9)
 OPTIONS = (dict(), dict(mode="reference"), dict(ngram=3), dict(ngram=2, ngram_reduce="maxabs"),
@@ -140,3 +140,29 @@ def test_a_forked_child_gets_its_own_task_threads(threads):
     child.join(60)
     assert child.exitcode == 0, "the forked child hung or failed"
     assert queue.get(timeout=5) == expected
+
+
+def test_entry_points_run_on_one_thread_and_keep_the_callers_setting(threads):
+    torch.set_num_threads(2)
+    inside = {}
+
+    @one_thread_caller
+    def entry():
+        inside["own"] = torch.get_num_threads()
+        inside["tasks"] = run_tasks(lambda _: threading.current_thread().name, range(4),
+                                    device=torch.device("cpu"))
+        inside["nested"] = nested()
+        return 7
+
+    @one_thread_caller
+    def nested():
+        return torch.get_num_threads()
+
+    assert entry() == 7 and torch.get_num_threads() == 2
+    assert inside["own"] == 1 and inside["nested"] == 1
+    assert all(name.startswith("ktae-task") for name in inside["tasks"])
+    kw = random_batch(2, sizes=[8] * 4, vocab=30, max_len=20)
+    ktae.compute_advantages("ktae", **kw)
+    ktae.calibrate_advantages("taco", torch.ones(32), logprobs=-torch.rand(32, 20),
+                              entropies=torch.rand(32, 20), mask=torch.ones(32, 20))
+    assert torch.get_num_threads() == 2

@@ -19,6 +19,7 @@ from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor, check_float, check_mask
 from ktae.core.groups import group_index
 from ktae.core.registry import Registry
+from ktae.core.tasks import one_thread_caller
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 
@@ -125,6 +126,7 @@ def broadcast(seq_adv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return seq_adv[:, None] * mask.to(seq_adv.dtype)
 
 
+@one_thread_caller
 def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
                        entropies=None, **options) -> torch.Tensor:
     """Advantages from a registered estimator.

@@ -50,6 +50,7 @@ from ktae.core import (
 from ktae.core.calibration_rules import CALIBRATIONS, RULE_ARGS
 from ktae.core.checks import as_tensor, check_mask
 from ktae.core.policy_loss import token_advantages, token_tensor
+from ktae.core.tasks import one_thread_caller
 
 __all__ = ["CALIBRATIONS", "CalibrationResult", "calibrate_advantages", "calibration_options"]
 
@@ -106,6 +107,7 @@ def _rule_options(name: str, options: dict) -> dict:
     return options
 
 
+@one_thread_caller
 def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mask,
                          old_logprobs=None, generator: torch.Generator | None = None,
                          **options) -> CalibrationResult:

@@ -58,7 +58,7 @@ from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.ngrams import Spans, find_spans, reduce_to_tokens
 from ktae.core.table_stats import TableStats, table_stats
-from ktae.core.tasks import run_tasks
+from ktae.core.tasks import one_thread_caller, run_tasks
 from ktae.core.token_counts import (
     TokenCounts,
     count_units,
@@ -366,6 +366,7 @@ def _span_columns(table: KeyTokenTable, cnt: TokenCounts, spans: Spans) -> KeyTo
     return dataclasses.replace(table, span=spans.token_ids(cnt.order[first]))
 
 
+@one_thread_caller
 @keyword_options("key_token_table")
 def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = None,
                     correct=None, reward_threshold: float | None = None,

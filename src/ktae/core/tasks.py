@@ -1,33 +1,38 @@
-"""Independent chunks of work as coarse tasks, each run with one torch thread.
+"""Per-step CPU work without per-operation barriers: one-thread callers, coarse tasks.
 
 KTAE's pass over a batch splits it into chunks of whole groups (statistics never cross
-groups). A chunk's pass is a few dozen tensor operations over its tokens. Run with torch's
-intra-op threads, every one of those operations is a parallel region that ends only when
-all threads are done with it. On an idle machine that costs little; on a machine where
-other processes compete for the cores (a training driver next to data loaders, reward
-workers, generation), a descheduled thread makes every region wait for its next time
-slice. Measured on a 2-core machine with one or two busy processes (paper-scale batch, 56
-chunks, about 2,000 parallel regions), the same code ran 4x to 22x slower than one sort of
-its keys, and slower than on one thread.
+groups). A chunk's pass is a few dozen tensor operations over its tokens, and the other
+per-step rules (calibrations, GTPO) are a few dozen passes over ``[B, T]``. Run with
+torch's intra-op threads, every one of those operations is a parallel region that ends
+only when all threads are done with it. On an idle machine that costs little; on a machine
+where other processes compete for the cores (a training driver next to data loaders,
+reward workers, generation), a descheduled thread makes every region wait for its next
+time slice. Measured on a 2-core machine with one or two busy processes (paper-scale batch,
+56 chunks, about 2,000 parallel regions), KTAE ran 4x to 22x slower than one sort of its
+keys, and slower than on one thread; TACO's calibration, STAPO's and GTPO's slowed by
+similar factors (``benchmarks/bench_contention.py``).
 
-So the chunks are run here as tasks on a small pool of threads (as many as torch's intra-op
-thread count of the caller), each thread running torch operations on one intra-op thread.
-Nothing inside a chunk waits for another thread: a core taken by another process just
-runs fewer chunks, and the only wait is for the last chunk of the batch. Torch releases the
-GIL inside its kernels, so the threads run in parallel. Which thread runs a chunk cannot
-change its values, so results do not depend on the thread count.
+So the public entry points run with one intra-op thread in the calling thread
+(:func:`one_thread_caller`), and work that splits into independent chunks runs as tasks on
+a small pool of threads (as many as the caller's own thread count), each with one intra-op
+thread (:func:`run_tasks`). Nothing waits for another thread inside a task: a core taken by
+another process just runs fewer chunks, and the only wait is for the last chunk of the
+batch. Torch releases the GIL inside its kernels, so the threads run in parallel. Which
+thread runs a chunk cannot change its values, so results do not depend on the thread
+count.
 
 How the one-thread setting is made: with torch's OpenMP backend (its CPU builds on Linux,
 macOS and Windows), ``torch.set_num_threads`` sets the calling thread's own OpenMP thread
-count and a process-wide default that threads read when they first use torch; a pool
-thread sets 1 for itself, and the caller restores the default once its tasks are done, so
-the caller's own setting never changes. Threads that first use torch while tasks are
-running start with one thread. Other backends, a caller already on one thread and
-accelerator tensors run the tasks in the calling thread, one after the other.
+count and a process-wide default that threads read when they first use torch. A caller's
+setting is restored when the entry point returns, so it never changes from the caller's
+point of view; threads that first use torch while a call runs start with one thread. Other
+backends, and a caller already on one thread, run everything in the calling thread as it
+is; accelerator tensors are not spread over CPU threads.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -44,6 +49,7 @@ _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _pool_pid = 0
+_caller = threading.local()  # .threads: the caller's thread count inside one_thread_caller
 
 
 @cache
@@ -70,6 +76,26 @@ def _one_thread(fn: Callable[[T], R], item: T) -> R:
     return fn(item)
 
 
+def one_thread_caller(fn: Callable[..., R]) -> Callable[..., R]:
+    """Run ``fn`` with one intra-op thread in the calling thread, keeping the caller's
+    thread count for :func:`run_tasks` inside it (and restoring it on return)."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        threads = torch.get_num_threads()
+        if getattr(_caller, "threads", None) is not None or threads == 1 or not _openmp_backend():
+            return fn(*args, **kwargs)
+        _caller.threads = threads
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _caller.threads = None
+            torch.set_num_threads(threads)
+
+    return call
+
+
 def run_tasks(fn: Callable[[T], R], items: Iterable[T], *, device: torch.device) -> list[R]:
     """``[fn(x) for x in items]``, each call with one torch thread, in parallel on CPU.
 
@@ -84,7 +110,8 @@ def run_tasks(fn: Callable[[T], R], items: Iterable[T], *, device: torch.device)
         raised here, after every call has finished.
     """
     items = list(items)
-    threads = torch.get_num_threads()
+    own = torch.get_num_threads()
+    threads = getattr(_caller, "threads", None) or own
     if device.type != "cpu" or threads == 1 or not _openmp_backend() or not items:
         return [fn(x) for x in items]
     pool = _get_pool(threads)
@@ -92,7 +119,7 @@ def run_tasks(fn: Callable[[T], R], items: Iterable[T], *, device: torch.device)
         futures = [pool.submit(_one_thread, fn, x) for x in items]
         errors = [f.exception() for f in futures]
     finally:
-        torch.set_num_threads(threads)  # the process-wide default the pool threads changed
+        torch.set_num_threads(own)  # the process-wide default the pool threads changed
     for e in errors:
         if e is not None:
             raise e
