@@ -166,3 +166,32 @@ def test_entry_points_run_on_one_thread_and_keep_the_callers_setting(threads):
     ktae.calibrate_advantages("taco", torch.ones(32), logprobs=-torch.rand(32, 20),
                               entropies=torch.rand(32, 20), mask=torch.ones(32, 20))
     assert torch.get_num_threads() == 2
+
+
+def test_policy_loss_gradients_are_the_one_thread_ones(threads):
+    """On several threads the loss and its gradients come from one pass on one thread
+    (``_PrecomputedGradients``): the same bits as plain autograd on one thread."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 9, generator=g)
+    old = -torch.rand(6, 9, generator=g)
+    adv = torch.randn(6, 9, generator=g)
+    mask = torch.rand(6, 9, generator=g) < 0.8
+    ref = -torch.rand(6, 9, generator=g)
+    settings = dict(clip_high=0.28, dual_clip=3.0, ref_logprobs=ref, kl_coef=0.1,
+                    entropy_coef=0.01, aggregation="seq-mean-token-mean")
+
+    def run(n):
+        torch.set_num_threads(n)
+        x = logits.clone().requires_grad_()
+        lp = torch.nn.functional.logsigmoid(x)
+        ent = torch.sigmoid(x) * 2.0  # a graph into x, as a policy's entropies have
+        loss, metrics = ktae.policy_loss(lp, old, adv, mask, entropies=ent, **settings)
+        loss.backward()
+        return loss.detach(), metrics, x.grad
+
+    one, two = run(1), run(2)
+    assert torch.equal(one[0], two[0]) and one[1] == two[1]
+    assert torch.equal(one[2], two[2])
+    with torch.no_grad():
+        loss, _ = ktae.policy_loss(logits, old, adv, mask)
+    assert not loss.requires_grad

@@ -32,6 +32,7 @@ import math
 import torch
 
 from ktae.core.checks import as_tensor, check_float, check_mask
+from ktae.core.tasks import one_thread_caller, spreads_over_threads
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -249,6 +250,55 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float = 0
         >>> round(loss.item(), 4), m["ratio_mean"]
         (-1.0, 1.0)
     """
+    settings = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+                    aggregation=aggregation, max_response_length=max_response_length,
+                    ref_logprobs=ref_logprobs, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                    entropy_coef=entropy_coef)
+    with_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in (logprobs, entropies)]
+    device = logprobs.device if isinstance(logprobs, torch.Tensor) else torch.device("cpu")
+    if not (any(with_grad) and torch.is_grad_enabled() and spreads_over_threads(device)):
+        return one_thread_caller(_policy_loss)(logprobs, old_logprobs, advantages, mask,
+                                               entropies=entropies, **settings)
+    # On a multi-threaded CPU: the loss and its gradients in one pass on one intra-op thread
+    # (ktae.core.tasks: a busy machine would make each of the backward pass's operations
+    # wait a time slice), joined to the caller's graph by one product per input.
+    inputs = [t for t, g in zip((logprobs, entropies), with_grad, strict=True) if g]
+
+    def loss_and_grads():
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in inputs]
+            it = iter(leaves)
+            lp = next(it) if with_grad[0] else logprobs
+            ent = next(it) if with_grad[1] else entropies
+            loss, metrics = _policy_loss(lp, old_logprobs, advantages, mask, entropies=ent,
+                                         **settings)
+            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)]
+        return loss.detach(), metrics, grads
+
+    value, metrics, grads = one_thread_caller(loss_and_grads)()
+    return _PrecomputedGradients.apply(value, len(inputs), *grads, *inputs), metrics
+
+
+class _PrecomputedGradients(torch.autograd.Function):
+    """``value`` in the graph of ``inputs``, whose gradients were computed with it:
+    backward scales them by the incoming gradient (no second-order gradients)."""
+
+    @staticmethod
+    def forward(ctx, value, n, *grads_and_inputs):
+        ctx.save_for_backward(*grads_and_inputs[:n])
+        ctx.n = n
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grads = [grad_output * g for g in ctx.saved_tensors]
+        return (None, None, *([None] * ctx.n), *grads)
+
+
+def _policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip,
+                 aggregation, max_response_length, ref_logprobs, kl_coef, kl_estimator,
+                 entropies, entropy_coef) -> tuple[torch.Tensor, dict[str, float]]:
     device = logprobs.device if isinstance(logprobs, torch.Tensor) else None
     logprobs = token_tensor(logprobs, "logprobs", None, device)
     shape = tuple(logprobs.shape)

@@ -76,6 +76,12 @@ def _one_thread(fn: Callable[[T], R], item: T) -> R:
     return fn(item)
 
 
+def spreads_over_threads(device: torch.device) -> bool:
+    """Whether work on ``device`` in this thread would use more than one CPU thread."""
+    threads = getattr(_caller, "threads", None) or torch.get_num_threads()
+    return device.type == "cpu" and threads > 1 and _openmp_backend()
+
+
 def one_thread_caller(fn: Callable[..., R]) -> Callable[..., R]:
     """Run ``fn`` with one intra-op thread in the calling thread, keeping the caller's
     thread count for :func:`run_tasks` inside it (and restoring it on return)."""
