@@ -1,7 +1,10 @@
 """Symbolic equivalence worker, run as a separate process by :mod:`ktae.rewards.pool`.
 
-Protocol: one JSON object per line on stdin, ``{"gold": str, "pred": str}``; one JSON
-object per line on stdout, ``{"equal": bool}`` or ``{"error": str}``. The first line
+Protocol: one JSON object per line on stdin, ``{"gold": str, "pred": str}`` (symbolic
+equivalence of two bare answers) or ``{"scorer": name, "gold": str, "pred": str}`` (a
+whole response checked by a scorer of :mod:`ktae.rewards.answer_line`, e.g. ``"dapo"``);
+one JSON object per line on stdout, ``{"equal": bool}`` (scorers add ``"pred"``, the
+answer they read, or null) or ``{"error": str}``. The first line
 written is ``{"ready": true}``. The process exits on end of input, even in the middle of
 a check.
 
@@ -80,6 +83,18 @@ def _limit_memory() -> None:
         pass
 
 
+def _answer_line_checks() -> dict:
+    """The scorers of ``answer_line.py`` (beside this file; standard library only)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name("answer_line.py")
+    spec = importlib.util.spec_from_file_location("ktae_answer_line", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CHECKS
+
+
 def main() -> None:
     _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else None)
     _setup()
@@ -103,6 +118,7 @@ def main() -> None:
             verify(_parse(gold), _parse(pred), timeout_seconds=None)
         except Exception:  # noqa: BLE001 - a warm-up only: checks report their own errors
             pass
+    scorers = _answer_line_checks()
     _limit_memory()
     out.write('{"ready": true}\n')
     out.flush()
@@ -110,9 +126,14 @@ def main() -> None:
         line = requests.get()
         try:
             req = json.loads(line)
-            gold, pred = parse_gold(req["gold"]), _parse(req["pred"])
-            equal = bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=None))
-            reply = {"equal": equal}
+            if "scorer" in req:
+                equal, read = scorers[req["scorer"]](req["pred"], req["gold"])
+                reply = {"equal": bool(equal), "pred": read}
+            else:
+                gold, pred = parse_gold(req["gold"]), _parse(req["pred"])
+                equal = bool(gold) and bool(pred) and bool(verify(gold, pred,
+                                                                  timeout_seconds=None))
+                reply = {"equal": equal}
         except BaseException as e:  # noqa: BLE001 - MemoryError, RecursionError, anything
             reply = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         out.write(json.dumps(reply) + "\n")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ktae.rewards.extract import extract_boxed
-from ktae.rewards.verify import RewardResult, math_reward, reference_text
+from ktae.rewards.verify import RewardResult, math_reward, reference_text, scorer_reward
 
 DEFAULT_MAX_WORKERS = 8
 
@@ -67,6 +67,26 @@ def batch_math_reward(completions: Sequence[str], references: Sequence, *,
         return [math_reward(c, r, timeout=timeout) for c, r in pairs]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ktae-reward") as ex:
         return list(ex.map(lambda cr: math_reward(cr[0], cr[1], timeout=timeout), pairs))
+
+
+def batch_scorer_reward(completions: Sequence[str], references: Sequence, *, scorer: str,
+                        timeout: float = 5.0, num_workers: int | None = None
+                        ) -> list[RewardResult]:
+    """:func:`ktae.rewards.verify.scorer_reward` of each pair, in order (threads as in
+    :func:`batch_math_reward`)."""
+    _check_lists(completions, references)
+    if not completions:
+        return []
+    workers = _num_workers(num_workers, len(completions))
+    pairs = list(zip(completions, references, strict=True))
+
+    def one(cr):
+        return scorer_reward(cr[0], cr[1], scorer=scorer, timeout=timeout)
+
+    if workers == 1:
+        return [one(cr) for cr in pairs]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ktae-reward") as ex:
+        return list(ex.map(one, pairs))
 
 
 def correctness_reward(completions: Sequence[str], references: Sequence, *,

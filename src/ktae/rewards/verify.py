@@ -39,7 +39,8 @@ _STATS = {"calls": 0, "exact": 0, "symbolic": 0, "timeouts": 0, "errors": 0}
 
 @dataclass(frozen=True)
 class RewardResult:
-    """Outcome of one check. ``score`` is 1.0 when ``correct`` else 0.0.
+    """Outcome of one check. ``score`` is the reward: 1.0 when ``correct`` else 0.0 for
+    the boxed reward (other scorers give their own values, e.g. DAPO's +1 / -1).
 
     ``formatted``: the completion closes a non-empty ``\\boxed{}``; ``extracted``: its
     content (None when there is no complete box); ``timed_out``: the symbolic check was
@@ -186,3 +187,46 @@ def math_reward(completion: str, reference, *, timeout: float = 5.0) -> RewardRe
         return RewardResult(0.0, False, False, extracted, False)
     correct, timed_out = answers_equivalent(extracted, ref, timeout=timeout)
     return RewardResult(1.0 if correct else 0.0, correct, True, extracted, timed_out)
+
+
+SCORER_VALUES = {"dapo": (1.0, -1.0), "gsm8k": (1.0, 0.0)}
+"""Scorer of :mod:`ktae.rewards.answer_line` -> (score if correct, score if not), as verl
+gives them (``math_dapo``: +1 / -1; ``gsm8k``: 1 / 0)."""
+
+
+def scorer_reward(completion: str, reference, *, scorer: str, timeout: float = 5.0
+                  ) -> RewardResult:
+    """Score a completion with a scorer of :mod:`ktae.rewards.answer_line` (``"dapo"``:
+    the last ``Answer:`` line; ``"gsm8k"``: the last ``#### N``).
+
+    The check runs in a verifier process under the same hard deadline as the symbolic
+    stage of :func:`math_reward` (a missed deadline counts as incorrect and as a timeout).
+    ``formatted`` is whether the completion has the scorer's answer line and
+    ``extracted`` the normalised answer read from it; ``score`` is the scorer's value
+    (:data:`SCORER_VALUES`).
+    """
+    if not isinstance(completion, str):
+        raise ValueError(f"completion: expected a string, got {type(completion).__name__}")
+    if scorer not in SCORER_VALUES:
+        raise ValueError(f"scorer: expected one of {tuple(SCORER_VALUES)}, got {scorer!r}")
+    from ktae.rewards.answer_line import ANSWER_CLIP
+
+    ref = reference_text(reference)
+    timeout = _check_timeout(timeout)
+    right, wrong = SCORER_VALUES[scorer]
+    _count("calls")
+    _count("symbolic")
+    try:
+        reply = get_pool().run({"scorer": scorer, "gold": ref,
+                                "pred": _clean(completion)[-ANSWER_CLIP:]}, timeout)
+    except VerifierTimeout:
+        _count("timeouts")
+        return RewardResult(wrong, False, False, None, True)
+    except WorkerError:
+        _count("errors")
+        return RewardResult(wrong, False, False, None, False)
+    if "error" in reply:
+        _count("errors")
+    correct = bool(reply.get("equal", False))
+    pred = reply.get("pred")
+    return RewardResult(right if correct else wrong, correct, pred is not None, pred, False)

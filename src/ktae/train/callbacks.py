@@ -6,6 +6,7 @@ import sys
 
 from transformers import TrainerCallback
 
+from ktae.rewards.registry import DEFAULT_REWARD
 from ktae.train.evaluation import greedy_accuracy
 from ktae.train.rundir import RunDir
 
@@ -28,14 +29,15 @@ class EvalCallback(TrainerCallback):
     """Greedy held-out evaluation every ``every`` steps (0 = never during training)."""
 
     def __init__(self, rundir: RunDir, rows: list[dict], *, every: int, max_new_tokens: int,
-                 tokenizer):
+                 tokenizer, reward: str = DEFAULT_REWARD):
         self.rundir, self.rows, self.every = rundir, rows, every
-        self.max_new_tokens, self.tokenizer = max_new_tokens, tokenizer
+        self.max_new_tokens, self.tokenizer, self.reward = max_new_tokens, tokenizer, reward
         self.last: dict = {}
 
     def evaluate(self, model, step: int) -> dict:
         report = {"step": int(step), **greedy_accuracy(model, self.tokenizer, self.rows,
-                                                       max_new_tokens=self.max_new_tokens)}
+                                                       max_new_tokens=self.max_new_tokens,
+                                                       reward=self.reward)}
         self.rundir.append(self.rundir.eval_path, report)
         self.last = report
         return report

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from ktae.rewards.registry import REWARDS
 from ktae.train.config import ALGOS, TrainConfig
 from ktae.train.credit import credit_settings
 
@@ -23,6 +24,7 @@ _FLAGS = [
     ("--model", "model", str, "local path or hub id (default: cached warm-started tiny model)"),
     ("--task", "task", str, "embedded | math500 | jsonl:PATH"),
     ("--template", "template", str, "prompt template: compact | qwen-math"),
+    ("--reward", "reward", str, f"reward of a response: {' | '.join(REWARDS)}"),
     ("--algo", "algo", str, f"one of {', '.join(ALGOS)}"),
     ("--credit", "credit", str, "none | ktae | taco | any estimator/calibration | est+calib"),
     ("--seed", "seed", int, "random seed"),

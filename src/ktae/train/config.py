@@ -60,6 +60,8 @@ class TrainConfig:
     """Training prompts: ``embedded``, ``math500`` or ``jsonl:PATH`` (fields question/answer)."""
     template: str | None = None
     """Prompt template (``compact``/``qwen-math``); None = compact for the tiny default."""
+    reward: str = "boxed"
+    """Reward of a response (:mod:`ktae.rewards.registry`): ``boxed`` (strict last box)."""
     algo: str = "dapo"
     """``grpo``, ``dapo`` or ``drgrpo``: fills the fields marked "None = algo default"."""
     credit: str = "ktae"
@@ -235,6 +237,9 @@ class TrainConfig:
                 (self.task.startswith("jsonl:") and len(self.task) > len("jsonl:"))):
             raise ValueError("task: expected 'embedded', 'math500' or 'jsonl:PATH', "
                              f"got {self.task!r}")
+        from ktae.rewards.registry import get_reward
+
+        get_reward(self.reward)
         if self.template not in (None, "compact", "qwen-math"):
             raise ValueError(f"template: expected 'compact' or 'qwen-math', got {self.template!r}")
         if self.lora_r:

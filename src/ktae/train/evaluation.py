@@ -1,4 +1,4 @@
-"""Quick held-out evaluation during training: greedy decoding, strict boxed reward.
+"""Quick held-out evaluation during training: greedy decoding, the run's reward.
 
 Deliberately small and self-contained (the full benchmark suite is ``ktae eval``): it
 runs every ``eval_every`` steps on the embedded test split, so it must take seconds.
@@ -9,14 +9,15 @@ from __future__ import annotations
 import torch
 
 from ktae.eval.generate import SamplingConfig, generate_hf
-from ktae.rewards import batch_math_reward
+from ktae.rewards.registry import DEFAULT_REWARD, get_reward
 
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
-                    batch_size: int = 100) -> dict:
-    """Greedy pass@1 of ``model`` on ``rows`` (dicts with ``prompt``, ``answer`` and an
-    optional bool ``carry``).
+                    batch_size: int = 100, reward: str = DEFAULT_REWARD) -> dict:
+    """Greedy pass@1 of ``model`` on ``rows`` (dicts with ``prompt``, ``answer`` and
+    optional ``data_source`` and bool ``carry``), judged correct by the reward ``reward``
+    (:mod:`ktae.rewards.registry`).
 
     Returns:
         ``{"accuracy", "formatted", "response_length", "n"}`` and, when rows carry the
@@ -31,7 +32,9 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
                        batch_size=batch_size)
     texts = [g[0].text for g in gens]
     lengths = [g[0].num_tokens for g in gens]
-    results = batch_math_reward(texts, [r["answer"] for r in rows], num_workers=1)
+    sources = [r["data_source"] for r in rows] if "data_source" in rows[0] else None
+    results = get_reward(reward).score(texts, [r["answer"] for r in rows], num_workers=1,
+                                       data_sources=sources)
     correct = [r.correct for r in results]
     report = {
         "accuracy": sum(correct) / len(rows),

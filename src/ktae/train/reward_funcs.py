@@ -1,24 +1,31 @@
-"""TRL reward functions of ``ktae train``: strict boxed accuracy and DAPO overlong shaping.
+"""TRL reward functions of ``ktae train``: the chosen reward's accuracy and DAPO overlong
+shaping.
 
 TRL calls each with ``prompts``, ``completions``, ``completion_ids`` and every dataset
-column (here ``answer``) as keyword lists, and sums their outputs (weights 1). The first
-function is the verifier's accuracy, which the trainer also uses as the correctness
-signal of KTAE and dynamic sampling (so shaping never flips "correct").
+column (here ``answer``, and ``data_source`` where the task has one) as keyword lists, and
+sums their outputs (weights 1). The first function is the reward named by
+``TrainConfig.reward`` (:mod:`ktae.rewards.registry`), which the trainer also uses as the
+correctness signal of KTAE and dynamic sampling (score > 0.5; so shaping never flips
+"correct").
 """
 
 from __future__ import annotations
 
-from ktae.rewards import batch_math_reward, overlong_penalty
+from ktae.rewards import overlong_penalty
+from ktae.rewards.registry import DEFAULT_REWARD, get_reward
 
 
-def make_accuracy_reward(*, timeout: float = 5.0, num_workers: int | None = 1):
-    """``accuracy(completions, answer) -> [1.0 | 0.0]``: the STRICT last-``\\boxed{}`` reward
-    (:func:`ktae.rewards.math_reward`; an unclosed box or a bare number scores 0)."""
+def make_accuracy_reward(*, reward: str = DEFAULT_REWARD, timeout: float = 5.0,
+                         num_workers: int | None = 1):
+    """``accuracy(completions, answer[, data_source]) -> [score]``: the reward ``reward``
+    of :data:`ktae.rewards.registry.REWARDS` (default: the STRICT last-``\\boxed{}``
+    reward, :func:`ktae.rewards.math_reward`; an unclosed box or a bare number scores 0)."""
+    score = get_reward(reward).score
 
-    def accuracy(completions, answer, **_):
+    def accuracy(completions, answer, data_source=None, **_):
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        return [r.score for r in batch_math_reward(texts, list(answer), timeout=timeout,
-                                                   num_workers=num_workers)]
+        return [r.score for r in score(texts, list(answer), timeout=timeout,
+                                       num_workers=num_workers, data_sources=data_source)]
 
     return accuracy
 
@@ -37,9 +44,9 @@ def make_overlong_reward(*, max_length: int, cache_length: int, factor: float = 
 
 
 def make_reward_funcs(*, max_new_tokens: int, overlong_buffer: int, overlong_factor: float,
-                      timeout: float = 5.0) -> list:
+                      timeout: float = 5.0, reward: str = DEFAULT_REWARD) -> list:
     """Accuracy first (the correctness signal), then overlong shaping when the buffer > 0."""
-    funcs = [make_accuracy_reward(timeout=timeout)]
+    funcs = [make_accuracy_reward(reward=reward, timeout=timeout)]
     if overlong_buffer > 0:
         funcs.append(make_overlong_reward(max_length=max_new_tokens, cache_length=overlong_buffer,
                                           factor=overlong_factor))

@@ -155,6 +155,7 @@ def model_card(cfg: TrainConfig, summary: dict) -> str:
         f"| algorithm | {cfg.algo}: loss `{cfg.loss_type}`, clip {cfg.clip_low}/{cfg.clip_high}, "
         f"dynamic sampling {'on' if cfg.dynamic_sampling else 'off'} |",
         f"| credit | `{cfg.credit}` |",
+        f"| reward | `{cfg.reward}` |",
         f"| steps | {summary.get('steps')} x {cfg.num_prompts} prompts x {cfg.num_generations} "
         "responses |",
         f"| held-out accuracy (greedy) | {pct(summary.get('heldout_before'))} -> "
@@ -221,10 +222,11 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     generation = {"template": template, "max_new_tokens": cfg.max_new_tokens}
     rewards = reward_funcs if reward_funcs is not None else make_reward_funcs(
         max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
-        overlong_factor=cfg.overlong_factor)
+        overlong_factor=cfg.overlong_factor, reward=cfg.reward)
     metrics_cb = MetricsCallback(rundir)
     eval_cb = EvalCallback(rundir, eval_rows, every=cfg.eval_every,
-                           max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer)
+                           max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer,
+                           reward=cfg.reward)
     callbacks = [metrics_cb, eval_cb, *extra_callbacks]
     if cfg.progress:
         callbacks.append(ProgressCallback(metrics_cb, eval_cb))

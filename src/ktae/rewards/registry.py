@@ -1,0 +1,146 @@
+"""Named rewards of ``ktae train --reward NAME``: one entry per answer format.
+
+A reward scores a batch of completions against their reference answers and returns one
+:class:`~ktae.rewards.RewardResult` per completion: ``score`` is what the policy is
+trained on, ``correct`` the correctness signal of KTAE, dynamic sampling and the
+held-out accuracy. Entries:
+
+* ``boxed`` (default): the strict last-``\\boxed{}`` reward (:func:`ktae.rewards.math_reward`,
+  scores 1 / 0; symbolic checks in verifier processes with a hard deadline).
+* ``dapo``: the last ``Answer: ...`` line, normalised and compared as verl's ``math_dapo``
+  scorer does (:mod:`ktae.rewards.answer_line`; scores +1 / -1, as DAPO trains).
+* ``gsm8k``: the last ``#### N``, as verl's strict GSM8K scorer (1 / 0).
+* ``auto``: per row by its ``data_source``, as verl's ``default_compute_score`` dispatches
+  (:func:`auto_reward_name`); rows without one get ``boxed``.
+
+Every check (the answer-line scorers too) runs in a verifier process under a hard time
+limit (:mod:`ktae.rewards.pool`).
+
+Adding a reward is one :class:`Reward` in :data:`REWARDS`: a name, a one-line summary
+(shown by ``ktae train --help`` and in error messages) and a batch ``score`` function
+with the signature of :func:`score_boxed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ktae.rewards.batch import batch_math_reward, batch_scorer_reward
+from ktae.rewards.verify import RewardResult
+
+ScoreFn = Callable[..., list[RewardResult]]
+"""``score(completions, answers, *, timeout, num_workers, data_sources) -> results``."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    """One named reward: ``score`` maps B completions and B answers to B results."""
+
+    name: str
+    summary: str
+    score: ScoreFn
+    template: str | None = None
+    """The prompt template that asks for this reward's answer format (None: any)."""
+    check_source: Callable[[str | None], None] | None = None
+    """Called with each row's ``data_source`` before training; raises ValueError for a row
+    this reward cannot score (None: every row can be scored)."""
+
+
+def score_boxed(completions: Sequence[str], answers: Sequence, *, timeout: float = 5.0,
+                num_workers: int | None = 1, data_sources: Sequence | None = None
+                ) -> list[RewardResult]:
+    """The strict boxed reward of each completion (1.0 when its last box is equivalent to
+    the answer, else 0.0). ``data_sources`` is ignored."""
+    return batch_math_reward(list(completions), list(answers), timeout=timeout,
+                             num_workers=num_workers)
+
+
+def _scorer(name: str) -> ScoreFn:
+    def score(completions, answers, *, timeout=5.0, num_workers=1, data_sources=None):
+        return batch_scorer_reward(list(completions), list(answers), scorer=name,
+                                   timeout=timeout, num_workers=num_workers)
+
+    score.__name__ = f"score_{name}"
+    return score
+
+
+# data_source -> reward, as verl's default_compute_score dispatches (lighteval MATH and
+# the numina sets are boxed there too; ktae checks boxes with its own verifier)
+AUTO_SOURCES = {
+    "openai/gsm8k": "gsm8k",
+    "lighteval/MATH": "boxed", "DigitalLearningGmbH/MATH-lighteval": "boxed",
+    "HuggingFaceH4/MATH-500": "boxed",
+    "math_dapo": "dapo", "math": "dapo", "math_dapo_reasoning": "dapo",
+    **{f"numina_{s}": "boxed" for s in ("aops_forum", "synthetic_math", "amc_aime",
+                                         "synthetic_amc", "cn_k12", "olympiads")},
+}
+AUTO_PREFIXES = {"aime": "dapo"}
+"""data_source prefixes (``aime2024``, ``aime25``) -> reward."""
+
+
+def auto_reward_name(data_source: str | None) -> str:
+    """The reward ``auto`` gives a row of ``data_source`` (None or ``""``: ``boxed``).
+
+    Raises:
+        ValueError: a data source with no scorer here (code, geometry, QA sets of verl).
+    """
+    if data_source is None or data_source == "":
+        return "boxed"
+    if not isinstance(data_source, str):
+        raise ValueError(f"data_source: expected a string, got {type(data_source).__name__}")
+    if data_source in AUTO_SOURCES:
+        return AUTO_SOURCES[data_source]
+    for prefix, name in AUTO_PREFIXES.items():
+        if data_source.startswith(prefix):
+            return name
+    raise ValueError(f"reward auto: no scorer for data_source {data_source!r}; known: "
+                     f"{', '.join(AUTO_SOURCES)}, aime*; or choose --reward boxed|dapo")
+
+
+def score_auto(completions: Sequence[str], answers: Sequence, *, timeout: float = 5.0,
+               num_workers: int | None = 1, data_sources: Sequence | None = None
+               ) -> list[RewardResult]:
+    """Each completion scored by the reward of its row's data source
+    (:func:`auto_reward_name`); without ``data_sources`` every row is ``boxed``."""
+    completions, answers = list(completions), list(answers)
+    sources = [None] * len(completions) if data_sources is None else list(data_sources)
+    if len(sources) != len(completions):
+        raise ValueError(f"data_sources: expected {len(completions)} (one per completion), "
+                         f"got {len(sources)}")
+    by_reward: dict[str, list[int]] = {}
+    for i, source in enumerate(sources):
+        by_reward.setdefault(auto_reward_name(source), []).append(i)
+    out: list = [None] * len(completions)
+    for name, rows in by_reward.items():
+        scored = REWARDS[name].score([completions[i] for i in rows], [answers[i] for i in rows],
+                                     timeout=timeout, num_workers=num_workers)
+        for i, result in zip(rows, scored, strict=True):
+            out[i] = result
+    return out
+
+
+REWARDS: dict[str, Reward] = {r.name: r for r in (
+    Reward("boxed", "the strict last \\boxed{} answer, checked for equivalence (1 / 0)",
+           score_boxed),
+    Reward("dapo", "the last 'Answer: ...' line, normalised as verl's math_dapo (+1 / -1)",
+           _scorer("dapo"), template="dapo"),
+    Reward("gsm8k", "the last '#### N', as verl's strict GSM8K scorer (1 / 0)",
+           _scorer("gsm8k")),
+    Reward("auto", "by each row's data_source, as verl dispatches (none: boxed)", score_auto,
+           check_source=auto_reward_name),
+)}
+"""Every reward ``--reward`` accepts, by name."""
+
+DEFAULT_REWARD = "boxed"
+
+
+def get_reward(name: str) -> Reward:
+    """The reward called ``name``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    if name not in REWARDS:
+        raise ValueError(f"reward: expected one of {', '.join(REWARDS)}, got {name!r}")
+    return REWARDS[name]
