@@ -53,12 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="updates between evaluations")
     parser.add_argument(
         "--methods", default=None,
-        help="comma list: broadcast, step (the oracle), ktae, a calibration on broadcast "
+        help="comma list: broadcast, step (the oracle), ktae, ktae-graded (KTAE on the "
+             "returns themselves, docs/graded.md), a calibration on broadcast "
              f"({', '.join(CALIBRATIONS.names())}), BASE+CALIBRATION (e.g. ktae+taco), or "
              f"all (default: quick {QUICK_METHODS}; paper all)")
     parser.add_argument("--ktae-threshold", type=float, default=None,
                         help="KTAE correctness: return > this value (default: return above "
-                             "the group mean)")
+                             "the group mean; ktae-graded has no threshold)")
     parser.add_argument("--ktae-ngram", type=int, default=1,
                         help="KTAE span length: 1 = single (step, action) tokens (default); "
                              "N > 1 = spans of N consecutive steps")
