@@ -50,6 +50,8 @@ give it zero advantages, as the baselines do.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 
 from ktae.core import stats
@@ -95,30 +97,46 @@ def threshold_membership(rewards: torch.Tensor, gid: torch.Tensor, num_groups: i
 # ------------------------------------------------------------------ soft counts
 
 
+def _segment_sums(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Sums of ``x`` over the runs ``[starts, ends)`` via one cumulative sum (exact for
+    integers; for the float memberships within ``M * eps`` of the sum, M <= a chunk)."""
+    cs = torch.zeros(x.numel() + 1, dtype=x.dtype, device=x.device)
+    torch.cumsum(x, 0, out=cs[1:])
+    return cs[ends] - cs[starts]
+
+
 class _Graded:
-    """Soft counts of one chunk: per (group, unit) pair ``[U]`` and per group ``[P]``."""
+    """Soft counts of one chunk: per (group, unit) pair ``[U]`` and per group ``[P]``.
+
+    The sets of responses containing each unit are kept as bitmasks of the responses'
+    ranks in their group (``pattern``: group and set in one int64) when they fit 62 bits:
+    a soft table depends on nothing else, and few sets occur (a unit found in one
+    response has one of G sets), so the tables are built and scored once per distinct
+    set (:func:`_soft_tables`). Otherwise ``a`` is summed per pair.
+    """
 
     def __init__(self, cnt: TokenCounts, row: torch.Tensor, row_len: torch.Tensor,
                  gid: torch.Tensor, num_groups: int, w: torch.Tensor):
         dev = w.device
         f64 = torch.float64
-        u = cnt.run_length.numel()
         # Sorted units are grouped by pair, and within a pair by response (count_units
         # sorts on (group, unit, class, rank in group)): a new response starts a run.
         rs = row.index_select(0, cnt.order)
-        pid = torch.repeat_interleave(torch.arange(u, device=dev), cnt.run_length)
+        ends = torch.cumsum(cnt.run_length, 0)
+        starts = ends - cnt.run_length
         new = torch.ones(rs.numel(), dtype=torch.bool, device=dev)
         if rs.numel():
-            new[1:] = (pid[1:] != pid[:-1]) | (rs[1:] != rs[:-1])
+            new[1:] = rs[1:] != rs[:-1]
+            new[starts] = True
         wr = w.index_select(0, rs)
         self.cnt = cnt
         self.K = cnt.a + cnt.b  # responses containing the unit (one class in count_units)
-        self.a = torch.zeros(u, dtype=f64, device=dev).index_add_(
-            0, pid, torch.where(new, wr, torch.zeros_like(wr)))
-        self.count_t = torch.zeros(u, dtype=f64, device=dev).index_add_(0, pid, wr)
+        self.count_t = torch.minimum(_segment_sums(wr, starts, ends).clamp_min(0.0),
+                                     cnt.run_length.to(f64))
         self.count_f = cnt.run_length - self.count_t
         size = torch.bincount(gid, minlength=num_groups)
-        n_t = torch.zeros(num_groups, dtype=f64, device=dev).index_add_(0, gid, w)
+        self.size = size
+        self.n_t = torch.zeros(num_groups, dtype=f64, device=dev).index_add_(0, gid, w)
         self.len_t = torch.zeros(num_groups, dtype=f64, device=dev).index_add_(0, gid,
                                                                               w * row_len)
         len_all = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(0, gid,
@@ -127,11 +145,21 @@ class _Graded:
         # w = 1 occurs (at the best response) exactly in the groups with a membership
         self.graded = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(
             0, gid, (w == 1.0).long()) > 0
-        g = cnt.group
-        self.G = size[g]
-        self.b = (self.K - self.a).clamp_min(0.0)
-        self.c = (n_t[g] - self.a).clamp_min(0.0)
-        self.d = ((self.G - n_t[g]) - self.b).clamp_min(0.0)
+        self.G = size[cnt.group]
+        self.g_max = int(size.max()) if size.numel() else 1
+        self.pattern = self.a = None
+        if self.g_max + max(1, num_groups).bit_length() <= 62:
+            order = torch.argsort(gid, stable=True)
+            rank = torch.empty_like(gid)
+            rank[order] = (torch.arange(gid.numel(), device=dev)
+                           - (torch.cumsum(size, 0) - size)[gid[order]])
+            self.w_by_rank = torch.zeros(num_groups, self.g_max, dtype=f64,
+                                         device=dev).index_put_((gid, rank), w)
+            bits = torch.where(new, torch.bitwise_left_shift(torch.ones_like(rs), rank[rs]), 0)
+            self.pattern = (cnt.group << self.g_max) | _segment_sums(bits, starts, ends)
+        else:
+            a = _segment_sums(torch.where(new, wr, torch.zeros_like(wr)), starts, ends)
+            self.a = torch.minimum(a.clamp_min(0.0), self.K.to(f64))
 
 
 def _count(token_ids, mask, gid, num_groups, w, opts: KTAEOptions
@@ -153,31 +181,71 @@ def _count(token_ids, mask, gid, num_groups, w, opts: KTAEOptions
 # ------------------------------------------------------------------ statistics
 
 
-def _interpolated_fisher(s: _Graded) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class _Soft:
+    """Soft 2x2 tables: a, b, c, d float64, K (responses with the unit) and G int64."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    d: torch.Tensor
+    K: torch.Tensor
+    G: torch.Tensor
+
+    def take(self, index: torch.Tensor) -> _Soft:
+        return _Soft(*(getattr(self, f.name)[index] for f in fields(self)))
+
+
+def _tables(a: torch.Tensor, K: torch.Tensor, G: torch.Tensor, n_t: torch.Tensor) -> _Soft:
+    b = (K - a).clamp_min(0.0)
+    return _Soft(a, b, (n_t - a).clamp_min(0.0), ((G - n_t) - b).clamp_min(0.0), K, G)
+
+
+def _soft_tables(s: _Graded) -> tuple[_Soft, torch.Tensor | None]:
+    """The distinct soft tables of the chunk and the ``[U]`` map to them (None: one
+    table per pair)."""
+    if s.pattern is None:
+        return _tables(s.a, s.K, s.G, s.n_t[s.cnt.group]), None
+    uniq, inv = torch.unique(s.pattern, return_inverse=True)
+    g = uniq >> s.g_max
+    members = (uniq[:, None] >> torch.arange(s.g_max, device=uniq.device)) & 1
+    a = (members.to(torch.float64) * s.w_by_rank[g]).sum(1)
+    return _tables(a, members.sum(1), s.size[g], s.n_t[g]), inv
+
+
+def _interpolated_fisher(s: _Soft, with_p: bool = True
+                         ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(p~, F~)`` ``[U]``: p and F of the four integer tables around each soft table,
-    interpolated bilinearly in (a, c); each distinct integer table evaluated once."""
+    interpolated bilinearly in (a, c); each distinct integer table evaluated once.
+    ``with_p=False`` skips p~ (None)."""
     K, G = s.K, s.G
     R = G - K  # responses without the unit
     a0, c0 = s.a.floor(), s.c.floor()
     fa, fc = s.a - a0, s.c - c0
-    a0 = a0.long().clamp(min=torch.zeros_like(K), max=K)
-    c0 = c0.long().clamp(min=torch.zeros_like(R), max=R)
-    a_corner = torch.stack([a0, torch.minimum(a0 + 1, K), a0, torch.minimum(a0 + 1, K)])
-    c_corner = torch.stack([c0, c0, torch.minimum(c0 + 1, R), torch.minimum(c0 + 1, R)])
-    weight = torch.stack([(1 - fa) * (1 - fc), fa * (1 - fc), (1 - fa) * fc, fa * fc])
-    need = weight > 0  # the first corner always (fa, fc < 1); all four only off the grid
+    a0, c0 = a0.long(), c0.long()
+    # Table keys are linear in (a', c'): corner (a0 + i, c0 + j) is key00 + i da + j dc.
+    # A corner of weight 0 (every corner but the first on the integer grid) keeps key00,
+    # so the set of distinct tables, hence Fisher's arithmetic, is the threshold split's
+    # on 0/1 rewards. (c may exceed G - K by a rounding error: that corner stays key00.)
     base = int(G.max()) + 1 if G.numel() else 1
-    key = ((a_corner * base + K) * base + c_corner) * base + G
-    uniq, inv = unique_small_keys(key[need], base**4)
+    key00 = ((a0 * base + K) * base + c0) * base + G
+    da = torch.where((fa > 0) & (a0 < K), base**3, 0)
+    dc = torch.where((fc > 0) & (c0 < R), base, 0)
+    keys = torch.stack([key00, key00 + da, key00 + dc, key00 + da + dc])
+    uniq, inv = unique_small_keys(keys.reshape(-1), base**4)
     ua, uk, uc, ug = uniq // base**3, (uniq // base**2) % base, (uniq // base) % base, uniq % base
     p_u = stats.fisher_exact_pvalue(ua, uk - ua, uc, ug - uk - uc)
-    f_u = stats.fisher_score(p_u)
-    p = torch.zeros_like(weight).index_put_((need,), p_u[inv])
-    f = torch.zeros_like(weight).index_put_((need,), f_u[inv])
-    return (weight * p).sum(0), (weight * f).sum(0)
+    inv = inv.view(keys.shape)
+    ga, gc = 1 - fa, 1 - fc
+
+    def interpolate(x: torch.Tensor) -> torch.Tensor:
+        x = x[inv]
+        return ga * gc * x[0] + fa * gc * x[1] + ga * fc * x[2] + fa * fc * x[3]
+
+    return (interpolate(p_u) if with_p else None), interpolate(stats.fisher_score(p_u))
 
 
-def _information_gain(s: _Graded) -> torch.Tensor:
+def _information_gain(s: _Soft) -> torch.Tensor:
     """IG~ in bits, the operations of :func:`ktae.core.stats.information_gain`."""
     n = s.G.to(torch.float64)
     r1, r0 = s.K, s.G - s.K
@@ -187,7 +255,7 @@ def _information_gain(s: _Graded) -> torch.Tensor:
     return (h_y - h_y_x).clamp_min(0.0)
 
 
-def _cohens_h(s: _Graded) -> torch.Tensor:
+def _cohens_h(s: _Soft) -> torch.Tensor:
     """h~; n_T, n_F >= 1 in a graded group (its best has w = 1, its worst w = 0), so the
     clamp only guards groups whose values are 0 anyway."""
     p_t = s.a / (s.a + s.c).clamp_min(1)
@@ -220,11 +288,16 @@ def _keep(s: _Graded, opts: KTAEOptions) -> torch.Tensor:
     return keep
 
 
-def _statistics(s: _Graded, opts: KTAEOptions):
-    p, fisher = _interpolated_fisher(s)
-    ig = _information_gain(s)
+def _statistics(s: _Graded, opts: KTAEOptions, with_p: bool = True):
+    """``(p~ or None, F~, IG~, TF~_T, TF~_F, D~)``, each ``[U]``."""
+    tables, inv = _soft_tables(s)
+    p, fisher = _interpolated_fisher(tables, with_p)
+    ig, h = _information_gain(tables), _cohens_h(tables)
+    if inv is not None:
+        p = None if p is None else p[inv]
+        fisher, ig, h = fisher[inv], ig[inv], h[inv]
     tf_t, tf_f = _term_frequencies(s, opts.k1, opts.b)
-    dirn = stats.direction(_cohens_h(s), tf_t, tf_f, opts.h3)
+    dirn = stats.direction(h, tf_t, tf_f, opts.h3)
     return p, fisher, ig, tf_t, tf_f, dirn
 
 
@@ -241,7 +314,7 @@ def graded_token_values(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.
             memberships (:func:`soft_membership`); opts: validated options.
     """
     s, spans = _count(token_ids, mask, gid, num_groups, w, opts)
-    _, fisher, ig, tf_t, tf_f, dirn = _statistics(s, opts)
+    _, fisher, ig, tf_t, tf_f, dirn = _statistics(s, opts, with_p=False)
     weight = (opts.h1 * fisher + opts.h2 * ig) / (opts.h1 + opts.h2)
     value = stats.scale_key_value(weight * dirn, opts.top, opts.variant)
     value = torch.where(_keep(s, opts), value, torch.zeros_like(value))
@@ -261,6 +334,9 @@ def graded_table(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
     value = stats.scale_key_value((opts.h1 * fisher + opts.h2 * ig) * dirn
                                   / (opts.h1 + opts.h2), opts.top, opts.variant)
     value = torch.where(_keep(s, opts), value, torch.zeros_like(value))
-    table = KeyTokenTable(s.cnt.group, s.cnt.token, s.a, s.b, s.c, s.d, p, fisher, ig,
-                          tf_t, tf_f, dirn, value)
+    tables, inv = _soft_tables(s)
+    if inv is not None:
+        tables = tables.take(inv)
+    table = KeyTokenTable(s.cnt.group, s.cnt.token, tables.a, tables.b, tables.c, tables.d,
+                          p, fisher, ig, tf_t, tf_f, dirn, value)
     return table, s.cnt, spans
