@@ -112,3 +112,10 @@ def test_explain_page_of_a_graded_run():
         np.testing.assert_allclose(r.values["token"], adv[i, :len(ids[i])].tolist(), atol=1e-6)
     stats = [s for r in report.groups[0].responses for s in r.stats if s is not None]
     assert any(s["a"] != int(s["a"]) for s in stats)  # soft counts
+    from ktae.viz.credit import count_text
+
+    assert count_text(1.0) == "1" and count_text(0.6666) == "0.667"
+    page = report_html(report)
+    assert "a=1.6" in page or "a=1.60" in page or any(
+        "a=" in s["title"] and "." in s["title"].split("a=")[1].split()[0]
+        for s in token_spans(page))
