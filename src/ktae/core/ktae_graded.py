@@ -155,7 +155,8 @@ class _Graded:
                            - (torch.cumsum(size, 0) - size)[gid[order]])
             self.w_by_rank = torch.zeros(num_groups, self.g_max, dtype=f64,
                                          device=dev).index_put_((gid, rank), w)
-            bits = torch.where(new, torch.bitwise_left_shift(torch.ones_like(rs), rank[rs]), 0)
+            bit = torch.bitwise_left_shift(torch.ones_like(rank), rank)  # [B]
+            bits = bit.index_select(0, rs) * new
             self.pattern = (cnt.group << self.g_max) | _segment_sums(bits, starts, ends)
         else:
             a = _segment_sums(torch.where(new, wr, torch.zeros_like(wr)), starts, ends)
@@ -206,8 +207,8 @@ def _soft_tables(s: _Graded) -> tuple[_Soft, torch.Tensor | None]:
     table per pair)."""
     if s.pattern is None:
         return _tables(s.a, s.K, s.G, s.n_t[s.cnt.group]), None
-    uniq, inv = torch.unique(s.pattern, return_inverse=True)
-    g = uniq >> s.g_max
+    uniq, inv = torch.unique(s.pattern, return_inverse=True)  # a sort: the key space is
+    g = uniq >> s.g_max  # too large for unique_small_keys' bitmap
     members = (uniq[:, None] >> torch.arange(s.g_max, device=uniq.device)) & 1
     a = (members.to(torch.float64) * s.w_by_rank[g]).sum(1)
     return _tables(a, members.sum(1), s.size[g], s.n_t[g]), inv
