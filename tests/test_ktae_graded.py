@@ -132,6 +132,21 @@ def test_binary_rewards_equal_threshold_split_bit_for_bit(ngram, opts):
             assert np.array_equal(t.value.numpy(), g.value.numpy())
 
 
+def test_oracle_graded_equals_oracle_threshold_on_binary_rewards():
+    """The slow references agree with each other where they must (groups with both
+    classes), independently of the library."""
+    from oracle import exact_token_stats
+
+    batch = random_batch(2, sizes=[5, 7, 3], vocab=6, max_len=8)
+    args = (batch["rewards"], batch["group"], batch["token_ids"], batch["mask"])
+    hard, soft = exact_token_stats(*args), graded_token_stats(*args)
+    assert hard.keys() == soft.keys()
+    for key, h in hard.items():
+        if h["a"] + h["c"] > 0 and h["b"] + h["d"] > 0:
+            for name in TABLE_FIELDS:
+                assert soft[key][name] == pytest.approx(h[name], abs=1e-12), name
+
+
 def test_two_valued_groups_split_between_their_values():
     """Rewards 0.2/0.7 (any two values): graded = threshold at a value between them."""
     batch = random_batch(3, sizes=[6, 6], vocab=5, max_len=8)
