@@ -5,6 +5,7 @@ Usage:
     python benchmarks/bench_advantages.py --preset paper      # 1024 x 16 x 3072
     python benchmarks/bench_advantages.py --ngram 1,3         # KTAE over spans too
     python benchmarks/bench_advantages.py --contend 2         # with 2 busy processes
+    python benchmarks/bench_advantages.py --rewards graded    # split="graded" side by side
 
 Prints the median of ``--repeats`` rounds (each function once per round, in rotation, in
 one process), the median ratio to a single ``torch.sort`` of the batch's int64 keys (one
@@ -13,10 +14,14 @@ key per real token) timed in the same round, and the peak extra memory of one KT
 the input tensors. Runs on
 CUDA when available (``--device``). With ``--ngram 1,3`` KTAE's exact mode is also timed
 with ``ngram=3`` in the same rounds, and a last column gives each row's median ratio to
-``ngram=1`` (``ktae exact``) in the same round. ``--contend K`` starts K busy-loop
-processes (one Python ``while True`` each, at the default priority) before the batch is
-built and stops them at the end, to measure under CPU contention as on a busy training
-machine.
+``ngram=1`` (``ktae exact``) in the same round. With ``--rewards graded`` the batch's
+rewards are graded (a correct response 1, a wrong one ``0.4 u`` with ``u`` uniform, as the
+``digits`` reward scores), thresholded KTAE runs with ``reward_threshold=0.5`` and
+``split="graded"`` is timed in the same rounds; the last column is then each KTAE row's
+median ratio to thresholded KTAE (``ktae exact``) in the same round. ``--contend K``
+starts K busy-loop processes (one Python ``while True`` each, at the default priority)
+before the batch is built and stops them at the end, to measure under CPU contention as on
+a busy training machine.
 """
 
 from __future__ import annotations
@@ -89,11 +94,25 @@ def peak_extra_memory(fn, device: str) -> int:
     return peak[0] - base
 
 
+def graded_rewards(rewards: torch.Tensor, seed: int) -> torch.Tensor:
+    """Correct responses 1, wrong ones ``0.4 u`` (u uniform in [0, 1)): ``digits``-like."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    u = torch.rand(rewards.shape, generator=gen).to(rewards.device)
+    return torch.where(rewards > 0, torch.ones_like(rewards), 0.4 * u)
+
+
 def _inputs(args):
     P, G, L, V = PRESETS[args.preset]
     batch = make_batch(P, G, L, V, seed=args.seed, device=args.device)
-    kw = dict(rewards=batch.rewards, group=batch.group, token_ids=batch.token_ids, mask=batch.mask)
+    rewards = batch.rewards if args.rewards == "binary" else graded_rewards(batch.rewards,
+                                                                            args.seed)
+    kw = dict(rewards=rewards, group=batch.group, token_ids=batch.token_ids, mask=batch.mask)
     return batch, kw
+
+
+def _threshold(args) -> dict:
+    """Thresholded KTAE's rule on this batch's rewards (graded: between wrong and right)."""
+    return {"reward_threshold": 0.5} if args.rewards == "graded" else {}
 
 
 def _memory_probe(args) -> int:
@@ -101,7 +120,10 @@ def _memory_probe(args) -> int:
     _, kw = _inputs(args)
     input_bytes = sum(t.element_size() * t.numel() for t in kw.values())
     mode, _, ngram = args.memory_probe.partition(":")
-    opts = {"mode": mode, "ngram": int(ngram or 1), "ngram_reduce": args.ngram_reduce}
+    opts = {"ngram": int(ngram or 1), "ngram_reduce": args.ngram_reduce}
+    opts.update({"split": "graded"} if mode == "graded" else {"mode": mode})
+    if mode == "exact":
+        opts.update(_threshold(args))
     tiny = make_batch(4, 4, 16, 100, seed=1, device=args.device)  # load code pages first
     ktae.compute_advantages("ktae", rewards=tiny.rewards, group=tiny.group,
                             token_ids=tiny.token_ids, mask=tiny.mask, **opts)
@@ -117,7 +139,7 @@ def _measure_memory(args, probe: str) -> float:
     """Peak extra memory / input of one call in a fresh process (``probe``: mode[:ngram])."""
     cmd = [sys.executable, __file__, "--preset", args.preset, "--device", args.device,
            "--seed", str(args.seed), "--memory-probe", probe,
-           "--ngram-reduce", args.ngram_reduce]
+           "--ngram-reduce", args.ngram_reduce, "--rewards", args.rewards]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     if args.chunk_tokens:
@@ -164,6 +186,8 @@ def main(argv=None) -> int:
                          "(1 is always timed: the ratios refer to it)")
     ap.add_argument("--ngram-reduce", default="mean", choices=["mean", "maxabs"],
                     help="KTAE's ngram_reduce for span lengths > 1")
+    ap.add_argument("--rewards", default="binary", choices=["binary", "graded"],
+                    help="binary 0/1 rewards, or graded ones with split='graded' timed too")
     ap.add_argument("--contend", type=int, default=0, metavar="K",
                     help="run with K busy-loop processes competing for the CPU")
     ap.add_argument("--no-memory", action="store_true",
@@ -191,19 +215,23 @@ def _run(args, ngrams) -> int:
     t0 = time.perf_counter()
     batch, kw = _inputs(args)
     print(f"preset {args.preset}: {P} prompts x {G} responses x <= {L} tokens, vocab {V}, "
-          f"{batch.num_tokens / 1e6:.2f}M real tokens, device {args.device}, "
-          f"{torch.get_num_threads()} threads, {args.contend} competing busy processes on "
-          f"{os.cpu_count()} cores (built in {time.perf_counter() - t0:.1f} s)")
+          f"{batch.num_tokens / 1e6:.2f}M real tokens, {args.rewards} rewards, "
+          f"device {args.device}, {torch.get_num_threads()} threads, {args.contend} competing "
+          f"busy processes on {os.cpu_count()} cores (built in {time.perf_counter() - t0:.1f} s)")
     # The floor: one sort of the batch's int64 keys, one key per real token.
     keys = (batch.group[:, None] * V + batch.token_ids)[batch.mask]
     opts = {"chunk_tokens": args.chunk_tokens} if args.chunk_tokens else {}
     runs = {
         "sort (floor)": lambda: torch.sort(keys),
         "grpo": lambda: ktae.compute_advantages("grpo", **kw),
-        "ktae exact": lambda: ktae.compute_advantages("ktae", **kw, **opts),
+        "ktae exact": lambda: ktae.compute_advantages("ktae", **kw, **opts, **_threshold(args)),
         "ktae reference": lambda: ktae.compute_advantages("ktae", mode="reference", **kw, **opts),
     }
     probes = {"ktae exact": "exact", "ktae reference": "reference"}
+    if args.rewards == "graded":
+        runs["ktae graded"] = lambda: ktae.compute_advantages("ktae", **kw, **opts,
+                                                              split="graded")
+        probes["ktae graded"] = "graded"
     for n in ngrams[1:]:
         runs[f"ktae ngram={n}"] = (lambda n=n: ktae.compute_advantages(
             "ktae", **kw, **opts, ngram=n, ngram_reduce=args.ngram_reduce))
@@ -216,15 +244,16 @@ def _run(args, ngrams) -> int:
     mem = {} if args.no_memory else {name: _measure_memory(args, probe)
                                      for name, probe in probes.items()}
     width = max(16, *(len(name) + 2 for name in runs))
-    extra_col = len(ngrams) > 1
+    extra_col = len(ngrams) > 1 or args.rewards == "graded"
+    ref_name = "x threshold" if args.rewards == "graded" else "x ngram=1"
     print(f"\n{'what':<{width}}{'median s':>10}{'median x sort':>15}{'peak extra / input':>20}"
-          + (f"{'x ngram=1':>11}" if extra_col else ""))
+          + (f"{ref_name:>12}" if extra_col else ""))
     for name, ts in times.items():
         ratio = statistics.median(t / f for t, f in zip(ts, floor, strict=True))
         m = f"{mem[name]:.2f}" if name in mem else ""
         line = f"{name:<{width}}{statistics.median(ts):>10.4f}{ratio:>15.2f}{m:>20}"
         if extra_col and name.startswith("ktae"):
-            line += f"{statistics.median(t / u for t, u in zip(ts, unigram, strict=True)):>11.2f}"
+            line += f"{statistics.median(t / u for t, u in zip(ts, unigram, strict=True)):>12.2f}"
         print(line)
     if args.loop_baseline:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -239,7 +268,9 @@ def _run(args, ngrams) -> int:
     print(f"\ninput tensors {input_bytes / 2**20:.0f} MiB; {args.repeats} paired rounds "
           f"(ratio = median over rounds of time / sort time in the same round); peak memory "
           f"from one call in a fresh process"
-          + (f"; span lengths > 1 with ngram_reduce={args.ngram_reduce!r}" if extra_col else ""))
+          + (f"; span lengths > 1 with ngram_reduce={args.ngram_reduce!r}" if len(ngrams) > 1
+             else "")
+          + ("; thresholded KTAE at reward_threshold=0.5" if args.rewards == "graded" else ""))
     return 0
 
 

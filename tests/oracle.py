@@ -6,6 +6,8 @@ vectorised code can be checked against an implementation that is easy to read.
 
 - :func:`exact_ktae` / :func:`exact_token_stats`: SPEC 1 and 2 in float64, with the
   two-sided Fisher p-value taken from ``scipy.stats.fisher_exact``.
+- :func:`graded_token_stats`: KTAE's graded split (ktae.core.ktae_graded), the
+  module docstring's equations one by one, Fisher's p from scipy at each integer corner.
 - :func:`runtime_ktae`: SPEC 2b, an emulation of the authors' released runtime with its
   float32 quirks, in the per-group loop style of that runtime.
 """
@@ -25,6 +27,7 @@ from hypothesis import HealthCheck
 from hypothesis import strategies as st
 
 GRPO_EPS = 1e-6
+EQUAL_REWARDS_RTOL = 2.0**-20  # rewards this close, relative to their magnitude, are equal
 TF_EPS = 1e-5
 P_ONE_TOL = 1e-9
 QWEN_EOS_ID = 151643
@@ -158,12 +161,20 @@ def bm25_tf(count: int, length: int, other_length: int, k1: float, b: float) -> 
     return f * (k1 + 1.0) / (f + K)
 
 
+def rewards_equal(r: list[float]) -> bool:
+    """The group's rewards are equal up to rounding: spread <= 2**-20 * largest magnitude."""
+    return max(r) - min(r) <= EQUAL_REWARDS_RTOL * max(abs(x) for x in r)
+
+
 def base_advantages(rewards: np.ndarray, groups: dict, base: str) -> np.ndarray:
-    """SPEC 1: sequence-level advantages ``[B]`` in float64, one group at a time."""
+    """SPEC 1: sequence-level advantages ``[B]`` in float64, one group at a time; 0 in a
+    group of two or more whose rewards are equal up to rounding."""
     adv = np.zeros(len(rewards), dtype=np.float64)
     for rows in groups.values():
         r = [float(rewards[i]) for i in rows]
         n = len(r)
+        if n > 1 and rewards_equal(r):
+            continue
         if base == "grpo":
             if n == 1:
                 mean, std = 0.0, 1.0
@@ -226,6 +237,8 @@ def exact_token_stats(rewards, group, token_ids, mask, *, correct=None,
             resp = [[ids for _, ids in response_spans(token_ids, mask, i, ngram, ignored)]
                     for i in rows]
         cls = [bool(is_correct[i]) for i in rows]
+        if correct is None and rewards_equal([rewards[i] for i in rows]):
+            cls = [max(rewards[i] for i in rows) > reward_threshold] * len(rows)
         n_t = sum(cls)
         n_f = len(rows) - n_t
         both = n_t > 0 and n_f > 0
@@ -265,18 +278,97 @@ def exact_token_stats(rewards, group, token_ids, mask, *, correct=None,
     return stats
 
 
+def _interpolated(fn, a: float, c: float, K: int, G: int) -> float:
+    """``sum (1 - |a - a'|)(1 - |c - c'|) fn(a', K - a', c', G - K - c')`` over the integer
+    tables (a', c') next to the soft one."""
+    total = 0.0
+    for a_ in (math.floor(a), math.floor(a) + 1):
+        for c_ in (math.floor(c), math.floor(c) + 1):
+            weight = (1 - abs(a - a_)) * (1 - abs(c - c_))
+            if weight > 0 and 0 <= a_ <= K and 0 <= c_ <= G - K:
+                total += weight * fn(a_, K - a_, c_, G - K - c_)
+    return total
+
+
+def _graded_tf(count: float, length: float, other_length: float, k1: float, b: float) -> float:
+    """Eq. 8 on a soft class: ``f = count / max(L, 1)`` (0 when L = 0)."""
+    if length <= 0 or count == 0:
+        return 0.0
+    f = count / max(length, 1.0)
+    avg = (length + other_length) / 2.0
+    K = k1 * (1.0 - b + b * length / avg)
+    return f * (k1 + 1.0) / (f + K)
+
+
+def graded_token_stats(rewards, group, token_ids, mask, *, h1: float = 1.0, h2: float = 1.0,
+                       h3: float = 1.0, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
+                       ignore_token_ids=(), variant: str = "runtime", ngram: int = 1,
+                       **_unused) -> dict:
+    """Per (group label, token id or span) graded statistics (split="graded"), float64.
+
+    Same keys and fields as :func:`exact_token_stats`; a, b, c, d are the soft counts.
+    A group whose rewards are equal up to rounding has w = 0 and value 0.
+    """
+    rewards = _np(rewards, np.float64)
+    token_ids = _np(token_ids).astype(np.int64)
+    mask = _np(mask).astype(bool)
+    ignored = {int(t) for t in ignore_token_ids}
+    stats: dict = {}
+    for label, rows in _groups_in_order(_labels(group)).items():
+        r = [float(rewards[i]) for i in rows]
+        graded = not rewards_equal(r)
+        lo, hi = min(r), max(r)
+        w = [(x - lo) / (hi - lo) if graded else 0.0 for x in r]
+        if ngram == 1:
+            resp = _responses(token_ids, mask, rows)
+        else:
+            resp = [[ids for _, ids in response_spans(token_ids, mask, i, ngram, ignored)]
+                    for i in rows]
+        G = len(rows)
+        n_t = sum(w)
+        n_f = G - n_t
+        L_t = sum(wi * len(toks) for wi, toks in zip(w, resp, strict=True))
+        L_f = sum((1 - wi) * len(toks) for wi, toks in zip(w, resp, strict=True))
+        for v in dict.fromkeys(t for toks in resp for t in toks):
+            has = [v in toks for toks in resp]
+            K = sum(has)
+            a = sum(wi for wi, h in zip(w, has, strict=True) if h)
+            bb = K - a
+            c, d = n_t - a, n_f - bb
+            p = _interpolated(fisher_pvalue, a, c, K, G)
+            F = _interpolated(lambda *t: fisher_score(fisher_pvalue(*t)), a, c, K, G)
+            ig = information_gain_bits(a, bb, c, d)
+            count_t = sum(wi * toks.count(v) for wi, toks in zip(w, resp, strict=True))
+            count_f = sum((1 - wi) * toks.count(v) for wi, toks in zip(w, resp, strict=True))
+            tf_t = _graded_tf(count_t, L_t, L_f, k1, b)
+            tf_f = _graded_tf(count_f, L_f, L_t, k1, b)
+            if graded:
+                cohen = math.asin(math.sqrt(a / n_t)) - math.asin(math.sqrt(bb / n_f))
+                D = cohen + h3 * (tf_t / (tf_f + TF_EPS) - tf_f / (tf_t + TF_EPS))
+                k = (h1 * F + h2 * ig) * D / (h1 + h2)
+                value = top * math.tanh(k / 2.0) * (0.5 if variant == "paper" else 1.0)
+                if ngram == 1 and v in ignored:
+                    value = 0.0
+            else:
+                D, value = math.nan, 0.0
+            stats[(label, v)] = dict(a=a, b=bb, c=c, d=d, p_value=p, fisher=F, info_gain=ig,
+                                     tf_correct=tf_t, tf_incorrect=tf_f, direction=D,
+                                     value=value)
+    return stats
+
+
 def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=None,
                reward_threshold: float = 0.0, h1: float = 1.0, h2: float = 1.0,
                h3: float = 1.0, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
                ignore_token_ids=(), variant: str = "runtime", ngram: int = 1,
-               ngram_reduce: str = "mean") -> np.ndarray:
+               ngram_reduce: str = "mean", split: str = "threshold") -> np.ndarray:
     """SPEC 2, Eq. 10: ``A[i, t] = A_base[i] + value(group(i), token_ids[i, t])`` on mask.
 
     With ``ngram = n > 1`` a token's value comes from the spans covering it (those
     starting at columns t-n+1 .. t): ``ngram_reduce="maxabs"`` takes the value of largest
     magnitude (the first such span, left to right, on ties: a later span wins only when
     larger by a relative ``MAXABS_RTOL``), ``"mean"`` their mean; a token covered by no
-    span gets 0.
+    span gets 0. ``split="graded"`` takes the values from :func:`graded_token_stats`.
 
     Returns:
         ``[B, T]`` float64, zero where mask is 0.
@@ -287,7 +379,8 @@ def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=N
     labels = _labels(group)
     groups = _groups_in_order(labels)
     adv = base_advantages(rewards_np, groups, base)
-    stats = exact_token_stats(rewards_np, labels, tok, m, correct=correct,
+    stats_fn = graded_token_stats if split == "graded" else exact_token_stats
+    stats = stats_fn(rewards_np, labels, tok, m, correct=correct,
                               reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1,
                               b=b, top=top, ignore_token_ids=ignore_token_ids, variant=variant,
                               ngram=ngram)

@@ -41,3 +41,18 @@ def test_ngram_coverage_script(tmp_path):
     assert [(r["ngram"], r["reduce"]) for r in rows] == [(1, "mean"), (2, "mean"), (2, "maxabs")]
     for r in rows:
         assert 0 <= r["nonzero_all"] <= 1
+
+
+def test_graded_rewards_time_the_graded_split_against_the_threshold():
+    out = subprocess.run([sys.executable, str(BENCH), "--preset", "small", "--repeats", "1",
+                          "--threads", "1", "--rewards", "graded"], capture_output=True,
+                         text=True, check=True, timeout=300).stdout
+    assert "graded rewards" in out and "x threshold" in out
+    assert "thresholded KTAE at reward_threshold=0.5" in out
+    cells = {}
+    for name in ("ktae exact", "ktae graded"):
+        line = next(x for x in out.splitlines() if x.startswith(name + " "))
+        cells[name] = [float(v) for v in line[len(name):].split()]
+    assert cells["ktae exact"][3] == 1.0  # thresholded KTAE's ratio to itself
+    seconds, ratio, memory, to_threshold = cells["ktae graded"]
+    assert seconds > 0 and ratio > 0 and memory >= 0 and to_threshold > 0

@@ -86,3 +86,36 @@ def test_explain_page_of_a_span_run():
     assert sum("key span: none covers this token" in t for t in titles) == sum(
         s is None for s in stats)
     assert any("key span '" in t for t in titles)
+
+
+def test_explain_page_of_a_graded_run():
+    """A run trained with ``split=graded``: the page's token view and key-token table are
+    graded KTAE on the rewards (no correctness passed), with the soft counts."""
+    tok = byte_level_tokenizer()
+
+    def enc(texts):
+        return [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+
+    rewards = [1.0, 0.2, 0.0, 0.6]
+    groups = [GroupInput(prompt="Q", label="g", rewards=rewards,
+                         responses=enc(["the sum is 42", "the sum is 24", "no", "sum 42"]))]
+    ignored = (tok.pad_token_id, tok.eos_token_id)
+    credit = CreditSpec(estimator_options={"split": "graded"}, ignore_token_ids=ignored)
+    report = build_report(groups, credit=credit, tokenizer=tok)
+    ids = [r for g in groups for r in g.responses]
+    T = max(map(len, ids))
+    mat = torch.tensor([r + [0] * (T - len(r)) for r in ids])
+    mask = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in ids]).bool()
+    adv = ktae.compute_advantages("ktae", rewards=rewards, group=[0] * 4, token_ids=mat,
+                                  mask=mask, split="graded", ignore_token_ids=list(ignored))
+    for i, r in enumerate(report.groups[0].responses):
+        np.testing.assert_allclose(r.values["token"], adv[i, :len(ids[i])].tolist(), atol=1e-6)
+    stats = [s for r in report.groups[0].responses for s in r.stats if s is not None]
+    assert any(s["a"] != int(s["a"]) for s in stats)  # soft counts
+    from ktae.viz.credit import count_text
+
+    assert count_text(1.0) == "1" and count_text(0.6666) == "0.667"
+    page = report_html(report)
+    assert "a=1.6" in page or "a=1.60" in page or any(
+        "a=" in s["title"] and "." in s["title"].split("a=")[1].split()[0]
+        for s in token_spans(page))

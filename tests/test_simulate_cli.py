@@ -72,7 +72,9 @@ def test_cli_presets_and_overrides():
     assert "taco-random" in paper.method_names and "stapo" in paper.method_names
     quick = config_from_args(parse(["simulate", "--horizon", "8", "--steps", "10"]))
     assert quick.horizons == (8,) and quick.steps == 10 and quick.actions == 1000
-    assert quick.method_names == ("broadcast", "step", "ktae", "taco", "ktae+taco")
+    assert quick.method_names == ("broadcast", "step", "ktae", "ktae-graded", "taco",
+                                  "ktae+taco")
+    assert quick.lr == 0.2  # the paper's learning rate
     with pytest.raises(SystemExit):
         parse(["simulate", "--horizon", "4,x"])
 

@@ -95,11 +95,29 @@ def test_legacy_path_reference_mode_uses_the_runtime_rule(verl_batch):
     torch.testing.assert_close(adv, want, rtol=0, atol=0)
 
 
+def graded(batch: VerlBatch, **options) -> torch.Tensor:
+    """Graded KTAE on verl's summed token-level rewards (no correctness)."""
+    return ktae.compute_advantages("ktae", rewards=batch.rewards, group=batch.uids,
+                                   token_ids=batch.responses, mask=batch.response_mask,
+                                   split="graded", **options)
+
+
+@pytest.mark.parametrize("options", [{}, {"ngram": 2, "h3": 0.0}])
+def test_legacy_path_graded_split_uses_the_reward_values(verl_batch, options):
+    """``+algorithm.ktae.split=graded``: the shaped rewards themselves, not ``acc``."""
+    adv = legacy_advantages(legacy_data(verl_batch), algorithm_config(split="graded", **options))
+    torch.testing.assert_close(adv, graded(verl_batch, **options), rtol=0, atol=0)
+    assert not torch.allclose(adv, expected(verl_batch, **options))
+
+
 @pytest.mark.parametrize("options, message", [
     ({"h4": 1.0}, r"algorithm\.ktae\.h4: unknown option; expected one of base, h1"),
     ({"base": "gae"}, "base"),
     ({"mode": "fast"}, "mode"),
     ({"correct_key": 3}, "correct_key"),
+    ({"split": "soft"}, "split"),
+    ({"split": "graded", "correct_key": "acc"}, r"algorithm\.ktae\.correct_key: split=graded"),
+    ({"split": "graded", "reward_threshold": 0.5}, "reward_threshold: split=graded"),
     ({"ignore_token_ids": 151643}, "ignore_token_ids"),
 ])
 def test_unknown_or_bad_options_give_a_clear_error(verl_batch, options, message):
@@ -186,6 +204,12 @@ def test_v1_path_equals_ktae_with_verl_accuracy(transfer_queue, verl_batch):
     want = expected(verl_batch, h2=2.0)
     torch.testing.assert_close(adv, want, rtol=0, atol=0)
     assert not torch.allclose(adv, expected(verl_batch, correct=verl_batch.rewards > 0, h2=2.0))
+
+
+def test_v1_path_graded_split_uses_the_reward_values(transfer_queue, verl_batch):
+    meta = put_v1_batch(transfer_queue, verl_batch, "graded")
+    adv = v1_advantages(transfer_queue, meta, algorithm_config(split="graded", ngram=2))
+    torch.testing.assert_close(adv, graded(verl_batch, ngram=2), rtol=0, atol=0)
 
 
 def test_v1_path_without_accuracy_uses_the_reward(transfer_queue, verl_batch):

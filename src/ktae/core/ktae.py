@@ -32,6 +32,10 @@ batch's group compositions allow are evaluated once per call
 (:mod:`ktae.core.table_stats`), not once per chunk. Transcendental functions go through
 :mod:`ktae.core.pointwise`, so that a value never depends on its neighbours in an array:
 results are bit for bit the same at any chunking and thread count.
+
+``split="graded"`` replaces the correct/incorrect split by graded membership from the
+reward values, and each statistic by its graded counterpart
+(:mod:`ktae.core.ktae_graded`, docs/graded.md).
 """
 
 from __future__ import annotations
@@ -45,6 +49,12 @@ from ktae.core import stats
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, make_batch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor
+from ktae.core.ktae_graded import (
+    graded_table,
+    graded_token_values,
+    soft_membership,
+    threshold_membership,
+)
 from ktae.core.ktae_options import (
     PAPER_DEFAULTS,
     QWEN_ENDOFTEXT_ID,
@@ -178,7 +188,7 @@ def _call_tables(batch: AdvantageBatch, correct: torch.Tensor, opts: KTAEOptions
                  ) -> TableStats | None:
     """The exact mode's :class:`TableStats` of the batch's group compositions (one task:
     one thread, so that the values do not depend on the thread count)."""
-    if opts.mode != "exact":
+    if opts.mode != "exact" or opts.split == "graded":
         return None
     sizes = torch.bincount(batch.gid, minlength=batch.num_groups)
     n_c = torch.zeros_like(sizes).index_add_(0, batch.gid, correct.long())
@@ -267,13 +277,19 @@ def _prepare(batch: AdvantageBatch, correct, options: dict) -> tuple[KTAEOptions
     if batch.token_ids is None:
         raise ValueError("token_ids: required by the 'ktae' estimator")
     opts = resolve_options(**options)
+    if opts.split == "graded":
+        if correct is not None:
+            raise ValueError("correct: split='graded' takes each response's membership from "
+                             "its reward; remove correct or use split='threshold'")
+        return opts, soft_membership(batch.rewards, batch.gid, batch.num_groups)
     if opts.mode == "reference" and correct is None:
         # The runtime's rule is float32 score > 0 (1e-50 is not > 0 there); an explicit
         # ``correct`` replaces it, e.g. a verifier's accuracy when the reward also holds
         # shaping terms (what the trainer passes).
         return opts, batch.rewards.to(torch.float32) > 0
     if correct is None:
-        return opts, batch.rewards > opts.reward_threshold
+        return opts, threshold_membership(batch.rewards, batch.gid, batch.num_groups,
+                                          opts.reward_threshold)
     correct = as_tensor(correct, "correct", device=batch.device)
     if correct.shape != batch.rewards.shape:
         raise ValueError(f"correct: expected shape {tuple(batch.rewards.shape)}, "
@@ -297,8 +313,8 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
                     h2: float | None = None, h3: float | None = None, k1: float = 2.0,
                     b: float = 0.5, top: float = 1.0, ignore_token_ids=None,
                     mode: str = "exact", variant: str = "runtime", ngram: int = 1,
-                    ngram_reduce: str = "mean", chunk_tokens: int | None = None
-                    ) -> torch.Tensor:
+                    ngram_reduce: str = "mean", chunk_tokens: int | None = None,
+                    split: str = "threshold") -> torch.Tensor:
     """Token-level KTAE advantages ``[B, T]`` (Eq. 10), zero on padding.
 
     Options (see :func:`ktae.compute_advantages`): ``base`` ("grpo", "drgrpo", "rloo"),
@@ -315,14 +331,20 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     (groups are processed in chunks of about this many real tokens, which bounds memory and
     keeps sorts in cache; results do not depend on it, bit for bit; default 2**18 on CPU,
     2**23 on accelerators; on CPU the chunks run as single-threaded tasks in parallel,
-    :mod:`ktae.core.tasks`). Bounds: :mod:`ktae.core.ktae_options`.
+    :mod:`ktae.core.tasks`), ``split`` ("threshold": correct = reward > threshold, SPEC 2;
+    "graded": each response belongs to the correct class with weight
+    ``(r - min_g r) / (max_g r - min_g r)`` and every statistic is its graded counterpart,
+    :mod:`ktae.core.ktae_graded`; exact mode, without ``correct``/``reward_threshold``).
+    Bounds: :mod:`ktae.core.ktae_options`.
 
     Degenerate input: a group of one gets its base advantage (GRPO: mean 0, std 1) and no
     key-token values; a group that is all correct or all incorrect gets values 0; empty
     responses are all padding and get 0; a class whose responses are all empty has
     f = TF = 0 for every token. With ``ngram = N > 1``, a token covered by no span (in a
     run of fewer than N real tokens between padding or ignored tokens, or an ignored token)
-    gets value 0, i.e. its base advantage.
+    gets value 0, i.e. its base advantage. A group whose rewards are equal up to float
+    rounding (:func:`ktae.core.baselines.equal_reward_groups`) gets base advantage 0 and,
+    unless ``correct`` is given, key-token values 0.
 
     Raises:
         ValueError: an unknown option (the message lists the valid ones) or an invalid value.
@@ -331,7 +353,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     opts, is_correct = _prepare(batch, correct, dict(
         reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top,
         ignore_token_ids=ignore_token_ids, mode=mode, variant=variant, ngram=ngram,
-        ngram_reduce=ngram_reduce))
+        ngram_reduce=ngram_reduce, split=split))
     chunk_tokens = check_chunk_tokens(chunk_tokens)
     rewards = batch.rewards.to(torch.float32) if opts.mode == "reference" else batch.rewards
     out_dtype = torch.float64 if batch.rewards.dtype == torch.float64 else torch.float32
@@ -342,13 +364,17 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
 
     def one_chunk(chunk: _Chunk) -> None:  # a task: writes its own rows of ``out``
         flat, row, _ = real_positions(chunk.mask, chunk.row_len)
-        cnt, spans = chunk.count(opts, flat, row)
-        if spans is None:
-            per_token = cnt.spread(_values(cnt, opts, tables).to(out_dtype))
+        if opts.split == "graded":  # chunk.correct holds the memberships w
+            per_token = graded_token_values(chunk.token_ids, chunk.mask, chunk.gid,
+                                            chunk.num_groups, chunk.correct, opts, out_dtype)
         else:
-            per_span = cnt.spread(_values(cnt, opts, tables))
-            per_token = reduce_to_tokens(per_span, spans, opts.ngram_reduce).to(out_dtype)
-        per_token += seq[chunk.rows].index_select(0, row)  # padding keeps the 0 of ``out``
+            cnt, spans = chunk.count(opts, flat, row)
+            if spans is None:
+                per_token = cnt.spread(_values(cnt, opts, tables).to(out_dtype))
+            else:
+                per_span = cnt.spread(_values(cnt, opts, tables))
+                per_token = reduce_to_tokens(per_span, spans, opts.ngram_reduce).to(out_dtype)
+        per_token = per_token + seq[chunk.rows].index_select(0, row)  # padding keeps 0
         if isinstance(chunk.rows, slice):
             out[chunk.rows].view(-1).index_copy_(0, flat, per_token)
         else:
@@ -374,7 +400,8 @@ def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = 
                     h3: float | None = None, k1: float = 2.0, b: float = 0.5,
                     top: float = 1.0, ignore_token_ids=None, mode: str = "exact",
                     variant: str = "runtime", ngram: int = 1, ngram_reduce: str = "mean",
-                    chunk_tokens: int | None = None) -> KeyTokenTable:
+                    chunk_tokens: int | None = None, split: str = "threshold"
+                    ) -> KeyTokenTable:
     """Diagnostics: KTAE's statistics for every (group, distinct token) of a batch.
 
     Takes the same arguments and options as ``compute_advantages("ktae", ...)`` (``base``
@@ -382,7 +409,9 @@ def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = 
     :class:`KeyTokenTable`: the counts a, b, c, d, the p-value, F, IG, TF_T, TF_F, D and
     the key-token value of each token in each group. With ``ngram = N > 1`` the rows are
     (group, distinct span of N tokens) and the table's ``span`` column holds the token
-    ids of each span.
+    ids of each span. With ``split="graded"`` the table holds the graded statistics:
+    soft counts a, b, c, d, the interpolated p-value and F, and the weighted IG, TF and D
+    (:mod:`ktae.core.ktae_graded`).
 
     Example:
         >>> t = key_token_table(rewards=[1., 0.], group=[0, 0], token_ids=[[5, 6], [5, 7]])
@@ -399,14 +428,18 @@ def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = 
     opts, is_correct = _prepare(batch, correct, dict(
         reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top,
         ignore_token_ids=ignore_token_ids, mode=mode, variant=variant, ngram=ngram,
-        ngram_reduce=ngram_reduce))
+        ngram_reduce=ngram_reduce, split=split))
     chunk_tokens = check_chunk_tokens(chunk_tokens)
     tables = _call_tables(batch, is_correct, opts)
 
     def one_chunk(chunk: _Chunk) -> KeyTokenTable:
-        flat, row, _ = real_positions(chunk.mask, chunk.row_len)
-        cnt, spans = chunk.count(opts, flat, row)
-        table = _table(cnt, opts, tables)
+        if opts.split == "graded":
+            table, cnt, spans = graded_table(chunk.token_ids, chunk.mask, chunk.gid,
+                                             chunk.num_groups, chunk.correct, opts)
+        else:
+            flat, row, _ = real_positions(chunk.mask, chunk.row_len)
+            cnt, spans = chunk.count(opts, flat, row)
+            table = _table(cnt, opts, tables)
         if spans is not None:
             table = _span_columns(table, cnt, spans)
         if chunk.first_group:

@@ -36,6 +36,9 @@ MAX_WEIGHT = 1e6
 NGRAM_REDUCES = ("maxabs", "mean")
 
 MODES = ("exact", "reference")
+#: How a group's responses become the two classes KTAE compares: a hard split at a reward
+#: threshold (SPEC 2), or graded membership from the rewards (:mod:`ktae.core.ktae_graded`).
+SPLITS = ("threshold", "graded")
 VARIANTS = ("runtime", "paper")
 
 
@@ -55,6 +58,7 @@ class KTAEOptions:
     ignore_token_ids: tuple[int, ...]
     ngram: int
     ngram_reduce: str
+    split: str = "threshold"
 
     def stats_kwargs(self) -> dict:
         """The options the statistics take (both modes)."""
@@ -141,9 +145,10 @@ def token_id_list(value, name: str = "ignore_token_ids") -> tuple[int, ...]:
 
 def resolve_options(*, reward_threshold=None, h1=None, h2=None, h3=None, k1=2.0, b=0.5,
                     top=1.0, ignore_token_ids=None, mode="exact", variant="runtime", ngram=1,
-                    ngram_reduce="mean") -> KTAEOptions:
+                    ngram_reduce="mean", split="threshold") -> KTAEOptions:
     """Validate KTAE's options and fill the variant's defaults (h's None = default)."""
     mode = _choice("mode", mode, MODES)
+    split = _choice("split", split, SPLITS)
     variant = _choice("variant", variant, VARIANTS)
     defaults = PAPER_DEFAULTS if variant == "paper" else RUNTIME_DEFAULTS
     bounded = f"a non-negative finite number <= {MAX_WEIGHT:g}"
@@ -168,12 +173,20 @@ def resolve_options(*, reward_threshold=None, h1=None, h2=None, h3=None, k1=2.0,
         if reward_threshold not in (None, 0.0):
             raise ValueError("reward_threshold: the reference mode uses the runtime's rule "
                              "(reward > 0)")
+        if split == "graded":
+            raise ValueError("split: the reference mode reproduces the released runtime, "
+                             "which splits at reward > 0; use mode='exact' for "
+                             "split='graded'")
         if ignore_token_ids is None:
             ignored = (QWEN_ENDOFTEXT_ID,)
+    if split == "graded" and reward_threshold is not None:
+        raise ValueError("reward_threshold: split='graded' uses the reward values "
+                         "themselves; remove reward_threshold or use split='threshold'")
     return KTAEOptions(h1=hs["h1"], h2=hs["h2"], h3=hs["h3"], k1=k1, b=b, top=top,
                        variant=variant, mode=mode,
                        reward_threshold=0.0 if reward_threshold is None else reward_threshold,
-                       ignore_token_ids=ignored, ngram=ngram, ngram_reduce=ngram_reduce)
+                       ignore_token_ids=ignored, ngram=ngram, ngram_reduce=ngram_reduce,
+                       split=split)
 
 
 def check_chunk_tokens(chunk_tokens) -> int | None:

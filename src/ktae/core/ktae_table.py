@@ -16,6 +16,11 @@ STAT_COLUMNS = ("p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", 
                 "value")
 
 
+def _count_cell(x: torch.Tensor) -> str:
+    """An integer count as is; a soft count (``split="graded"``) to 3 significant digits."""
+    return f"{float(x):.3g}" if x.is_floating_point() else str(int(x))
+
+
 @dataclass(frozen=True)
 class KeyTokenTable:
     """Per (group, distinct token or span) statistics of KTAE: one row per pair.
@@ -91,7 +96,7 @@ class KeyTokenTable:
                 cells.append(repr("".join(str(decode(int(t))) for t in ids))[:24])
             elif decode:
                 cells.append(repr(decode(ids[0]))[:9])
-            cells += [str(int(getattr(self, k)[i])) for k in "abcd"]
+            cells += [_count_cell(getattr(self, k)[i]) for k in "abcd"]
             cells += [f"{float(getattr(self, k)[i]):.3g}" for k in STAT_COLUMNS]
             rows.append(cells)
         width = [9] * len(head)

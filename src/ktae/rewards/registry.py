@@ -10,6 +10,9 @@ held-out accuracy. Entries:
 * ``dapo``: the last ``Answer: ...`` line, normalised and compared as verl's ``math_dapo``
   scorer does (:mod:`ktae.rewards.answer_line`; scores +1 / -1, as DAPO trains).
 * ``gsm8k``: the last ``#### N``, as verl's strict GSM8K scorer (1 / 0).
+* ``digits``: the boxed answer, with partial credit for its right digits when it is wrong
+  (:mod:`ktae.rewards.graded`; scores 1, or 0.4 x the share of right digits): a graded
+  reward for the embedded task, e.g. for KTAE's ``split=graded``.
 * ``auto``: per row by its ``data_source``, as verl's ``default_compute_score`` dispatches
   (:func:`auto_reward_name`); rows without one get ``boxed``.
 
@@ -27,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ktae.rewards.batch import batch_math_reward, batch_scorer_reward
+from ktae.rewards.graded import score_digits
 from ktae.rewards.verify import RewardResult
 
 ScoreFn = Callable[..., list[RewardResult]]
@@ -127,6 +131,8 @@ REWARDS: dict[str, Reward] = {r.name: r for r in (
            _scorer("dapo"), template="dapo"),
     Reward("gsm8k", "the last '#### N', as verl's strict GSM8K scorer (1 / 0)",
            _scorer("gsm8k")),
+    Reward("digits", "the boxed answer; a wrong one gets 0.4 x its share of right digits "
+           "(graded)", score_digits),
     Reward("auto", "by each row's data_source, as verl dispatches (none: boxed)", score_auto,
            check_source=auto_reward_name),
 )}

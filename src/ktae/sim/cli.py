@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", choices=sorted(PRESETS), default="quick",
         help=f"quick: |A| = {quick['actions']}, {quick['steps']} updates, lr {quick['lr']}, "
-             f"{quick['seeds']} seeds, methods {QUICK_METHODS} (about 1.6 CPU-minutes); "
+             f"{quick['seeds']} seeds, methods {QUICK_METHODS} (about 1.4 CPU-minutes); "
              f"paper: the TACO paper's |A| = {paper['actions']}, {paper['steps']} updates, "
              f"lr {paper['lr']}, {paper['seeds']} seeds, every method (about 29 CPU-hours "
              "on one thread, an estimate: see docs/simulate.md). Flags override it.")
@@ -53,12 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="updates between evaluations")
     parser.add_argument(
         "--methods", default=None,
-        help="comma list: broadcast, step (the oracle), ktae, a calibration on broadcast "
+        help="comma list: broadcast, step (the oracle), ktae, ktae-graded (KTAE on the "
+             "returns themselves, docs/graded.md), a calibration on broadcast "
              f"({', '.join(CALIBRATIONS.names())}), BASE+CALIBRATION (e.g. ktae+taco), or "
              f"all (default: quick {QUICK_METHODS}; paper all)")
     parser.add_argument("--ktae-threshold", type=float, default=None,
                         help="KTAE correctness: return > this value (default: return above "
-                             "the group mean)")
+                             "the group mean; ktae-graded has no threshold)")
     parser.add_argument("--ktae-ngram", type=int, default=1,
                         help="KTAE span length: 1 = single (step, action) tokens (default); "
                              "N > 1 = spans of N consecutive steps")

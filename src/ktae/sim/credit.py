@@ -18,6 +18,10 @@ trajectory ``i``, ``R_i = sum_t r[i,t] / H`` its normalised return):
     ``t * |A| + a``, and ``correct`` = the trajectory's return is above its group's mean
     (with ``ktae_threshold``: the library's ``reward_threshold`` rule, return > threshold);
     with ``ktae_ngram=N > 1``, KTAE over spans of N consecutive steps (docs/ngram.md).
+``ktae-graded``
+    KTAE with ``split="graded"`` (docs/graded.md): no correct/incorrect split, every
+    trajectory weighs in by its return's place in its group's range
+    (``(R_i - min R) / (max R - min R)``); ``ktae_threshold`` does not apply, spans do.
 ``+CALIBRATION``
     ``ktae.calibrate_advantages(CALIBRATION, A, logprobs, entropies, mask)`` on the base
     advantages, with the current per-step softmax's log-probability of the sampled action
@@ -38,7 +42,7 @@ import torch
 
 import ktae
 
-BASES = ("broadcast", "step", "ktae")
+BASES = ("broadcast", "step", "ktae", "ktae-graded")
 
 #: Calibrations whose weight of a token depends on that token alone.
 TOKEN_LOCAL_RULES = frozenset({"taco", "taco-hard", "taco-prob-only", "taco-step",
@@ -146,6 +150,11 @@ def base_advantages(base: str, batch: CreditBatch, *,
         adv = ktae.compute_advantages("grpo", rewards=batch.step_rewards[batch.mask],
                                       group=per_step_group)
         return torch.zeros_like(batch.step_rewards).masked_scatter_(batch.mask, adv)
+    if base == "ktae-graded":
+        spans = {"ngram": ktae_ngram} if ktae_ngram != 1 else {}
+        return ktae.compute_advantages("ktae", rewards=batch.returns, group=batch.group,
+                                       token_ids=batch.token_ids, mask=batch.mask,
+                                       split="graded", **spans)
     if base == "ktae":
         if ktae_threshold is None:
             correctness = {"correct": batch.above_group_mean()}

@@ -7,13 +7,17 @@ Definitions (all per seed, then mean ± std over seeds; std is the sample std):
   (trapezoid rule), i.e. the average expected return over training;
 * steps to target: the first evaluation step whose expected return is >= the target
   (0.9 by default, i.e. 90% of the optimal normalised return 1), or not reached;
-* gap: step-level oracle minus broadcast mean return, paired by seed (both methods of a
-  seed share the initial logits and the sampling uniforms).
+* gap: step-level oracle minus broadcast return (final or mean), paired by seed (both
+  methods of a seed share the initial logits and the sampling uniforms);
+* share of the oracle's gain: ``(method - broadcast) / (oracle - broadcast)`` of the
+  returns' means over seeds (0 = broadcast, 1 = the step-level oracle).
 
 The paper's claims (TACO paper, section 2.3 and Fig. 4) are checked on the gap's mean
-over seeds: step-level beats broadcast (gap > 0 in every setting), and the gap widens
-with longer traces (larger H), sparser optimal actions (smaller n_opt) and smaller
-groups (G): it grows strictly along the axis in that direction and ends positive.
+over seeds, once on the final return (where training ends) and once on the mean return
+(the whole curve; a method that learns faster but ends at the same return wins there):
+step-level beats broadcast (gap > 0 in every setting), and the gap widens with longer
+traces (larger H), sparser optimal actions (smaller n_opt) and smaller groups (G): it
+grows strictly along the axis in that direction and ends positive.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ BROADCAST, ORACLE = "broadcast", "step"
 WIDENS = {"horizon": ("larger H", False), "n_opt": ("smaller n_opt", True),
           "group_size": ("smaller G", True)}
 
+#: What a claim or a share is measured on: the final return or the mean return.
+MEASURES = {"final": "final return", "mean": "mean return over training"}
+
 
 def mean_return(curves: torch.Tensor, eval_steps: list[int]) -> torch.Tensor:
     """``[seeds]`` area under each curve / number of updates (trapezoid rule)."""
@@ -52,6 +59,16 @@ def steps_to_target(curves: torch.Tensor, eval_steps: list[int],
     return out
 
 
+def per_seed(result: SimResult, method: str, setting: Setting, measure: str) -> torch.Tensor:
+    """``[seeds]`` final return (``measure="final"``) or mean return (``"mean"``)."""
+    curves = result.curves[(method, setting)]
+    if measure == "final":
+        return curves[:, -1]
+    if measure == "mean":
+        return mean_return(curves, result.eval_steps)
+    raise ValueError(f"measure: expected one of {', '.join(MEASURES)}, got {measure!r}")
+
+
 def mean_std(values) -> tuple[float, float]:
     t = torch.as_tensor(values, dtype=torch.float64)
     std = float(t.std()) if t.numel() > 1 else 0.0
@@ -66,32 +83,34 @@ class Claim:
     text: str
     held: bool | None
     detail: str
+    measure: str = "mean"
+    """What the gaps were measured on: "final" or "mean" (:data:`MEASURES`)."""
 
 
-def gaps(result: SimResult) -> dict[Setting, tuple[float, float]] | None:
-    """Per setting, the oracle's minus broadcast's mean return (mean, std over seeds)."""
+def gaps(result: SimResult, measure: str = "mean") -> dict[Setting, tuple[float, float]] | None:
+    """Per setting, the oracle's minus broadcast's final or mean return (mean, std over
+    seeds, paired by seed)."""
     names = result.config.method_names
     if BROADCAST not in names or ORACLE not in names:
         return None
     out = {}
     for s in result.config.settings():
-        diff = (mean_return(result.curves[(ORACLE, s)], result.eval_steps)
-                - mean_return(result.curves[(BROADCAST, s)], result.eval_steps))
+        diff = per_seed(result, ORACLE, s, measure) - per_seed(result, BROADCAST, s, measure)
         out[s] = mean_std(diff)
     return out
 
 
-def claims(result: SimResult) -> list[Claim]:
-    """The paper's claims, each checked against this run's gaps."""
-    g = gaps(result)
+def claims(result: SimResult, measure: str = "mean") -> list[Claim]:
+    """The paper's claims, each checked against this run's gaps on ``measure``."""
+    g = gaps(result, measure)
     if g is None:
         why = "needs the methods 'broadcast' and 'step'"
-        return [Claim("step-level credit beats broadcast", None, why)] + [
-            Claim(f"the gap widens with {WIDENS[a][0]}", None, why) for a in AXES]
+        return [Claim("step-level credit beats broadcast", None, why, measure)] + [
+            Claim(f"the gap widens with {WIDENS[a][0]}", None, why, measure) for a in AXES]
     positive = [s for s, (m, _) in g.items() if m > 0]
     first = Claim(
         "step-level credit beats broadcast", len(positive) == len(g),
-        f"higher mean return in {len(positive)} of {len(g)} settings")
+        f"higher {MEASURES[measure]} in {len(positive)} of {len(g)} settings", measure)
     out = [first]
     for axis in AXES:
         label, descending = WIDENS[axis]
@@ -102,14 +121,31 @@ def claims(result: SimResult) -> list[Claim]:
         detail = ", ".join(f"{AXIS_LABELS[axis]}={getattr(s, axis)}: {g[s][0]:+.3f}"
                            for s in settings)
         if len(values) < 2:
-            out.append(Claim(text, None, f"one value only ({detail})"))
+            out.append(Claim(text, None, f"one value only ({detail})", measure))
             continue
         widens = all(b > a for a, b in zip(values, values[1:], strict=False))
         held = widens and values[-1] > 0
         note = ""
         if not widens and values[-1] > values[0]:
             note = " (ends ordered, not monotone)"
-        out.append(Claim(text, held, detail + note))
+        out.append(Claim(text, held, detail + note, measure))
+    return out
+
+
+def oracle_shares(result: SimResult, measure: str = "mean"
+                  ) -> dict[tuple[str, Setting], float | None] | None:
+    """Per (method, setting), the share of the oracle's gain over broadcast on ``measure``
+    (None where the oracle and broadcast tie within 1e-12)."""
+    names = result.config.method_names
+    if BROADCAST not in names or ORACLE not in names:
+        return None
+    out = {}
+    for s in result.config.settings():
+        lo = float(per_seed(result, BROADCAST, s, measure).mean())
+        span = float(per_seed(result, ORACLE, s, measure).mean()) - lo
+        for m in names:
+            value = float(per_seed(result, m, s, measure).mean())
+            out[(m, s)] = (value - lo) / span if abs(span) > 1e-12 else None
     return out
 
 
@@ -172,13 +208,39 @@ def axis_tables(result: SimResult, axis: str) -> str:
     return "\n\n".join(blocks)
 
 
+def share_tables(result: SimResult, measure: str) -> str:
+    """Markdown: per axis, each method's share of the oracle's gain on ``measure``."""
+    shares = oracle_shares(result, measure)
+    if shares is None:
+        return ""
+    cfg = result.config
+    blocks = []
+    for axis in AXES:
+        settings = cfg.axis_settings(axis)
+        label = AXIS_LABELS[axis]
+        lines = [f"**{label} axis: share of the oracle's gain, {MEASURES[measure]}**", "",
+                 "| method | " + " | ".join(f"{label} = {getattr(s, axis)}"
+                                          for s in settings) + " |",
+                 "|---|" + "---|" * len(settings)]
+        for m in cfg.method_names:
+            cells = ["n/a" if shares[(m, s)] is None else f"{shares[(m, s)]:.0%}"
+                     for s in settings]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def summary_paragraph(result: SimResult) -> str:
-    """One paragraph: which claims held, and where each method lands."""
-    parts = []
-    for c in claims(result):
-        verdict = {True: "held", False: "did not hold", None: "not tested"}[c.held]
-        parts.append(f"{c.text}: {verdict} ({c.detail})")
-    text = "Paper's claims, on the mean return over training: " + "; ".join(parts) + "."
+    """One paragraph: which claims held (on the final and on the mean return), and where
+    each method lands."""
+    verdicts = {True: "held", False: "did not hold", None: "not tested"}
+    sentences = []
+    for measure in MEASURES:
+        parts = [f"{c.text}: {verdicts[c.held]} ({c.detail})"
+                 for c in claims(result, measure)]
+        sentences.append(f"Paper's claims, on the {MEASURES[measure]}: " + "; ".join(parts)
+                         + ".")
+    text = " ".join(sentences)
     land = landing(result)
     if land.get(BROADCAST, {}).get("share_of_oracle_gain") is not None:
         others = [f"{m} {v['share_of_oracle_gain']:+.0%}" for m, v in land.items()
@@ -204,6 +266,10 @@ def markdown(result: SimResult) -> str:
     for axis in AXES:
         lines += [axis_tables(result, axis), ""]
     lines += ["## Claims", "", summary_paragraph(result), ""]
+    for measure in MEASURES:
+        tables = share_tables(result, measure)
+        if tables:
+            lines += [tables, ""]
     land = landing(result)
     lines += ["| method | mean return, all settings | share of the oracle's gain | "
               "tokens flagged by the calibration |", "|---|---|---|---|"]
@@ -228,6 +294,7 @@ def to_json(result: SimResult) -> dict:
                                   if (m, s) in result.flag_rates else None)}
                    for (m, s), c in result.curves.items()],
         "claims": [dataclasses.asdict(c) for c in claims(result)],
+        "claims_final": [dataclasses.asdict(c) for c in claims(result, "final")],
         "landing": {m: {k: clean(v) for k, v in d.items()} for m, d in landing(result).items()},
         "seconds": result.seconds,
     }

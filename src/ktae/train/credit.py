@@ -48,6 +48,14 @@ CREDIT_NONE = "none"
 TRAINER_KTAE_OPTIONS = ("correct",)
 
 
+def passes_correct(estimator: str | None, options: dict) -> bool:
+    """Whether the trainer gives the estimator the verifier's ``correct``: KTAE and GTPO do
+    take it, except KTAE with ``split=graded``, whose classes come from the reward values."""
+    if estimator == "ktae":
+        return options.get("split", "threshold") != "graded"
+    return estimator == "gtpo"
+
+
 def parse_credit(credit: str) -> tuple[str | None, str | None]:
     """``"ktae+taco"`` -> ``("ktae", "taco")``; ``"none"`` -> ``(None, None)``."""
     import ktae
@@ -150,7 +158,7 @@ def check_credit_options(settings: CreditSettings) -> None:
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
     rewards = torch.tensor([1.0, 0.0])
     options = dict(settings.estimator_options)
-    if settings.estimator in ("ktae", "gtpo"):
+    if passes_correct(settings.estimator, options):
         options["correct"] = rewards > 0.5
     try:
         adv = ktae.compute_advantages(settings.estimator, rewards=rewards, group=[0, 0],

@@ -46,7 +46,7 @@ from trl import GRPOConfig, GRPOTrainer
 import ktae
 from ktae.core.advantages import estimator_needs_entropies
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
-from ktae.train.credit import CreditSettings
+from ktae.train.credit import CreditSettings, passes_correct
 from ktae.train.dynamic_sampling import (
     MERGEABLE_KEYS,
     OLD_ENTROPIES,
@@ -338,12 +338,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
                              f"of groups of num_generations={G}")
         group = torch.arange(rewards.numel(), device=rewards.device) // G
         options = dict(self.credit.estimator_options)
-        if self.credit.estimator == "ktae":
+        if passes_correct(self.credit.estimator, options):
             options["correct"] = correct
+        if self.credit.estimator == "ktae":
             options["ignore_token_ids"] = sorted(
                 set(self.ignore_token_ids) | {int(i) for i in options.get("ignore_token_ids") or ()})
-        if self.credit.estimator == "gtpo":
-            options["correct"] = correct
         adv = ktae.compute_advantages(self.credit.estimator, rewards=rewards, group=group,
                                       token_ids=ids, mask=mask.bool(), entropies=entropies,
                                       **options)

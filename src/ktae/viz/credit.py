@@ -172,6 +172,11 @@ def _legend_html(scale: float) -> str:
     return f'<div class="legend">advantage: {cells}</div>'
 
 
+def count_text(x) -> str:
+    """A table count: an integer as is, a soft count (``split="graded"``) to 3 digits."""
+    return str(int(x)) if float(x).is_integer() else f"{float(x):.3g}"
+
+
 def _table_html(rows: Sequence[dict]) -> str:
     head = "".join(f"<th>{h}</th>" for h in ("token", "text", *_TABLE_HEAD))
     body = []
@@ -180,7 +185,7 @@ def _table_html(rows: Sequence[dict]) -> str:
         text = "" if text is None else "".join(_VISIBLE.get(ch, ch) for ch in str(text))
         ids = " ".join(str(int(t)) for t in row["span"]) if "span" in row else str(int(row["token"]))
         cells = [ids, html.escape(text)]
-        cells += [str(int(row[k])) for k in "abcd"]
+        cells += [count_text(row[k]) for k in "abcd"]
         cells += [f"{float(row[k]):.4g}" for k in TABLE_COLUMNS[4:]]
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return (f"<h2>Key tokens</h2><table><tr>{head}</tr>{''.join(body)}</table>")

@@ -35,7 +35,7 @@ STAT_KEYS = ("a", "b", "c", "d", "p_value", "fisher", "info_gain", "tf_correct",
 STAT_LABELS = dict(zip(STAT_KEYS, ("a", "b", "c", "d", "p", "F", "IG", "TF_T", "TF_F", "D",
                                    "value"), strict=True))
 _TABLE_OPTIONS = ("correct", "reward_threshold", "h1", "h2", "h3", "k1", "b", "top",
-                  "ignore_token_ids", "mode", "variant", "ngram")
+                  "ignore_token_ids", "mode", "variant", "ngram", "split")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -297,7 +297,8 @@ def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
         else [float(r) > threshold for r in g.rewards])])
     table_opts = {k: v for k, v in opts.items() if k in _TABLE_OPTIONS}
     table_opts.setdefault("ignore_token_ids", list(credit.ignore_token_ids))
-    if table_opts.get("mode", "exact") != "reference":
+    # the graded split takes its classes from the rewards, as the trainer gives them
+    if table_opts.get("mode", "exact") != "reference" and table_opts.get("split") != "graded":
         table_opts["correct"] = correct
         table_opts.pop("reward_threshold", None)
     batch = dict(rewards=rewards, group=gid, token_ids=ids, mask=mask)

@@ -7,7 +7,7 @@ flagged tokens underlined, and the strongest key tokens as a table.
 
 from __future__ import annotations
 
-from ktae.viz.credit import colour
+from ktae.viz.credit import colour, count_text
 from ktae.viz.report import GroupReport, Report
 from ktae.viz.report_html import VISIBLE, plain_visible
 
@@ -56,7 +56,7 @@ def _group_renderables(report: Report, group: GroupReport, view: str):
         for row in rows:
             table.add_row(plain_visible(row["text"]),
                           " ".join(map(str, row.get("span", (row["token"],)))),
-                          *(str(row[k]) for k in "abcd"),
+                          *(count_text(row[k]) for k in "abcd"),
                           *(f"{row[k]:.3g}" for k in ("p_value", "fisher", "info_gain")),
                           f"{row['value']:+.3g}", style=None)
         out.append(table)

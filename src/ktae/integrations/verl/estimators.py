@@ -106,7 +106,8 @@ def estimator_inputs(name: str, token_level_rewards: torch.Tensor, response_mask
     correct = correctness(fields, settings, int(response_mask.shape[0]))
     if correct is not None:
         kwargs["correct"] = correct.to(token_level_rewards.device)
-    elif settings.options.get("mode") != "reference":
+    elif settings.options.get("mode") != "reference" and \
+            settings.options.get("split") != "graded":
         kwargs["reward_threshold"] = settings.reward_threshold
     if estimator_needs_entropies(name):
         if fields.entropies is None:

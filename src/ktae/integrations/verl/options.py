@@ -25,7 +25,7 @@ from typing import Any
 #: Options of ``algorithm.ktae``. All but ``correct_key`` go to ``compute_advantages``.
 KTAE_OPTIONS = ("base", "h1", "h2", "h3", "k1", "b", "top", "mode", "variant", "ngram",
                 "ngram_reduce", "reward_threshold", "ignore_token_ids", "chunk_tokens",
-                "correct_key")
+                "split", "correct_key")
 
 #: Options of ``algorithm.gtpo`` (registered when the installed ktae has the estimator).
 GTPO_OPTIONS = ("a1", "a2", "eps", "normalize", "reward_threshold", "correct_key")
@@ -102,7 +102,8 @@ class EstimatorSettings:
         name: the estimator (``ktae``).
         options: keyword options for :func:`ktae.compute_advantages`.
         correct_key: the reward extra-info field read as correctness (None: use
-            ``reward > reward_threshold`` on the sequence reward).
+            ``reward > reward_threshold`` on the sequence reward; always None with
+            ``split=graded``, whose classes come from the reward values).
         reward_threshold: correctness threshold on ``correct_key``'s value, or on the
             reward when that field is absent.
     """
@@ -133,7 +134,16 @@ def estimator_settings(name: str, algorithm: Any) -> EstimatorSettings:
                          f"{', '.join(allowed)}")
     options = dict(block)
     reference = options.get("mode") == "reference"
-    correct_key = options.pop("correct_key", None if reference else DEFAULT_CORRECT_KEY)
+    graded = options.get("split") == "graded"
+    if graded and options.get("correct_key") is not None:
+        raise ValueError(f"{where}.correct_key: split=graded takes each response's "
+                         "membership from its reward; remove correct_key or use "
+                         "split=threshold")
+    if graded and "reward_threshold" in options:
+        raise ValueError(f"{where}.reward_threshold: split=graded uses the reward values "
+                         "themselves; remove reward_threshold or use split=threshold")
+    correct_key = options.pop("correct_key",
+                              None if reference or graded else DEFAULT_CORRECT_KEY)
     if correct_key is not None and not isinstance(correct_key, str):
         raise ValueError(f"{where}.correct_key: expected a field name or null, got {correct_key!r}")
     if reference and correct_key is not None:
