@@ -195,3 +195,14 @@ def test_policy_loss_gradients_are_the_one_thread_ones(threads):
     with torch.no_grad():
         loss, _ = ktae.policy_loss(logits, old, adv, mask)
     assert not loss.requires_grad
+
+
+@pytest.mark.parametrize("ngram", [1, 2])
+def test_graded_split_does_not_depend_on_chunking_or_threads(ngram, threads):
+    kw = random_batch(4, sizes=[8] * 10 + [5, 3], vocab=60, max_len=40, reward_kind="continuous")
+    torch.set_num_threads(1)
+    ref = ktae.compute_advantages("ktae", **kw, split="graded", ngram=ngram, chunk_tokens=10**9)
+    for n, chunk in ((1, 7), (2, 50), (3, None), (2, 1)):
+        torch.set_num_threads(n)
+        out = ktae.compute_advantages("ktae", **kw, split="graded", ngram=ngram, chunk_tokens=chunk)
+        assert torch.equal(out, ref), (ngram, n, chunk)

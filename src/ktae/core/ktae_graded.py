@@ -98,11 +98,12 @@ def threshold_membership(rewards: torch.Tensor, gid: torch.Tensor, num_groups: i
 
 
 def _segment_sums(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """Sums of ``x`` over the runs ``[starts, ends)`` via one cumulative sum (exact for
-    integers; for the float memberships within ``M * eps`` of the sum, M <= a chunk)."""
-    cs = torch.zeros(x.numel() + 1, dtype=x.dtype, device=x.device)
-    torch.cumsum(x, 0, out=cs[1:])
-    return cs[ends] - cs[starts]
+    """Sums of ``x`` over the consecutive runs ``[starts, ends)`` (covering ``x``), each
+    added up in order within its own run: a float sum then depends on its run alone, not
+    on the runs before it in the chunk (as differences of one cumulative sum would)."""
+    run = torch.repeat_interleave(torch.arange(starts.numel(), device=x.device), ends - starts,
+                                  output_size=x.numel())
+    return torch.zeros(starts.numel(), dtype=x.dtype, device=x.device).index_add_(0, run, x)
 
 
 class _Graded:
