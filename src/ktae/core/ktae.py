@@ -67,7 +67,7 @@ from ktae.core.ktae_options import (
 from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.ngrams import Spans, find_spans, reduce_to_tokens
-from ktae.core.table_stats import TableStats, table_stats
+from ktae.core.table_stats import TableStats, reference_table_stats, table_stats
 from ktae.core.tasks import one_thread_caller, run_tasks
 from ktae.core.token_counts import (
     TokenCounts,
@@ -170,7 +170,7 @@ def _keep(cnt: TokenCounts, opts: KTAEOptions) -> torch.Tensor:
 
 def _table(cnt: TokenCounts, opts: KTAEOptions, tables: TableStats | None) -> KeyTokenTable:
     if opts.mode == "reference":
-        table = reference_table(cnt, **opts.stats_kwargs())
+        table = reference_table(cnt, **opts.stats_kwargs(), tables=tables)
     else:
         table = _exact_table(cnt, tables, **opts.stats_kwargs())
     value = torch.where(_keep(cnt, opts), table.value, torch.zeros_like(table.value))
@@ -179,20 +179,21 @@ def _table(cnt: TokenCounts, opts: KTAEOptions, tables: TableStats | None) -> Ke
 
 def _values(cnt: TokenCounts, opts: KTAEOptions, tables: TableStats | None) -> torch.Tensor:
     if opts.mode == "reference":
-        return _table(cnt, opts, None).value
+        return _table(cnt, opts, tables).value
     value = _exact_values(cnt, tables, **opts.stats_kwargs())
     return torch.where(_keep(cnt, opts), value, torch.zeros_like(value))
 
 
 def _call_tables(batch: AdvantageBatch, correct: torch.Tensor, opts: KTAEOptions
                  ) -> TableStats | None:
-    """The exact mode's :class:`TableStats` of the batch's group compositions (one task:
-    one thread, so that the values do not depend on the thread count)."""
-    if opts.mode != "exact" or opts.split == "graded":
+    """The :class:`TableStats` of the batch's group compositions, in the options' mode (one
+    task: one thread, so that the values do not depend on the thread count)."""
+    if opts.split == "graded":
         return None
     sizes = torch.bincount(batch.gid, minlength=batch.num_groups)
     n_c = torch.zeros_like(sizes).index_add_(0, batch.gid, correct.long())
-    return run_tasks(lambda _: table_stats(n_c, sizes - n_c), [None], device=batch.device)[0]
+    make = reference_table_stats if opts.mode == "reference" else table_stats
+    return run_tasks(lambda _: make(n_c, sizes - n_c), [None], device=batch.device)[0]
 
 
 # ------------------------------------------------------------------ chunks of groups

@@ -65,38 +65,56 @@ def runtime_fisher_pvalue(a, b, c, d, width) -> torch.Tensor:
     return out
 
 
-def reference_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant):
-    """The runtime's per-(group, token) statistics, as a ``KeyTokenTable`` (float32)."""
+def runtime_table_terms(a, bb, c, d) -> tuple[torch.Tensor, torch.Tensor]:
+    """The runtime's float32 information gain and Cohen's h of tables ``[[a, bb], [c, d]]``."""
+    n = a + bb + c + d
+    r1, c1 = a + bb, a + c
+    nf = n.to(_F32)
+    h_y = stats.entropy_bits(c1, n, _F32)
+    h_y_x = ((r1.to(_F32) / nf) * stats.entropy_bits(a, r1, _F32)
+             + ((c + d).to(_F32) / nf) * stats.entropy_bits(c, c + d, _F32))
+    p_t = (a.to(_F32) / (a + c).to(_F32).add(1e-10)).clamp(0.0, 1.0)
+    p_f = (bb.to(_F32) / (bb + d).to(_F32).add(1e-10)).clamp(0.0, 1.0)
+    return h_y - h_y_x, pointwise.asin(p_t.sqrt()) - pointwise.asin(p_f.sqrt())
+
+
+def runtime_fisher_score(p: torch.Tensor) -> torch.Tensor:
+    """``F = exp(-2 p)`` unless the float32 ``p`` is exactly 1.0, then 0 (the runtime's rule)."""
+    return torch.where(p == 1.0, torch.zeros_like(p), pointwise.exp(-2.0 * p))
+
+
+def reference_table(cnt: TokenCounts, *, h1, h2, h3, k1, b, top, variant, tables=None):
+    """The runtime's per-(group, token) statistics, as a ``KeyTokenTable`` (float32).
+
+    ``tables``: the call's :class:`ktae.core.table_stats.ReferenceTableStats`, whose rows
+    give p, F, IG and h of each pair's table and width (else evaluated here per distinct
+    table and width)."""
     a, bb = cnt.a, cnt.b
     c, d = cnt.n_correct - a, cnt.n_incorrect - bb
-    n = a + bb + c + d
     r1, c1 = a + bb, a + c
     # K per group: 1 + the largest min(R1, C1) among the group's present tokens.
     num_groups = int(cnt.group.max().item()) + 1 if cnt.group.numel() else 0
     gk = torch.zeros(num_groups, dtype=torch.int64, device=a.device)
     gk.scatter_reduce_(0, cnt.group, torch.minimum(r1, c1), reduce="amax")
-    width = gk[cnt.group] + 1
+    width = gk.index_select(0, cnt.group) + 1
 
-    base = int(n.max().item()) + 2 if a.numel() else 2
-    tkey = (((a * base + bb) * base + c) * base + d) * base + width
-    uniq, inv = unique_small_keys(tkey, base**5)
-    uw = uniq % base
-    ud = (uniq // base) % base
-    uc = (uniq // base**2) % base
-    ub = (uniq // base**3) % base
-    ua = uniq // base**4
-    p = runtime_fisher_pvalue(ua, ub, uc, ud, uw)[inv]
-    fisher = torch.where(p == 1.0, torch.zeros_like(p), pointwise.exp(-2.0 * p))
-
-    nf = n.to(_F32)
-    h_y = stats.entropy_bits(c1, n, _F32)
-    h_y_x = ((r1.to(_F32) / nf) * stats.entropy_bits(a, r1, _F32)
-             + ((c + d).to(_F32) / nf) * stats.entropy_bits(c, c + d, _F32))
-    ig = h_y - h_y_x
-
-    p_t = (a.to(_F32) / (a + c).to(_F32).add(1e-10)).clamp(0.0, 1.0)
-    p_f = (bb.to(_F32) / (bb + d).to(_F32).add(1e-10)).clamp(0.0, 1.0)
-    h = pointwise.asin(p_t.sqrt()) - pointwise.asin(p_f.sqrt())
+    if tables is not None:
+        rows = tables.rows(a, bb, cnt.group, cnt.group_n_correct, cnt.group_n_incorrect)
+        p, fisher = tables.fisher_at(rows, width)
+        ig, h = tables.info_gain.index_select(0, rows), tables.cohens_h.index_select(0, rows)
+    else:
+        n = a + bb + c + d
+        base = int(n.max().item()) + 2 if a.numel() else 2
+        tkey = (((a * base + bb) * base + c) * base + d) * base + width
+        uniq, inv = unique_small_keys(tkey, base**5)
+        uw = uniq % base
+        ud = (uniq // base) % base
+        uc = (uniq // base**2) % base
+        ub = (uniq // base**3) % base
+        ua = uniq // base**4
+        p = runtime_fisher_pvalue(ua, ub, uc, ud, uw)[inv]
+        fisher = runtime_fisher_score(p)
+        ig, h = runtime_table_terms(a, bb, c, d)
 
     def tf(count, length, other):
         count, length, other = count.to(_F32), length.to(_F32), other.to(_F32)

@@ -50,15 +50,9 @@ class TableStats:
                 + a * (group_n_incorrect + 1).index_select(0, group))
 
 
-def table_stats(n_correct: torch.Tensor, n_incorrect: torch.Tensor) -> TableStats | None:
-    """Every table of the group compositions ``(n_correct[g], n_incorrect[g])``.
-
-    Args:
-        n_correct, n_incorrect: ``[P]`` int64 class sizes of each group.
-
-    Returns:
-        The statistics, or None when they would hold more than :data:`MAX_TABLES` tables.
-    """
+def _all_tables(n_correct: torch.Tensor, n_incorrect: torch.Tensor):
+    """Every table of the compositions present: ``(a, b, c, d)`` ``[E]`` and the offsets,
+    or None beyond :data:`MAX_TABLES`."""
     device = n_correct.device
     size = int(max(int(n_correct.max()), int(n_incorrect.max()))) + 1 if n_correct.numel() else 1
     comp = torch.unique(n_correct * size + n_incorrect)
@@ -74,7 +68,57 @@ def table_stats(n_correct: torch.Tensor, n_incorrect: torch.Tensor) -> TableStat
     local = torch.arange(total, device=device) - first[which]
     nf1 = n_f[which] + 1
     a, b = local // nf1, local % nf1
-    c, d = n_t[which] - a, n_f[which] - b
+    return (a, b, n_t[which] - a, n_f[which] - b), offset
+
+
+@dataclass(frozen=True)
+class ReferenceTableStats(TableStats):
+    """Reference mode's float32 statistics (:mod:`ktae.core.ktae_reference`): IG and h per
+    table, p and F per table and grid width ``K = 1 .. W`` (the runtime's Fisher sum
+    depends on its group's K)."""
+
+    width: int = 1
+
+    def fisher_at(self, rows: torch.Tensor, k: torch.Tensor):
+        """``(p, F)`` of each pair's table row at its group's width ``k`` (``[U]``)."""
+        at = rows * self.width + (k - 1)
+        return self.p_value.index_select(0, at), self.fisher.index_select(0, at)
+
+
+def reference_table_stats(n_correct: torch.Tensor, n_incorrect: torch.Tensor
+                          ) -> ReferenceTableStats | None:
+    """:func:`table_stats` for reference mode, or None when too large."""
+    from ktae.core.ktae_reference import (
+        runtime_fisher_pvalue,
+        runtime_fisher_score,
+        runtime_table_terms,
+    )
+
+    found = _all_tables(n_correct, n_incorrect)
+    width = int(n_correct.max()) + 1 if n_correct.numel() else 1  # K <= n_T + 1
+    if found is None or found[0][0].numel() * width > MAX_TABLES:
+        return None
+    (a, b, c, d), offset = found
+    ig, h = runtime_table_terms(a, b, c, d)
+    k = torch.arange(1, width + 1, device=a.device).repeat(a.numel())
+    p = runtime_fisher_pvalue(*(x.repeat_interleave(width) for x in (a, b, c, d)), k)
+    return ReferenceTableStats(p_value=p, fisher=runtime_fisher_score(p), info_gain=ig,
+                               cohens_h=h, offset=offset, width=width)
+
+
+def table_stats(n_correct: torch.Tensor, n_incorrect: torch.Tensor) -> TableStats | None:
+    """Every table of the group compositions ``(n_correct[g], n_incorrect[g])``.
+
+    Args:
+        n_correct, n_incorrect: ``[P]`` int64 class sizes of each group.
+
+    Returns:
+        The statistics, or None when they would hold more than :data:`MAX_TABLES` tables.
+    """
+    found = _all_tables(n_correct, n_incorrect)
+    if found is None:
+        return None
+    (a, b, c, d), offset = found
     p = stats.fisher_exact_pvalue(a, b, c, d)
     return TableStats(p_value=p, fisher=stats.fisher_score(p),
                       info_gain=stats.information_gain(a, b, c, d),
