@@ -228,8 +228,10 @@ class _Chunk:
         return cnt, spans
 
 
-def _group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max_tokens: int):
-    """Split the groups into consecutive ranges of about ``max_tokens`` real tokens.
+def _group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max_tokens: int,
+                  keep: torch.Tensor | None = None):
+    """Split the groups (those of ``keep`` when given) into consecutive ranges of about
+    ``max_tokens`` real tokens.
 
     Yields ``(rows, first_group, num_groups_in_chunk)``, ``rows`` a slice when every
     chunk's rows are contiguous in the batch (groups stored one after the other), else an
@@ -238,36 +240,59 @@ def _group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max
     element), and are the tasks of :func:`ktae.core.tasks.run_tasks`. A handful of chunks
     per batch: this is not a loop over groups.
     """
-    per_group = torch.zeros(num_groups, dtype=torch.int64, device=gid.device).index_add_(0, gid, row_len)
+    dev = gid.device
+    if keep is not None:
+        row_len = row_len * keep.index_select(0, gid)
+    per_group = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(0, gid, row_len)
     before = torch.cumsum(per_group, 0) - per_group
     chunk_of_group = before // max(1, max_tokens)
+    if keep is not None:
+        chunk_of_group = torch.where(keep, chunk_of_group, -1)  # -1: in no chunk
     chunk_of_row = chunk_of_group[gid]
-    first_groups = torch.searchsorted(chunk_of_group, torch.unique(chunk_of_group)).tolist()
-    ends = first_groups[1:] + [num_groups]
-    if bool((chunk_of_row[1:] >= chunk_of_row[:-1]).all()):  # contiguous chunks: slices
-        bounds = torch.searchsorted(chunk_of_row, torch.unique(chunk_of_group), right=True)
+    ids = torch.unique(chunk_of_group)
+    ids = ids[ids >= 0]
+    group_ids = torch.arange(num_groups, device=dev)
+    in_chunk = chunk_of_group >= 0
+    first = torch.full((int(chunk_of_group.max()) + 1 if ids.numel() else 0,), num_groups,
+                       dtype=torch.int64, device=dev)
+    last = torch.full_like(first, -1)
+    first.scatter_reduce_(0, chunk_of_group[in_chunk], group_ids[in_chunk], reduce="amin")
+    last.scatter_reduce_(0, chunk_of_group[in_chunk], group_ids[in_chunk], reduce="amax")
+    spans = [(int(first[i]), int(last[i]) + 1) for i in ids.tolist()]
+    if keep is None and bool((chunk_of_row[1:] >= chunk_of_row[:-1]).all()):  # slices
+        bounds = torch.searchsorted(chunk_of_row, ids, right=True)
         start = 0
-        for g0, g1, end in zip(first_groups, ends, bounds.tolist(), strict=True):
+        for (g0, g1), end in zip(spans, bounds.tolist(), strict=True):
             yield slice(start, end), g0, g1 - g0
             start = end
         return
     order = torch.argsort(chunk_of_row, stable=True)
-    bounds = torch.searchsorted(chunk_of_row[order], torch.unique(chunk_of_group), right=True)
-    start = 0
-    for g0, g1, end in zip(first_groups, ends, bounds.tolist(), strict=True):
-        yield order[start:end], g0, g1 - g0
-        start = end
+    sorted_chunks = chunk_of_row[order]
+    starts = torch.searchsorted(sorted_chunks, ids).tolist()
+    ends = torch.searchsorted(sorted_chunks, ids, right=True).tolist()
+    for (g0, g1), a, b in zip(spans, starts, ends, strict=True):
+        yield order[a:b], g0, g1 - g0
 
 
-def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | None
-            ) -> list[_Chunk]:
+def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | None,
+            keep: torch.Tensor | None = None) -> list[_Chunk]:
     if chunk_tokens is None:
         chunk_tokens = CPU_CHUNK_TOKENS if batch.device.type == "cpu" else DEVICE_CHUNK_TOKENS
     row_len = batch.mask.sum(1, dtype=torch.int32).long()
     return [_Chunk(rows, g0, batch.token_ids[rows], batch.mask[rows], row_len[rows],
                    batch.gid[rows] - g0, n_groups, correct[rows])
             for rows, g0, n_groups in _group_chunks(batch.gid, batch.num_groups, row_len,
-                                                    chunk_tokens)]
+                                                    chunk_tokens, keep)]
+
+
+def _mixed_groups(batch: AdvantageBatch, correct: torch.Tensor) -> torch.Tensor | None:
+    """``[P]`` groups with both a correct and an incorrect response, or None when every
+    group is (the others' key-token values are 0: their rows need no pass at all)."""
+    n_c = torch.zeros(batch.num_groups, dtype=torch.int64, device=batch.device).index_add_(
+        0, batch.gid, correct.long())
+    sizes = torch.bincount(batch.gid, minlength=batch.num_groups)
+    mixed = (n_c > 0) & (n_c < sizes)
+    return None if bool(mixed.all()) else mixed
 
 
 # ------------------------------------------------------------------ public functions
@@ -359,7 +384,11 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     rewards = batch.rewards.to(torch.float32) if opts.mode == "reference" else batch.rewards
     out_dtype = torch.float64 if batch.rewards.dtype == torch.float64 else torch.float32
     seq = SEQUENCE_BASELINES[base](rewards, batch.gid, batch.num_groups).to(out_dtype)
-    out = torch.zeros(batch.mask.shape, dtype=out_dtype, device=batch.device)
+    keep = None if opts.split == "graded" else _mixed_groups(batch, is_correct)
+    if keep is None:
+        out = torch.zeros(batch.mask.shape, dtype=out_dtype, device=batch.device)
+    else:  # groups without both classes: their base advantage; the others are overwritten
+        out = torch.where(batch.mask, seq[:, None], torch.zeros((), dtype=out_dtype))
 
     tables = _call_tables(batch, is_correct, opts)
 
@@ -383,7 +412,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
             out.index_copy_(0, chunk.rows, block.view(-1).index_copy_(0, flat, per_token)
                             .view(chunk.mask.shape))
 
-    run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens), device=batch.device)
+    run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens, keep), device=batch.device)
     return out
 
 
