@@ -177,25 +177,20 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
 
 def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
     """The recorded rollouts of a ``ktae train`` run directory, every recorded step."""
-    from ktae.explain.sources import _run_tokenizer
+    from ktae.explain.sources import _run_tokenizer, read_run_rollouts
     from ktae.tasks import level_of, question_of
-    from ktae.train.rollouts import ROLLOUTS_FILE, read_rollouts
+    from ktae.train.rollouts import ROLLOUTS_FILE
     from ktae.viz.report import GroupInput
 
-    path = run / ROLLOUTS_FILE
-    if not path.is_file():
-        raise ValueError(f"INPUT: {run} holds no {ROLLOUTS_FILE} (run directories of ktae train "
-                         "keep one unless --rollout-every 0)")
-    header, records = read_rollouts(path)
-    if not records:
-        raise ValueError(f"INPUT: {path} holds no recorded groups yet")
+    header, records = read_run_rollouts(run)
     tok, tok_path = _run_tokenizer(run, header, tokenizer)
     groups = []
     for r in records:
         question = question_of(r["prompt"])
         if question is None:
-            raise ValueError(f"INPUT: {path}: prompt {r['prompt']!r} is not an embedded-task "
-                             "prompt, so its responses cannot be labelled; audit a JSONL of "
+            raise ValueError(f"INPUT: {run / ROLLOUTS_FILE}: prompt {r['prompt']!r} is not an "
+                             "embedded-task prompt, so its responses cannot be labelled; audit "
+                             "a JSONL of "
                              "groups with 'wrong' spans instead")
         g = GroupInput(prompt=r["prompt"], responses=r["responses"], rewards=r["rewards"],
                        correct=r["correct"], label=f"step {r['step']} group {r['group']}",

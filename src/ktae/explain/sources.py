@@ -128,11 +128,9 @@ def _run_tokenizer(run: Path, header: dict, tokenizer: str | None):
     return load_tokenizer(path), str(path)
 
 
-def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None,
-             credit: str | None = None) -> Source:
-    """The rollouts a ``ktae train`` run kept (:mod:`ktae.train.rollouts`), of one step
-    (default: the latest recorded)."""
-    from ktae.train.config import TrainConfig
+def read_run_rollouts(run: Path) -> tuple[dict, list[dict]]:
+    """The header and records of a run directory's rollouts file; a one-line error (naming
+    ``INPUT``) when there is none or it is empty."""
     from ktae.train.rollouts import ROLLOUTS_FILE, read_rollouts
 
     path = run / ROLLOUTS_FILE
@@ -142,6 +140,16 @@ def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None
     header, records = read_rollouts(path)
     if not records:
         raise ValueError(f"INPUT: {path} holds no recorded groups yet")
+    return header, records
+
+
+def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None,
+             credit: str | None = None) -> Source:
+    """The rollouts a ``ktae train`` run kept (:mod:`ktae.train.rollouts`), of one step
+    (default: the latest recorded)."""
+    from ktae.train.config import TrainConfig
+
+    header, records = read_run_rollouts(run)
     steps = sorted({r["step"] for r in records})
     if step is None:
         step = steps[-1]
