@@ -158,3 +158,16 @@ def test_sampling_options_and_a_tokenizer_directory(tmp_path):
     assert main(["audit", str(src), "--tokenizer", str(default_tokenizer_path()),
                  "--credit", "grpo", "-o", str(out)]) == 0
     assert json.loads((out / "audit.json").read_text())["kind"] == "jsonl"
+
+
+def test_a_runs_own_methods_keep_its_settings():
+    """Auditing a run directory scores the run's estimator with the run's settings (here the
+    graded split), as ktae explain does; other methods keep their defaults."""
+    from ktae.credit_audit.run import parse_methods
+    from ktae.train.config import TrainConfig
+
+    cfg = TrainConfig(credit="ktae", estimator_options={"split": "graded"})
+    methods = parse_methods("grpo,ktae,ktae@ngram=3", train_config=cfg)
+    assert methods["ktae"].estimator_options.get("split") == "graded"
+    assert methods["ktae@ngram=3"].estimator_options.get("split") == "graded"
+    assert "split" not in parse_methods("ktae")["ktae"].estimator_options

@@ -52,9 +52,12 @@ def default_methods() -> list[str]:
             "ktae@ngram=2", "ktae@ngram=3", "ktae@ngram=4"]
 
 
-def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=()) -> dict:
+def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=(),
+                  train_config=None) -> dict:
     """``"grpo,ktae,ktae@ngram=3"`` (or a list; None: :func:`default_methods`) ->
-    ``{name: CreditSpec}``; an unknown name is a ValueError naming ``credit``."""
+    ``{name: CreditSpec}``; an unknown name is a ValueError naming ``credit``. With a run's
+    ``train_config``, a method that is the run's own estimator or calibration keeps its
+    settings (h1, alpha, the graded split, ...), as ``ktae explain`` does."""
     from ktae.explain.sources import credit_spec
 
     names = default_methods() if spec is None else (
@@ -67,7 +70,8 @@ def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=()) -> d
         if name in out:
             raise ValueError(f"credit: {name!r} is listed twice")
         try:
-            out[name] = credit_spec(name, ignore_token_ids=ignore_token_ids)
+            out[name] = credit_spec(name, ignore_token_ids=ignore_token_ids,
+                                    train_config=train_config)
         except ValueError as err:
             text = str(err)
             raise ValueError(text if text.startswith("credit") else f"credit: {name!r}: {text}"
@@ -359,6 +363,10 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     path = None if input is None else Path(input)
     if path is not None and path.is_dir():
         data = run_input(path, tokenizer=tokenizer)
+        if (path / "config.yaml").is_file():  # the run's own settings for its methods
+            from ktae.train.config import TrainConfig
+
+            methods = parse_methods(credit, train_config=TrainConfig.from_file(path / "config.yaml"))
     elif path is not None:
         tok_dir = tokenizer or (None if model in (None, DEFAULT_MODEL) else model)
         tok = sources.load_tokenizer(tok_dir or sources.default_tokenizer_path())
