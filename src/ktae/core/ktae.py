@@ -66,7 +66,7 @@ from ktae.core.ktae_options import (
 )
 from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
-from ktae.core.ngrams import Spans, find_spans, reduce_to_tokens
+from ktae.core.ngrams import Spans, find_spans, reduce_from_starts
 from ktae.core.table_stats import TableStats, reference_table_stats, table_stats
 from ktae.core.tasks import one_thread_caller, run_tasks
 from ktae.core.token_counts import (
@@ -402,8 +402,8 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
             if spans is None:
                 per_token = cnt.spread(_values(cnt, opts, tables).to(out_dtype))
             else:
-                per_span = cnt.spread(_values(cnt, opts, tables))
-                per_token = reduce_to_tokens(per_span, spans, opts.ngram_reduce).to(out_dtype)
+                by_start = cnt.spread_at(_values(cnt, opts, tables), spans.start, flat.numel())
+                per_token = reduce_from_starts(by_start, spans, opts.ngram_reduce).to(out_dtype)
         per_token = per_token + seq[chunk.rows].index_select(0, row)  # padding keeps 0
         if isinstance(chunk.rows, slice):
             out[chunk.rows].view(-1).index_copy_(0, flat, per_token)

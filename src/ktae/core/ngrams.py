@@ -125,13 +125,19 @@ def reduce_to_tokens(span_values: torch.Tensor, spans: Spans, reduce: str) -> to
     Tokens covered by no span get 0.
     """
     m = spans.tokens.numel()
-    out = torch.zeros(m, dtype=span_values.dtype, device=span_values.device)
+    by_start = torch.zeros(m, dtype=span_values.dtype, device=span_values.device)
+    return reduce_from_starts(by_start.index_copy_(0, spans.start, span_values), spans, reduce)
+
+
+def reduce_from_starts(by_start: torch.Tensor, spans: Spans, reduce: str) -> torch.Tensor:
+    """:func:`reduce_to_tokens` from ``by_start`` ``[M]``: at each real token, the value of
+    the span starting there (0 where none starts); consumed."""
+    m = spans.tokens.numel()
+    out = torch.zeros_like(by_start)
     if spans.start.numel() == 0:
         return out
-    # by_start[s]: the value of the span starting at real token s (0 where none starts).
     # A span starting at s covers tokens s .. s + n - 1, all in its row, so token p's
     # covering spans start at p - j (j < n): shifted slices, no gathers.
-    by_start = torch.zeros_like(out).index_copy_(0, spans.start, span_values)
     if reduce == "mean":
         starts = torch.zeros_like(out).index_fill_(0, spans.start, 1.0)
         covering = torch.zeros_like(out)

@@ -70,6 +70,14 @@ class TokenCounts:
     def len_incorrect(self) -> torch.Tensor:
         return self.group_len_incorrect.index_select(0, self.group)
 
+    def spread_at(self, per_pair: torch.Tensor, positions: torch.Tensor, size: int
+                  ) -> torch.Tensor:
+        """``[U] -> [size]``: unit k's pair value at ``positions[k]``, 0 elsewhere (one
+        scatter, where :meth:`spread` then a scatter of its result would take two)."""
+        at = positions.index_select(0, self.order)
+        out = torch.zeros(size, dtype=per_pair.dtype, device=per_pair.device)
+        return out.index_copy_(0, at, per_pair.repeat_interleave(self.run_length))
+
     def spread(self, per_pair: torch.Tensor) -> torch.Tensor:
         """``[U] -> [M]``: each real token (row-major order) gets its pair's value."""
         sorted_vals = per_pair.repeat_interleave(self.run_length)
