@@ -81,8 +81,10 @@ __all__ = ["PAPER_DEFAULTS", "QWEN_ENDOFTEXT_ID", "RUNTIME_DEFAULTS", "KeyTokenT
            "key_token_table", "ktae_advantages"]
 
 #: Real tokens per chunk (see ``chunk_tokens``): measured fastest on CPU with memory below
-#: the input's; accelerators prefer fewer, larger launches.
+#: the input's (spans, with about one distinct unit per token against a quarter for single
+#: tokens, run fastest in chunks half as large); accelerators prefer fewer, larger launches.
 CPU_CHUNK_TOKENS = 1 << 18
+CPU_SPAN_CHUNK_TOKENS = 1 << 17
 DEVICE_CHUNK_TOKENS = 1 << 23
 
 
@@ -275,9 +277,11 @@ def _group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max
 
 
 def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | None,
-            keep: torch.Tensor | None = None) -> list[_Chunk]:
-    if chunk_tokens is None:
-        chunk_tokens = CPU_CHUNK_TOKENS if batch.device.type == "cpu" else DEVICE_CHUNK_TOKENS
+            keep: torch.Tensor | None = None, ngram: int = 1) -> list[_Chunk]:
+    if chunk_tokens is None and batch.device.type != "cpu":
+        chunk_tokens = DEVICE_CHUNK_TOKENS
+    elif chunk_tokens is None:
+        chunk_tokens = CPU_CHUNK_TOKENS if ngram == 1 else CPU_SPAN_CHUNK_TOKENS
     row_len = batch.mask.sum(1, dtype=torch.int32).long()
     return [_Chunk(rows, g0, batch.token_ids[rows], batch.mask[rows], row_len[rows],
                    batch.gid[rows] - g0, n_groups, correct[rows])
@@ -355,8 +359,8 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     value of the spans covering it; "maxabs": the value of largest magnitude among them),
     ``chunk_tokens``
     (groups are processed in chunks of about this many real tokens, which bounds memory and
-    keeps sorts in cache; results do not depend on it, bit for bit; default 2**18 on CPU,
-    2**23 on accelerators; on CPU the chunks run as single-threaded tasks in parallel,
+    keeps sorts in cache; results do not depend on it, bit for bit; default 2**18 on CPU
+    (2**17 for spans), 2**23 on accelerators; on CPU the chunks run as single-threaded tasks in parallel,
     :mod:`ktae.core.tasks`), ``split`` ("threshold": correct = reward > threshold, SPEC 2;
     "graded": each response belongs to the correct class with weight
     ``(r - min_g r) / (max_g r - min_g r)`` and every statistic is its graded counterpart,
@@ -412,7 +416,8 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
             out.index_copy_(0, chunk.rows, block.view(-1).index_copy_(0, flat, per_token)
                             .view(chunk.mask.shape))
 
-    run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens, keep), device=batch.device)
+    run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens, keep, opts.ngram),
+              device=batch.device)
     return out
 
 
@@ -476,7 +481,8 @@ def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = 
             table = dataclasses.replace(table, group=table.group + chunk.first_group)
         return table
 
-    parts = run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens), device=batch.device)
+    parts = run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens, ngram=opts.ngram),
+                      device=batch.device)
     if len(parts) == 1:
         table = parts[0]
     else:
