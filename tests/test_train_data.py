@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_train_helpers import assert_refused
 
 from ktae.train.data import load_task
 
@@ -86,9 +87,4 @@ def test_task_checks_run_before_any_model_loads(tmp_path, capsys, monkeypatch):
         (["--trl", "use_vllm=perhaps"], "trl: use_vllm: expected true/false"),
         (["--model", str(tmp_path / "no-such-model")], "model: no such directory"),
     ]
-    for extra, match in cases:
-        code = main(["train", "--output-dir", str(tmp_path / "out"), *extra])
-        err = capsys.readouterr().err
-        assert code == 2, (extra, err)
-        assert match in err and err.count("\n") == 1, (extra, err)
-        assert not (tmp_path / "out").exists()
+    assert_refused(main, capsys, tmp_path / "out", cases)

@@ -9,7 +9,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_train_helpers import read_jsonl
+from test_train_helpers import assert_refused, read_jsonl
 
 from ktae.cli import main
 from ktae.tasks import format_prompt, generate
@@ -140,12 +140,7 @@ def test_data_options_are_checked_before_any_model_loads(tmp_path, capsys, monke
         (["--task-filter", "level=Level 3"], "task: the embedded task takes no"),
         (["--reward", "graded"], "reward: expected one of"),
     ]
-    for extra, match in cases:
-        code = main(["train", "--output-dir", str(tmp_path / "out"), *extra])
-        err = capsys.readouterr().err
-        assert code == 2, (extra, err)
-        assert match in err and err.count("\n") == 1, (extra, err)
-        assert not (tmp_path / "out").exists()
+    assert_refused(main, capsys, tmp_path / "out", cases)
 
 
 def test_yaml_keys_of_the_data_options(tmp_path):

@@ -8,13 +8,12 @@ import argparse
 
 import pytest
 import torch
-from test_train_helpers import read_jsonl, tiny_config
+from test_train_helpers import Recorder, read_jsonl, tiny_config
 
 import ktae
 from ktae.train import cli_train
 from ktae.train.credit import credit_settings, passes_correct
 from ktae.train.session import train
-from ktae.train.trainer import KTAEGRPOTrainer
 
 
 def _parse(argv):
@@ -42,19 +41,6 @@ def test_bad_split_is_refused_before_the_model_loads(tmp_path, capsys, monkeypat
     assert rc == 2
     err = capsys.readouterr().err
     assert "split: expected 'threshold' or 'graded'" in err and err.count("\n") == 1
-
-
-class Recorder(KTAEGRPOTrainer):
-    seen: list
-
-    def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
-        token_mask = batch["ktae_token_mask"].clone()
-        out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
-        self.seen.append({"ids": out["completion_ids"].clone(), "token_mask": token_mask,
-                          "loss_mask": out["completion_mask"].clone(),
-                          "adv": out["advantages"].clone(), "rewards": rewards.clone(),
-                          "ignore": list(self.ignore_token_ids)})
-        return out
 
 
 @pytest.mark.slow

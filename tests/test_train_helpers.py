@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ktae.train.config import TrainConfig
+from ktae.train.trainer import KTAEGRPOTrainer
 
 DETERMINISTIC_KEYS = ("reward", "accuracy", "response_length", "entropy", "loss", "grad_norm",
                       "clip_fraction", "zero_variance_group_fraction", "generation_rounds",
@@ -47,3 +48,29 @@ def tiny_config(model_path: Path, out: Path, **overrides) -> TrainConfig:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+
+
+class Recorder(KTAEGRPOTrainer):
+    """Keeps what KTAE read (token mask) and what the loss reads (loss mask, advantages)."""
+
+    seen: list
+
+    def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
+        token_mask = batch["ktae_token_mask"].clone()
+        out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
+        self.seen.append({"ids": out["completion_ids"].clone(), "token_mask": token_mask,
+                          "loss_mask": out["completion_mask"].clone(),
+                          "adv": out["advantages"].clone(), "rewards": rewards.clone(),
+                          "correct": correct.clone(), "ignore": list(self.ignore_token_ids)})
+        return out
+
+
+def assert_refused(main, capsys, out: Path, cases) -> None:
+    """Each ``(args, match)`` of ``ktae train`` is one error line holding ``match``, exit
+    status 2, and nothing written to ``out``."""
+    for extra, match in cases:
+        code = main(["train", "--output-dir", str(out), *extra])
+        err = capsys.readouterr().err
+        assert code == 2, (extra, err)
+        assert match in err and err.count("\n") == 1, (extra, err)
+        assert not out.exists()

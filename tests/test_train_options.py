@@ -10,28 +10,13 @@ import warnings
 
 import pytest
 import torch
-from test_train_helpers import contains_digit, read_jsonl, tiny_config
+from test_train_helpers import Recorder, contains_digit, read_jsonl, tiny_config
 
 import ktae
 from ktae.train.session import train
 from ktae.train.trainer import KTAEGRPOTrainer
 
 pytestmark = pytest.mark.slow
-
-
-class Recorder(KTAEGRPOTrainer):
-    """Keeps what KTAE read (token mask) and what the loss reads (loss mask, advantages)."""
-
-    seen: list
-
-    def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
-        token_mask = batch["ktae_token_mask"].clone()
-        out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
-        self.seen.append({"ids": out["completion_ids"].clone(), "token_mask": token_mask,
-                          "loss_mask": out["completion_mask"].clone(),
-                          "adv": out["advantages"].clone(), "rewards": rewards.clone(),
-                          "correct": correct.clone(), "ignore": list(self.ignore_token_ids)})
-        return out
 
 
 def _train(tiny_model, out, reward_funcs=(contains_digit,), **overrides):
