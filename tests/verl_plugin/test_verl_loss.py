@@ -225,3 +225,76 @@ def test_loss_outside_ppo_loss_refuses():
 def test_bad_calibration_options_are_refused_when_verl_builds_the_config(options, message):
     with pytest.raises(ValueError, match=message):
         actor_config(options=options)
+
+
+#: Token-removing rules with options that make them remove a clear share of the tokens.
+REMOVING_RULES = {"forking-tokens": {"top_fraction": 0.3},
+                  "stapo": {"prob_threshold": 0.004, "entropy_quantile": 0.6}}
+#: Mini-batch layouts: each rank's micro-batches (MicroBatch seeds), ``None`` = verl gives
+#: no global batch info (one micro-batch on one rank).
+SPLITS = {"one micro-batch": [[3]], "two micro-batches": [[3, 4]],
+          "two ranks of two micro-batches": [[3, 4], [5, 6]]}
+
+
+def _verl_on_kept_tokens(config, old, logp, adv, keep, agg, info):
+    """verl's own vanilla loss (``core_algos.compute_policy_loss_vanilla`` and its
+    ``agg_loss``) with ``keep`` as the loss mask and ``info`` as ``global_batch_info``."""
+    from verl.trainer.ppo import core_algos
+
+    config.global_batch_info.clear()
+    config.global_batch_info.update(info)
+    loss, _ = core_algos.compute_policy_loss_vanilla(old_log_prob=old, log_prob=logp,
+                                                     advantages=adv, response_mask=keep,
+                                                     loss_agg_mode=agg, config=config)
+    return loss
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "token-sum", "seq-mean-token-mean",
+                                 "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("split", list(SPLITS))
+@pytest.mark.parametrize("rule", list(REMOVING_RULES))
+def test_token_removing_rules_mean_what_verls_mode_means_on_the_kept_tokens(rule, split, agg):
+    """Each micro-batch's loss (and gradient) is verl's own loss on the tokens the rule keeps,
+    under the global batch info verl gives that micro-batch. ``token-sum`` and the
+    ``seq-mean-*`` modes are verl's ``agg_loss`` on the kept mask as it is; ``token-mean``
+    is the kept tokens' mean within the micro-batch (verl's ``agg_loss`` on the kept mask
+    with the micro-batch's kept count), weighted by the micro-batch's share of verl's
+    ``batch_num_tokens`` (see the module docstring of ktae.integrations.verl.losses)."""
+    options = REMOVING_RULES[rule]
+    ranks = [[MicroBatch(seed=s) for s in seeds] for seeds in SPLITS[split]]
+    batches = [mb for rank in ranks for mb in rank]
+    info = {}
+    if split != "one micro-batch":
+        info = dict(dp_size=len(ranks), batch_num_tokens=sum(int(mb.mask.sum()) for mb in batches),
+                    global_batch_size=sum(mb.mask.shape[0] for mb in batches))
+    removed_rows = 0
+    for mb in batches:
+        logp = mb.logp_values.clone().requires_grad_(True)
+        model_output, data = mb.verl_inputs(logp, **info)
+        config = actor_config(rule, options, agg=agg)
+        ours, _ = worker_loss_fn(config)(model_output=model_output, data=data)
+        ours.backward()
+
+        res = ktae.calibrate_advantages(rule, mb.adv, logprobs=mb.logp_values,
+                                        entropies=mb.entropy, mask=mb.mask, **options)
+        keep = res.loss_mask
+        assert 0 < int(keep.sum()) < int(mb.mask.sum())
+        removed_rows += int((mb.mask.any(-1) & ~keep.any(-1)).sum())
+        ref_logp = mb.logp_values.clone().requires_grad_(True)
+        verl_info = dict(info, loss_scale_factor=None)
+        if agg == "token-mean":
+            # the kept tokens' mean in this micro-batch, times its share of the real tokens
+            verl_info = dict(dp_size=1, batch_num_tokens=int(keep.sum()), global_batch_size=None,
+                             loss_scale_factor=None)
+            share = int(mb.mask.sum()) / info.get("batch_num_tokens", int(mb.mask.sum()))
+            share *= info.get("dp_size", 1)
+        else:
+            share = 1.0
+        want = _verl_on_kept_tokens(actor_config("vanilla", agg=agg), mb.old, ref_logp,
+                                    res.advantages, keep, agg, verl_info) * share
+        want.backward()
+        torch.testing.assert_close(ours, want, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(logp.grad, ref_logp.grad, rtol=1e-6, atol=1e-7)
+        assert logp.grad[keep].abs().sum() > 0 and not logp.grad[~keep].any()
+    if rule == "forking-tokens":  # the case where a row without kept tokens matters
+        assert removed_rows > 0

@@ -18,17 +18,22 @@ calibration ``name`` of :data:`ktae.CALIBRATIONS`, the registered loss
    micro-batch's mean into verl's share of the global mini-batch loss (below).
 
 Normalisation. verl aggregates every micro-batch against the whole mini-batch on all
-data-parallel ranks (``agg_loss`` with ``global_batch_info``) so that accumulated
-gradients do not depend on the split. ktae's loss is a mean over one tensor. The
-returned loss is ``ktae.policy_loss(...) * local / global * dp_size``, where ``local`` is
-what ktae divides by for this micro-batch and ``global`` what verl divides by:
+data-parallel ranks (``agg_loss`` with ``global_batch_info``: ``batch_num_tokens``, the
+real tokens of the mini-batch on all ranks, all-reduced by the engine before the first
+forward pass; ``global_batch_size``, the mini-batch's responses on all ranks; ``dp_size``)
+so that accumulated gradients do not depend on the split. ktae's loss is a mean over one
+tensor. The returned loss is ``ktae.policy_loss(..., mask=keep) * local / global *
+dp_size``, where ``keep`` is the calibration's ``loss_mask`` (every real token for rules
+that only reweight), ``local`` what ktae divides by for this micro-batch and ``global``
+what verl divides by:
 
 =========================  =======================  ==================  ====================
 verl ``loss_agg_mode``     ktae ``aggregation``     local               global
 =========================  =======================  ==================  ====================
 token-mean                 token-mean               real tokens         ``batch_num_tokens``
-token-sum                  token-mean               real tokens         1
-seq-mean-token-mean        seq-mean-token-mean      non-empty rows      ``global_batch_size``
+token-sum                  token-mean               kept tokens         1
+seq-mean-token-mean        seq-mean-token-mean      rows with a kept    ``global_batch_size``
+                                                    token
 seq-mean-token-sum         seq-mean-token-sum-norm  rows                ``global_batch_size``
                            (constant 1)
 seq-mean-token-sum-norm    seq-mean-token-sum-norm  rows                ``global_batch_size``
@@ -36,15 +41,39 @@ seq-mean-token-sum-norm    seq-mean-token-sum-norm  rows                ``global
                            or T)
 =========================  =======================  ==================  ====================
 
-(``global`` falls back to the local count when verl gives none, as its ``agg_loss`` does.)
-With one micro-batch on one rank the factor is 1 and the loss *is* ``ktae.policy_loss``;
-for calibrations that only reweight, the loss equals verl's ``vanilla`` loss on the
-calibrated advantages for every mode and split. Calibrations that remove tokens from the
-loss (``CalibrationResult.loss_mask``) are normalised by the surviving tokens within each
-micro-batch, and micro-batches are weighted by their share of verl's global count, as
-the TACO authors' verl fork did per micro-batch. Fraction-based rules (``stapo``,
-``forking-tokens``, ``taco-entropy-only``, ``taco-random``) see one micro-batch as "the
-batch", also as in that fork. verl's entropy bonus and KL loss keep ``response_mask``.
+(``global`` falls back to the local count verl's ``agg_loss`` takes from its loss mask
+when verl gives none: the real tokens for ``token-mean``, the rows with a kept token for
+the ``seq-mean-*`` modes.) With one micro-batch on one rank and no token removed the
+factor is 1 and the loss *is* ``ktae.policy_loss``; for calibrations that only reweight,
+the loss equals verl's ``vanilla`` loss on the calibrated advantages for every mode and
+split.
+
+Calibrations that remove tokens (``CalibrationResult.loss_mask``: ``stapo``,
+``forking-tokens``). Per mode, the loss is what verl's mode means on the kept tokens:
+
+* ``token-sum``: verl's ``agg_loss`` on the kept mask, ``dp_size * sum over kept tokens``
+  (a removed token adds nothing; nothing is rescaled).
+* ``seq-mean-token-mean``: verl's ``agg_loss`` on the kept mask: each row's mean over its
+  kept tokens, summed over the rows that keep a token, over ``global_batch_size``. A row
+  that keeps no token adds 0 and still counts in ``global_batch_size``, as in verl (only
+  without global batch info, verl's fallback divisor is the rows with a kept token).
+* ``seq-mean-token-sum`` / ``-norm``: verl's ``agg_loss`` on the kept mask (each row's sum
+  over its kept tokens, over ``global_batch_size``, ``/ loss_scale_factor``).
+* ``token-mean``: the mean over the micro-batch's kept tokens, weighted by the
+  micro-batch's share of ``batch_num_tokens`` (its real tokens over the mini-batch's). This
+  is verl's ``agg_loss`` on the kept mask for one micro-batch on one rank (verl's own
+  divisor is then the kept count) and what the TACO authors' verl fork did (it passed the
+  kept mask as the micro-batch's loss mask and took its token mean). verl's global reading
+  on the kept mask, ``sum over kept / batch_num_tokens``, would divide by tokens that are
+  not in the loss: ``batch_num_tokens`` counts ``response_mask`` and is fixed before any
+  forward pass, while the kept tokens are known only at each micro-batch's forward pass
+  (after the earlier micro-batches' backward), so a global kept count is not available;
+  that reading would also shrink the gradient by the removed share (5x for
+  ``forking-tokens``' 20%), which the per-micro-batch mean keeps independent of it.
+
+Fraction-based rules (``stapo``, ``forking-tokens``, ``taco-entropy-only``,
+``taco-random``) see one micro-batch as "the batch", also as in
+that fork. verl's entropy bonus and KL loss keep ``response_mask``.
 """
 
 from __future__ import annotations
@@ -75,43 +104,49 @@ def _number(value) -> float | None:
 
 
 def aggregation_plan(loss_agg_mode: str, response_mask: torch.Tensor,
-                     global_batch_info: dict[str, Any] | None
-                     ) -> tuple[str, float | None, float]:
+                     global_batch_info: dict[str, Any] | None,
+                     loss_mask: torch.Tensor | None = None) -> tuple[str, float | None, float]:
     """``(ktae aggregation, max_response_length, factor)`` for one verl micro-batch.
 
-    ``factor`` turns ktae's mean over this micro-batch into verl's ``agg_loss`` share of
-    the global mini-batch (see the module docstring).
+    ``factor`` turns ktae's aggregate over ``loss_mask`` (the tokens the calibration keeps;
+    default ``response_mask``) into verl's ``agg_loss`` share of the global mini-batch
+    (see the module docstring). Counts that verl's ``agg_loss`` takes from its loss mask
+    (kept tokens, rows with a kept token) come from ``loss_mask``; ``token-mean``'s share of
+    ``batch_num_tokens`` is this micro-batch's count of real tokens, as verl counts it.
     """
     info = dict(global_batch_info or {})
     dp = int(_number(info.get("dp_size")) or 1)
-    mask = response_mask.bool()
-    tokens = float(mask.sum())
-    rows = float(mask.shape[0])
-    nonempty = float((mask.sum(-1) > 0).sum())
+    real = response_mask.bool()
+    keep = real if loss_mask is None else loss_mask.bool() & real
+    tokens = float(real.sum())
+    kept = float(keep.sum())
+    rows = float(keep.shape[0])
+    kept_rows = float(keep.any(-1).sum())
     num_tokens = _number(info.get("batch_num_tokens"))
     num_seqs = _number(info.get("global_batch_size"))
     max_len: float | None = None
     if loss_agg_mode == "token-mean":
         if num_tokens is None and dp > 1:
             raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
+        # ktae: sum over kept / kept; verl: the micro-batch's real tokens of batch_num_tokens
         aggregation, local, total = "token-mean", tokens, num_tokens if num_tokens else tokens
     elif loss_agg_mode == "token-sum":
-        aggregation, local, total = "token-mean", tokens, 1.0
+        aggregation, local, total = "token-mean", kept, 1.0
     elif loss_agg_mode in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         if num_seqs is None and dp > 1:
             raise ValueError("global_batch_size is required when dp_size > 1")
-        total = num_seqs if num_seqs else nonempty
+        total = num_seqs if num_seqs else kept_rows
         if loss_agg_mode == "seq-mean-token-mean":
-            aggregation, local = "seq-mean-token-mean", nonempty
+            aggregation, local = "seq-mean-token-mean", kept_rows
         else:
             aggregation, local = "seq-mean-token-sum-norm", rows
             max_len = 1.0
             if loss_agg_mode == "seq-mean-token-sum-norm":
-                max_len = _number(info.get("loss_scale_factor")) or float(mask.shape[-1])
+                max_len = _number(info.get("loss_scale_factor")) or float(keep.shape[-1])
     else:
         raise ValueError(f"loss_agg_mode: expected one of {', '.join(VERL_AGG_MODES)}, "
                          f"got {loss_agg_mode!r}")
-    factor = local / total * dp if local > 0 else 0.0
+    factor = local / total * dp if local > 0 and total > 0 else 0.0
     return aggregation, max_len, factor
 
 
@@ -171,7 +206,7 @@ def make_policy_loss(name: str) -> Callable:
                 raise ValueError("rollout_is_weights: expected non-negative weights")
             adv = adv * weights
         aggregation, max_len, factor = aggregation_plan(loss_agg_mode, mask,
-                                                        config.get("global_batch_info"))
+                                                        config.get("global_batch_info"), keep)
         clip_low, clip_high, dual_clip = _clip_ratios(config)
         loss, stats = ktae.policy_loss(log_prob, old_log_prob, adv, keep, clip_low=clip_low,
                                        clip_high=clip_high, dual_clip=dual_clip,
