@@ -679,3 +679,34 @@ def audit_response_metrics(credit, labels, mask, correct, group) -> list[dict]:
             row["contamination"] = on_wrong / sum(positive)
         out.append(row)
     return out
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def budgeted_ablation_slow(adv, logprobs, entropies, mask, *, lowest_entropy: bool,
+                           alpha: float = 0.01, lam: float = 0.9):
+    """TACO's entropy ablations (SPEC 5 and the ``taco-entropy-only`` /
+    ``taco-entropy-high`` rules), one token at a time: ``k`` = the number of positive-
+    advantage tokens with TACO's ``r = -logp - H + log(alpha) > 0``; the chosen tokens are
+    the ``k`` positive-advantage tokens of lowest (``lowest_entropy``) or highest entropy,
+    ties broken by position (row-major, earlier first).
+
+    Returns ``(chosen, weights)``: the set of chosen ``(i, t)`` and the sorted list of
+    TACO's weights ``1 - lam (1 - exp(-r))`` of its ``k`` flagged tokens (the multiset the
+    ablation hands out)."""
+    adv, lp, H = _np(adv, np.float64), _np(logprobs, np.float64), _np(entropies, np.float64)
+    mask = _np(mask).astype(bool)
+    if adv.ndim == 1:
+        adv = np.repeat(adv[:, None], mask.shape[1], axis=1)
+    pool, taco_weights = [], []
+    for i in range(mask.shape[0]):
+        for t in range(mask.shape[1]):
+            if not (mask[i, t] and adv[i, t] > 0):
+                continue
+            pool.append((H[i, t] if lowest_entropy else -H[i, t], i, t))
+            r = -lp[i, t] - H[i, t] + math.log(alpha)
+            if r > 0:
+                taco_weights.append(1.0 - lam * (1.0 - math.exp(-r)))
+    chosen = {(i, t) for _, i, t in sorted(pool)[:len(taco_weights)]}
+    return chosen, sorted(taco_weights)

@@ -15,8 +15,8 @@ from ktae.core.calibration import (
     calibration_options,
 )
 
-ALL_RULES = ["taco", "taco-prob-only", "taco-entropy-only", "taco-random", "taco-hard",
-             "taco-step", "adv-reweight", "forking-tokens", "stapo"]
+ALL_RULES = ["taco", "taco-prob-only", "taco-entropy-only", "taco-entropy-high", "taco-random",
+             "taco-hard", "taco-step", "adv-reweight", "forking-tokens", "stapo"]
 LOG_ALPHA = math.log(0.01)
 
 
@@ -164,7 +164,7 @@ def test_hard_and_step_act_on_tacos_tail_tokens():
 
 # -- ablations: TACO's rate and strength on other tokens -----------------------------------
 
-@pytest.mark.parametrize("name", ["taco-entropy-only", "taco-random"])
+@pytest.mark.parametrize("name", ["taco-entropy-only", "taco-entropy-high", "taco-random"])
 @pytest.mark.parametrize("seed", [0, 2, 3])
 def test_ablations_carry_tacos_count_and_weight_multiset(name, seed):
     adv, lp, H, mask = batch(seed)
@@ -177,8 +177,30 @@ def test_ablations_carry_tacos_count_and_weight_multiset(name, seed):
     assert (r.weights[mask & ~r.flagged] == 1).all()
     full = adv[:, None].expand_as(lp) * mask
     torch.testing.assert_close(r.advantages, r.weights * full)
-    if name == "taco-entropy-only":
+    if name == "taco-entropy-only":  # TACO's entropy term: lower entropy, higher risk
+        assert H[r.flagged].max() < H[pool & ~r.flagged].min()
+    if name == "taco-entropy-high":
         assert H[r.flagged].min() > H[pool & ~r.flagged].max()
+
+
+@pytest.mark.parametrize("name, lowest", [("taco-entropy-only", True),
+                                          ("taco-entropy-high", False)])
+@pytest.mark.parametrize("seed", [0, 1, 4])
+@pytest.mark.parametrize("ties", [False, True])
+def test_entropy_ablations_match_the_slow_reference(name, lowest, seed, ties):
+    from oracle import budgeted_ablation_slow
+
+    adv, lp, H, mask = batch(seed)
+    adv = torch.randn(lp.shape, generator=torch.Generator().manual_seed(seed),
+                      dtype=torch.float64)  # token-level signs
+    if ties:  # entropies on a coarse grid: many ties, broken by position
+        H = (H * 2).round() / 2
+    r = call(name, adv, lp, H, mask, generator=torch.Generator().manual_seed(seed))
+    chosen, weights = budgeted_ablation_slow(adv, lp, H, mask, lowest_entropy=lowest)
+    assert 0 < len(chosen) < int(((adv > 0) & mask).sum())
+    assert {tuple(x) for x in r.flagged.nonzero().tolist()} == chosen
+    torch.testing.assert_close(r.weights[r.flagged].sort().values,
+                               torch.tensor(weights, dtype=torch.float64))
 
 
 def test_ablation_weight_order_is_random_and_reproducible():
@@ -187,7 +209,7 @@ def test_ablation_weight_order_is_random_and_reproducible():
     def draw(name, seed):
         return call(name, adv, lp, H, mask, generator=torch.Generator().manual_seed(seed))
 
-    for name in ("taco-entropy-only", "taco-random"):
+    for name in ("taco-entropy-only", "taco-entropy-high", "taco-random"):
         a, b, c = draw(name, 7), draw(name, 7), draw(name, 8)
         assert torch.equal(a.advantages, b.advantages) and torch.equal(a.flagged, b.flagged)
         assert not torch.equal(a.weights, c.weights)
@@ -437,3 +459,22 @@ def test_sum_norm_aggregation_with_a_loss_mask():
     expected = -(r.advantages * r.loss_mask).sum() / (50 * B)
     torch.testing.assert_close(loss.detach(), expected)
     torch.testing.assert_close(logp.grad, -r.advantages * r.loss_mask / (50 * B))
+
+
+def test_taco_family_reports_the_taco_authors_figures_and_logged_metrics():
+    from ktae.core.calibration import CONSTANT_FLAG_RATE, logged_metrics
+    from ktae.core.calibration_taco import TACO_FAMILY, TACO_METRIC_NAMES
+
+    assert TACO_FAMILY == {n for n in ALL_RULES if n.startswith("taco")}
+    adv, lp, H, mask = batch(0)
+    for name in ALL_RULES:
+        r = call(name, adv, lp, H, mask, generator=torch.Generator().manual_seed(0))
+        figures = logged_metrics(name, r)
+        assert set(TACO_METRIC_NAMES) <= set(figures) or name not in TACO_FAMILY
+        assert figures["loss_token_fraction"] == r.metrics["loss_token_fraction"]
+        if name in CONSTANT_FLAG_RATE:  # adv-reweight: every token has p_old < 1
+            assert r.flag_rate == 1.0 and "flag_rate" not in figures
+            assert figures["mean_weight"] == pytest.approx(float(r.weights[mask].mean()))
+        else:
+            assert figures["flag_rate"] == r.flag_rate
+    assert CONSTANT_FLAG_RATE == {"adv-reweight"}

@@ -97,7 +97,8 @@ def test_ktae_and_taco_overrides_validate(extra):
     assert actor.clip_ratio_high == 0.28
 
 
-@pytest.mark.parametrize("name", ["taco", "taco-prob-only", "taco-entropy-only", "taco-random",
+@pytest.mark.parametrize("name", ["taco", "taco-prob-only", "taco-entropy-only",
+                                  "taco-entropy-high", "taco-random",
                                   "taco-hard", "adv-reweight", "forking-tokens", "stapo"])
 def test_every_calibration_is_reachable_from_the_command_line(name):
     import ktae

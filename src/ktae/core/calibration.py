@@ -22,7 +22,10 @@ Registered rules (:data:`CALIBRATIONS`):
 =====================  ==============================================================
 ``taco``               the formula above (options ``alpha``, ``lam``)
 ``taco-prob-only``     the same weight with ``r = -logp + log(alpha)`` (ablation)
-``taco-entropy-only``  TACO's count and weights on the highest-entropy positive tokens
+``taco-entropy-only``  TACO's count and weights on the lowest-entropy positive tokens
+                       (TACO's own entropy term: lower ``H``, higher ``r``; ablation)
+``taco-entropy-high``  TACO's count and weights on the highest-entropy positive tokens
+                       (SPEC section 5's earlier reading of the entropy ablation)
 ``taco-random``        TACO's count and weights on random positive tokens (ablation)
 ``taco-hard``          TACO's flagged tokens get ``A <- 0`` (ablation)
 ``taco-step``          TACO's flagged tokens get ``A <- (1 - lam) A`` (extra variant)
@@ -52,7 +55,13 @@ from ktae.core.checks import as_tensor, check_mask
 from ktae.core.policy_loss import token_advantages, token_tensor
 from ktae.core.tasks import one_thread_caller
 
-__all__ = ["CALIBRATIONS", "CalibrationResult", "calibrate_advantages", "calibration_options"]
+__all__ = ["CALIBRATIONS", "CONSTANT_FLAG_RATE", "CalibrationResult", "calibrate_advantages",
+           "calibration_options", "logged_metrics"]
+
+#: Rules whose ``flag_rate`` is 1 by construction, so that loggers leave it out:
+#: ``adv-reweight`` gives every real token with ``p_old < 1`` a weight below 1 (its
+#: ``mean_weight`` metric says how much it scales the advantages).
+CONSTANT_FLAG_RATE = frozenset({"adv-reweight"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,15 @@ class CalibrationResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def logged_metrics(name: str, result: CalibrationResult) -> dict[str, float]:
+    """The figures a trainer logs for one call of calibration ``name``: ``flag_rate``
+    (except for the rules of :data:`CONSTANT_FLAG_RATE`), then ``result.metrics``
+    (``loss_token_fraction`` and the rule's diagnostics, e.g. ``mean_weight``)."""
+    out = {} if name in CONSTANT_FLAG_RATE else {"flag_rate": float(result.flag_rate)}
+    out.update(result.metrics)
+    return out
+
+
 def calibration_options(name: str) -> list[str]:
     """The user options calibration ``name`` accepts (e.g. ``["alpha", "lam"]``)."""
     rule = CALIBRATIONS.get(name)
@@ -115,7 +133,8 @@ def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mas
 
     Args:
         name: a rule of :data:`CALIBRATIONS` (``"taco"``, ``"taco-prob-only"``,
-            ``"taco-entropy-only"``, ``"taco-random"``, ``"taco-hard"``, ``"taco-step"``,
+            ``"taco-entropy-only"``, ``"taco-entropy-high"``, ``"taco-random"``,
+            ``"taco-hard"``, ``"taco-step"``,
             ``"adv-reweight"``, ``"forking-tokens"``, ``"stapo"``).
         advantages: ``[B]`` (broadcast over the mask) or ``[B, T]``.
         logprobs: ``[B, T]`` current-policy log-probs of the sampled tokens.
@@ -125,7 +144,8 @@ def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mas
         old_logprobs: ``[B, T]`` log-probs of the sampled tokens under the rollout (old)
             policy (required by ``adv-reweight``; on-policy, pass ``logprobs``).
         generator: random source of ``taco-random`` and of the weight order of
-            ``taco-entropy-only`` / ``taco-random`` (None: torch's global RNG).
+            ``taco-entropy-only`` / ``taco-entropy-high`` / ``taco-random`` (None:
+            torch's global RNG).
         **options: rule options: ``alpha`` and ``lam`` (alias ``lambda_``) for the TACO
             family (``taco-hard`` takes ``alpha`` only), ``w`` for ``adv-reweight``,
             ``top_fraction`` for ``forking-tokens``, ``prob_threshold`` and

@@ -20,10 +20,15 @@ Ablations (the paper's Table 2) keep TACO's down-weighting rate and strength and
 only which tokens are hit:
 
 * ``taco-prob-only``: ``r = -logp + log(alpha)`` (no entropy term), same weight formula.
-* ``taco-entropy-only`` / ``taco-random``: the ``k`` positive-advantage tokens TACO flags
-  in the batch (``r > 0`` and ``A > 0``) define a budget; as many positive-advantage tokens
-  are chosen (the highest-entropy ones / uniformly at random) and given TACO's own ``k``
-  weights in a random order, so the multiset of weights is identical to TACO's.
+* ``taco-entropy-only`` / ``taco-entropy-high`` / ``taco-random``: the ``k``
+  positive-advantage tokens TACO flags in the batch (``r > 0`` and ``A > 0``) define a
+  budget; as many positive-advantage tokens are chosen and given TACO's own ``k`` weights
+  in a random order, so the multiset of weights is identical to TACO's. The chosen tokens
+  are, for ``taco-entropy-only``, the lowest-entropy ones: TACO's own entropy term alone
+  (``r`` grows as ``H`` falls, so with ``logp`` ignored the riskiest tokens are those of
+  lowest entropy); for ``taco-entropy-high``, the highest-entropy ones (SPEC section 5's
+  earlier reading of the ablation, "highest-entropy", kept under this name); for
+  ``taco-random``, uniformly random ones. Ties are broken by position.
 * ``taco-hard``: TACO's flagged tokens get ``A <- 0`` (the paper's hard clipping).
 * ``taco-step``: TACO's flagged tokens get ``A <- (1 - lam) A`` (a step instead of the
   smooth weight; an extra variant, not one of the paper's).
@@ -33,7 +38,10 @@ rule's weight map: for ``taco`` and ``taco-prob-only`` the formula's ``w`` at ev
 token, whatever the advantage's sign; for the other variants the weight they put on the
 tokens they choose, 1 elsewhere), ``mean_tail_risk`` (``r``), ``tail_fraction``
 (``r > 0``) and ``positive_advantage_fraction`` (``A > 0``). The ablations that borrow
-TACO's budget report TACO's ``r``.
+TACO's budget report TACO's ``r``. :data:`TACO_METRIC_NAMES` gives the TACO authors'
+names for the same four figures (``weight_mean``, ``tail_risk_mean``,
+``tail_token_frac``, ``positive_adv_token_frac``), which loggers use for the rules of
+:data:`TACO_FAMILY`.
 """
 
 from __future__ import annotations
@@ -51,10 +59,34 @@ from ktae.core.calibration_rules import (
 )
 from ktae.core.policy_loss import check_number
 
-__all__ = ["CALIBRATIONS", "TACO_ALPHA", "TACO_LAMBDA", "soft_weight", "tail_risk"]
+__all__ = ["CALIBRATIONS", "TACO_ALPHA", "TACO_FAMILY", "TACO_LAMBDA", "TACO_METRIC_NAMES",
+           "soft_weight", "tail_risk"]
 
 TACO_ALPHA = 0.01
 TACO_LAMBDA = 0.9
+
+#: ktae's names of the TACO family's diagnostics -> the TACO authors' names. Their verl
+#: fork (``dp_actor.py``) calls ``core_algos.compute_taco_token_advantages(log_prob,
+#: entropy, advantages, response_mask, alpha, lambda_)`` once per micro-batch with the
+#: current, detached log-probs and entropies, and logs each metric it returns as
+#: ``taco/<name>`` (verl averages them over micro-batches). The body of that function was
+#: not in the source index this module was checked against (only ``dp_actor.py`` and the
+#: README, which states the formula), so the definitions are SPEC section 5's list read as
+#: means over every real token of the micro-batch: ``weight_mean`` the weight ``w(r)``
+#: (whatever the advantage's sign), ``tail_risk_mean`` the risk ``r``,
+#: ``tail_token_frac`` the share with ``r > 0``, ``positive_adv_token_frac`` the share
+#: with ``A > 0``.
+TACO_METRIC_NAMES = {"mean_weight": "weight_mean", "mean_tail_risk": "tail_risk_mean",
+                     "tail_fraction": "tail_token_frac",
+                     "positive_advantage_fraction": "positive_adv_token_frac"}
+
+_FAMILY: list[str] = []
+
+
+def _register(name: str):
+    """Register a rule of the TACO family (all of them report the four metrics above)."""
+    _FAMILY.append(name)
+    return CALIBRATIONS.register(name)
 
 
 def _alpha(alpha) -> float:
@@ -109,13 +141,14 @@ def _step(adv, risk, mask, factor: float) -> RuleResult:
     return RuleResult(weights, flagged, None, _metrics(weight_map, risk, adv, mask))
 
 
-def _budgeted(adv, risk, mask, lam, scores, generator) -> RuleResult:
-    """TACO's flagged count and weights, moved to the ``k`` best-scoring positive tokens."""
+def _budgeted(adv, risk, mask, lam, scores, generator, *, largest: bool = True) -> RuleResult:
+    """TACO's flagged count and weights, moved to the ``k`` positive tokens of largest (or
+    smallest) score."""
     pos = _positive(adv, mask)
     taco_flags = pos & (risk > 0)
     taco_weights = soft_weight(risk, lam).to(adv.dtype)[taco_flags]  # row-major order
     k = taco_weights.numel()
-    chosen = select_extreme(scores, pos, k, largest=True)  # k <= |pos|: exactly k tokens
+    chosen = select_extreme(scores, pos, k, largest=largest)  # k <= |pos|: exactly k
     device = generator.device if generator is not None else adv.device
     order = torch.randperm(k, generator=generator, device=device).to(adv.device)
     weights = mask.to(adv.dtype).clone()
@@ -125,7 +158,7 @@ def _budgeted(adv, risk, mask, lam, scores, generator) -> RuleResult:
 
 # -- the TACO family ------------------------------------------------------------------
 
-@CALIBRATIONS.register("taco")
+@_register("taco")
 def taco(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
          alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
     """TACO (the authors' soft weight, SPEC 5): ``A <- w(r) A`` where ``A > 0``, with
@@ -139,7 +172,7 @@ def taco(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
     return _soft(adv, risk, mask, lam)
 
 
-@CALIBRATIONS.register("taco-prob-only")
+@_register("taco-prob-only")
 def taco_prob_only(adv, *, logprobs, entropies=None, old_logprobs=None, mask,
                    generator=None, alpha: float = TACO_ALPHA,
                    lam: float = TACO_LAMBDA) -> RuleResult:
@@ -149,18 +182,32 @@ def taco_prob_only(adv, *, logprobs, entropies=None, old_logprobs=None, mask,
     return _soft(adv, tail_risk(logprobs, None, mask, alpha), mask, lam)
 
 
-@CALIBRATIONS.register("taco-entropy-only")
+@_register("taco-entropy-only")
 def taco_entropy_only(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
                       alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
-    """Entropy-only ablation: the highest-entropy positive-advantage tokens, as many as
-    TACO flags in this batch, get TACO's weights in a random order (``generator``)."""
+    """Entropy-only ablation, by TACO's own entropy term: the lowest-entropy positive-
+    advantage tokens (the riskiest under ``r = -logp - H + log(alpha)`` with ``logp``
+    ignored), as many as TACO flags in this batch, get TACO's weights in a random order
+    (``generator``)."""
     alpha, lam = _alpha(alpha), _lam(lam)
     entropies = require_entropies(entropies, "taco-entropy-only")
     risk = tail_risk(logprobs, entropies, mask, alpha)
-    return _budgeted(adv, risk, mask, lam, entropies, generator)
+    return _budgeted(adv, risk, mask, lam, entropies, generator, largest=False)
 
 
-@CALIBRATIONS.register("taco-random")
+@_register("taco-entropy-high")
+def taco_entropy_high(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
+                      alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
+    """Entropy ablation, highest-entropy reading (SPEC section 5's earlier one): the
+    highest-entropy positive-advantage tokens, as many as TACO flags in this batch, get
+    TACO's weights in a random order (``generator``)."""
+    alpha, lam = _alpha(alpha), _lam(lam)
+    entropies = require_entropies(entropies, "taco-entropy-high")
+    risk = tail_risk(logprobs, entropies, mask, alpha)
+    return _budgeted(adv, risk, mask, lam, entropies, generator, largest=True)
+
+
+@_register("taco-random")
 def taco_random(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
                 alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
     """Random ablation: as many positive-advantage tokens as TACO flags, drawn uniformly
@@ -172,7 +219,7 @@ def taco_random(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=
     return _budgeted(adv, risk, mask, lam, scores, generator)
 
 
-@CALIBRATIONS.register("taco-hard")
+@_register("taco-hard")
 def taco_hard(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
               alpha: float = TACO_ALPHA) -> RuleResult:
     """Hard clipping: TACO's flagged tokens (``r > 0``, ``A > 0``) get ``A <- 0``."""
@@ -181,7 +228,7 @@ def taco_hard(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=No
     return _step(adv, risk, mask, 0.0)
 
 
-@CALIBRATIONS.register("taco-step")
+@_register("taco-step")
 def taco_step(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
               alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
     """Step variant: TACO's flagged tokens get ``A <- (1 - lam) A`` whatever their risk
@@ -189,3 +236,7 @@ def taco_step(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=No
     alpha, lam = _alpha(alpha), _lam(lam)
     risk = tail_risk(logprobs, require_entropies(entropies, "taco-step"), mask, alpha)
     return _step(adv, risk, mask, 1 - lam)
+
+
+#: The rules of this module, the TACO family: each reports :data:`TACO_METRIC_NAMES`' keys.
+TACO_FAMILY: frozenset[str] = frozenset(_FAMILY)
