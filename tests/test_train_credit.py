@@ -169,13 +169,19 @@ def test_removed_tokens_leave_trls_loss(tiny_model, tmp_path, credit, algo, opti
 
 
 def test_adv_reweight_reads_the_old_policy(tiny_model, tmp_path):
-    _, log, _ = _run(tiny_model, tmp_path, algo="grpo", credit="adv-reweight", max_steps=1)
+    _, log, metrics = _run(tiny_model, tmp_path, algo="grpo", credit="adv-reweight",
+                           max_steps=1)
     rec = log["loss"][0]
     # num_iterations = 1: TRL keeps no old log-probs and the old policy is the current one
     assert "old_per_token_logps" not in rec["inputs"]
     mask = rec["mask"].bool()
-    expected = (0.1 * rec["logps"].exp() + 0.9) * rec["advantages"] * mask
+    weight = 0.1 * rec["logps"].exp() + 0.9
+    expected = weight * rec["advantages"] * mask
     torch.testing.assert_close(rec["inputs"]["advantages"], expected)
+    # its flag rate is 1 by construction: the mean weight is logged instead
+    assert "flagged_token_rate" not in metrics[0]
+    means = [float((0.1 * r["logps"].exp() + 0.9)[r["mask"].bool()].mean()) for r in log["loss"]]
+    assert metrics[0]["mean_weight"] == pytest.approx(sum(means) / len(means), rel=1e-4)
 
 
 def test_every_registered_name_is_a_credit():

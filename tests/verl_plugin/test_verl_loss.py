@@ -180,7 +180,8 @@ def test_reweight_only_loss_matches_verl_vanilla_normalisation(agg, split, is_we
 
 
 @pytest.mark.parametrize("name", ["taco-prob-only", "taco-hard", "taco-entropy-only",
-                                  "taco-random", "adv-reweight", "forking-tokens", "stapo"])
+                                  "taco-entropy-high", "taco-random", "adv-reweight",
+                                  "forking-tokens", "stapo"])
 def test_every_calibration_runs_through_ppo_loss(name):
     torch.manual_seed(0)
     mb = MicroBatch(seed=2)
@@ -199,7 +200,8 @@ def test_every_calibration_runs_through_ppo_loss(name):
                                getattr(res, "loss_mask", mb.mask), clip_low=0.2, clip_high=0.28,
                                dual_clip=3.0)
     torch.testing.assert_close(loss.detach(), want, rtol=1e-6, atol=1e-7)
-    assert value(metrics["actor/calibration/flag_rate"]) == pytest.approx(res.flag_rate)
+    if name != "adv-reweight":  # whose flag rate is 1 by construction (not logged)
+        assert value(metrics["actor/calibration/flag_rate"]) == pytest.approx(res.flag_rate)
 
 
 def test_missing_entropy_names_the_setting():
@@ -298,3 +300,60 @@ def test_token_removing_rules_mean_what_verls_mode_means_on_the_kept_tokens(rule
         assert logp.grad[keep].abs().sum() > 0 and not logp.grad[~keep].any()
     if rule == "forking-tokens":  # the case where a row without kept tokens matters
         assert removed_rows > 0
+
+
+TACO_FAMILY = ["taco", "taco-prob-only", "taco-entropy-only", "taco-entropy-high",
+               "taco-random", "taco-hard", "taco-step"]
+
+
+@pytest.mark.parametrize("name", TACO_FAMILY)
+def test_taco_family_logs_the_taco_authors_metrics(name):
+    """``taco/weight_mean`` etc. under the TACO authors' names, their definitions written
+    out here: means over every real token of the micro-batch."""
+    mb = MicroBatch(seed=2)
+    model_output, data = mb.verl_inputs(mb.logp_values)
+    torch.manual_seed(0)
+    _, metrics = worker_loss_fn(actor_config(name))(model_output=model_output, data=data)
+    real = mb.mask
+    H = None if name == "taco-prob-only" else mb.entropy
+    r = -mb.logp_values + math.log(0.01) - (0 if H is None else H)
+    torch.manual_seed(0)
+    res = ktae.calibrate_advantages(name, mb.adv, logprobs=mb.logp_values, entropies=mb.entropy,
+                                    mask=mb.mask)
+    if name in ("taco", "taco-prob-only"):  # TACO's w(r) at every real token, any sign of A
+        weight = 1 - 0.9 * (1 - torch.exp(-r.clamp(min=0)))
+    elif name in ("taco-hard", "taco-step"):  # the factor at every r > 0 token
+        weight = torch.where(r > 0, 0.0 if name == "taco-hard" else 0.1, 1.0)
+    else:  # the weights the ablation hands out (TACO's own multiset), 1 elsewhere
+        weight = res.weights
+    want = {"taco/weight_mean": weight[real].mean(), "taco/tail_risk_mean": r[real].mean(),
+            "taco/tail_token_frac": (r[real] > 0).double().mean(),
+            "taco/positive_adv_token_frac": (mb.adv[real] > 0).double().mean()}
+    for key, expected in want.items():
+        assert value(metrics[key]) == pytest.approx(float(expected), rel=1e-5), key
+    assert 0 < value(metrics["taco/tail_token_frac"]) < 1
+    # ktae's own names stay; actor/calibration/weight_mean is the mean applied weight
+    assert value(metrics["actor/calibration/weight_mean"]) == pytest.approx(
+        float(res.weights[real].mean()), rel=1e-6)
+    assert value(metrics["actor/calibration/flag_rate"]) == pytest.approx(res.flag_rate)
+
+
+def test_adv_reweight_logs_its_mean_weight_not_its_constant_flag_rate():
+    mb = MicroBatch(seed=2)
+    model_output, data = mb.verl_inputs(mb.logp_values)
+    _, metrics = worker_loss_fn(actor_config("adv-reweight"))(model_output=model_output,
+                                                              data=data)
+    weight = 0.1 * mb.old.exp() + 0.9
+    assert value(metrics["actor/calibration/mean_weight"]) == pytest.approx(
+        float(weight[mb.mask].mean()), rel=1e-5)
+    assert "actor/calibration/flag_rate" not in metrics
+    assert not any(key.startswith("taco/") for key in metrics)
+
+
+@pytest.mark.parametrize("name", ["forking-tokens", "stapo"])
+def test_baselines_log_no_taco_metrics(name):
+    mb = MicroBatch(seed=2)
+    model_output, data = mb.verl_inputs(mb.logp_values)
+    _, metrics = worker_loss_fn(actor_config(name))(model_output=model_output, data=data)
+    assert not any(key.startswith("taco/") for key in metrics)
+    assert "actor/calibration/flag_rate" in metrics

@@ -45,6 +45,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 import ktae
 from ktae.core.advantages import estimator_needs_entropies
+from ktae.core.calibration import logged_metrics
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
 from ktae.train.credit import CreditSettings, passes_correct
 from ktae.train.dynamic_sampling import (
@@ -455,9 +456,10 @@ class KTAEGRPOTrainer(GRPOTrainer):
             self.rollouts.on_calibration(self, inputs=inputs, logprobs=logps,
                                          entropies=entropies, result=result)
         mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["ktae/flagged_token_rate"].append(
-            self._mean_across_processes(float(result.flag_rate)))
-        for key, value in result.metrics.items():
+        # flag_rate (logged as flagged_token_rate; left out where it is 1 by construction,
+        # adv-reweight, whose mean_weight is logged), loss_token_fraction, the rule's own
+        for key, value in logged_metrics(self.credit.calibration, result).items():
+            key = "flagged_token_rate" if key == "flag_rate" else key
             self._metrics[mode][f"ktae/{key}"].append(self._mean_across_processes(value))
 
     def _narrow_loss_mask(self, inputs: dict, mask: torch.Tensor, loss_mask: torch.Tensor):

@@ -84,6 +84,8 @@ from typing import Any
 import torch
 
 import ktae
+from ktae.core.calibration import logged_metrics
+from ktae.core.calibration_taco import TACO_FAMILY, TACO_METRIC_NAMES
 from ktae.integrations.verl.estimators import PLUGIN_MARK
 from ktae.integrations.verl.fields import current_step
 from ktae.integrations.verl.options import (
@@ -219,13 +221,14 @@ def make_policy_loss(name: str) -> Callable:
             "actor/pg_clipfrac": stats["clip_frac_low"] + stats["clip_frac_high"],
             "actor/pg_clipfrac_lower": stats["dual_clip_frac"],
             "actor/ppo_kl": ppo_kl,
-            "actor/calibration/flag_rate": res.flag_rate,
-            "actor/calibration/weight_mean": weight_mean,
-            "actor/calibration/loss_token_fraction":
-                float(keep.sum()) / max(float(mask.sum()), 1.0),
+            "actor/calibration/weight_mean": weight_mean,  # the weights applied, real tokens
         }
-        for key, val in getattr(res, "metrics", {}).items():  # the rule's own diagnostics
+        figures = logged_metrics(name, res)  # flag_rate, loss_token_fraction, the rule's own
+        for key, val in figures.items():
             metrics[f"actor/calibration/{key}"] = float(val)
+        if name in TACO_FAMILY:  # the same figures under the TACO authors' names
+            for key, taco_key in TACO_METRIC_NAMES.items():
+                metrics[f"taco/{taco_key}"] = float(figures[key])
         return loss * factor, metrics
 
     policy_loss.__name__ = f"compute_policy_loss_{name.replace('-', '_')}"
