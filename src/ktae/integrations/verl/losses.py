@@ -72,7 +72,7 @@ Calibrations that remove tokens (``CalibrationResult.loss_mask``: ``stapo``,
   ``forking-tokens``' 20%), which the per-micro-batch mean keeps independent of it.
 
 Fraction-based rules (``stapo``, ``forking-tokens``, ``taco-entropy-only``,
-``taco-random``) see one micro-batch as "the batch", also as in
+``taco-entropy-high``, ``taco-random``) see one micro-batch as "the batch", also as in
 that fork. verl's entropy bonus and KL loss keep ``response_mask``.
 """
 
