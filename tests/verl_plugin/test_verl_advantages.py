@@ -255,3 +255,22 @@ def test_legacy_path_gtpo_is_refused_with_the_setting_to_change(verl_batch):
     algorithm.adv_estimator = "gtpo"
     with pytest.raises(ValueError, match=r"trainer\.use_v1=true"):
         legacy_advantages(legacy_data(verl_batch), algorithm)
+
+
+@needs_gtpo
+def test_v1_path_gtpo_without_stored_entropies_names_the_real_cause(transfer_queue, verl_batch):
+    """No ``entropy`` in TransferQueue (verl skipped the old-policy pass): the error says
+    why, on the v1 trainer that is already in use."""
+    meta = put_v1_batch(transfer_queue, verl_batch, "noentropy")
+    algorithm = algorithm_config()
+    algorithm.adv_estimator = "gtpo"
+    algorithm.rollout_correction = {"bypass_mode": True}
+    with pytest.raises(ValueError, match=r"but algorithm\.rollout_correction\.bypass_mode=true "
+                       r"skips the old-policy forward pass.*bypass_mode=false"):
+        v1_advantages(transfer_queue, meta, algorithm)
+    algorithm.rollout_correction = {"bypass_mode": False}
+    with pytest.raises(ValueError, match=r"the batch has none \(verl\.trainer\.ppo\.v1\..*"
+                       r"PPOTrainer\._compute_old_log_prob, which the legacy trainer.*"
+                       r"bypass mode") as error:
+        v1_advantages(transfer_queue, meta, algorithm)
+    assert "use the v1 trainer" not in str(error.value)

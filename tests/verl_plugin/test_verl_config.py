@@ -218,3 +218,27 @@ def test_gtpo_needs_the_v1_trainer():
         verl_validate(compose("algorithm.adv_estimator=gtpo", "trainer.use_v1=false"))
     with pytest.raises(ValueError, match=r"algorithm\.gtpo\.a3: unknown option"):
         verl_validate(compose("algorithm.adv_estimator=gtpo", "+algorithm.gtpo.a3=0.1"))
+
+
+BYPASS = "algorithm.rollout_correction.bypass_mode=true"
+
+
+def test_gtpo_in_rollout_correction_bypass_mode_is_refused_at_startup():
+    """Bypass mode skips verl's old-policy forward pass, the only one that computes the
+    rollout entropies GTPO reads: refused before Ray starts, naming that setting."""
+    import ktae
+
+    if "gtpo" not in ktae.ADVANTAGE_ESTIMATORS:
+        pytest.skip("the installed ktae has no gtpo estimator")
+    with pytest.raises(ValueError, match=r"needs the rollout policy's per-token entropies, "
+                       r"but algorithm\.rollout_correction\.bypass_mode=true skips the "
+                       r"old-policy forward pass.*set algorithm\.rollout_correction\."
+                       r"bypass_mode=false"):
+        verl_validate(compose("algorithm.adv_estimator=gtpo", BYPASS))
+    # the legacy trainer is named first: it drops the entropies in either mode
+    with pytest.raises(ValueError, match=r"legacy trainer drops them.*trainer\.use_v1=true"):
+        verl_validate(compose("algorithm.adv_estimator=gtpo", BYPASS, "trainer.use_v1=false"))
+    # estimators that read no entropies run in bypass mode; so does gtpo in decoupled mode
+    verl_validate(compose(*KTAE_TACO, BYPASS))
+    verl_validate(compose("algorithm.adv_estimator=gtpo",
+                          "algorithm.rollout_correction.bypass_mode=false"))

@@ -30,11 +30,13 @@ from typing import Any
 import torch
 
 import ktae
-from ktae.integrations.verl.fields import ResponseFields, current_responses
+from ktae.integrations.verl.fields import LEGACY_SOURCE, ResponseFields, current_responses
 from ktae.integrations.verl.options import (
+    BYPASS_MODE_PATH,
     EstimatorSettings,
     estimator_needs_entropies,
     estimator_settings,
+    missing_entropies_reason,
 )
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,20 @@ def correctness(fields: ResponseFields, settings: EstimatorSettings,
     return numbers > settings.reward_threshold
 
 
+def missing_entropies_message(name: str, fields: ResponseFields, algorithm) -> str:
+    """Why this batch came without the rollout entropies, as far as verl's code tells."""
+    head = f"estimator {name!r} needs the rollout policy's per-token entropies"
+    reason = missing_entropies_reason(fields.source != LEGACY_SOURCE, algorithm)
+    if reason:
+        return f"{head}, but {reason}"
+    return (f"{head}, and the batch has none ({fields.source or 'unknown code path'}). "
+            "verl 0.9.1 stores them (TransferQueue field 'entropy') only in the v1 "
+            "trainer's PPOTrainer._compute_old_log_prob, which the legacy trainer "
+            f"(trainer.use_v1=false) and bypass mode ({BYPASS_MODE_PATH}=true) skip; a "
+            "trainer subclass that overrides that method without writing 'entropy' has "
+            "the same effect")
+
+
 def estimator_inputs(name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                      index, config) -> dict[str, Any]:
     """The keyword arguments of ``ktae.compute_advantages(name, ...)`` for a verl call."""
@@ -111,9 +127,7 @@ def estimator_inputs(name: str, token_level_rewards: torch.Tensor, response_mask
         kwargs["reward_threshold"] = settings.reward_threshold
     if estimator_needs_entropies(name):
         if fields.entropies is None:
-            raise ValueError(f"estimator {name!r} needs the rollout policy's entropies; "
-                             "verl 0.9.1 keeps them only in its v1 trainer "
-                             "(trainer.use_v1=true)")
+            raise ValueError(missing_entropies_message(name, fields, config))
         kwargs["entropies"] = fields.entropies.to(token_level_rewards.device)
     return kwargs
 

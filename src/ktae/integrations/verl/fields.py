@@ -20,6 +20,10 @@ from typing import Any
 
 import torch
 
+#: The verl functions whose wrappers provide :class:`ResponseFields` (their ``source``).
+LEGACY_SOURCE = "verl.trainer.ppo.ray_trainer.compute_advantage"
+V1_SOURCE = "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage"
+
 
 @dataclass(frozen=True)
 class ResponseFields:

@@ -39,6 +39,8 @@ import torch
 import ktae
 from ktae.integrations.verl.estimators import PLUGIN_MARK
 from ktae.integrations.verl.fields import (
+    LEGACY_SOURCE,
+    V1_SOURCE,
     PolicyStep,
     ResponseFields,
     extra_info_from_rows,
@@ -95,7 +97,7 @@ def patch_legacy_trainer(module: ModuleType) -> None:
                 responses=data.batch["responses"],
                 extra_info=data.non_tensor_batch,
                 entropies=data.batch.get("entropys", None),
-                source="verl.trainer.ppo.ray_trainer.compute_advantage")
+                source=LEGACY_SOURCE)
             with providing_responses(fields):
                 return upstream(data, adv_estimator, *args, **kwargs)
         return compute_advantage
@@ -131,7 +133,7 @@ def v1_response_fields(tq, batch, name: str) -> ResponseFields:
         responses=_padded(data["responses"]) if "responses" in present else None,
         extra_info=extra_info_from_rows(rows),
         entropies=_padded(data["entropy"]) if "entropy" in present else None,
-        source="verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage")
+        source=V1_SOURCE)
 
 
 def patch_v1_trainer(module: ModuleType) -> None:
