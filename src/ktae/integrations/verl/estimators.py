@@ -19,6 +19,9 @@ Mapping to :func:`ktae.compute_advantages`:
   ``reward_threshold`` (booleans count as 1/0). Without the field, the sequence reward
   is compared with ``reward_threshold`` (KTAE's runtime rule, ``reward > 0``), and a
   warning says so once per process.
+
+Multi-turn batches of the v1 trainer (several rows per trajectory) get one response per
+trajectory, as verl's GRPO does: :mod:`ktae.integrations.verl.trajectories`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ktae.integrations.verl.options import (
     estimator_settings,
     missing_entropies_reason,
 )
+from ktae.integrations.verl.trajectories import join_inputs, turn_layout
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +143,13 @@ def make_estimator(name: str) -> Callable:
                   index=None, config=None, **unused) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             kwargs = estimator_inputs(name, token_level_rewards, response_mask, index, config)
-            adv = ktae.compute_advantages(name, **kwargs)
+            fields = current_responses()
+            layout = turn_layout(fields.keys, response_mask, fields.lengths)
+            if layout is None:
+                adv = ktae.compute_advantages(name, **kwargs)
+            else:  # multi-turn: one response per trajectory, as verl's GRPO
+                joined = ktae.compute_advantages(name, **join_inputs(layout, kwargs))
+                adv = layout.split(joined, response_mask.shape[1])
         adv = adv.to(token_level_rewards.dtype)
         return adv, adv
 

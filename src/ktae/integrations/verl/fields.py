@@ -38,12 +38,17 @@ class ResponseFields:
             that lacks a name holds None.
         entropies: ``[B, T]`` entropies of the rollout (old) policy, or None.
         source: which verl function provided them (for error messages).
+        keys: the rows' TransferQueue keys, ``{uid}_{session_id}_{index}`` (v1 trainer;
+            several rows of one session are the turns of one trajectory), or None.
+        lengths: ``[B]`` response lengths before padding (masked tokens included), or None.
     """
 
     responses: torch.Tensor | None
     extra_info: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     entropies: torch.Tensor | None = None
     source: str = ""
+    keys: Sequence[str] | None = None
+    lengths: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

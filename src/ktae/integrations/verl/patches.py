@@ -129,11 +129,14 @@ def v1_response_fields(tq, batch, name: str) -> ResponseFields:
     present = set(data.keys())  # TransferQueue leaves out fields it does not hold
     rows = [_row_extra_info(v) for v in list(data["extra_fields"])] \
         if "extra_fields" in present else []
+    responses = data["responses"] if "responses" in present else None
+    lengths = responses.offsets().diff() if responses is not None and responses.is_nested \
+        else None
     return ResponseFields(
-        responses=_padded(data["responses"]) if "responses" in present else None,
+        responses=_padded(responses),
         extra_info=extra_info_from_rows(rows),
         entropies=_padded(data["entropy"]) if "entropy" in present else None,
-        source=V1_SOURCE)
+        source=V1_SOURCE, keys=list(batch.keys), lengths=lengths)
 
 
 def patch_v1_trainer(module: ModuleType) -> None:
@@ -143,7 +146,8 @@ def patch_v1_trainer(module: ModuleType) -> None:
     ``rm_scores``, log-probs, values), which lacks ``responses`` although TransferQueue
     stores them. For the plugin's estimators the wrapper fetches ``responses`` and
     ``extra_fields`` (the reward extra info) for the same keys, in the same order, and
-    provides them to the upstream method's estimator call.
+    provides them, with the keys (which name each row's trajectory and turn: see
+    :mod:`ktae.integrations.verl.trajectories`), to the upstream method's estimator call.
     """
 
     def make(upstream):
