@@ -227,27 +227,41 @@ needs_gtpo = pytest.mark.skipif("gtpo" not in ktae.ADVANTAGE_ESTIMATORS,
 
 
 @needs_gtpo
-def test_v1_path_gtpo_reads_the_rollout_entropies(transfer_queue, verl_batch):
+@pytest.mark.parametrize("options", [
+    {"a2": 0.2},
+    {"a1": 0.5, "a2": 0.3, "eps": 1e-6, "normalize": "batch"},
+    {"correct_key": None, "reward_threshold": -0.1},  # row 2 (-0.25) counts as wrong
+], ids=["a2", "a1-eps-batch", "by-reward"])
+def test_v1_path_gtpo_reads_the_rollout_entropies(transfer_queue, verl_batch, options):
     """GTPO through the v1 trainer: the old policy's entropies stored in TransferQueue
-    (verl's ``_compute_old_log_prob`` writes ``entropy``) reach the estimator."""
+    (verl's ``_compute_old_log_prob`` writes ``entropy``) and every option reach the
+    estimator."""
     from verl.utils import tensordict_utils as tu
 
     g = torch.Generator().manual_seed(3)
     entropies = torch.where(verl_batch.response_mask.bool(),
                             torch.rand(verl_batch.responses.shape, generator=g) + 0.1, 0.0)
-    meta = put_v1_batch(transfer_queue, verl_batch, "gtpo")
+    partition = "gtpo" + "".join(sorted(options))
+    meta = put_v1_batch(transfer_queue, verl_batch, partition)
     lengths = verl_batch.response_mask.sum(-1).tolist()
-    transfer_queue.kv_batch_put(keys=meta.keys, partition_id="gtpo", fields=tu.get_tensordict(
-        {"entropy": _nested([e[:n] for e, n in zip(entropies, lengths, strict=True)])}))
+    transfer_queue.kv_batch_put(keys=meta.keys, partition_id=partition,
+                                fields=tu.get_tensordict({"entropy": _nested(
+                                    [e[:n] for e, n in zip(entropies, lengths, strict=True)])}))
     algorithm = algorithm_config()
     algorithm.adv_estimator = "gtpo"
-    algorithm.gtpo = {"a2": 0.2}
+    algorithm.gtpo = options
     adv = v1_advantages(transfer_queue, meta, algorithm)
+    core = {k: v for k, v in options.items() if k != "correct_key"}
+    correct = None if "correct_key" in options else torch.tensor(verl_batch.acc)
     want = ktae.compute_advantages("gtpo", rewards=verl_batch.rewards, group=verl_batch.uids,
                                    token_ids=verl_batch.responses, mask=verl_batch.response_mask,
-                                   entropies=entropies, correct=torch.tensor(verl_batch.acc),
-                                   a2=0.2)
+                                   entropies=entropies, correct=correct, **core)
     torch.testing.assert_close(adv, want, rtol=0, atol=0)
+    default = ktae.compute_advantages("gtpo", rewards=verl_batch.rewards, group=verl_batch.uids,
+                                      token_ids=verl_batch.responses,
+                                      mask=verl_batch.response_mask, entropies=entropies,
+                                      correct=torch.tensor(verl_batch.acc))
+    assert not torch.allclose(adv, default)
 
 
 @needs_gtpo

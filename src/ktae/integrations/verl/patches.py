@@ -113,6 +113,15 @@ def _padded(x: torch.Tensor | None) -> torch.Tensor | None:
     return x.to_padded_tensor(0) if x.is_nested else x
 
 
+def _lengths(x: torch.Tensor | None) -> torch.Tensor | None:
+    """Row lengths of a nested tensor (None for a padded one)."""
+    if x is None or not x.is_nested:
+        return None
+    if x.layout == torch.jagged:
+        return x.offsets().diff()
+    return torch.tensor([row.shape[0] for row in x.unbind()], dtype=torch.int64)
+
+
 def _row_extra_info(value) -> dict | None:
     value = getattr(value, "data", value)
     info = value.get("reward_extra_info") if isinstance(value, dict) else None
@@ -130,13 +139,11 @@ def v1_response_fields(tq, batch, name: str) -> ResponseFields:
     rows = [_row_extra_info(v) for v in list(data["extra_fields"])] \
         if "extra_fields" in present else []
     responses = data["responses"] if "responses" in present else None
-    lengths = responses.offsets().diff() if responses is not None and responses.is_nested \
-        else None
     return ResponseFields(
         responses=_padded(responses),
         extra_info=extra_info_from_rows(rows),
         entropies=_padded(data["entropy"]) if "entropy" in present else None,
-        source=V1_SOURCE, keys=list(batch.keys), lengths=lengths)
+        source=V1_SOURCE, keys=list(batch.keys), lengths=_lengths(responses))
 
 
 def patch_v1_trainer(module: ModuleType) -> None:
