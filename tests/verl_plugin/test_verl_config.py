@@ -219,3 +219,65 @@ def test_gtpo_needs_the_v1_trainer():
         verl_validate(compose("algorithm.adv_estimator=gtpo", "trainer.use_v1=false"))
     with pytest.raises(ValueError, match=r"algorithm\.gtpo\.a3: unknown option"):
         verl_validate(compose("algorithm.adv_estimator=gtpo", "+algorithm.gtpo.a3=0.1"))
+
+
+BYPASS = "algorithm.rollout_correction.bypass_mode=true"
+
+
+def test_gtpo_in_rollout_correction_bypass_mode_is_refused_at_startup():
+    """Bypass mode skips verl's old-policy forward pass, the only one that computes the
+    rollout entropies GTPO reads: refused before Ray starts, naming that setting."""
+    import ktae
+
+    if "gtpo" not in ktae.ADVANTAGE_ESTIMATORS:
+        pytest.skip("the installed ktae has no gtpo estimator")
+    with pytest.raises(ValueError, match=r"needs the rollout policy's per-token entropies, "
+                       r"but algorithm\.rollout_correction\.bypass_mode=true skips the "
+                       r"old-policy forward pass.*set algorithm\.rollout_correction\."
+                       r"bypass_mode=false"):
+        verl_validate(compose("algorithm.adv_estimator=gtpo", BYPASS))
+    # the legacy trainer is named first: it drops the entropies in either mode
+    with pytest.raises(ValueError, match=r"legacy trainer drops them.*trainer\.use_v1=true"):
+        verl_validate(compose("algorithm.adv_estimator=gtpo", BYPASS, "trainer.use_v1=false"))
+    # estimators that read no entropies run in bypass mode; so does gtpo in decoupled mode
+    verl_validate(compose(*KTAE_TACO, BYPASS))
+    verl_validate(compose("algorithm.adv_estimator=gtpo",
+                          "algorithm.rollout_correction.bypass_mode=false"))
+
+
+#: The GTPO command line of docs/verl.md, and every option of its table.
+GTPO_DOC = ["algorithm.adv_estimator=gtpo", "+algorithm.gtpo.a2=0.1",
+            "+algorithm.gtpo.normalize=group", "trainer.use_v1=true"]
+
+
+def test_gtpo_options_from_the_docs_validate():
+    import ktae
+    from ktae.integrations.verl.options import check_config
+
+    if "gtpo" not in ktae.ADVANTAGE_ESTIMATORS:
+        pytest.skip("the installed ktae has no gtpo estimator")
+    config = compose(*GTPO_DOC)
+    verl_validate(config)
+    assert check_config(config).estimator.options == {"a2": 0.1, "normalize": "group"}
+    config = compose(*GTPO_DOC, "+algorithm.gtpo.a1=0.5", "+algorithm.gtpo.eps=1e-6",
+                     "+algorithm.gtpo.correct_key=null", "+algorithm.gtpo.reward_threshold=0.5")
+    verl_validate(config)
+    found = check_config(config).estimator
+    assert found.options == {"a1": 0.5, "a2": 0.1, "eps": 1e-6, "normalize": "group"}
+    assert found.correct_key is None and found.reward_threshold == 0.5
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+algorithm.gtpo.eps=0", r"algorithm\.gtpo: eps"),
+    ("++algorithm.gtpo.normalize=token",
+     r"algorithm\.gtpo: normalize: expected one of group, batch"),
+    ("+algorithm.gtpo.a1=nan", r"algorithm\.gtpo: a1"),
+    ("+algorithm.gtpo.correct_key=3", r"algorithm\.gtpo\.correct_key"),
+])
+def test_gtpo_bad_values_fail_at_startup_with_the_option_named(override, message):
+    import ktae
+
+    if "gtpo" not in ktae.ADVANTAGE_ESTIMATORS:
+        pytest.skip("the installed ktae has no gtpo estimator")
+    with pytest.raises(ValueError, match=message):
+        verl_validate(compose(*GTPO_DOC, override))

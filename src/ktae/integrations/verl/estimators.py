@@ -19,6 +19,9 @@ Mapping to :func:`ktae.compute_advantages`:
   ``reward_threshold`` (booleans count as 1/0). Without the field, the sequence reward
   is compared with ``reward_threshold`` (KTAE's runtime rule, ``reward > 0``), and a
   warning says so once per process.
+
+Multi-turn batches of the v1 trainer (several rows per trajectory) get one response per
+trajectory, as verl's GRPO does: :mod:`ktae.integrations.verl.trajectories`.
 """
 
 from __future__ import annotations
@@ -30,12 +33,15 @@ from typing import Any
 import torch
 
 import ktae
-from ktae.integrations.verl.fields import ResponseFields, current_responses
+from ktae.integrations.verl.fields import LEGACY_SOURCE, ResponseFields, current_responses
 from ktae.integrations.verl.options import (
+    BYPASS_MODE_PATH,
     EstimatorSettings,
     estimator_needs_entropies,
     estimator_settings,
+    missing_entropies_reason,
 )
+from ktae.integrations.verl.trajectories import join_inputs, turn_layout
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +95,20 @@ def correctness(fields: ResponseFields, settings: EstimatorSettings,
     return numbers > settings.reward_threshold
 
 
+def missing_entropies_message(name: str, fields: ResponseFields, algorithm) -> str:
+    """Why this batch came without the rollout entropies, as far as verl's code tells."""
+    head = f"estimator {name!r} needs the rollout policy's per-token entropies"
+    reason = missing_entropies_reason(fields.source != LEGACY_SOURCE, algorithm)
+    if reason:
+        return f"{head}, but {reason}"
+    return (f"{head}, and the batch has none ({fields.source or 'unknown code path'}). "
+            "verl 0.9.1 stores them (TransferQueue field 'entropy') only in the v1 "
+            "trainer's PPOTrainer._compute_old_log_prob, which the legacy trainer "
+            f"(trainer.use_v1=false) and bypass mode ({BYPASS_MODE_PATH}=true) skip; a "
+            "trainer subclass that overrides that method without writing 'entropy' has "
+            "the same effect")
+
+
 def estimator_inputs(name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                      index, config) -> dict[str, Any]:
     """The keyword arguments of ``ktae.compute_advantages(name, ...)`` for a verl call."""
@@ -111,9 +131,7 @@ def estimator_inputs(name: str, token_level_rewards: torch.Tensor, response_mask
         kwargs["reward_threshold"] = settings.reward_threshold
     if estimator_needs_entropies(name):
         if fields.entropies is None:
-            raise ValueError(f"estimator {name!r} needs the rollout policy's entropies; "
-                             "verl 0.9.1 keeps them only in its v1 trainer "
-                             "(trainer.use_v1=true)")
+            raise ValueError(missing_entropies_message(name, fields, config))
         kwargs["entropies"] = fields.entropies.to(token_level_rewards.device)
     return kwargs
 
@@ -125,7 +143,13 @@ def make_estimator(name: str) -> Callable:
                   index=None, config=None, **unused) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             kwargs = estimator_inputs(name, token_level_rewards, response_mask, index, config)
-            adv = ktae.compute_advantages(name, **kwargs)
+            fields = current_responses()
+            layout = turn_layout(fields.keys, response_mask, fields.lengths)
+            if layout is None:
+                adv = ktae.compute_advantages(name, **kwargs)
+            else:  # multi-turn: one response per trajectory, as verl's GRPO
+                joined = ktae.compute_advantages(name, **join_inputs(layout, kwargs))
+                adv = layout.split(joined, response_mask.shape[1])
         adv = adv.to(token_level_rewards.dtype)
         return adv, adv
 

@@ -20,6 +20,10 @@ from typing import Any
 
 import torch
 
+#: The verl functions whose wrappers provide :class:`ResponseFields` (their ``source``).
+LEGACY_SOURCE = "verl.trainer.ppo.ray_trainer.compute_advantage"
+V1_SOURCE = "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage"
+
 
 @dataclass(frozen=True)
 class ResponseFields:
@@ -34,12 +38,17 @@ class ResponseFields:
             that lacks a name holds None.
         entropies: ``[B, T]`` entropies of the rollout (old) policy, or None.
         source: which verl function provided them (for error messages).
+        keys: the rows' TransferQueue keys, ``{uid}_{session_id}_{index}`` (v1 trainer;
+            several rows of one session are the turns of one trajectory), or None.
+        lengths: ``[B]`` response lengths before padding (masked tokens included), or None.
     """
 
     responses: torch.Tensor | None
     extra_info: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     entropies: torch.Tensor | None = None
     source: str = ""
+    keys: Sequence[str] | None = None
+    lengths: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

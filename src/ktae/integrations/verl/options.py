@@ -46,12 +46,42 @@ def plugin_estimators() -> dict[str, tuple[str, ...]]:
 
 
 def estimator_needs_entropies(name: str) -> bool:
-    """Whether the estimator reads the rollout policy's per-token entropies (verl's v1
-    trainer stores them; the legacy trainer drops them before computing advantages)."""
+    """Whether the estimator reads the rollout policy's per-token entropies (see
+    :func:`missing_entropies_reason` for when verl 0.9.1 has them)."""
     import ktae
 
     return name in ktae.ADVANTAGE_ESTIMATORS and \
         bool(getattr(ktae.ADVANTAGE_ESTIMATORS.get(name), "needs_entropies", False))
+
+
+BYPASS_MODE_PATH = "algorithm.rollout_correction.bypass_mode"
+
+
+def bypass_mode(algorithm: Any) -> bool:
+    """verl 0.9.1's own test of rollout-correction bypass mode (both trainers):
+    ``rollout_correction and rollout_correction.get("bypass_mode", False)``."""
+    rollout_correction = _get(algorithm, "rollout_correction")
+    return bool(rollout_correction) and bool(_get(rollout_correction, "bypass_mode", False))
+
+
+def missing_entropies_reason(use_v1: bool, algorithm: Any) -> str | None:
+    """Why verl 0.9.1 would hand an estimator no rollout-policy entropies, or None.
+
+    verl computes them only in the old-policy forward pass
+    (``PPOTrainer._compute_old_log_prob``, ``calculate_entropy=True``), and only its v1
+    trainer stores them (TransferQueue field ``entropy``); the legacy
+    ``RayPPOTrainer.fit`` pops ``entropys`` before computing advantages. In bypass mode
+    both trainers skip that pass and take the rollout engine's log-probs as the old ones,
+    which come without entropies.
+    """
+    if not use_v1:
+        return ("verl 0.9.1's legacy trainer drops them before computing advantages; "
+                "set trainer.use_v1=true")
+    if bypass_mode(algorithm):
+        return (f"{BYPASS_MODE_PATH}=true skips the old-policy forward pass, the only place "
+                "verl computes them (the rollout's log-probs come without entropies); set "
+                f"{BYPASS_MODE_PATH}=false")
+    return None
 
 #: Where verl's accuracy sits in the reward function's extra info (``dapo`` manager).
 DEFAULT_CORRECT_KEY = "acc"
@@ -266,8 +296,9 @@ def check_config(config: Any) -> PluginConfig:
     Raises ``ValueError`` naming the setting to change: an unknown option or a bad value in
     ``algorithm.ktae`` / ``policy_loss.ktae``, a block whose estimator or loss is not
     selected, a calibration that needs the current entropy while verl does not compute
-    it, or a combination verl 0.9.1's legacy trainer cannot run. Configs that use no part
-    of the plugin pass unchanged.
+    it, an estimator that needs the rollout entropies where verl does not keep them
+    (legacy trainer, rollout-correction bypass mode), or a combination verl 0.9.1's
+    legacy trainer cannot run. Configs that use no part of the plugin pass unchanged.
     """
     import ktae
 
@@ -288,10 +319,10 @@ def check_config(config: Any) -> PluginConfig:
     if name in estimators:
         estimator = estimator_settings(name, algorithm)
         _check_estimator_values(estimator)
-        if estimator_needs_entropies(name) and not use_v1:
+        reason = missing_entropies_reason(use_v1, algorithm)
+        if estimator_needs_entropies(name) and reason:
             raise ValueError(f"algorithm.adv_estimator={name} needs the rollout policy's "
-                             "entropies, which verl 0.9.1's legacy trainer drops; set "
-                             "trainer.use_v1=true")
+                             f"per-token entropies, but {reason}")
 
     loss_mode = _get(policy_loss, "loss_mode", "vanilla")
     calibration = None

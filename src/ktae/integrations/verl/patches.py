@@ -39,6 +39,8 @@ import torch
 import ktae
 from ktae.integrations.verl.estimators import PLUGIN_MARK
 from ktae.integrations.verl.fields import (
+    LEGACY_SOURCE,
+    V1_SOURCE,
     PolicyStep,
     ResponseFields,
     extra_info_from_rows,
@@ -95,7 +97,7 @@ def patch_legacy_trainer(module: ModuleType) -> None:
                 responses=data.batch["responses"],
                 extra_info=data.non_tensor_batch,
                 entropies=data.batch.get("entropys", None),
-                source="verl.trainer.ppo.ray_trainer.compute_advantage")
+                source=LEGACY_SOURCE)
             with providing_responses(fields):
                 return upstream(data, adv_estimator, *args, **kwargs)
         return compute_advantage
@@ -109,6 +111,15 @@ def _padded(x: torch.Tensor | None) -> torch.Tensor | None:
     if x is None:
         return None
     return x.to_padded_tensor(0) if x.is_nested else x
+
+
+def _lengths(x: torch.Tensor | None) -> torch.Tensor | None:
+    """Row lengths of a nested tensor (None for a padded one)."""
+    if x is None or not x.is_nested:
+        return None
+    if x.layout == torch.jagged:
+        return x.offsets().diff()
+    return torch.tensor([row.shape[0] for row in x.unbind()], dtype=torch.int64)
 
 
 def _row_extra_info(value) -> dict | None:
@@ -127,11 +138,12 @@ def v1_response_fields(tq, batch, name: str) -> ResponseFields:
     present = set(data.keys())  # TransferQueue leaves out fields it does not hold
     rows = [_row_extra_info(v) for v in list(data["extra_fields"])] \
         if "extra_fields" in present else []
+    responses = data["responses"] if "responses" in present else None
     return ResponseFields(
-        responses=_padded(data["responses"]) if "responses" in present else None,
+        responses=_padded(responses),
         extra_info=extra_info_from_rows(rows),
         entropies=_padded(data["entropy"]) if "entropy" in present else None,
-        source="verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage")
+        source=V1_SOURCE, keys=list(batch.keys), lengths=_lengths(responses))
 
 
 def patch_v1_trainer(module: ModuleType) -> None:
@@ -141,7 +153,8 @@ def patch_v1_trainer(module: ModuleType) -> None:
     ``rm_scores``, log-probs, values), which lacks ``responses`` although TransferQueue
     stores them. For the plugin's estimators the wrapper fetches ``responses`` and
     ``extra_fields`` (the reward extra info) for the same keys, in the same order, and
-    provides them to the upstream method's estimator call.
+    provides them, with the keys (which name each row's trajectory and turn: see
+    :mod:`ktae.integrations.verl.trajectories`), to the upstream method's estimator call.
     """
 
     def make(upstream):
