@@ -249,6 +249,9 @@ def dapo_ktae_stapo(loop_inputs):
                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=256",
                 "actor_rollout_ref.actor.clip_ratio_high=0.28",
                 "actor_rollout_ref.actor.policy_loss.loss_mode=stapo",
+                # looser than STAPO's p < 0.002, so that the confident tiny model loses tokens
+                "+actor_rollout_ref.actor.policy_loss.ktae.prob_threshold=0.99",
+                "+actor_rollout_ref.actor.policy_loss.ktae.entropy_quantile=0.9",
                 "actor_rollout_ref.actor.calculate_entropy=true")
 
 
@@ -275,3 +278,7 @@ def test_dapo_runs_stapo_in_the_actor(dapo_ktae_stapo):
     assert calls and all(c["name"] == "stapo" and c["entropies_from_forward"] for c in calls)
     assert all(c["pid"] != driver for c in calls)
     assert all(c["kept"] <= c["tokens"] for c in calls)
+    removed = sum(c["tokens"] - c["kept"] for c in calls)
+    assert 0 < removed <= sum(c["positive"] for c in calls)  # only positive tokens go
+    fractions = [m["actor/calibration/loss_token_fraction"] for m in dapo_ktae_stapo.metrics]
+    assert min(fractions) < 1
