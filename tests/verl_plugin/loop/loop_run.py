@@ -186,6 +186,9 @@ def run_main_ppo(inputs: LoopInputs, overrides: list[str], *, timeout: float = 9
         "KTAE_LOOP_RECORD": str(record),
         "KTAE_LOOP_RUN": name,
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        # a Ray instance of its own, not one this process may hold (ray.init exports its
+        # address to child processes)
+        "RAY_ADDRESS": "local",
         "RAY_DEDUP_LOGS": "0",
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",
