@@ -8,10 +8,11 @@ record of every call the plugin made to ktae (which process, which verl code pat
 inputs and the result), and recompute ktae's results from the recorded inputs.
 
 Runs: the v1 trainer with ``adv_estimator=ktae`` and ``loss_mode=taco`` (an ``alpha`` at
-which tokens are flagged); the legacy trainer with KTAE; verl's GRPO with the
+which tokens are flagged); GTPO (the rollout entropies verl stores) with TACO on two
+data-parallel ranks; the legacy trainer with KTAE; verl's GRPO with the
 token-removing ``forking-tokens`` under ``token-mean``; and DAPO's composition (the
 ``dapo`` reward manager's overlong buffer, ``filter_groups`` on ``acc``, dynamic batch
-size, clip-higher) with KTAE and STAPO. Each takes about 1.5 to 2 minutes on a 2-core
+size, clip-higher) with KTAE and STAPO. Each takes 1.5 to 2.5 minutes on a 2-core
 machine.
 """
 
@@ -76,23 +77,23 @@ def _calls(result, call: str) -> list[dict]:
     return [r for r in result.record if r["call"] == call]
 
 
-def _check_ktae_calls(result, source: str) -> list[dict]:
-    """Every recorded KTAE call, recomputed from its inputs, and against verl's metrics."""
+def _check_ktae_calls(result, source: str, name: str = "ktae") -> list[dict]:
+    """Every recorded estimator call, recomputed from its inputs, and against verl's metrics."""
     calls = _calls(result, "compute_advantages")
     assert len(calls) == STEPS
     driver = {c["pid"] for c in calls}
     assert len(driver) == 1
     for call, metrics in zip(calls, result.metrics, strict=True):
-        assert call["name"] == "ktae" and call["source"] == source
+        assert call["name"] == name and call["source"] == source
         inputs = call["inputs"]
         rows = len(inputs["token_ids"])
         assert len(inputs["mask"]) == rows and len(inputs["group"]) == rows
         assert len({str(g) for g in inputs["group"]}) == rows // N  # one uid per prompt
         # correctness is the verifier's acc, whatever the reward (DAPO shaping included)
         assert inputs["correct"] == [a > 0 for a in call["acc"]]
-        kwargs = {k: (torch.tensor(v) if k in ("rewards", "token_ids", "mask", "correct")
-                      else v) for k, v in inputs.items()}
-        expected = ktae.compute_advantages("ktae", **kwargs)
+        tensors = ("rewards", "token_ids", "mask", "correct", "entropies")
+        kwargs = {k: (torch.tensor(v) if k in tensors else v) for k, v in inputs.items()}
+        expected = ktae.compute_advantages(name, **kwargs)
         got = torch.tensor(call["advantages"])
         torch.testing.assert_close(got, expected.to(got.dtype), rtol=0, atol=1e-6)
         mask = torch.tensor(inputs["mask"]).bool()
@@ -178,6 +179,43 @@ def test_v1_trainer_runs_taco_per_micro_batch_and_logs_it(v1_ktae_taco):
             uncalibrated = -sum(c["advantage_sum"] for c in calls) / tokens
             assert metrics["actor/pg_loss"] > uncalibrated + 1e-6  # less positive credit
     assert trained_positive > 0, "no group had a right and a wrong answer: TACO went untested"
+
+
+# -- GTPO on two data-parallel ranks ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def v1_gtpo_dp2(loop_inputs):
+    result = loop_run.run_main_ppo(
+        loop_inputs, loop_run.base_overrides(loop_inputs, steps=STEPS, prompts=PROMPTS, n=N, dp=2)
+        + ["trainer.use_v1=true", "algorithm.adv_estimator=gtpo",
+           "actor_rollout_ref.actor.policy_loss.loss_mode=taco",
+           "actor_rollout_ref.actor.calculate_entropy=true",
+           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}"],
+        name="v1-gtpo-dp2")
+    assert result.returncode == 0, result.output[-6000:]
+    assert [m["step"] for m in result.metrics] == [1.0, 2.0], result.output[-3000:]
+    return result
+
+
+def test_gtpo_reads_the_stored_rollout_entropies(v1_gtpo_dp2):
+    calls = _check_ktae_calls(
+        v1_gtpo_dp2, "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage", "gtpo")
+    for call in calls:
+        entropies = torch.tensor(call["inputs"]["entropies"])
+        mask = torch.tensor(call["inputs"]["mask"]).bool()
+        assert entropies.shape == mask.shape and bool((entropies[mask] >= 0).all())
+        assert float(entropies[mask].sum()) > 0
+
+
+def test_two_ranks_each_calibrate_their_half(v1_gtpo_dp2):
+    driver = _calls(v1_gtpo_dp2, "compute_advantages")[0]["pid"]
+    calls = _check_loss_calls(v1_gtpo_dp2, "taco", driver_pid=driver)
+    for step in calls:
+        ranks: dict[int, int] = {}
+        for c in step:
+            assert c["shape"][0] == MICRO
+            ranks[c["pid"]] = ranks.get(c["pid"], 0) + c["shape"][0]
+        assert sorted(ranks.values()) == [ROWS // 2, ROWS // 2]  # one actor process per rank
 
 
 # -- the legacy trainer ---------------------------------------------------------------

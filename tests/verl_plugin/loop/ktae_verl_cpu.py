@@ -190,7 +190,8 @@ def _server_name(replica_rank: int) -> str:
 class HFServer:
     """One replica's generator: transformers on the CPU, token ids in, token ids out."""
 
-    def __init__(self, model_path: str, max_model_len: int, response_length: int):
+    def __init__(self, model_path: str, max_model_len: int, response_length: int,
+                 replica_rank: int = 0):
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(1)
@@ -202,7 +203,10 @@ class HFServer:
         self.response_length = response_length
         self.global_steps = None
         self.weight_updates = 0
-        self.requests: dict[tuple, int] = {}  # seeds: the same run samples the same tokens
+        # seeds: a prompt's k-th request in a step on this replica, so that one replica
+        # samples the same tokens in every run and two replicas never sample the same
+        self.replica_rank = replica_rank
+        self.requests: dict[tuple, int] = {}
 
     def update_weights(self, state_dict: dict, global_steps=None) -> int:
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
@@ -234,7 +238,7 @@ class HFServer:
         want_logprobs = bool(params.get("logprobs", False))
         key = (self.global_steps, tuple(prompt_ids))
         self.requests[key] = self.requests.get(key, 0) + 1
-        seed = zlib.crc32(repr((key, self.requests[key])).encode())
+        seed = zlib.crc32(repr((self.replica_rank, key, self.requests[key])).encode())
         ids, logps = self._sample(list(prompt_ids), max_tokens, temperature, top_k, top_p,
                                   torch.Generator().manual_seed(seed))
         await asyncio.sleep(0)
@@ -320,7 +324,8 @@ def _register_rollout() -> None:
             server = ray.remote(HFServer).options(
                 name=_server_name(self.replica_rank), num_cpus=0,
                 max_concurrency=self.max_concurrency,
-            ).remote(model_path, self.config.max_model_len or 10**9, self.config.response_length)
+            ).remote(model_path, self.config.max_model_len or 10**9, self.config.response_length,
+                     self.replica_rank)
             await server.stats.remote()
             self.servers = [server]
             self._server_handle = server
