@@ -64,9 +64,9 @@ def loop_inputs(tmp_path_factory):
     return loop_run.prepare(tmp_path_factory.mktemp("verl-loop"))
 
 
-def _run(inputs, name: str, *overrides: str) -> loop_run.LoopResult:
+def _run(inputs, name: str, *overrides: str, dp: int = 1) -> loop_run.LoopResult:
     result = loop_run.run_main_ppo(
-        inputs, loop_run.base_overrides(inputs, steps=STEPS, prompts=PROMPTS, n=N)
+        inputs, loop_run.base_overrides(inputs, steps=STEPS, prompts=PROMPTS, n=N, dp=dp)
         + list(overrides), name=name)
     assert result.returncode == 0, result.output[-6000:]
     assert [m["step"] for m in result.metrics] == [1.0, 2.0], result.output[-3000:]
@@ -185,16 +185,11 @@ def test_v1_trainer_runs_taco_per_micro_batch_and_logs_it(v1_ktae_taco):
 
 @pytest.fixture(scope="module")
 def v1_gtpo_dp2(loop_inputs):
-    result = loop_run.run_main_ppo(
-        loop_inputs, loop_run.base_overrides(loop_inputs, steps=STEPS, prompts=PROMPTS, n=N, dp=2)
-        + ["trainer.use_v1=true", "algorithm.adv_estimator=gtpo",
-           "actor_rollout_ref.actor.policy_loss.loss_mode=taco",
-           "actor_rollout_ref.actor.calculate_entropy=true",
-           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}"],
-        name="v1-gtpo-dp2")
-    assert result.returncode == 0, result.output[-6000:]
-    assert [m["step"] for m in result.metrics] == [1.0, 2.0], result.output[-3000:]
-    return result
+    return _run(loop_inputs, "v1-gtpo-dp2", "trainer.use_v1=true",
+                "algorithm.adv_estimator=gtpo",
+                "actor_rollout_ref.actor.policy_loss.loss_mode=taco",
+                "actor_rollout_ref.actor.calculate_entropy=true",
+                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}", dp=2)
 
 
 def test_gtpo_reads_the_stored_rollout_entropies(v1_gtpo_dp2):
