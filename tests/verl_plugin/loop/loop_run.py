@@ -110,7 +110,9 @@ def base_overrides(inputs: LoopInputs, *, steps: int = 2, prompts: int = 4, n: i
         "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
         "actor_rollout_ref.rollout.name=hf",
         f"actor_rollout_ref.rollout.n={n}",
-        "actor_rollout_ref.rollout.temperature=1.0",
+        # the warm-started model is confident: at temperature 1 the 4 responses to a prompt
+        # are often identical, and a group needs a right and a wrong one for token credit
+        "actor_rollout_ref.rollout.temperature=1.5",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
