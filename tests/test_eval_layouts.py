@@ -9,6 +9,7 @@ import json
 import datasets
 import pytest
 import torch
+from test_train_helpers import save_tiny_model
 
 from ktae.cli import main
 from ktae.eval.benchmarks import (
@@ -19,7 +20,6 @@ from ktae.eval.benchmarks import (
     saved_benchmarks,
 )
 from ktae.eval.runner import load_records
-from ktae.models import build_char_tokenizer, build_tiny_model
 from ktae.rewards import math_reward
 
 SUITE = FIXTURE_DIR / "ktae_suite"
@@ -85,13 +85,7 @@ def test_qwen_math_layout():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     torch.set_num_threads(1)
-    tok = build_char_tokenizer()
-    model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64,
-                             num_heads=2, max_position_embeddings=512)
-    path = tmp_path_factory.mktemp("tiny-model")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), max_position_embeddings=512)
 
 
 def test_ktae_eval_on_the_saved_suite_reports_every_split(model_dir, tmp_path):

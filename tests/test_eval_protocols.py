@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from test_train_helpers import save_tiny_model
 
 from ktae.cli import main
 from ktae.eval.benchmarks import BenchmarkRecord
@@ -110,13 +111,7 @@ def test_vllm_mapping_of_greedy_and_default_temperatures():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     torch.set_num_threads(1)
-    tok = build_char_tokenizer()
-    model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64,
-                             num_heads=2, max_position_embeddings=1024)
-    path = tmp_path_factory.mktemp("tiny-protocol")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-protocol"), max_position_embeddings=1024)
 
 
 def test_ktae_eval_protocol_taco_end_to_end(model_dir, tmp_path, capsys):

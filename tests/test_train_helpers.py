@@ -21,13 +21,16 @@ DETERMINISTIC_KEYS = ("reward", "accuracy", "response_length", "entropy", "loss"
                       "flagged_token_rate")
 
 
-def save_tiny_model(path: Path, seed: int = 0) -> Path:
+def save_tiny_model(path: Path, seed: int = 0, max_position_embeddings: int = 128) -> Path:
+    """The tiny random model and its tokenizer, saved under ``path`` (also used by the
+    evaluation tests, whose prompts need more positions)."""
     from ktae.models import build_char_tokenizer, build_tiny_model
 
     torch.manual_seed(seed)
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64,
-                             num_heads=2, seed=seed)
+                             num_heads=2, seed=seed,
+                             max_position_embeddings=max_position_embeddings)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
