@@ -113,6 +113,15 @@ def context_length(model) -> int | None:
     return None
 
 
+def prompt_budget(prompt_tokens: int, max_new_tokens: int, context: int | None) -> int:
+    """New tokens a prompt of ``prompt_tokens`` tokens may generate: ``max_new_tokens``,
+    cut to what is left of the model's ``context`` (None: no limit); 0 when the prompt
+    fills the context."""
+    if context is None:
+        return max_new_tokens
+    return max(0, min(max_new_tokens, context - prompt_tokens))
+
+
 def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, *,
                 batch_size: int = 16, add_special_tokens: bool = True,
                 on_batch: Callable[[int], None] | None = None) -> list[list[Generation]]:
@@ -122,10 +131,14 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     each batch of ``n`` prompts (progress bars). The model's training mode and the
     tokenizer's padding side are restored afterwards.
 
-    Generation never runs past the model's context (:func:`context_length`): in a batch
-    whose longest prompt has P tokens, at most ``context - P`` tokens are generated
-    (one warning per call when that is below ``max_new_tokens``; a prompt that fills the
-    context alone gets an empty response).
+    Every prompt has its own budget, whatever else is in its batch: a prompt of P tokens
+    gets ``min(max_new_tokens, context - P)`` new tokens (:func:`prompt_budget`; the
+    context from :func:`context_length`), so generation never runs past the model's
+    context and one long prompt does not cut its neighbours' responses. Prompts of a
+    batch with equal budgets are generated together (usually the whole batch); a prompt
+    that fills the context gets an empty, truncated response. One warning per call names
+    the prompts whose budget the context cut (:func:`ktae.eval.runner.evaluate` checks
+    and reports them before generating).
     """
     import torch
 
@@ -145,7 +158,7 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
         tokenizer.pad_token_id = pad_id
     out: list[list[Generation]] = []
     context = context_length(model)
-    warned = False
+    cut: list[int] = []  # token lengths of the prompts whose budget the context cut
     # Seeded sampling that leaves the caller's global RNG as it was (evaluating during
     # training must not change the training trajectory).
     with torch.random.fork_rng(devices=[]):
@@ -153,28 +166,29 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
         try:
             for start in range(0, len(prompts), batch_size):
                 chunk = list(prompts[start:start + batch_size])
-                enc = tokenizer(chunk, return_tensors="pt", padding=True,
-                                add_special_tokens=add_special_tokens).to(device)
-                width = enc["input_ids"].shape[1]
-                budget = sampling.max_new_tokens
-                if context is not None and width + budget > context:
-                    budget = max(0, context - width)
-                    if not warned:
-                        warnings.warn(
-                            f"max_new_tokens={sampling.max_new_tokens} does not fit in the "
-                            f"model's context of {context} tokens after prompts of "
-                            f"{width} tokens: generating at most {budget} new tokens",
-                            stacklevel=2)
-                        warned = True
-                if budget == 0:
-                    new = [[] for _ in range(len(chunk) * sampling.k)]
-                else:
+                lengths = [len(tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"])
+                           for p in chunk]
+                budgets = [prompt_budget(n, sampling.max_new_tokens, context) for n in lengths]
+                cut += [n for n, b in zip(lengths, budgets, strict=True)
+                        if b < sampling.max_new_tokens]
+                rows: list[list[list[int]]] = [[] for _ in chunk]
+                for budget in sorted(set(budgets), reverse=True):
+                    idx = [i for i, b in enumerate(budgets) if b == budget]
+                    if budget == 0:
+                        for i in idx:
+                            rows[i] = [[] for _ in range(sampling.k)]
+                        continue
+                    enc = tokenizer([chunk[i] for i in idx], return_tensors="pt", padding=True,
+                                    add_special_tokens=add_special_tokens).to(device)
+                    width = enc["input_ids"].shape[1]
                     with torch.no_grad():
                         seqs = model.generate(**enc, **{**kwargs, "max_new_tokens": budget})
                     new = seqs[:, width:].tolist()
-                for i in range(len(chunk)):
+                    for pos, i in enumerate(idx):
+                        rows[i] = new[pos * sampling.k:(pos + 1) * sampling.k]
+                for samples in rows:
                     gens = []
-                    for row in new[i * sampling.k:(i + 1) * sampling.k]:
+                    for row in samples:
                         stop = next((t + 1 for t, tok in enumerate(row) if tok in eos), None)
                         n = len(row) if stop is None else stop
                         gens.append(Generation(
@@ -186,6 +200,12 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
         finally:
             model.train(was_training)
             tokenizer.padding_side = side
+    if cut:
+        warnings.warn(
+            f"max_new_tokens={sampling.max_new_tokens} does not fit in the model's context "
+            f"of {context} tokens after {len(cut)} prompt(s) of up to {max(cut)} tokens: "
+            f"generating at most {prompt_budget(max(cut), sampling.max_new_tokens, context)} "
+            "new tokens for the longest", stacklevel=2)
     return out
 
 
