@@ -16,6 +16,7 @@ from ktae.core.calibration import CALIBRATIONS, CalibrationResult, calibrate_adv
 from ktae.core.gtpo import gtpo_advantages as _gtpo  # noqa: F401  (registers "gtpo")
 from ktae.core.ktae import KeyTokenTable, key_token_table  # registers "ktae"
 from ktae.core.policy_loss import kl_penalty, policy_loss
+from ktae.core.prefix_value import prefix_value_advantages as _pv  # noqa: F401  (registers "prefix-value")
 
 
 def audit(input=None, **options):

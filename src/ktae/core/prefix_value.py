@@ -1,0 +1,255 @@
+"""Prefix-value credit: each token is credited with the change of the group's success rate
+among the responses that share the prefix up to it.
+
+Within a group (the responses to one prompt), for response ``i`` and its ``t``-th real
+token (``t = 0, 1, ...``; padding is skipped, so the tokens are counted, not indexed)::
+
+    V_i(t)  = c / n    n = #responses of the group whose first t+1 tokens equal i's,
+                       c = how many of those are correct
+    V_i(-1) = the group's accuracy (every response shares the empty prefix, empty
+              responses included)
+    d_i(t)  = V_i(t) - V_i(t-1)                                  (the token's credit)
+
+``d`` is 0 on tokens the response shares with all the group members that also share its
+previous prefix; it moves only where responses branch. Its sum over a response telescopes
+to ``D_i = V_i(L_i - 1) - V_i(-1)``: the success rate of i's exact duplicates (itself
+included) minus the group's.
+
+Advantage. ``A_i`` is the base sequence advantage (GRPO by default) and ``L_i`` the
+response's number of real tokens. A response the rule applies to (``apply``: the wrong
+ones by default) gets::
+
+    A[i,t] = (1 - weight) * A_i + weight * A_i * L_i * u_i(t) / D_i
+
+where ``u = d`` (``unit="token"``), or ``d`` summed over a unit and shared equally by its
+tokens (``"word"``: the tokens from one ``word_starts`` flag to the next; ``"span"``: the
+tokens from one branch point, where the number of responses sharing the prefix drops, to
+the next). Because ``sum_t u_i(t) = D_i``, every response keeps GRPO's total
+``sum_t A[i,t] = A_i * L_i``: ``weight`` is the share of it that follows the prefix credit
+instead of being spread evenly. Other responses, and responses with ``D_i = 0`` (a group
+of one; duplicates as successful as the group; an all-correct or all-wrong group, where
+``A_i = 0`` anyway), keep ``A_i`` on every token. ``D_i`` is a difference of fractions
+with denominators at most the group size G, so ``|D_i| >= 1/G^2`` when non-zero and the
+redistribution is bounded by ``weight * |A_i| * L_i * G^2`` per token (in practice a
+response's credit concentrates on the tokens where it leaves the successful responses).
+
+Words. The core has no tokenizer, so ``unit="word"`` needs ``word_starts`` ``[B, T]``
+bool, True on each token that begins a word (a caller with a tokenizer sets it on tokens
+whose text starts with whitespace); the first real token of a response always begins one.
+
+Computation: one vectorised pass, no Python loop over groups, responses or positions.
+Each prefix gets a 62-bit key from two polynomial rolling hashes (prime moduli
+``2**31 - 1`` and ``2147483629``, cumulative sums of ``(id + 1) * p**t``) combined with the
+group id; one ``torch.unique`` over the real tokens' keys gives the prefix classes, their
+sizes ``n`` and (by ``index_add``) their correct counts ``c``. Hashing is exact in effect,
+not only with high probability: a class is genuine when all its members have the same
+token and the same previous class (the group's root for the first token), which by
+induction over the prefix length means the same group, length and prefix. That is checked
+on every call (four ``scatter_reduce``); on a collision the keys are recomputed with other
+bases, and a collision under every base raises (never observed: a collision needs two
+different prefixes equal under both moduli).
+
+References: "prefix value" is the Monte-Carlo value of a partial response estimated from
+the group's own samples, as in VinePPO (Kazemnejad et al. 2024) and tree-structured
+GRPO variants, with the group as the only rollouts (no extra sampling).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
+from ktae.core.baselines import SEQUENCE_BASELINES
+from ktae.core.checks import as_tensor, check_mask
+from ktae.core.gtpo import _correctness
+from ktae.core.policy_loss import check_number
+
+APPLY = ("wrong", "all", "right")
+UNITS = ("token", "word", "span")
+
+_MODULI = (2**31 - 1, 2147483629)
+#: (base for modulus 1, base for modulus 2, group multiplier) per attempt.
+_BASES = ((1_000_003, 911_382_323, 972_663_749), (257_189_531, 482_711, 1_548_263_029),
+          (69_069, 1_103_515_245 % 2147483629, 16_807))
+
+
+def _powers(base: int, modulus: int, n: int, device: torch.device) -> torch.Tensor:
+    """``base**k mod modulus`` for ``k < n`` by doubling (log2(n) steps), int64."""
+    pw = torch.ones(1, dtype=torch.long, device=device)
+    step = base % modulus
+    while pw.numel() < n:
+        pw = torch.cat([pw, pw * step % modulus])
+        step = step * step % modulus
+    return pw[:n]
+
+
+def _prefix_keys(token_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                 gid: torch.Tensor, bases: tuple[int, int, int]) -> torch.Tensor:
+    """``[B, T]`` int64 key of each real token's prefix (group id mixed in); < 2**62."""
+    T = token_ids.shape[1]
+    keys = []
+    for modulus, base in zip(_MODULI, bases[:2], strict=True):
+        pw = _powers(base, modulus, T, token_ids.device)
+        terms = (token_ids % (modulus - 1) + 1) * pw[pos.clamp_min(0)] % modulus
+        h = torch.where(mask, terms, 0).cumsum(dim=1) % modulus  # T * 2**31 fits in int64
+        keys.append((h + (gid[:, None] + 1) * bases[2]) % modulus)
+    return keys[0] * _MODULI[1] + keys[1]
+
+
+def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
+                   num_groups: int):
+    """Prefix classes of the real tokens, in row-major order of ``mask``.
+
+    Returns ``(rows, pos, cls, prev, count)``: for each real token its row and token
+    count ``t`` (``[N]``), its prefix class (``[N]`` in ``0..U-1``), the class of the prefix
+    one token shorter (``U + group`` for ``t = 0``: the group's root), and each class's
+    number of responses (``[U]``).
+    """
+    pos = mask.long().cumsum(dim=1) - 1
+    rows = mask.nonzero()[:, 0]
+    tokens = token_ids[mask]
+    pos_flat = pos[mask]
+    first = pos_flat == 0
+    for bases in _BASES:
+        key = _prefix_keys(token_ids, mask, pos, gid, bases)[mask]
+        _, cls, count = torch.unique(key, return_inverse=True, return_counts=True)
+        U = count.numel()
+        prev = torch.where(first, U + gid[rows], torch.roll(cls, 1))
+        if _classes_are_exact(cls, U, tokens, prev):
+            return rows, pos_flat, cls, prev, count
+    raise RuntimeError("prefix-value: prefix hash collision under every base; please report "
+                       "this batch")
+
+
+def _classes_are_exact(cls: torch.Tensor, U: int, tokens: torch.Tensor,
+                       prev: torch.Tensor) -> bool:
+    """Every class's members share their token and their previous class."""
+    def spread(x: torch.Tensor) -> torch.Tensor:
+        lo = torch.full((U,), torch.iinfo(torch.long).max, device=x.device)
+        hi = torch.full((U,), torch.iinfo(torch.long).min, device=x.device)
+        lo.scatter_reduce_(0, cls, x, "amin")
+        hi.scatter_reduce_(0, cls, x, "amax")
+        return (hi != lo).any()
+
+    return not bool(spread(tokens) | spread(prev))
+
+
+def _prefix_credit(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
+                   gid: torch.Tensor, num_groups: int) -> dict:
+    """Per real token (row-major order of ``mask``): ``rows``, ``pos``, ``cls``, ``prev``
+    (:func:`prefix_classes`), ``v`` = ``V_i(t)`` and ``d`` = ``V_i(t) - V_i(t-1)``
+    (float64); per class ``n`` and ``c``; per group ``n_g`` and ``c_g`` (int64)."""
+    rows, pos, cls, prev, count = prefix_classes(token_ids, mask, gid, num_groups)
+    ok = correct.to(torch.long)
+    right = torch.zeros_like(count).index_add_(0, cls, ok[rows])
+    n_g = torch.zeros(num_groups, dtype=torch.long, device=mask.device).index_add_(
+        0, gid, torch.ones_like(gid))
+    c_g = torch.zeros(num_groups, dtype=torch.long, device=mask.device).index_add_(0, gid, ok)
+    # the values of the U classes, then of the P roots (the empty prefixes)
+    table = (torch.cat([right, c_g]).to(torch.float64)
+             / torch.cat([count, n_g.clamp_min(1)]).to(torch.float64))
+    v = table[cls]
+    return dict(rows=rows, pos=pos, cls=cls, prev=prev, v=v, d=v - table[prev], n=count,
+                c=right, n_g=n_g, c_g=c_g)
+
+
+def prefix_values(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
+                  gid: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``V`` and ``d`` of the module docstring as ``[B, T]`` float64 (0 on padding).
+
+    Args:
+        token_ids: ``[B, T]`` int64; mask: ``[B, T]`` bool; correct: ``[B]`` bool;
+        gid, num_groups: dense group ids ``[B]`` and their number.
+    """
+    p = _prefix_credit(token_ids, mask, correct, gid, num_groups)
+    values = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device)
+    credit = torch.zeros_like(values)
+    values[mask] = p["v"]
+    credit[mask] = p["d"]
+    return values, credit
+
+
+def _unit_credit(d: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Each token gets the mean of ``d`` over its unit (units begin where ``starts``)."""
+    unit = starts.long().cumsum(0) - 1
+    n = int(unit[-1]) + 1 if unit.numel() else 0
+    total = torch.zeros(n, dtype=d.dtype, device=d.device).index_add_(0, unit, d)
+    size = torch.zeros(n, dtype=d.dtype, device=d.device).index_add_(0, unit, torch.ones_like(d))
+    return (total / size)[unit]
+
+
+@ADVANTAGE_ESTIMATORS.register("prefix-value")
+def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
+                            reward_threshold: float = 0.0, apply: str = "wrong",
+                            weight: float = 1.0, unit: str = "token", word_starts=None,
+                            base: str = "grpo") -> torch.Tensor:
+    """Prefix-value token advantages ``[B, T]`` (module docstring for the equations).
+
+    Options:
+        correct: ``[B]`` bool (or 0/1) correctness; default ``reward > reward_threshold``.
+        reward_threshold: 0.0.
+        apply: which responses get the prefix credit: ``"wrong"`` (default), ``"all"`` or
+            ``"right"``; the others keep the base advantage on every token.
+        weight: in [0, 1], the share of each response's total advantage that follows the
+            prefix credit (1.0); the rest stays spread evenly.
+        unit: ``"token"`` (default), ``"word"`` (needs ``word_starts``) or ``"span"``
+            (from one branch point to the next).
+        word_starts: ``[B, T]`` bool, True on the tokens that begin a word (``unit="word"``).
+        base: the sequence advantage ``A_i``: ``"grpo"`` (default), ``"drgrpo"`` or
+            ``"rloo"``.
+    """
+    if batch.mask is None:
+        raise ValueError("token_ids: required by advantage estimator 'prefix-value' "
+                         "(prefixes are token sequences)")
+    if batch.token_ids is None:
+        raise ValueError("token_ids: required by advantage estimator 'prefix-value' "
+                         "(a mask alone does not say which prefixes are equal)")
+    if apply not in APPLY:
+        raise ValueError(f"apply: expected one of {', '.join(APPLY)}, got {apply!r}")
+    if unit not in UNITS:
+        raise ValueError(f"unit: expected one of {', '.join(UNITS)}, got {unit!r}")
+    if base not in SEQUENCE_BASELINES:
+        raise ValueError(f"base: expected one of {', '.join(SEQUENCE_BASELINES)}, got {base!r}")
+    weight = check_number(weight, "weight", low=0.0, high=1.0)
+    mask, ids = batch.mask, batch.token_ids
+    if unit == "word":
+        if word_starts is None:
+            raise ValueError("word_starts: required by unit='word' ([B, T] bool, True on the "
+                             "tokens that begin a word)")
+        word_starts = check_mask(as_tensor(word_starts, "word_starts", device=batch.device),
+                                 "word_starts", tuple(mask.shape))
+    elif word_starts is not None:
+        raise ValueError(f"word_starts: only used by unit='word', got unit={unit!r}")
+    is_correct = _correctness(batch, correct, reward_threshold)
+    seq = SEQUENCE_BASELINES[base](batch.rewards, batch.gid, batch.num_groups)
+    seq = seq.to(torch.float64)
+    out = seq[:, None] * mask
+    if not bool(mask.any()):
+        return out.to(batch.rewards.dtype)
+
+    p = _prefix_credit(ids, mask, is_correct, batch.gid, batch.num_groups)
+    rows, pos, cls, d = p["rows"], p["pos"], p["cls"], p["d"]
+    first = pos == 0
+    if unit == "word":
+        d = _unit_credit(d, word_starts[mask] | first)
+    elif unit == "span":
+        shorter = torch.cat([p["n"], p["n_g"]])[p["prev"]] != p["n"][cls]
+        d = _unit_credit(d, shorter | first)
+
+    # D_i from integers: c_end / n_end - c_g / n_g, zero exactly when its numerator is
+    length = mask.sum(dim=1)
+    end = cls[(length.cumsum(0) - 1).clamp_min(0)]  # each row's last real token (row-major)
+    g = batch.gid
+    num = p["c"][end] * p["n_g"][g] - p["c_g"][g] * p["n"][end]
+    D = num.to(torch.float64) / (p["n"][end] * p["n_g"][g]).to(torch.float64)
+    chosen = {"wrong": ~is_correct, "right": is_correct,
+              "all": torch.ones_like(is_correct)}[apply]
+    moved = chosen & (num != 0) & (length > 0)
+
+    scale = torch.where(moved, weight * seq * length / torch.where(moved, D, 1.0), 0.0)
+    keep = torch.where(moved, (1.0 - weight) * seq, seq)
+    out[mask] = keep[rows] + scale[rows] * d
+    return out.to(batch.rewards.dtype)
+
+
+prefix_value_advantages.takes_correct = True
