@@ -63,8 +63,7 @@ def slow_prefix_value_advantages(rewards, group, token_ids, mask, correct, *,
     """``[B, T]`` advantages: GRPO, with the prefix credit moved in for chosen responses."""
     ids, m = np.asarray(token_ids), np.asarray(mask).astype(bool)
     seqs = _real_tokens(ids, m)
-    _, credits = slow_prefix_values(ids, m, correct, group)
-    values, _ = slow_prefix_values(ids, m, correct, group)
+    values, credits = slow_prefix_values(ids, m, correct, group)
     seq_adv = slow_grpo(rewards, group)
     out = np.zeros(ids.shape)
     for i, seq in enumerate(seqs):
@@ -85,8 +84,9 @@ def slow_prefix_value_advantages(rewards, group, token_ids, mask, correct, *,
                 if unit == "word":
                     starts.append(t == 0 or bool(np.asarray(word_starts)[i, cols[t]]))
                 else:  # span: the number of responses sharing the prefix drops
-                    same = lambda k: sum(1 for j in members if seqs[j][:k] == seq[:k])  # noqa: E731
-                    starts.append(t == 0 or same(t + 1) != same(t))
+                    now = sum(1 for j in members if seqs[j][:t + 1] == seq[:t + 1])
+                    before = sum(1 for j in members if seqs[j][:t] == seq[:t])
+                    starts.append(t == 0 or now != before)
             spans, cur = [], []
             for t in range(L):
                 if starts[t] and cur:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from prefix_value_oracle import slow_prefix_value_advantages, slow_prefix_values
 
 import ktae
 from ktae.core import prefix_value
 from ktae.core.groups import group_index
-from prefix_value_oracle import slow_prefix_value_advantages, slow_prefix_values
 
 
 def random_groups(seed: int, *, vocab: int = 3, max_len: int = 6, holes: bool = False):
