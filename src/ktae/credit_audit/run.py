@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ktae.credit_audit.metrics import METRICS, OTHER, RIGHT, WRONG, response_metrics, summarise
+from ktae.viz.labels import span_labels  # noqa: F401  (read here by earlier callers)
 
 DEFAULT_PROMPTS = 200
 DEFAULT_SAMPLES = 8
@@ -125,36 +126,6 @@ def embedded_labels(group, tokenizer, question: str) -> list[str]:
         pieces = [p.text for p in token_pieces(tokenizer, ids)]
         out.append("".join(token_labels(label_response("".join(pieces), question), pieces)))
     return out
-
-
-def _spans(value, text: str, what: str, where: str) -> list[tuple[int, int]]:
-    if not isinstance(value, list):
-        raise ValueError(f"{where}: expected '{what}' spans as a list of [start, end] pairs")
-    spans = []
-    for span in value:
-        ok = (isinstance(span, list) and len(span) == 2
-              and all(isinstance(x, int) and not isinstance(x, bool) for x in span))
-        if not ok:
-            raise ValueError(f"{where}: expected '{what}' spans as [start, end] integer pairs, "
-                             f"got {span!r}")
-        start, end = span
-        if not 0 <= start < end <= len(text):
-            raise ValueError(f"{where}: '{what}' span [{start}, {end}] lies outside the "
-                             f"response's {len(text)} characters (expected 0 <= start < end "
-                             f"<= {len(text)})")
-        spans.append((start, end))
-    return spans
-
-
-def span_labels(text: str, wrong: list, checked: list | None, where: str) -> str:
-    """Per-character labels from user spans: wrong inside ``wrong``, right elsewhere in
-    ``checked`` (None: the whole text), not judged outside it."""
-    chars = ["r" if checked is None else "."] * len(text)
-    for start, end in (_spans(checked, text, "checked", where) if checked is not None else ()):
-        chars[start:end] = "r" * (end - start)
-    for start, end in _spans(wrong, text, "wrong", where):
-        chars[start:end] = "w" * (end - start)
-    return "".join(chars)
 
 
 # --------------------------------------------------------------------------- sources

@@ -208,7 +208,7 @@ def _span_labels(rec: dict, responses: list[str], where: str) -> list[str] | Non
     """Character labels from the optional ``wrong``/``checked`` spans of a record."""
     if "wrong" not in rec:
         return None
-    from ktae.credit_audit.run import span_labels
+    from ktae.viz.labels import span_labels
 
     wrong, checked = rec["wrong"], rec.get("checked")
     if not isinstance(wrong, list) or len(wrong) != len(responses):
@@ -282,11 +282,18 @@ def load_model(name: str):
     """``(model, tokenizer, path)``; ``"default"`` is the shipped tiny model."""
     from transformers import AutoModelForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
     path = str(default_tokenizer_path()) if name == DEFAULT_MODEL else name
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar between our own lines
     try:
         model = AutoModelForCausalLM.from_pretrained(path)
     except Exception as err:
         raise ValueError(f"model: cannot load a model from {name!r} ({err})") from err
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     tok = load_tokenizer(path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
