@@ -2,7 +2,8 @@
 
 Protocol: one JSON object per line on stdin, ``{"gold": str, "pred": str}`` (symbolic
 equivalence of two bare answers) or ``{"scorer": name, "gold": str, "pred": str}`` (a
-whole response checked by a scorer of :mod:`ktae.rewards.answer_line`, e.g. ``"dapo"``);
+whole response checked by a scorer of :mod:`ktae.rewards.answer_line` (e.g. ``"dapo"``)
+or :mod:`ktae.rewards.authors_grader` (``"ktae-authors"``);
 one JSON object per line on stdout, ``{"equal": bool}`` (scorers add ``"pred"``, the
 answer they read, or null) or ``{"error": str}``. The first line
 written is ``{"ready": true}``. The process exits on end of input, even in the middle of
@@ -84,15 +85,19 @@ def _limit_memory() -> None:
 
 
 def _answer_line_checks() -> dict:
-    """The scorers of ``answer_line.py`` (beside this file; standard library only)."""
+    """The scorers of ``answer_line.py`` and ``authors_grader.py`` (beside this file;
+    loaded by path, so that this process never imports the ktae package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).with_name("answer_line.py")
-    spec = importlib.util.spec_from_file_location("ktae_answer_line", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.CHECKS
+    checks = {}
+    for file in ("answer_line.py", "authors_grader.py"):
+        path = Path(__file__).with_name(file)
+        spec = importlib.util.spec_from_file_location(f"ktae_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        checks.update(module.CHECKS)
+    return checks
 
 
 def main() -> None:

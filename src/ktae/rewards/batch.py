@@ -13,7 +13,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ktae.rewards.extract import extract_boxed
-from ktae.rewards.verify import RewardResult, math_reward, reference_text, scorer_reward
+from ktae.rewards.verify import (
+    RewardResult,
+    math_reward,
+    reference_alternatives,
+    scorer_reward,
+)
 
 DEFAULT_MAX_WORKERS = 8
 
@@ -32,7 +37,7 @@ def _check_lists(completions, references) -> None:
     for i, (c, r) in enumerate(zip(completions, references, strict=True)):
         if not isinstance(c, str):
             raise ValueError(f"completions[{i}]: expected a string, got {type(c).__name__}")
-        reference_text(r, f"references[{i}]")
+        reference_alternatives(r, f"references[{i}]")
 
 
 def _num_workers(num_workers: int | None, n: int) -> int:
@@ -50,7 +55,7 @@ def batch_math_reward(completions: Sequence[str], references: Sequence, *,
 
     Args:
         completions: B model outputs.
-        references: B reference answers (strings or numbers).
+        references: B reference answers (strings or numbers; a list: any of them).
         timeout: hard limit in seconds per symbolic check.
         num_workers: parallel checks (threads, each with its own verifier process);
             default ``min(8, cpu_count, B)``.

@@ -43,6 +43,8 @@ def digit_credit(extracted: str | None, reference) -> float:
     """
     if extracted is None:
         return 0.0
+    if isinstance(reference, (list, tuple)):  # accepted alternatives: the closest one
+        return max((digit_credit(extracted, r) for r in reference), default=0.0)
     a, b = str(extracted).replace(" ", ""), str(reference).replace(" ", "")
     if not (_INTEGER.fullmatch(a) and _INTEGER.fullmatch(b)):
         return 0.0

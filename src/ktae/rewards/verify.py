@@ -3,8 +3,11 @@
 Equivalence of the extracted answer and the reference, in order:
 
 1. normalised exact match (:func:`ktae.rewards.extract.normalize_answer`), in process;
-2. plain decimal numbers on both sides are compared exactly as fractions, in process
-   (``7.0 == 7``; ``07 == 7``: leading zeros are formatting, as in AIME's ``007``);
+2. decimal numbers on both sides are compared exactly as fractions, in process
+   (``7.0 == 7``; ``07 == 7``: leading zeros are formatting, as in AIME's ``007``),
+   scientific notation included: ``1e-5 == 0.00001 == 10^{-5}``, ``3e8 == 3\\times10^{8}``,
+   ``2.5e3 == 2500`` (:func:`decimal_value`; math-verify reads ``1e-5`` as a product
+   with Euler's number, and compares powers of ten inexactly);
 3. otherwise math-verify (``parse`` + ``verify``: fractions, LaTeX expressions,
    sets/intervals, percentages, simple units) in a verifier process with a hard deadline
    (:mod:`ktae.rewards.pool`). A check that misses the deadline counts as incorrect and
@@ -32,6 +35,11 @@ MAX_SYMBOLIC_CHARS = 1000
 """Answers (extracted or reference) longer than this are compared by exact match only."""
 
 _PLAIN_NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)$")
+_MANTISSA = r"[-+]?(?:\d+\.?\d*|\.\d+)"
+_E_NOTATION = re.compile(rf"^({_MANTISSA})[eE]([-+]?\d+)$")
+_TIMES_TEN = re.compile(rf"^(?:({_MANTISSA})\\(?:times|cdot))?(-)?10\^(?:\{{([-+]?\d+)\}}|(\d))$")
+MAX_EXPONENT = 400
+"""Powers of ten beyond this are left to the symbolic stage (no huge exact fractions)."""
 
 _STATS_LOCK = threading.Lock()
 _STATS = {"calls": 0, "exact": 0, "symbolic": 0, "timeouts": 0, "errors": 0}
@@ -109,6 +117,27 @@ def reference_text(reference, name: str = "reference") -> str:
                          f"digits, got one of about {digits} digits") from None
 
 
+def reference_alternatives(reference, name: str = "reference") -> tuple[str, ...]:
+    """The accepted answers of a reference: one for a string or number; for a list or
+    tuple (Minerva's ``['0.01', '0.02']``), each of its entries, any of which is correct.
+
+    Raises:
+        ValueError: an empty list, a list inside a list (``[1, [2, 3]]``), or an entry
+            :func:`reference_text` refuses; the message names ``name`` and the entry.
+    """
+    if isinstance(reference, (list, tuple)):
+        if not reference:
+            raise ValueError(f"{name}: expected at least one accepted answer, got an empty list")
+        out = []
+        for j, item in enumerate(reference):
+            if isinstance(item, (list, tuple)):
+                raise ValueError(f"{name}: expected a list of accepted answers (strings or "
+                                 f"numbers), got a nested list at entry {j}: {item!r}"[:300])
+            out.append(reference_text(item, f"{name}[{j}]"))
+        return tuple(out)
+    return (reference_text(reference, name),)
+
+
 def _check_timeout(timeout) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
             or not math.isfinite(timeout) or timeout <= 0:
@@ -118,6 +147,32 @@ def _check_timeout(timeout) -> float:
 
 def _plain_number(s: str) -> Fraction | None:
     return Fraction(s) if len(s) <= 100 and _PLAIN_NUMBER.match(s) else None
+
+
+def decimal_value(s: str) -> Fraction | None:
+    """The exact value of a normalised answer written as a decimal number: plain
+    (``0.00001``), E notation (``1e-5``, ``2.5E3``) or a power of ten in LaTeX
+    (``3\\times10^{8}``, ``2\\cdot10^{-3}``, ``10^{-5}``, ``10^5``); None otherwise
+    (and for exponents beyond :data:`MAX_EXPONENT`)."""
+    if len(s) > 100:
+        return None
+    plain = _plain_number(s)
+    if plain is not None:
+        return plain
+    m = _E_NOTATION.match(s)
+    if m:
+        mantissa, exponent = Fraction(m.group(1)), int(m.group(2))
+    else:
+        m = _TIMES_TEN.match(s)
+        if not m:
+            return None
+        mantissa = Fraction(m.group(1)) if m.group(1) else Fraction(-1 if m.group(2) else 1)
+        if m.group(1) and m.group(2):
+            return None  # "3\\times-10^{2}" is not a way to write a number
+        exponent = int(m.group(3) if m.group(3) is not None else m.group(4))
+    if abs(exponent) > MAX_EXPONENT:
+        return None
+    return mantissa * Fraction(10) ** exponent
 
 
 def answers_equivalent(answer: str, reference: str, *, timeout: float = 5.0) -> tuple[bool, bool]:
@@ -140,7 +195,7 @@ def answers_equivalent(answer: str, reference: str, *, timeout: float = 5.0) -> 
     if a == r:
         _count("exact")
         return True, False
-    na, nr = _plain_number(a), _plain_number(r)
+    na, nr = decimal_value(a), decimal_value(r)
     if na is not None and nr is not None:
         _count("exact")
         return na == nr, False
@@ -167,7 +222,8 @@ def math_reward(completion: str, reference, *, timeout: float = 5.0) -> RewardRe
     Args:
         completion: model output; its final answer is the last ``\\boxed{...}`` or
             ``\\fbox{...}`` (:func:`ktae.rewards.extract_boxed`), nothing else.
-        reference: the ground-truth answer, bare (``"\\frac{1}{2}"``) or a number.
+        reference: the ground-truth answer, bare (``"\\frac{1}{2}"``) or a number; a list
+            of them means any of these (:func:`reference_alternatives`).
         timeout: hard limit in seconds on the symbolic check; safe from any thread and
             inside multiprocessing workers.
 
@@ -179,25 +235,43 @@ def math_reward(completion: str, reference, *, timeout: float = 5.0) -> RewardRe
     """
     if not isinstance(completion, str):
         raise ValueError(f"completion: expected a string, got {type(completion).__name__}")
-    ref = reference_text(reference)
+    refs = reference_alternatives(reference)
     timeout = _check_timeout(timeout)
     _count("calls")
     extracted = extract_boxed(_clean(completion))
     if extracted is None or not extracted.strip():
         return RewardResult(0.0, False, False, extracted, False)
-    correct, timed_out = answers_equivalent(extracted, ref, timeout=timeout)
+    correct, timed_out = _any_equivalent(extracted, refs, timeout)
     return RewardResult(1.0 if correct else 0.0, correct, True, extracted, timed_out)
 
 
-SCORER_VALUES = {"dapo": (1.0, -1.0), "gsm8k": (1.0, 0.0)}
+def _any_equivalent(answer: str, refs: tuple[str, ...], timeout: float) -> tuple[bool, bool]:
+    """Whether ``answer`` equals one of ``refs``; timed out when none did and one timed
+    out. The cheap in-process stages see every alternative before any symbolic check."""
+    timed_out = False
+    for ref in sorted(refs, key=lambda r: normalize_answer(r) != normalize_answer(answer)):
+        equal, late = answers_equivalent(answer, ref, timeout=timeout)
+        if equal:
+            return True, False
+        timed_out = timed_out or late
+    return False, timed_out
+
+
+SCORER_VALUES = {"dapo": (1.0, -1.0), "gsm8k": (1.0, 0.0), "ktae-authors": (1.0, 0.0)}
 """Scorer of :mod:`ktae.rewards.answer_line` -> (score if correct, score if not), as verl
-gives them (``math_dapo``: +1 / -1; ``gsm8k``: 1 / 0)."""
+gives them (``math_dapo``: +1 / -1; ``gsm8k``: 1 / 0); ``ktae-authors``:
+:mod:`ktae.rewards.authors_grader` (1 / 0)."""
+WHOLE_RESPONSE_SCORERS = frozenset({"ktae-authors"})
+"""Scorers that read the whole response (the others read its last ``ANSWER_CLIP``
+characters, as verl's do)."""
 
 
 def scorer_reward(completion: str, reference, *, scorer: str, timeout: float = 5.0
                   ) -> RewardResult:
     """Score a completion with a scorer of :mod:`ktae.rewards.answer_line` (``"dapo"``:
-    the last ``Answer:`` line; ``"gsm8k"``: the last ``#### N``).
+    the last ``Answer:`` line; ``"gsm8k"``: the last ``#### N``) or the KTAE authors'
+    grader (``"ktae-authors"``, :mod:`ktae.rewards.authors_grader`). A list reference is
+    correct when any of its entries is.
 
     The check runs in a verifier process under the same hard deadline as the symbolic
     stage of :func:`math_reward` (a missed deadline counts as incorrect and as a timeout).
@@ -211,22 +285,28 @@ def scorer_reward(completion: str, reference, *, scorer: str, timeout: float = 5
         raise ValueError(f"scorer: expected one of {tuple(SCORER_VALUES)}, got {scorer!r}")
     from ktae.rewards.answer_line import ANSWER_CLIP
 
-    ref = reference_text(reference)
+    refs = reference_alternatives(reference)
     timeout = _check_timeout(timeout)
     right, wrong = SCORER_VALUES[scorer]
+    text = _clean(completion)
+    if scorer not in WHOLE_RESPONSE_SCORERS:
+        text = text[-ANSWER_CLIP:]
     _count("calls")
-    _count("symbolic")
-    try:
-        reply = get_pool().run({"scorer": scorer, "gold": ref,
-                                "pred": _clean(completion)[-ANSWER_CLIP:]}, timeout)
-    except VerifierTimeout:
-        _count("timeouts")
-        return RewardResult(wrong, False, False, None, True)
-    except WorkerError:
-        _count("errors")
-        return RewardResult(wrong, False, False, None, False)
-    if "error" in reply:
-        _count("errors")
-    correct = bool(reply.get("equal", False))
-    pred = reply.get("pred")
-    return RewardResult(right if correct else wrong, correct, pred is not None, pred, False)
+    pred, timed_out = None, False
+    for ref in refs:  # a list reference: any accepted answer
+        _count("symbolic")
+        try:
+            reply = get_pool().run({"scorer": scorer, "gold": ref, "pred": text}, timeout)
+        except VerifierTimeout:
+            _count("timeouts")
+            timed_out = True
+            continue
+        except WorkerError:
+            _count("errors")
+            continue
+        if "error" in reply:
+            _count("errors")
+        pred = reply.get("pred", pred)
+        if reply.get("equal", False):
+            return RewardResult(right, True, True, pred, False)
+    return RewardResult(wrong, False, pred is not None, pred, timed_out)
