@@ -13,8 +13,11 @@ Schemas recognised (first match wins, field by field; a field map overrides any 
 * **question / answer**: the problem is the first column among ``problem``, ``question``,
   ``prompt``; the answer the first among ``answer``, ``final_answer``, ``ground_truth``.
 
-Answers become text (:func:`answer_text`: numbers without a spurious ``.0``, lists
-joined by ``", "``, surrounding whitespace and ``$`` removed). Filters keep the rows whose
+Answers become text (:func:`answer_text`: numbers without a spurious ``.0``,
+surrounding whitespace and ``$`` removed). A list answer is a list of accepted
+alternatives (the KTAE evaluation suite's Minerva: ``['0.01', '0.02']``): it becomes a
+tuple of texts, any of which the rewards accept (a one-entry list is its entry; a list
+inside a list is an error naming the row). Filters keep the rows whose
 column takes one of the given values (compared as text). Every error is one line that
 names the file and row.
 """
@@ -51,7 +54,8 @@ class Example:
 
     id: str
     problem: str
-    answer: str
+    answer: str | tuple[str, ...]
+    """A tuple: accepted alternatives, any of which is correct."""
     messages: list | None = None
     data_source: str | None = None
 
@@ -63,9 +67,15 @@ def _strip_dollars(s: str) -> str:
     return s
 
 
-def answer_text(value) -> str:
-    """A reference answer as text: numbers without a spurious ``.0``, lists joined by
-    ``", "`` (OlympiadBench's ``final_answer``), surrounding whitespace and ``$`` removed."""
+def answer_text(value) -> str | tuple[str, ...]:
+    """A reference answer as text: numbers without a spurious ``.0``, surrounding
+    whitespace and ``$`` removed. A list holds accepted alternatives and gives a tuple of
+    their texts (one entry: that entry's text, e.g. OlympiadBench's ``final_answer``).
+
+    Raises:
+        ValueError: null, a boolean, a non-finite number, an empty list or a list inside
+            a list (``[1, [2, 3]]``: which entries would be alternatives is unclear).
+    """
     if value is None:
         raise ValueError("answer: expected a string, number or list, got null")
     if isinstance(value, bool):
@@ -77,7 +87,14 @@ def answer_text(value) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, (list, tuple)):
-        return ", ".join(answer_text(v) for v in value)
+        if not value:
+            raise ValueError("answer: expected at least one accepted answer, got []")
+        nested = next((v for v in value if isinstance(v, (list, tuple))), None)
+        if nested is not None:
+            raise ValueError(f"answer: expected a list of accepted answers (strings or "
+                             f"numbers), got a list inside a list: {list(value)!r}"[:300])
+        texts = tuple(dict.fromkeys(answer_text(v) for v in value))
+        return texts[0] if len(texts) == 1 else texts
     if isinstance(value, str):
         return _strip_dollars(value)
     raise ValueError(f"answer: expected a string, number or list, got {type(value).__name__}")
@@ -258,12 +275,16 @@ def to_examples(rows: Rows, fields: Mapping[str, str | None], *,
         else:
             raise ValueError(f"{rows.where(i)}: expected a non-empty problem, got "
                              f"{value!r}"[:300])
+        if answers is not None and answers[i] is None and rows.absent(fields["answer"], i) \
+                and all(rows.absent(c, i) for c in fallbacks.get("answer", ())):
+            raise ValueError(f"{rows.where(i)}: answer: the row has no key "
+                             f"{fields['answer']!r} (other rows have it)")
         try:
             answer = parse_answer(answers[i]) if answers is not None else \
                 boxed_answer(solutions[i])
         except ValueError as e:
             raise ValueError(f"{rows.where(i)}: {e}") from None
-        if not answer.strip():
+        if not all(a.strip() for a in ((answer,) if isinstance(answer, str) else answer)):
             raise ValueError(f"{rows.where(i)}: answer: expected a non-empty answer, got "
                              f"{answers[i] if answers is not None else solutions[i]!r}")
         source = sources[i] if sources is not None else None

@@ -18,6 +18,7 @@ line that starts with the file (and the line or row, where there is one).
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -103,10 +104,12 @@ class Rows:
 
     def __init__(self, origin: str, columns: Sequence[str], n: int, *, get: Getter,
                  fields: Callable[[str], Sequence[str]], where: Callable[[int], str],
-                 rows: Sequence[int] | None = None):
+                 rows: Sequence[int] | None = None,
+                 absent: Callable[[str, int], bool] | None = None):
         self.origin = origin
         self.columns = tuple(columns)
         self._get, self._fields, self._where = get, fields, where
+        self._absent = absent
         self._rows = None if rows is None else list(rows)
         self._n = n if rows is None else len(self._rows)
         self._cache: dict[str, list] = {}
@@ -132,6 +135,13 @@ class Rows:
     def where(self, i: int) -> str:
         return self._where(i if self._rows is None else self._rows[i])
 
+    def absent(self, name: str, i: int) -> bool:
+        """Whether row ``i`` lacks ``name`` altogether (a JSON record without the key), as
+        opposed to holding null; tables with a fixed schema never lack a column."""
+        if self._absent is None:
+            return False
+        return self._absent(name, i if self._rows is None else self._rows[i])
+
     def dicts(self) -> list[dict]:
         """Every row as a dict of all its columns, for readers that parse whole rows."""
         columns = {c: self.column(c) for c in self.columns}
@@ -145,7 +155,7 @@ class Rows:
             raise ValueError("indices: expected increasing row positions")
         rows = indices if self._rows is None else [self._rows[i] for i in indices]
         return Rows(self.origin, self.columns, len(rows), get=self._get, fields=self._fields,
-                    where=self._where, rows=rows)
+                    where=self._where, rows=rows, absent=self._absent)
 
 
 # ----------------------------------------------------------------------------- JSON
@@ -170,13 +180,49 @@ def _json_get(records: list[dict]) -> Getter:
     return get
 
 
+def _json_absent(records: list[dict]) -> Callable[[str, int], bool]:
+    def absent(name: str, i: int) -> bool:
+        top, _, sub = name.partition(".")
+        rec = records[i]
+        if top not in rec:
+            return True
+        return bool(sub) and isinstance(rec[top], dict) and sub not in rec[top]
+
+    return absent
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """``object_pairs_hook`` of json.loads: a key given twice in one object is an error
+    (json keeps the last silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _missing_file(path: Path) -> ValueError:
+    if path.is_dir():
+        return ValueError(f"{path}: is a directory, expected a file (a directory saved "
+                          "with save_to_disk is read as disk:PATH)")
+    return ValueError(f"{path}: no such file")
+
+
 def read_json(path: str | Path) -> Rows:
     """Rows of a ``.jsonl`` file (one object per line; blank lines skipped) or a ``.json``
-    file (a list of objects, or one object per line)."""
+    file (a list of objects, or one object per line). UTF-8, with or without a byte-order
+    mark; a key given twice in one object is an error."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+        raise _missing_file(path)
     raw = path.read_bytes()
+    if raw.startswith(codecs.BOM_UTF8):  # written by some Windows tools
+        raw = raw[len(codecs.BOM_UTF8):]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -185,7 +231,10 @@ def read_json(path: str | Path) -> Rows:
     del raw
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
-            records = json.loads(text)
+            records = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        except _DuplicateKey as e:
+            raise ValueError(f"{path}: key {e.args[0]!r} appears twice in one object") \
+                from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}, line {e.lineno}: invalid JSON ({e.msg})") from None
         numbers = list(range(len(records)))
@@ -196,7 +245,10 @@ def read_json(path: str | Path) -> Rows:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                records.append(json.loads(line, object_pairs_hook=_no_duplicate_keys))
+            except _DuplicateKey as e:
+                raise ValueError(f"{path}, line {number}: key {e.args[0]!r} appears twice") \
+                    from None
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}, line {number}: invalid JSON ({e.msg}, column "
                                  f"{e.colno})") from None
@@ -207,16 +259,28 @@ def read_json(path: str | Path) -> Rows:
                              f"got {type(rec).__name__}")
     columns = list(dict.fromkeys(k for r in records for k in r))
     return Rows(str(path), columns, len(records), get=_json_get(records),
-                fields=_json_fields(records), where=lambda i: f"{path}, {unit} {numbers[i]}")
+                fields=_json_fields(records), where=lambda i: f"{path}, {unit} {numbers[i]}",
+                absent=_json_absent(records))
 
 
 # ----------------------------------------------------------------------------- Arrow
+
+
+def _check_unique_columns(names: Sequence[str], origin: str) -> None:
+    """A column name given twice would be read from its first column only: refuse it."""
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{origin}: column {name!r} appears twice; rename one")
+        seen.add(name)
 
 
 def arrow_rows(table, origin: str, *, unit: str = "row") -> Rows:
     """Rows over a ``pyarrow.Table``; columns become Python lists only when asked for."""
     import pyarrow as pa
     import pyarrow.compute as pc
+
+    _check_unique_columns(table.column_names, origin)
 
     def fields(top: str) -> Sequence[str]:
         typ = table.schema.field(top).type
@@ -243,12 +307,13 @@ def read_parquet(path: str | Path) -> Rows:
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+        raise _missing_file(path)
     try:
         file = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f"{path}: not a Parquet file ({_first_line(e)})") from None
     schema = file.schema_arrow
+    _check_unique_columns(schema.names, str(path))
     origin = str(path)
 
     def fields(top: str) -> Sequence[str]:

@@ -158,6 +158,9 @@ def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "bo
             if with_source:
                 row["data_source"] = e.data_source
             out.append(row)
+        if any(isinstance(r["answer"], tuple) for r in out):  # alternatives: one Arrow type
+            for r in out:
+                r["answer"] = list(r["answer"]) if isinstance(r["answer"], tuple) else [r["answer"]]
         return out
 
     return fmt_external(rows.train), fmt_external(rows.eval)
