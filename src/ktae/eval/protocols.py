@@ -8,11 +8,16 @@ the preset (``--template``, ``--temperature``, ``--top-p``, ``--max-new-tokens``
 * ``ktae``: the KTAE authors' released evaluation (``eval/run_eval.sh`` and
   ``eval_baseline.py`` of their repository): the ``qwen-math-system`` template (the
   Qwen-Math instruction as the system message of a ChatML prompt), greedy decoding,
-  8,000 new tokens, one sample per problem.
+  8,000 new tokens, one sample per problem, graded by their grader (``ktae-authors``,
+  :mod:`ktae.eval.graders`).
 * ``taco``: the TACO paper, Appendix A: temperature 0.7, top-p 0.9, 16,384 new tokens;
   avg@32 on AIME24, AIME25 and AMC23, avg@4 on MATH-500, Minerva and OlympiadBench,
-  avg@16 on MMLU-Pro and GPQA-Diamond. The paper names no prompt; the preset uses the same
-  ``qwen-math-system`` template. The KTAE evaluation suite's splits (``--data-dir`` of
+  avg@16 on MMLU-Pro and GPQA-Diamond; the prompt it quotes ("Please reason step by step,
+  and put your final answer within \\boxed{}") after the problem as the user message
+  (``auto``: through the tokenizer's chat template when it has one, else ``qwen-math``);
+  graded by normalised exact match or numerical equality (``taco``); AIME from the hub
+  sets it cites, ``math-ai/aime24`` and ``math-ai/aime25`` (:attr:`Protocol.hub_sources`,
+  used when the benchmarks come from the hub). The KTAE evaluation suite's splits (``--data-dir`` of
   its saved DatasetDict) are keyed by the names they are reported under: ``aime24``,
   ``amc22-23`` (AMC 2022 and 2023, avg@32 as AMC), ``math500``, ``minerva``,
   ``olympiadbench``. Benchmarks it does not list get one sample.
@@ -41,6 +46,10 @@ class Protocol:
     """Samples per benchmark; benchmarks not listed get :attr:`default_k`."""
     default_k: int = 1
     source: str = ""
+    grader: str = "default"
+    """The grader of :mod:`ktae.eval.graders` the paper's numbers were graded with."""
+    hub_sources: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Benchmark -> (hub dataset, split) replacing ktae's default hub source."""
 
     def k_for(self, benchmark: str) -> int:
         return self.k.get(benchmark, self.default_k)
@@ -48,20 +57,24 @@ class Protocol:
     def as_dict(self) -> dict:
         return {"name": self.name, "template": self.template, "temperature": self.temperature,
                 "top_p": self.top_p, "max_new_tokens": self.max_new_tokens, "k": dict(self.k),
-                "default_k": self.default_k, "source": self.source}
+                "default_k": self.default_k, "source": self.source, "grader": self.grader,
+                "hub_sources": {b: list(v) for b, v in self.hub_sources.items()}}
 
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("ktae", template="qwen-math-system", temperature=0.0, top_p=1.0,
              max_new_tokens=8000, k={}, default_k=1,
-             source="the KTAE authors' eval/run_eval.sh and eval_baseline.py"),
-    Protocol("taco", template="qwen-math-system", temperature=0.7, top_p=0.9,
+             source="the KTAE authors' eval/run_eval.sh and eval_baseline.py",
+             grader="ktae-authors"),
+    Protocol("taco", template="auto", temperature=0.7, top_p=0.9,
              max_new_tokens=16384,
              # amc22-23: the AMC split of the KTAE evaluation suite (AMC 2022 and 2023,
              # ktae.eval.benchmarks.SAVED_SPLIT_NAMES), sampled as the paper samples AMC
              k={"aime24": 32, "aime25": 32, "amc23": 32, "amc22-23": 32, "math500": 4,
                 "minerva": 4, "olympiadbench": 4, "mmlu_pro": 16, "gpqa_diamond": 16},
-             default_k=1, source="TACO paper, Appendix A"),
+             default_k=1, source="TACO paper, Appendix A", grader="taco",
+             hub_sources={"aime24": ("math-ai/aime24", "test"),
+                          "aime25": ("math-ai/aime25", "test")}),
 )}
 
 
@@ -116,6 +129,7 @@ class Settings:
     k: dict[str, int]
     sources: dict[str, str | None]
     protocol: Protocol | None = None
+    grader: str = "default"
 
     def describe(self) -> str:
         """One console line, e.g. ``decoding: temperature 0.7, top-p 0.9 (protocol taco);
@@ -133,13 +147,14 @@ class Settings:
         ks = ", ".join(f"{b}={n}" for b, n in self.k.items())
         head = f"protocol {self.protocol.name} ({self.protocol.source})\n" \
             if self.protocol else ""
-        return f"{head}decoding: {temp}, {top_p}; k {ks} ({src('k')})"
+        return (f"{head}decoding: {temp}, {top_p}; k {ks} ({src('k')}); "
+                f"grader {self.grader} ({src('grader')})")
 
 
 def resolve_settings(benchmarks: Sequence[str], *, protocol: str | None = None,
                      template: str | None = None, temperature: float | None = None,
                      top_p: float | None = None, max_new_tokens: int | None = None,
-                     k: str | int | None = None) -> Settings:
+                     k: str | int | None = None, grader: str | None = None) -> Settings:
     """Explicit values (not None) first, then the protocol's, then None (left to the
     model's ``ktae_generation.json`` and the defaults: top-p 1, k = 1).
 
@@ -164,6 +179,7 @@ def resolve_settings(benchmarks: Sequence[str], *, protocol: str | None = None,
     temp = pick("temperature", temperature, proto.temperature if proto else None)
     p = pick("top_p", top_p, proto.top_p if proto else None)
     n = pick("max_new_tokens", max_new_tokens, proto.max_new_tokens if proto else None)
+    g = pick("grader", grader, proto.grader if proto else None) or "default"
     if isinstance(k, int) and not isinstance(k, bool):
         default, per = (_positive(str(k), "--k"), {})
     elif k is None:
@@ -185,4 +201,4 @@ def resolve_settings(benchmarks: Sequence[str], *, protocol: str | None = None,
         k_sources.add(src)
     sources["k"] = " and ".join(sorted(s for s in k_sources if s)) or None
     return Settings(template=t, temperature=temp, top_p=1.0 if p is None else p,
-                    max_new_tokens=n, k=ks, sources=sources, protocol=proto)
+                    max_new_tokens=n, k=ks, sources=sources, protocol=proto, grader=g)
