@@ -37,17 +37,20 @@ Words. The core has no tokenizer, so ``unit="word"`` needs ``word_starts`` ``[B,
 bool, True on each token that begins a word (a caller with a tokenizer sets it on tokens
 whose text starts with whitespace); the first real token of a response always begins one.
 
-Computation: one vectorised pass, no Python loop over groups, responses or positions.
-Each prefix gets a 62-bit key from two polynomial rolling hashes (prime moduli
-``2**31 - 1`` and ``2147483629``, cumulative sums of ``(id + 1) * p**t``) combined with the
-group id; one ``torch.unique`` over the real tokens' keys gives the prefix classes, their
-sizes ``n`` and (by ``index_add``) their correct counts ``c``. Hashing is exact in effect,
-not only with high probability: a class is genuine when all its members have the same
-token and the same previous class (the group's root for the first token), which by
-induction over the prefix length means the same group, length and prefix. That is checked
-on every call (four ``scatter_reduce``); on a collision the keys are recomputed with other
-bases, and a collision under every base raises (never observed: a collision needs two
-different prefixes equal under both moduli).
+Computation: one vectorised pass over the real tokens, no Python loop over groups,
+responses or positions. Each prefix gets a 62-bit key: two polynomial rolling hashes,
+``sum_s (id_s + salt + 1) * base**s`` (a cumulative sum over the flattened real tokens,
+minus the sum before the response) modulo the primes ``2**31 - 1`` and ``2**31 - 19``
+(reduced with shifts, no division), each offset by a multiple of the group id, side by
+side (ids of 31 bits or more are first replaced by a residue). One ``torch.unique`` over
+the keys gives the prefix classes and their sizes ``n``; an ``index_add`` their correct
+counts ``c``. The result is exact, not only exact with high probability: a class is
+genuine when all its members have the same token and the same previous class (the
+group's root for the first token), which by induction over the prefix length means the
+same group, length and prefix. That is checked on every call (four ``scatter_reduce``);
+on a collision the keys are recomputed with other bases and salts, and a collision under
+every attempt raises (never observed: it needs two prefixes equal modulo both primes
+three times over).
 
 References: "prefix value" is the Monte-Carlo value of a partial response estimated from
 the group's own samples, as in VinePPO (Kazemnejad et al. 2024) and tree-structured
@@ -67,56 +70,86 @@ from ktae.core.policy_loss import check_number
 APPLY = ("wrong", "all", "right")
 UNITS = ("token", "word", "span")
 
-_MODULI = (2**31 - 1, 2147483629)
-#: (base for modulus 1, base for modulus 2, group multiplier) per attempt.
-_BASES = ((1_000_003, 911_382_323, 972_663_749), (257_189_531, 482_711, 1_548_263_029),
-          (69_069, 1_103_515_245 % 2147483629, 16_807))
+#: Two prime moduli ``2**31 - c``, reduced with shifts and small products (no division).
+_MODULI_C = (1, 19)
+_LOW31 = 2**31 - 1
+#: Per attempt, per modulus: (base, token salt, group multiplier).
+_BASES = (
+    ((1_000_003, 17, 972_663_749), (911_382_323, 29, 1_548_263_029)),
+    ((257_189_531, 1_013, 16_807), (482_711, 7_919, 1_103_515_245)),
+    ((69_069, 104_729, 2_147_483_582), (1_664_525, 15_485_863, 39_916_801)),
+)
+
+_LARGE_ID_SALTS = (0x2545F4914F6CDD1D, 0x1B873593CC9E2D51, 0x27D4EB2F165667C5)
 
 
-def _powers(base: int, modulus: int, n: int, device: torch.device) -> torch.Tensor:
-    """``base**k mod modulus`` for ``k < n`` by doubling (log2(n) steps), int64."""
+def _mod(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x mod (2**31 - c)`` for int64 ``0 <= x < 2**63``, ``c <= 19``: two folds of
+    ``x = hi * 2**31 + lo = hi * c + lo`` and one conditional subtraction."""
+    m = 2**31 - c
+    x = (x & _LOW31) + (x >> 31) * c
+    x = (x & _LOW31) + (x >> 31) * c
+    return torch.where(x >= m, x - m, x)
+
+
+def _powers(base: int, c: int, n: int, device: torch.device) -> torch.Tensor:
+    """``base**k mod (2**31 - c)`` for ``k < n`` by doubling (log2(n) steps), int64."""
+    m = 2**31 - c
     pw = torch.ones(1, dtype=torch.long, device=device)
-    step = base % modulus
+    step = base % m
     while pw.numel() < n:
-        pw = torch.cat([pw, pw * step % modulus])
-        step = step * step % modulus
+        pw = torch.cat([pw, _mod(pw * step, c)])
+        step = step * step % m
     return pw[:n]
 
 
-def _prefix_keys(token_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-                 gid: torch.Tensor, bases: tuple[int, int, int]) -> torch.Tensor:
-    """``[B, T]`` int64 key of each real token's prefix (group id mixed in); < 2**62."""
-    T = token_ids.shape[1]
+def _prefix_keys(tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
+                 start: torch.Tensor, gid: torch.Tensor, T: int, attempt) -> torch.Tensor:
+    """``[N]`` int64 key (< 2**62) of each real token's prefix, from its token (``< 2**31 -
+    19``), its count ``pos`` in the response and its row; ``start[B]`` is the flat index of
+    each response's first real token. The key is ``mult * (group + 1) + sum_{s <= pos}
+    (id_s + salt + 1) * base**s`` modulo each prime, the two residues side by side."""
     keys = []
-    for modulus, base in zip(_MODULI, bases[:2], strict=True):
-        pw = _powers(base, modulus, T, token_ids.device)
-        terms = (token_ids % (modulus - 1) + 1) * pw[pos.clamp_min(0)] % modulus
-        h = torch.where(mask, terms, 0).cumsum(dim=1) % modulus  # T * 2**31 fits in int64
-        keys.append((h + (gid[:, None] + 1) * bases[2]) % modulus)
-    return keys[0] * _MODULI[1] + keys[1]
+    for c, (base, salt, mult) in zip(_MODULI_C, attempt, strict=True):
+        pw = _powers(base, c, T, tokens.device)
+        terms = _mod((tokens + (salt + 1)) * pw[pos], c)
+        total = torch.cat([terms.new_zeros(1), terms.cumsum(0)])  # N * 2**31 fits in int64
+        offset = _mod((gid + 1) * mult, c) - total[start]  # [B]; total[1:] + offset >= 0
+        keys.append(_mod(total[1:] + offset[rows], c))
+    return (keys[0] << 31) | keys[1]
 
 
 def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
                    num_groups: int):
     """Prefix classes of the real tokens, in row-major order of ``mask``.
 
-    Returns ``(rows, pos, cls, prev, count)``: for each real token its row and token
-    count ``t`` (``[N]``), its prefix class (``[N]`` in ``0..U-1``), the class of the prefix
-    one token shorter (``U + group`` for ``t = 0``: the group's root), and each class's
-    number of responses (``[U]``).
+    Returns ``(flat, rows, pos, cls, prev, count)``: for each real token its flat index in
+    ``[B * T]``, its row and its count ``t`` in the response (``[N]``), its prefix class
+    (``[N]`` in ``0..U-1``), the class of the prefix one token shorter (``U + group`` for
+    ``t = 0``: the group's root), and each class's number of responses (``[U]``).
     """
-    pos = mask.long().cumsum(dim=1) - 1
-    rows = mask.nonzero()[:, 0]
-    tokens = token_ids[mask]
-    pos_flat = pos[mask]
-    first = pos_flat == 0
-    for bases in _BASES:
-        key = _prefix_keys(token_ids, mask, pos, gid, bases)[mask]
+    T = mask.shape[1]
+    rows, cols = mask.nonzero().unbind(1)
+    flat = rows * T + cols
+    length = mask.sum(dim=1)
+    start = length.cumsum(0) - length
+    row_start = start[rows]
+    pos = torch.arange(rows.numel(), device=rows.device) - row_start
+    tokens = token_ids.flatten()[flat]
+    if tokens.numel() and bool(tokens.min() < 0):
+        raise ValueError("token_ids: expected non-negative ids on real tokens")
+    large = tokens.numel() and bool(tokens.max() >= 2**31 - max(_MODULI_C))
+    group = gid[rows]
+    first = pos == 0
+    for i, attempt in enumerate(_BASES):
+        # ids beyond 31 bits: a residue of the id scrambled differently at each attempt
+        hashed = _mod(tokens ^ _LARGE_ID_SALTS[i], max(_MODULI_C)) if large else tokens
+        key = _prefix_keys(hashed, pos, rows, start, gid, T, attempt)
         _, cls, count = torch.unique(key, return_inverse=True, return_counts=True)
         U = count.numel()
-        prev = torch.where(first, U + gid[rows], torch.roll(cls, 1))
+        prev = torch.where(first, U + group, torch.roll(cls, 1))
         if _classes_are_exact(cls, U, tokens, prev):
-            return rows, pos_flat, cls, prev, count
+            return flat, rows, pos, cls, prev, count
     raise RuntimeError("prefix-value: prefix hash collision under every base; please report "
                        "this batch")
 
@@ -139,7 +172,7 @@ def _prefix_credit(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.T
     """Per real token (row-major order of ``mask``): ``rows``, ``pos``, ``cls``, ``prev``
     (:func:`prefix_classes`), ``v`` = ``V_i(t)`` and ``d`` = ``V_i(t) - V_i(t-1)``
     (float64); per class ``n`` and ``c``; per group ``n_g`` and ``c_g`` (int64)."""
-    rows, pos, cls, prev, count = prefix_classes(token_ids, mask, gid, num_groups)
+    flat, rows, pos, cls, prev, count = prefix_classes(token_ids, mask, gid, num_groups)
     ok = correct.to(torch.long)
     right = torch.zeros_like(count).index_add_(0, cls, ok[rows])
     n_g = torch.zeros(num_groups, dtype=torch.long, device=mask.device).index_add_(
@@ -149,7 +182,7 @@ def _prefix_credit(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.T
     table = (torch.cat([right, c_g]).to(torch.float64)
              / torch.cat([count, n_g.clamp_min(1)]).to(torch.float64))
     v = table[cls]
-    return dict(rows=rows, pos=pos, cls=cls, prev=prev, v=v, d=v - table[prev], n=count,
+    return dict(flat=flat, rows=rows, pos=pos, cls=cls, prev=prev, v=v, d=v - table[prev], n=count,
                 c=right, n_g=n_g, c_g=c_g)
 
 
@@ -162,11 +195,11 @@ def prefix_values(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Te
         gid, num_groups: dense group ids ``[B]`` and their number.
     """
     p = _prefix_credit(token_ids, mask, correct, gid, num_groups)
-    values = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device)
+    values = torch.zeros(mask.numel(), dtype=torch.float64, device=mask.device)
     credit = torch.zeros_like(values)
-    values[mask] = p["v"]
-    credit[mask] = p["d"]
-    return values, credit
+    values[p["flat"]] = p["v"]
+    credit[p["flat"]] = p["d"]
+    return values.view(mask.shape), credit.view(mask.shape)
 
 
 def _unit_credit(d: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
@@ -231,7 +264,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     rows, pos, cls, d = p["rows"], p["pos"], p["cls"], p["d"]
     first = pos == 0
     if unit == "word":
-        d = _unit_credit(d, word_starts[mask] | first)
+        d = _unit_credit(d, word_starts.flatten()[p["flat"]] | first)
     elif unit == "span":
         shorter = torch.cat([p["n"], p["n_g"]])[p["prev"]] != p["n"][cls]
         d = _unit_credit(d, shorter | first)
@@ -248,7 +281,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
 
     scale = torch.where(moved, weight * seq * length / torch.where(moved, D, 1.0), 0.0)
     keep = torch.where(moved, (1.0 - weight) * seq, seq)
-    out[mask] = keep[rows] + scale[rows] * d
+    out.view(-1)[p["flat"]] = keep[rows] + scale[rows] * d
     return out.to(batch.rewards.dtype)
 
 
