@@ -22,6 +22,7 @@ from pathlib import Path
 from ktae.eval.benchmarks import BENCHMARK_NAMES
 from ktae.eval.choice import CHOICE_BENCHMARKS
 from ktae.eval.defaults import GENERATION_FILE
+from ktae.eval.graders import GRADERS
 from ktae.eval.prompts import TEMPLATES
 from ktae.eval.protocols import PROTOCOLS
 
@@ -29,9 +30,9 @@ ALL_NAMES = (*BENCHMARK_NAMES, *CHOICE_BENCHMARKS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL",
+    parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
                         help="model directory or hub id (with --checkpoints: a ktae train "
-                             "run directory)")
+                             "run directory; none with --responses)")
     parser.add_argument("--benchmarks", default=None,
                         help=f"comma-separated names among {', '.join(ALL_NAMES)} "
                              "(default: embedded; with a --data-dir saved by save_to_disk as a "
@@ -41,6 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "8000 new tokens, k=1) or taco (temperature 0.7, top-p 0.9, "
                              "16384 new tokens, avg@32/4/16 per benchmark); explicit "
                              "flags override it")
+    parser.add_argument("--grader", choices=tuple(GRADERS), default=None,
+                        help="math grader: default (ktae's verifier), ktae-authors (the KTAE "
+                             "authors' evaluation grader) or taco (normalised exact match or "
+                             "numerical equality); default: the protocol's, else default")
+    parser.add_argument("--responses", default=None, metavar="FILE",
+                        help="grade responses already generated, without a model: a ktae "
+                             "samples_*.jsonl (or an output directory of them), or JSON/JSONL "
+                             "records with a benchmark, a reference and a response (the KTAE "
+                             "authors' eval_result files)")
     parser.add_argument("--k", default=None,
                         help="samples per problem: an integer for every benchmark, or "
                              "name=k entries (aime24=32,math500=4; a bare integer among "
@@ -152,7 +162,8 @@ def _settings(args: argparse.Namespace, names: list[str], model_path: str):
 
     settings = resolve_settings(names, protocol=args.protocol, template=args.template,
                                 temperature=args.temperature, top_p=args.top_p,
-                                max_new_tokens=args.max_new_tokens, k=args.k)
+                                max_new_tokens=args.max_new_tokens, k=args.k,
+                                grader=args.grader)
     choice = resolve_generation(model_path, template=settings.template,
                                 max_new_tokens=settings.max_new_tokens)
     for field in ("template", "max_new_tokens"):
@@ -180,6 +191,10 @@ def _run(args: argparse.Namespace, console) -> int:
     from ktae.eval.results import prepare_output_dir, results_table
     from ktae.eval.runner import evaluate, load_records
 
+    if args.responses is not None:
+        return _run_responses(args, console)
+    if args.model is None:
+        raise ValueError("MODEL: expected a model directory or hub id (or --responses FILE)")
     names = _benchmark_names(args.benchmarks, args.data_dir)
     _check_options(args)
     if args.checkpoints is not None:
@@ -189,7 +204,8 @@ def _run(args: argparse.Namespace, console) -> int:
     output_dir = prepare_output_dir(
         args.output_dir or Path("eval-results") / Path(args.model).name, "--output-dir")
     records = load_records(names, limit=args.limit, data_dir=args.data_dir,
-                           fixtures=args.fixtures, split=args.split)
+                           fixtures=args.fixtures, split=args.split,
+                           hub_sources=_hub_sources(args))
     backend = args.backend
     if backend == "auto":
         backend = "vllm" if vllm_available() else "hf"
@@ -200,13 +216,58 @@ def _run(args: argparse.Namespace, console) -> int:
         top_p=settings.top_p, max_new_tokens=choice.max_new_tokens, template=choice.template,
         batch_size=args.batch_size, seed=args.seed, output_dir=output_dir,
         timeout=args.timeout, show_progress=not args.no_progress, backend=backend,
-        model_path=model_path, dtype=args.dtype,
+        model_path=model_path, dtype=args.dtype, grader=settings.grader,
         config={"model": args.model, **_settings_record(settings, names, args),
                 "template_source": choice.template_source,
                 "max_new_tokens_source": choice.max_new_tokens_source})
     console.print(results_table(results))
     console.print(f"wrote {output_dir / 'results.json'}")
     return 0
+
+
+def _run_responses(args: argparse.Namespace, console) -> int:
+    """``--responses``: grade a file of generated responses with the grader (given, or
+    the protocol's) and print the table; no model is loaded."""
+    from ktae.eval.protocols import get_protocol
+    from ktae.eval.responses import grade_responses, read_responses
+    from ktae.eval.results import prepare_output_dir, results_table, write_results
+
+    if args.model is not None:
+        raise ValueError("--responses: grades a file without a model; drop MODEL")
+    if not (0 < args.timeout < float("inf")):
+        raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
+    protocol = get_protocol(args.protocol) if args.protocol else None
+    grader = args.grader or (protocol.grader if protocol else "default")
+    problems = read_responses(args.responses)
+    if args.benchmarks is not None:
+        wanted = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
+        missing = [n for n in wanted if n not in problems]
+        if missing:
+            raise ValueError(f"--benchmarks: {', '.join(missing)} not in {args.responses} "
+                             f"(it holds {', '.join(problems)})")
+        problems = {n: problems[n] for n in wanted}
+    if args.limit is not None:
+        problems = {n: p[:args.limit] for n, p in problems.items()}
+    output_dir = prepare_output_dir(
+        args.output_dir or Path("eval-results") / f"{Path(args.responses).stem}-{grader}",
+        "--output-dir")
+    console.print(f"grading {args.responses} with grader {grader}", markup=False,
+                  highlight=False, soft_wrap=True)
+    results = grade_responses(problems, grader=grader, timeout=args.timeout,
+                              config={"responses": str(args.responses),
+                                      "protocol": args.protocol, "limit": args.limit})
+    results.pop("samples")
+    write_results(output_dir / "results.json", results)
+    console.print(results_table(results))
+    console.print(f"wrote {output_dir / 'results.json'}")
+    return 0
+
+
+def _hub_sources(args) -> dict | None:
+    """The protocol's own hub datasets (TACO's AIME sets), for benchmarks read from the hub."""
+    from ktae.eval.protocols import get_protocol
+
+    return dict(get_protocol(args.protocol).hub_sources) if args.protocol else None
 
 
 def _print(console, settings, choice) -> None:
@@ -232,7 +293,8 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
         args.output_dir or Path("eval-results") / Path(args.model).resolve().name,
         "--output-dir")
     records = load_records(names, limit=args.limit, data_dir=args.data_dir,
-                           fixtures=args.fixtures, split=args.split)
+                           fixtures=args.fixtures, split=args.split,
+                           hub_sources=_hub_sources(args))
     backend = args.backend
     if backend == "auto":
         backend = "vllm" if vllm_available() else "hf"
@@ -242,6 +304,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
         return {"benchmarks": names, "k": settings.k, "temperature": settings.temperature,
                 "top_p": settings.top_p, "max_new_tokens": choice.max_new_tokens,
                 "template": choice.template, "seed": args.seed, "limit": args.limit,
+                "grader": settings.grader,
                 "backend": backend, "data_dir": args.data_dir, "fixtures": args.fixtures,
                 "split": args.split}
 
@@ -261,7 +324,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
             top_p=settings.top_p, max_new_tokens=choice.max_new_tokens,
             template=choice.template, batch_size=args.batch_size, seed=args.seed,
             output_dir=out, timeout=args.timeout, show_progress=not args.no_progress,
-            backend=backend, model_path=str(ck.path), dtype=args.dtype,
+            backend=backend, model_path=str(ck.path), dtype=args.dtype, grader=settings.grader,
             config={"model": str(ck.path), "checkpoint": ck.label, "step": ck.step,
                     **_settings_record(settings, names, args),
                     "template_source": choice.template_source,

@@ -37,12 +37,16 @@ from ktae.rewards import RewardResult, batch_math_reward, reward_stats
 
 def load_records(names: Sequence[str], *, limit: int | None = None,
                  data_dir: str | Path | None = None, fixtures: bool = False,
-                 split: str | None = None) -> dict[str, list[BenchmarkRecord]]:
+                 split: str | None = None,
+                 hub_sources: Mapping[str, tuple[str, str]] | None = None
+                 ) -> dict[str, list[BenchmarkRecord]]:
     """Records of each named benchmark: from ``data_dir`` (``<name>.jsonl`` etc.,
     ``<name>/test.jsonl``, or a split of a dataset saved there with ``save_to_disk``;
     :func:`ktae.eval.benchmarks.load_benchmark`), from the shipped fixtures
     (``fixtures=True``), or from the hub. ``embedded`` is always generated;
-    ``mmlu_pro`` and ``gpqa_diamond`` are read by :mod:`ktae.eval.choice`."""
+    ``mmlu_pro`` and ``gpqa_diamond`` are read by :mod:`ktae.eval.choice`.
+    ``hub_sources``: benchmark -> (hub dataset, split) read instead of ktae's own hub
+    source when the records come from the hub (a protocol's, e.g. TACO's AIME sets)."""
     out = {}
     for name in names:
         path = None
@@ -54,9 +58,26 @@ def load_records(names: Sequence[str], *, limit: int | None = None,
                 path = Path(data_dir)
         if is_choice:
             out[name] = choice.load_choice_benchmark(name, path=path, limit=limit, split=split)
+        elif path is None and name in (hub_sources or {}):
+            out[name] = _load_hub_source(name, *hub_sources[name], limit=limit, split=split)
         else:
             out[name] = load_benchmark(name, path=path, limit=limit, split=split)
     return out
+
+
+def _load_hub_source(name: str, hub_path: str, hub_split: str, *, limit, split
+                     ) -> list[BenchmarkRecord]:
+    from dataclasses import replace
+
+    from ktae.data import load_examples
+    from ktae.eval.benchmarks import BENCHMARKS, benchmark_rows
+
+    spec = replace(BENCHMARKS[name], hub_path=hub_path, hub_config=None, split=hub_split)
+    rows = benchmark_rows(name, spec, split=split)
+    examples = load_examples(rows, limit=limit, preferred=spec.fields,
+                             parse_answer=spec.parse_answer)
+    return [BenchmarkRecord(id=e.id, problem=e.problem, answer=e.answer, source=name)
+            for e in examples]
 
 
 def _k_of(k, names) -> dict[str, int]:
@@ -68,16 +89,18 @@ def _k_of(k, names) -> dict[str, int]:
     return dict.fromkeys(names, k)
 
 
-def _verify(name: str, texts: list[str], answers: list[str], timeout: float
-            ) -> list[RewardResult]:
+def verify_responses(name: str, texts: list[str], answers: list, timeout: float,
+                     grader: str = "default") -> list[RewardResult]:
     """Scores of one benchmark's responses: the option letter for multiple-choice
-    benchmarks, the math verifier otherwise."""
+    benchmarks, the ``grader`` of :mod:`ktae.eval.graders` otherwise."""
+    from ktae.eval.graders import get_grader
+
     if name in choice.CHOICE_BENCHMARKS:
         return [choice.letter_reward(t, a) for t, a in zip(texts, answers, strict=True)]
-    return batch_math_reward(texts, answers, timeout=timeout)
+    return get_grader(grader).grade(texts, answers, timeout=timeout)
 
 
-def _vote_classes(name: str, rewards: list[RewardResult], k: int, timeout: float
+def vote_classes(name: str, rewards: list[RewardResult], k: int, timeout: float
                   ) -> list[int]:
     """Each sample's class of equivalent answers within its problem (maj@k). Distinct
     math answers that are not correct are compared with the verifier (every pair of the
@@ -122,7 +145,8 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
              batch_size: int = 16, seed: int = 0, limit: int | None = None,
              output_dir: str | Path | None = None, timeout: float = 5.0,
              show_progress: bool = False, backend: str = "hf", model_path: str | None = None,
-             dtype: str = "auto", config: Mapping | None = None) -> dict:
+             dtype: str = "auto", config: Mapping | None = None,
+             grader: str = "default") -> dict:
     """Evaluate ``model`` on ``benchmarks`` and return the results document.
 
     Args:
@@ -146,6 +170,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         model_path: the model's directory (vLLM loads it; both backends read its
             ``ktae_generation.json``); default: the ``name_or_path`` of ``model``.
         dtype: vLLM's weights dtype (the transformers model is already loaded).
+        grader: the math grader (:mod:`ktae.eval.graders`), recorded in the config.
 
     Returns:
         ``{"config", "benchmarks": {name: metrics}, "results", "avg", "avg_lens",
@@ -162,6 +187,9 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
     """
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend: expected 'hf' or 'vllm', got {backend!r}")
+    from ktae.eval.graders import get_grader
+
+    get_grader(grader)
     choice_of = resolve_generation(_model_dir(model, model_path), template=template,
                                    max_new_tokens=max_new_tokens)
     if isinstance(benchmarks, Mapping):
@@ -204,9 +232,10 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
                                    add_special_tokens=not uses_chat_template(resolved))
             seconds = time.perf_counter() - started
             flat: list[Generation] = [g for gs in gens for g in gs]
-            rewards = _verify(name, [g.text for g in flat],
-                              [r.answer for r in recs for _ in range(s.k)], timeout)
-            classes = _vote_classes(name, rewards, s.k, timeout)
+            rewards = verify_responses(name, [g.text for g in flat],
+                                       [r.answer for r in recs for _ in range(s.k)], timeout,
+                                       grader)
+            classes = vote_classes(name, rewards, s.k, timeout)
             samples[name] = sample_rows(recs, prompts[name], gens, rewards, classes)
             per_bench[name] = benchmark_metrics(samples[name], k=s.k)
             per_bench[name]["generation_seconds"] = round(seconds, 3)
@@ -221,6 +250,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
                   "template_source": choice_of.template_source,
                   "max_new_tokens_source": choice_of.max_new_tokens_source,
                   "verifier_timeouts": reward_stats()["timeouts"] - timeouts_before,
+                  "grader": grader,
                   **dict(config or {})}
     results = summarize(per_bench, run_config)
     if out_dir is not None:
