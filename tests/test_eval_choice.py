@@ -88,6 +88,36 @@ def test_gpqa_options_are_shuffled_with_a_fixed_recorded_seed():
     assert gpqa_order("recX", 0) == gpqa_order("recX", 0)
 
 
+#: Recorded GPQA option orders (record id, seed) -> order, computed once by this version's
+#: gpqa_order and written here literally: results.json files from any version must keep
+#: meaning the same letters, so a change of the shuffle's key or generator fails here.
+GPQA_RECORDED_ORDERS = {
+    ("recGpqaFix03", 0): [0, 2, 3, 1],
+    ("recGpqaFix11", 0): [1, 3, 0, 2],
+    ("recGpqaFix01", 0): [2, 0, 1, 3],
+    ("rec06pnAkLOr2t2mp", 0): [2, 3, 0, 1],
+    ("recZ1Wk4ZzD4VV0Ly", 0): [1, 3, 2, 0],
+    ("0", 0): [2, 3, 1, 0],  # a row without a Record ID is keyed by its index
+    ("197", 0): [1, 2, 3, 0],
+    ("recGpqaFix03", 1): [0, 3, 1, 2],
+    ("recGpqaFix01", 1): [1, 3, 2, 0],
+    ("rec06pnAkLOr2t2mp", 12345): [2, 3, 1, 0],
+}
+
+
+@pytest.mark.parametrize("key", list(GPQA_RECORDED_ORDERS), ids=str)
+def test_gpqa_orders_are_stable_across_versions(key):
+    record_id, seed = key
+    assert gpqa_order(record_id, seed) == GPQA_RECORDED_ORDERS[key]
+
+
+def test_gpqa_fixture_letters_are_pinned():
+    recs = load_choice_benchmark("gpqa_diamond", path=fixture_path("gpqa_diamond"))
+    assert choice.GPQA_SHUFFLE_SEED == 0
+    assert [(r.id, r.answer) for r in recs] == [
+        ("recGpqaFix03", "A"), ("recGpqaFix11", "C"), ("recGpqaFix01", "B")]
+
+
 @pytest.mark.parametrize("name", list(CHOICE_BENCHMARKS))
 def test_hub_path_reads_the_same_records_as_the_fixture(name, monkeypatch):
     """The hub loader on a Dataset built from the fixture rows (the hub's schema) gives
@@ -162,7 +192,7 @@ def test_bad_rows_name_the_file_and_line(tmp_path):
 def test_evaluate_scores_choice_benchmarks_by_letter(monkeypatch):
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=16, num_layers=1, intermediate_size=32,
-                             num_heads=2)
+                             num_heads=2, max_position_embeddings=1024)  # GPQA's prompts
     records = load_records(["gpqa_diamond"], fixtures=True)
     letters = [r.answer for r in records["gpqa_diamond"]]
 
