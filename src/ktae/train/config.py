@@ -98,9 +98,10 @@ class TrainConfig:
     learning_rate: float = 3e-5
     """AdamW learning rate (TRL's default 1e-6 is far too small for the tiny model)."""
     lr_scheduler: str = "constant"
-    """transformers scheduler name (constant, cosine, linear, ...)."""
+    """transformers scheduler name (constant, cosine, linear, ...); ``constant`` with
+    ``warmup_steps > 0`` resolves to ``constant_with_warmup``."""
     warmup_steps: int = 0
-    """Linear warmup steps."""
+    """Linear warmup steps (from 0 to ``learning_rate``)."""
     beta: float = 0.0
     """KL coefficient to the reference model (>0 needs a model loadable from a path)."""
     clip_low: float = 0.2
@@ -145,6 +146,8 @@ class TrainConfig:
     """Held-out problems per evaluation (embedded test split, greedy, strict reward)."""
     save_every: int = 50
     """Checkpoint every this many steps (0 = only at the end)."""
+    save_total_limit: int = 2
+    """Complete checkpoints kept (the newest ones; 0 = keep every checkpoint)."""
     train_size: int = 20000
     """Embedded-task training problems generated for the run."""
     torch_threads: int = 1
@@ -200,6 +203,8 @@ class TrainConfig:
             out.output_dir = f"runs/{out.algo}-{out.credit.replace('+', '-')}-seed{out.seed}"
         if out.lora_r and out.lora_alpha is None:
             out.lora_alpha = float(2 * out.lora_r)
+        if out.lr_scheduler == "constant" and out.warmup_steps > 0:
+            out.lr_scheduler = "constant_with_warmup"  # transformers' constant ignores warmup
         out._validate()
         return out
 
@@ -217,8 +222,8 @@ class TrainConfig:
         if self.num_generations < 2:
             raise ValueError("num_generations: expected an integer >= 2 (groups need two "
                              f"responses), got {self.num_generations!r}")
-        for name in ("eval_every", "save_every", "warmup_steps", "overlong_buffer", "seed",
-                     "lora_r", "rollout_every", "rollout_groups"):
+        for name in ("eval_every", "save_every", "save_total_limit", "warmup_steps",
+                     "overlong_buffer", "seed", "lora_r", "rollout_every", "rollout_groups"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected a non-negative integer, "
                                  f"got {getattr(self, name)!r}")
@@ -338,6 +343,34 @@ class TrainConfig:
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
             raise ValueError(f"config {path}: invalid YAML{where}: {problem}") from None
         return cls.from_dict(data or {}, source=f"config {path}")
+
+
+#: Fields that cannot change the steps a run has trained (what is logged, evaluated, saved
+#: or shown, and how fast): a resumed run may change them.
+RESUMABLE_FIELDS = ("max_steps", "eval_every", "save_every", "save_total_limit", "progress",
+                    "torch_threads", "rollout_every", "rollout_groups")
+
+#: Schedulers whose learning rate at a step does not depend on ``max_steps``.
+_STEP_FREE_SCHEDULERS = ("constant", "constant_with_warmup")
+
+
+def resume_changes(run: TrainConfig, new: TrainConfig) -> tuple[dict, dict]:
+    """How ``new`` (a resume's settings) differs from ``run`` (the run's own): ``(refused,
+    allowed)``, each field -> ``(old, new)``.
+
+    ``allowed`` holds the :data:`RESUMABLE_FIELDS` that differ; ``max_steps`` is one of them
+    only under a constant schedule (another schedule's past learning rates depend on it).
+    Everything else that differs (``output_dir`` and ``resume`` aside) is ``refused``.
+    """
+    old_d, new_d = run.to_dict(), new.to_dict()
+    refused, allowed = {}, {}
+    for name, value in new_d.items():
+        if name in ("output_dir", "resume") or old_d.get(name) == value:
+            continue
+        resumable = name in RESUMABLE_FIELDS and not (
+            name == "max_steps" and new.lr_scheduler not in _STEP_FREE_SCHEDULERS)
+        (allowed if resumable else refused)[name] = (old_d.get(name), value)
+    return refused, allowed
 
 
 def _filters(filters: dict) -> dict[str, list[str]]:

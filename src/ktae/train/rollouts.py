@@ -80,7 +80,8 @@ class RolloutRecorder:
         every: record steps 1, 1 + every, ... (0 = never).
         groups: how many groups of a recorded step to keep (the first ones of the batch).
         keep_until_step: records with a larger step already in ``path`` are dropped
-            (a resumed run passes its checkpoint's step; a fresh run 0).
+            (a resumed run passes its checkpoint's step and keeps the header; a fresh run
+            passes 0 and starts the file over).
 
     The trainer calls :meth:`on_advantages` where it sets the advantages and
     :meth:`on_calibration` where it applies a calibration; :meth:`close` writes what is
@@ -112,8 +113,11 @@ class RolloutRecorder:
                 rec = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a kill
-            if rec.get("kind") == "header" or rec.get("step", 0) <= keep_until_step:
+            if keep_until_step and (rec.get("kind") == "header"
+                                    or rec.get("step", 0) <= keep_until_step):
                 keep.append(line)
+                # a resumed run (same settings) goes on under the header already there
+                self._header_written |= rec.get("kind") == "header"
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             f.write("".join(ln + "\n" for ln in keep))

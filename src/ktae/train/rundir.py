@@ -2,7 +2,9 @@
 
 Layout of ``output_dir``::
 
-    ktae_run.json          marks the directory as a run (RUN_MARKER)
+    ktae_run.json          marks the directory as a run (RUN_MARKER); its segments (one per
+                           invocation: step it started from, settings changed) and, once
+                           the run is done, the step it finished at
     config.yaml            the resolved TrainConfig
     metrics.jsonl          one JSON object per optimizer step (see METRIC_KEYS)
     eval.jsonl             one JSON object per held-out evaluation
@@ -20,7 +22,10 @@ trainer writes :data:`COMPLETE_MARKER` (itself via write-to-temp + fsync + renam
 everything else, and resume only considers checkpoints holding it, so a checkpoint cut
 short by a kill is ignored. On resume, ``metrics.jsonl``/``eval.jsonl`` lines past the
 checkpoint's step are dropped, so the resumed run writes the same lines as an
-uninterrupted one.
+uninterrupted one; a line cut short by a kill is dropped too.
+
+Files written here follow the user's umask (``atomic_write``, :func:`follow_umask` for the
+model files that safetensors creates with mode 0600).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -80,13 +86,41 @@ METRIC_KEYS = {
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
+def _umask() -> int:
+    """The process's umask (read from /proc where it can be, without changing it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file: 0o666 less the umask."""
+    return 0o666 & ~_umask()
+
+
+def follow_umask(folder: str | os.PathLike) -> None:
+    """Give every file under ``folder`` the mode of :func:`file_mode` (safetensors writes its
+    files with mode 0600 whatever the umask)."""
+    mode = file_mode()
+    for p in Path(folder).rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            os.chmod(p, mode)
+
+
 def atomic_write(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` via a uniquely named temporary file, fsync and rename, so a
     reader (or a kill) never sees a half-written file and concurrent writers never share a
-    temporary."""
+    temporary. The file gets the mode of :func:`file_mode` (``mkstemp`` alone gives 0600)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -137,10 +171,73 @@ def checkpoint_step(folder: str | os.PathLike) -> int:
     return int(json.loads((Path(folder) / COMPLETE_MARKER).read_text())["step"])
 
 
+def rotate_checkpoints(output_dir: str | os.PathLike, keep: int | None) -> list[Path]:
+    """Delete the oldest complete ktae checkpoints of ``output_dir`` beyond the newest
+    ``keep`` (None or 0: keep all); returns the deleted directories.
+
+    Only ``checkpoint-N`` directories holding :data:`COMPLETE_MARKER` count and are ever
+    deleted: a checkpoint being written (no marker yet), one cut short by a kill, and any
+    directory another tool put there are left alone.
+    """
+    if not keep:
+        return []
+    output_dir = Path(output_dir)
+    found = []
+    for p in output_dir.iterdir():
+        m = _CHECKPOINT_RE.match(p.name)
+        if m and p.is_dir() and not p.is_symlink() and (p / COMPLETE_MARKER).is_file():
+            found.append((int(m.group(1)), p))
+    doomed = [p for _, p in sorted(found)[:-keep]]
+    for p in doomed:
+        shutil.rmtree(p)
+    return doomed
+
+
+def read_run_info(path: str | os.PathLike) -> dict | None:
+    """The contents of ``path``'s :data:`RUN_MARKER`, or None when ``path`` is not a run."""
+    try:
+        info = json.loads((Path(path) / RUN_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def write_run_info(path: str | os.PathLike, info: dict) -> None:
+    """Rewrite ``path``'s :data:`RUN_MARKER` (atomically)."""
+    atomic_write(Path(path) / RUN_MARKER, json.dumps(info, indent=1) + "\n")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def start_segment(path: str | os.PathLike, *, from_step: int, changes: dict) -> None:
+    """Record in the run's marker that an invocation starts training at ``from_step`` with
+    ``changes`` (field -> [old, new]) to the run's settings; the run is no longer finished."""
+    info = read_run_info(path) or {}
+    info.pop("finished", None)
+    info.setdefault("segments", []).append(
+        {"started": _now(), "from_step": int(from_step), "changes": changes})
+    write_run_info(path, info)
+
+
+def mark_run_finished(path: str | os.PathLike, steps: int) -> None:
+    """Record in the run's marker that it finished (final model, evaluation and summary
+    written) at ``steps``."""
+    info = read_run_info(path) or {}
+    info["finished"] = {"steps": int(steps), "at": _now()}
+    write_run_info(path, info)
+
+
+def finished_steps(path: str | os.PathLike) -> int | None:
+    """The step a finished run ended at, or None (not a run, or not finished)."""
+    info = read_run_info(path) or {}
+    finished = info.get("finished")
+    return int(finished["steps"]) if isinstance(finished, dict) else None
+
+
 def _is_run(path: Path) -> bool:
-    # runs written before the marker existed hold config.yaml and metrics.jsonl
-    return (path / RUN_MARKER).is_file() or \
-        ((path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file())
+    return read_run_info(path) is not None
 
 
 def _has_progress(path: Path) -> bool:
@@ -152,7 +249,8 @@ def prepare_output_dir(path: str | os.PathLike, *, resume: bool, write: bool = T
     resume from, or None for a fresh start.
 
     A run never writes into (or rotates checkpoints in) a non-empty directory that is not a
-    ktae run, and never starts over a run that made progress unless asked to resume.
+    ktae run (one without :data:`RUN_MARKER`, whatever else it holds), and never starts over
+    a run that made progress unless asked to resume.
     ``--resume`` with no complete checkpoint starts over, but first keeps the old
     ``metrics.jsonl``/``eval.jsonl`` as ``*.before-<time>`` files (and says so).
     ``write=False`` (non-main processes) only checks and finds the checkpoint.
@@ -166,7 +264,8 @@ def prepare_output_dir(path: str | os.PathLike, *, resume: bool, write: bool = T
         raise ValueError(f"output_dir: {path} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not _is_run(path):
         raise ValueError(f"output_dir: {path} is not empty and is not a ktae run directory "
-                         f"(it has no {RUN_MARKER}); choose a new or empty --output-dir")
+                         f"(it has no {RUN_MARKER}; ktae writes only into its own runs): "
+                         "choose a new or empty --output-dir")
     if path.is_dir() and not resume and _has_progress(path):
         raise ValueError(f"output_dir: {path} already holds a run; pass --resume to continue "
                          "it or choose another --output-dir")
@@ -174,9 +273,9 @@ def prepare_output_dir(path: str | os.PathLike, *, resume: bool, write: bool = T
     if not write:
         return checkpoint
     run = RunDir(path)
-    if not (path / RUN_MARKER).is_file():
-        atomic_write(path / RUN_MARKER, json.dumps(
-            {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+    if not _is_run(path):
+        write_run_info(path, {"format": "ktae-run", "version": 1, "created": _now(),
+                              "segments": []})
     if checkpoint is not None:
         run.truncate(checkpoint_step(checkpoint))
     elif resume:
@@ -228,17 +327,26 @@ class RunDir:
         for path in (self.metrics_path, self.eval_path):
             if not path.exists():
                 continue
-            keep = [ln for ln in path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= max_step]
+            keep = [json.dumps(r) for r in RunDir.read_jsonl(path)
+                    if r.get("step", 0) <= max_step]
             atomic_write(path, "".join(ln + "\n" for ln in keep))
 
     @staticmethod
     def read_jsonl(path: str | os.PathLike) -> list[dict]:
-        """All records of a JSONL file ([] when missing)."""
+        """All records of a JSONL file ([] when missing); a last line cut short by a kill
+        is left out."""
         path = Path(path)
         if not path.exists():
             return []
-        return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        records = []
+        for i, line in enumerate(lines):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                if i < len(lines) - 1:
+                    raise
+        return records
 
     def write_json(self, name: str, data: dict) -> None:
         """Write ``name`` atomically as indented JSON."""

@@ -17,14 +17,18 @@ from pathlib import Path
 import torch
 
 from ktae.eval.defaults import save_generation_defaults
-from ktae.train.config import TrainConfig
+from ktae.train.config import TrainConfig, resume_changes
 from ktae.train.credit import CreditSettings, credit_settings
 from ktae.train.data import TaskRows, default_template, format_task, read_task
 from ktae.train.rollouts import ROLLOUTS_FILE, RolloutRecorder
 from ktae.train.rundir import (
     RunDir,
     checkpoint_step,
+    finished_steps,
+    follow_umask,
+    mark_run_finished,
     prepare_output_dir,
+    start_segment,
 )
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
 
@@ -78,6 +82,51 @@ def preflight(cfg: TrainConfig) -> Preflight:
     return Preflight(credit, trl, task, model)
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """What an invocation of a run directory does (:func:`plan_run`)."""
+
+    checkpoint: Path | None
+    """The complete checkpoint to resume from; None = start at step 0."""
+    complete: bool
+    """The run already finished at ``max_steps``: nothing is left to do."""
+    changes: dict
+    """Settings a resume changes (field -> (run's, new)); only ones that cannot change
+    the steps already trained (:data:`ktae.train.config.RESUMABLE_FIELDS`)."""
+
+
+def describe_changes(changes: dict) -> str:
+    """``{"learning_rate": (3e-05, 0.01)}`` -> ``"lr 3e-05 -> 0.01"`` (flag names)."""
+    from ktae.train.cli_train import _FLAGS
+
+    names = {dest: flag.lstrip("-") for flag, dest, *_ in _FLAGS}
+    return ", ".join(f"{names.get(k, k)} {old} -> {new}" for k, (old, new) in changes.items())
+
+
+def plan_run(cfg: TrainConfig) -> RunPlan:
+    """Check the output directory (and, on resume, the run's settings); writes nothing.
+
+    Raises:
+        ValueError: the directory is not usable (:func:`prepare_output_dir`), or a resume
+            changes settings that would change the run (one line naming them).
+    """
+    out = Path(cfg.output_dir)
+    checkpoint = prepare_output_dir(out, resume=cfg.resume, write=False)
+    if not cfg.resume or not (out / "config.yaml").is_file():
+        return RunPlan(checkpoint, False, {})
+    run_cfg = TrainConfig.from_file(out / "config.yaml").resolve()
+    refused, allowed = resume_changes(run_cfg, cfg)
+    if refused:
+        raise ValueError(f"--resume: settings differ from the run's: "
+                         f"{describe_changes(refused)}")
+    step = checkpoint_step(checkpoint) if checkpoint is not None else 0
+    if step > cfg.max_steps:
+        raise ValueError(f"--resume: max_steps {cfg.max_steps} is below the {step} steps the "
+                         "run has trained")
+    complete = finished_steps(out) == cfg.max_steps and step == cfg.max_steps
+    return RunPlan(checkpoint, complete, allowed)
+
+
 def load_model(cfg: TrainConfig, path: str | None = None):
     """``(model, tokenizer, path)`` from ``path`` (default ``cfg.model``); the default tiny
     model is built and cached on first use."""
@@ -118,7 +167,8 @@ def grpo_config(cfg: TrainConfig, num_processes: int, trl: dict | None = None):
         warmup_steps=cfg.warmup_steps, beta=cfg.beta, epsilon=cfg.clip_low,
         epsilon_high=cfg.clip_high, loss_type=cfg.loss_type, bf16=cfg.bf16,
         use_cpu=not torch.cuda.is_available(), logging_steps=1, report_to="none",
-        save_strategy="steps", save_steps=cfg.save_every or cfg.max_steps, save_total_limit=2,
+        save_strategy="steps", save_steps=cfg.save_every or cfg.max_steps,
+        save_total_limit=cfg.save_total_limit or None,
         disable_tqdm=True, log_completions=False, remove_unused_columns=False,
         dataloader_num_workers=0, shuffle_dataset=True,
     )
@@ -215,19 +265,28 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     torch.set_num_threads(cfg.torch_threads)
     start = time.perf_counter()
     checked = checked if checked is not None else preflight(cfg)
+    out = Path(cfg.output_dir)
+    # Every process checks the directory (and a resume's settings) before any writes to
+    # it (a check racing the main process's first write would see a half-made run and
+    # fail alone, leaving the others waiting at a barrier); then the main process sets it
+    # up.
+    plan = plan_run(cfg)
+    if plan.complete:  # read-only: the same answer on every process
+        import json
+
+        summary = json.loads((out / "summary.json").read_text())
+        return {**summary, "is_main": int(os.environ.get("RANK", "0")) == 0, "complete": True}
     args = grpo_config(cfg, int(os.environ.get("WORLD_SIZE", "1")), checked.trl)
     args.world_size  # noqa: B018  (sets up the process group from the args' own settings)
     state = PartialState()  # the state the args set up
     is_main = state.is_main_process
-    out = Path(cfg.output_dir)
-    # Every process checks the directory before any writes to it (a check racing the main
-    # process's first write would see a half-made run and fail alone, leaving the others
-    # waiting at a barrier); then the main process sets it up.
-    resume_from = prepare_output_dir(out, resume=cfg.resume, write=False)
+    resume_from = plan.checkpoint
     state.wait_for_everyone()
     if is_main:
         resume_from = prepare_output_dir(out, resume=cfg.resume, write=True)
         cfg.save(out / "config.yaml")
+        start_segment(out, from_step=checkpoint_step(resume_from) if resume_from else 0,
+                      changes={k: list(v) for k, v in plan.changes.items()})
     state.wait_for_everyone()
     rundir = RunDir(out)
 
@@ -260,13 +319,20 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
         eval_cb.evaluate(trainer.model, 0)
     final = out / "final"
     try:
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        if resume_from is not None and checkpoint_step(resume_from) >= cfg.max_steps:
+            # every step trained (killed while evaluating or saving the final model): the
+            # checkpoint's weights are the final ones; transformers would train one step more
+            trainer._load_from_checkpoint(str(resume_from))
+            trainer.state.global_step = checkpoint_step(resume_from)
+        else:
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         if trainer.rollouts is not None:
             trainer.rollouts.close()
         trainer.save_model(str(final))  # every process: may synchronise
         if is_main:
             tokenizer.save_pretrained(str(final))
             save_generation_defaults(final, **generation)
+            follow_umask(final)
     except Exception as err:
         if is_disk_full(err) and not isinstance(err, DiskFullError):
             raise DiskFullError(28, f"no space left on the device while writing to {out}; "
@@ -302,6 +368,7 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
         for folder in (out, final):
             (folder / "README.md").write_text(card)
         rundir.plot()
+        mark_run_finished(out, step)  # last: a kill before it leaves the run to resume
     state.wait_for_everyone()
     # Tear the process group down on every process. DDP's reducer holds the group: release
     # it first (free_memory drops the prepared models and collects them), so that the

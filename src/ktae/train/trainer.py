@@ -26,8 +26,18 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    The old/ref log-prob passes (no entropy, outside ``_compute_loss``) are untouched.
 3. ``_save_checkpoint``: writes the generation settings and a completion marker last, so a
    checkpoint half-written by a kill is never resumed from (:mod:`ktae.train.rundir`); a
-   full disk is reported in words. ``create_model_card``: TRL's auto-generated card is not
-   written (``ktae train`` writes its own).
+   full disk is reported in words. transformers' own rotation is switched off for the call
+   (it runs before the marker exists and deletes any ``checkpoint-*`` directory);
+   :func:`ktae.train.rundir.rotate_checkpoints` then deletes only complete ktae
+   checkpoints. Model files get the umask's mode (safetensors writes 0600).
+   ``create_model_card``: TRL's auto-generated card is not written (``ktae train`` writes
+   its own).
+4. Exact resume. ``_get_train_sampler``: TRL's ``RepeatSampler`` draws each epoch's order
+   from one generator seeded once, so a run resumed in epoch e > 0 drew epoch 0's order
+   again; :class:`EpochRepeatSampler` draws epoch e's order from the seed alone, the same
+   order as an uninterrupted run. ``_init_training_state``: transformers restores the
+   logging/save steps of the checkpoint's ``trainer_state.json``; the resumed run's own
+   settings (a changed ``--save-every``) are applied again.
 
 Metrics (``ktae/*`` keys) go through TRL's ``_metrics`` so they reach every logger.
 """
@@ -42,6 +52,7 @@ import warnings
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import RepeatSampler
 
 import ktae
 from ktae.core.advantages import estimator_needs_entropies
@@ -55,7 +66,7 @@ from ktae.train.dynamic_sampling import (
     merge_rows,
     select_groups,
 )
-from ktae.train.rundir import mark_checkpoint_complete
+from ktae.train.rundir import follow_umask, mark_checkpoint_complete, rotate_checkpoints
 
 #: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
 _TOKEN_MASK = "ktae_token_mask"
@@ -117,6 +128,30 @@ def warn_settings_without_effect(args: GRPOConfig) -> None:
         if getattr(args, name) != defaults[name].default:
             warnings.warn(f"{name}={getattr(args, name)!r} has no effect: the advantages come "
                           "from ktae.compute_advantages (credit settings)", stacklevel=3)
+
+
+class EpochRepeatSampler(RepeatSampler):
+    """TRL 1.16's ``RepeatSampler`` whose epoch ``e`` order depends on the seed and ``e``
+    only: the generator is seeded and replayed through the ``e`` earlier epochs' draws before
+    each pass, so every epoch's order is the one an uninterrupted TRL run draws, also in a
+    run resumed in a later epoch. transformers calls :meth:`set_epoch` before each epoch;
+    without it, passes count epochs 0, 1, 2, ...
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        if self.shuffle:
+            self.generator.manual_seed(self.seed if self.seed is not None else 0)
+            for _ in range(self.epoch):
+                torch.randperm(self.num_samples, generator=self.generator)
+        self.epoch += 1
+        yield from super().__iter__()
 
 
 class KTAEGRPOTrainer(GRPOTrainer):
@@ -495,6 +530,25 @@ class KTAEGRPOTrainer(GRPOTrainer):
         t = torch.tensor([1.0 if flag else 0.0], device=self.accelerator.device)
         return bool(self.accelerator.gather(t).max().item() > 0)
 
+    # ------------------------------------------------------------------ resume
+
+    def _get_train_sampler(self, dataset=None):
+        """TRL 1.16's sampler (same arguments) with an order fixed per epoch (module
+        docstring, 4)."""
+        sampler = super()._get_train_sampler(dataset)
+        if type(sampler) is not RepeatSampler:
+            raise RuntimeError(f"ktae expects TRL 1.16's RepeatSampler, got {type(sampler)}")
+        return EpochRepeatSampler(
+            data_source=sampler.data_source, mini_repeat_count=sampler.mini_repeat_count,
+            batch_size=sampler.batch_size, repeat_count=sampler.repeat_count,
+            shuffle=sampler.shuffle, seed=sampler.seed)
+
+    def _init_training_state(self, max_steps, *args, **kwargs):
+        # transformers 5.24 keeps the checkpoint's logging/eval/save steps on resume
+        out = super()._init_training_state(max_steps, *args, **kwargs)
+        self.state.compute_steps(self.args, max_steps)
+        return out
+
     # ------------------------------------------------------------------ saving
 
     def create_model_card(self, *args, **kwargs):
@@ -504,14 +558,22 @@ class KTAEGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         folder = os.path.join(self._get_output_dir(trial=trial),
                               f"checkpoint-{self.state.global_step}")
+        # transformers 5.24's _save_checkpoint rotates with rotate_checkpoints before our
+        # marker exists, deleting any checkpoint-* directory: ours rotates after it
+        keep, self.args.save_total_limit = self.args.save_total_limit, None
         try:
-            super()._save_checkpoint(model, trial)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self.args.save_total_limit = keep
             if self.args.should_save:
                 if self.generation_defaults is not None:
                     from ktae.eval.defaults import save_generation_defaults
 
                     save_generation_defaults(folder, **self.generation_defaults)
+                follow_umask(folder)
                 mark_checkpoint_complete(folder, self.state.global_step)
+                rotate_checkpoints(self._get_output_dir(trial=trial), keep)
         except Exception as err:
             if is_disk_full(err):
                 raise DiskFullError(
