@@ -61,6 +61,7 @@ _FLAGS = [
     ("--eval-every", "eval_every", int, "held-out eval every N steps (0 = before/after only)"),
     ("--eval-size", "eval_size", int, "held-out problems per eval"),
     ("--save-every", "save_every", int, "checkpoint every N steps (0 = at the end)"),
+    ("--save-total-limit", "save_total_limit", int, "complete checkpoints kept (0 = all)"),
     ("--train-size", "train_size", int, "embedded training problems"),
     ("--threads", "torch_threads", int, "torch CPU threads"),
     ("--rollout-every", "rollout_every", int, "keep rollouts for ktae explain every N steps (0 = off)"),
@@ -176,17 +177,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae train``."""
-    from ktae.train.rundir import prepare_output_dir
-    from ktae.train.session import preflight, train
+    from ktae.train.session import plan_run, preflight, train
     from ktae.train.trainer import DiskFullError
 
     try:
         cfg = config_from_args(args)
         checked = preflight(cfg)
-        prepare_output_dir(cfg.output_dir, resume=cfg.resume, write=False)
+        plan = plan_run(cfg)
     except ValueError as err:
         print(f"ktae train: {err}", file=sys.stderr)
         return 2
+    if plan.complete:
+        print(f"ktae train: --resume: {cfg.output_dir} is complete ({cfg.max_steps} steps); "
+              "nothing to do", file=sys.stderr)
+        return 0
     start = time.perf_counter()
     try:
         summary = train(cfg, checked=checked)
