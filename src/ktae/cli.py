@@ -2,7 +2,10 @@
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``;
 they are imported only when their subcommand is used, so ``ktae --help`` stays fast
-and the core install works without the heavy extras.
+and the core install works without the heavy extras. The arguments, the counts
+(:data:`ktae.cli_common.COUNT_LIMITS`) and the output path are checked before a
+subcommand imports its heavy dependencies; errors, interrupts and SIGTERM are reported in
+one line (:mod:`ktae.cli_common`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from ktae.cli_common import Parser, UsageError, check_counts, error
+
+DESCRIPTION = """\
+ktae: token-level credit for RL fine-tuning of language models. Train with GRPO, DAPO or
+Dr.GRPO and token-level credit (KTAE key tokens, TACO calibration, ...), evaluate the
+result on math benchmarks, and see where each credit method puts its credit."""
+
+EPILOG = """\
+Every command writes under runs/ by default (ktae eval: eval-results/) and refuses to
+replace an earlier result unless told to (--overwrite; ktae train: --resume).
+'ktae COMMAND --help' lists a command's options. Documentation: README.md and the
+docs/ folder of the source distribution (training.md, evaluation.md, explain.md,
+audit.md, simulate.md)."""
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -24,27 +41,63 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("ktae")
+    except metadata.PackageNotFoundError:  # a source tree that is not installed
+        from ktae import __version__
+
+        return __version__
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ktae", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = Parser(prog="ktae", description=DESCRIPTION, epilog=EPILOG,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ktae {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     argv = sys.argv[1:] if argv is None else argv
     wanted = argv[0] if argv and not argv[0].startswith("-") else None
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == wanted:
             importlib.import_module(module).add_arguments(p)
+            parser.set_defaults(_flags={a.dest: max(a.option_strings, key=len)
+                                        for a in p._actions if a.option_strings})
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def _dispatch(argv: list[str]) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    try:
+        check_counts(args, vars(args).pop("_flags", None))
+    except UsageError as err:
+        return error(args.command, str(err))
     return int(module.run(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ktae ARGV``; the exit status. As the program itself (``argv`` None), Ctrl-C
+    and SIGTERM stop it with one line and status 130 / 143 (see
+    :func:`ktae.cli_common.interrupted`)."""
+    if argv is not None:
+        return _dispatch(list(argv))
+    from ktae.cli_common import install_signal_handlers, interrupted
+
+    install_signal_handlers()
+    argv = sys.argv[1:]
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt as err:
+        command = next((a for a in argv if a in SUBCOMMANDS), None)
+        interrupted(command or "", err)
+        raise  # not reached: interrupted() leaves the process
 
 
 if __name__ == "__main__":

@@ -5,17 +5,20 @@ step) or a JSONL file of groups with ``wrong`` character spans; with ``--model``
 INPUT, ``--prompts`` held-out embedded prompts x ``--samples`` responses are sampled
 (``--model default``: the shipped tiny model, offline) and labelled exactly
 (:func:`ktae.tasks.label_response`). Writes ``audit.md``, ``audit.json`` and one PNG per
-figure into ``--output-dir`` and prints a short summary. See docs/audit.md.
+figure into ``--output-dir`` (default ``runs/audit/NAME``, NAME naming the input or model
+and the settings; an earlier result there is kept unless ``--overwrite``), and prints a
+compact table and the path of the full one. See docs/audit.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 
 from ktae.credit_audit.run import DEFAULT_PROMPTS, DEFAULT_RESAMPLES, DEFAULT_SAMPLES
 
-DEFAULT_OUTPUT = "audit"
+DEFAULT_ROOT = "runs/audit"
+RESULT_FILES = ("audit.md", "audit.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,29 +44,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model's, or the shipped tiny model's)")
     parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
                         help=f"bootstrap draws per interval (default {DEFAULT_RESAMPLES})")
-    parser.add_argument("-o", "--output-dir", default=DEFAULT_OUTPUT,
+    parser.add_argument("-o", "--output-dir", default=None,
                         help=f"folder for audit.md, audit.json and the PNGs (default "
-                        f"{DEFAULT_OUTPUT})")
+                        f"{DEFAULT_ROOT}/NAME, NAME from the input or model and the settings)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier audit in the default folder")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1)")
 
 
+def default_output_dir(args: argparse.Namespace) -> Path:
+    """``runs/audit/NAME``: the input's name (or ``model-MODEL-PxS-seedN``) and, when
+    given, the credit list."""
+    from ktae.cli_common import slug
+
+    if args.input is not None:
+        path = Path(args.input)
+        name = path.resolve().name if path.is_dir() else path.stem
+    else:
+        model = "default" if args.model in (None, "default") else Path(args.model).name
+        name = f"model-{model}-{args.prompts}x{args.samples}-seed{args.seed}"
+    if args.credit:
+        name += "-" + ",".join(c.strip() for c in args.credit.split(",") if c.strip())
+    return Path(DEFAULT_ROOT) / slug(name)[:120]
+
+
+def terminal_table(result: dict) -> str:
+    """Every method's three figures (means; the intervals are in ``audit.md``)."""
+    rows = [("method", "blame P(w<r)", "lowest wrong", "contamination", "vs GRPO")]
+    for name, entry in result["methods"].items():
+        fig = entry["all"]
+
+        def mean(key, signed=False):
+            m = (fig.get(key) or {}).get("mean")
+            return "n/a" if m is None else (f"{m + 0.0:+.3f}" if signed else f"{m:.3f}")
+
+        rows.append((name, mean("blame"), mean("lowest"), mean("contamination"),
+                     mean("contamination_vs_grpo", signed=True)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join("  " + line for line in lines)
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae audit``."""
+    from ktae.cli_common import check_output_dir, error
+
+    given = args.output_dir is not None
+    out = Path(args.output_dir) if given else default_output_dir(args)
+    try:
+        if args.threads < 1:
+            raise ValueError(f"threads: expected a positive integer, got {args.threads}")
+        check_output_dir(out, results=RESULT_FILES, overwrite=given or args.overwrite)
+    except ValueError as err:
+        return error("audit", str(err))
     from ktae.credit_audit.report import summary
     from ktae.credit_audit.run import audit
 
     try:
-        if args.threads < 1:
-            raise ValueError(f"threads: expected a positive integer, got {args.threads}")
         result = audit(args.input, model=args.model, credit=args.credit, prompts=args.prompts,
                        samples=args.samples, seed=args.seed, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, tokenizer=args.tokenizer,
                        resamples=args.resamples, threads=args.threads,
-                       output_dir=args.output_dir)
+                       output_dir=out)
     except ValueError as err:
-        print(f"ktae audit: {err}", file=sys.stderr)
-        return 2
+        return error("audit", str(err))
     print(summary(result))
+    print(terminal_table(result))
+    print(f"  full table with 95% intervals, per level and per step: {out / 'audit.md'}")
     print(f"  wrote {', '.join(result['files'])}")
     return 0

@@ -4,7 +4,8 @@ INPUT is a ``ktae train`` run directory (its ``rollouts.jsonl``), or a JSONL fil
 groups (prompt, response texts, rewards or a reference answer); with ``--model`` and no
 INPUT, responses are sampled on the spot (``--model default``: the shipped tiny model
 on the embedded task's held-out prompts). Writes one self-contained HTML page
-(``-o``), and on request a terminal rendering (``--terminal``) and one PNG per group
+(``-o``; default ``runs/explain/NAME.html``, NAME naming the input or model and the
+credit; an earlier page there is kept unless ``--overwrite``), and on request a terminal rendering (``--terminal``) and one PNG per group
 (``--png DIR``). See docs/explain.md.
 """
 
@@ -15,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-DEFAULT_OUTPUT = "explain.html"
+DEFAULT_ROOT = "runs/explain"
 DEFAULT_GROUPS = 4
 
 
@@ -23,8 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``ktae explain`` arguments."""
     parser.add_argument("input", nargs="?", metavar="INPUT",
                         help="run directory of ktae train, or a JSONL file of groups")
-    parser.add_argument("-o", "--output", help=f"HTML page to write (default {DEFAULT_OUTPUT}; "
-                        "with --terminal only when given)")
+    parser.add_argument("-o", "--output", help=f"HTML page to write (default "
+                        f"{DEFAULT_ROOT}/NAME.html, NAME from the input or model, the credit and "
+                        "the step; with --terminal only when given)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier page at the default path")
     parser.add_argument("--credit", help="credit to explain: ktae, ktae+taco, grpo, taco, any "
                         "estimator or est+calibration, with settings as in ktae compare "
                         "(ktae@ngram=3) (default: the run's own, else ktae)")
@@ -202,9 +206,46 @@ def _credit_line(source) -> str:
     return line
 
 
+def default_output(args: argparse.Namespace) -> Path:
+    """``runs/explain/NAME.html``: the input's name (or ``model-MODEL-seedN``), the
+    credit (``own``: the run's, else ktae) and the recorded step or group."""
+    from ktae.cli_common import slug
+
+    if args.input is not None:
+        path = Path(args.input)
+        parts = [path.resolve().name if path.is_dir() else path.stem]
+    else:
+        model = "default" if args.model in (None, "default") else Path(args.model).name
+        parts = [f"model-{model}", f"seed{args.seed}"]
+    parts.append(args.credit or ("own" if args.input and Path(args.input).is_dir() else "ktae"))
+    if args.step is not None:
+        parts.append(f"step{args.step}")
+    if args.group is not None:
+        parts.append(f"group{args.group}")
+    elif args.groups is not None:
+        parts.append(f"{args.groups}groups")
+    return Path(DEFAULT_ROOT) / f"{slug('-'.join(parts))[:120]}.html"
+
+
+def _check_outputs(args: argparse.Namespace) -> Path | None:
+    """The HTML page to write (None: terminal only), checked with ``--png`` before any
+    work."""
+    from ktae.cli_common import check_output_dir, check_output_file
+
+    out = None
+    if args.output is not None:
+        out = check_output_file(args.output, "--output")
+    elif not args.terminal:
+        out = check_output_file(default_output(args), "--output", overwrite=args.overwrite)
+    if args.png is not None:
+        check_output_dir(args.png, "--png")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae explain``."""
     try:
+        out = _check_outputs(args)
         report = build(args)
     except ValueError as err:
         print(f"ktae explain: {err}", file=sys.stderr)
@@ -216,8 +257,7 @@ def run(args: argparse.Namespace) -> int:
         from ktae.viz.report_terminal import print_report
 
         print_report(report)
-    if args.output is not None or not args.terminal:
-        out = Path(args.output or DEFAULT_OUTPUT)
+    if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(report_html(report), encoding="utf-8")
         written.append(str(out))

@@ -1,8 +1,10 @@
 """``ktae simulate``: the TACO paper's synthetic MDP, every credit method against the oracle.
 
-``ktae simulate --preset quick -o runs/simulate`` trains a tabular softmax policy on the
+``ktae simulate --preset quick`` trains a tabular softmax policy on the
 synthetic sequential MDP (SPEC section 6) with each credit method, for each setting of
-the three axes (H, n_opt, G) and each seed, then writes to the output directory:
+the three axes (H, n_opt, G) and each seed, then writes to the output directory (default ``runs/simulate/PRESET[-SETTINGS]``, named by
+the preset and the flags that change it; an earlier result there is kept unless
+``--overwrite``):
 ``curves_H.png``, ``curves_n_opt.png``, ``curves_G.png`` (curves per axis), ``results.md``
 (final and mean return, steps to the target, the paper's claims) and ``curves.json``
 (the raw curves), and prints a one-paragraph summary.
@@ -18,6 +20,11 @@ from ktae import CALIBRATIONS
 from ktae.sim.config import PRESETS, SimConfig
 
 QUICK_METHODS = ",".join(PRESETS["quick"]["methods"])
+DEFAULT_ROOT = "runs/simulate"
+RESULT_FILES = ("results.md", "curves.json")
+#: Flags that change the result, in the order they name the default folder.
+_NAMED = ("horizon", "n_opt", "group_size", "actions", "steps", "lr", "seeds", "eval_every",
+          "methods", "ktae_threshold", "ktae_ngram", "target")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -69,8 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is faster on a "
                              "busy machine)")
-    parser.add_argument("-o", "--output-dir", default="runs/simulate",
-                        help="where the PNGs, results.md and curves.json go")
+    parser.add_argument("-o", "--output-dir", default=None,
+                        help=f"where the PNGs, results.md and curves.json go (default "
+                             f"{DEFAULT_ROOT}/PRESET[-SETTINGS], e.g. {DEFAULT_ROOT}/quick or "
+                             f"{DEFAULT_ROOT}/quick-steps=50-seeds=2)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier result in the default folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -114,12 +125,38 @@ class _Progress:
             self.bar.close()
 
 
+def default_output_dir(args: argparse.Namespace) -> Path:
+    """``runs/simulate/PRESET[-FLAG=VALUE...]``: the preset and every flag that changes
+    the result (a hash stands in for a list too long for a file name)."""
+    import hashlib
+
+    from ktae.cli_common import slug
+
+    parts = []
+    for name in _NAMED:
+        value = getattr(args, name, None)
+        default = 1 if name == "ktae_ngram" else 0.9 if name == "target" else None
+        if value is None or value == default:
+            continue
+        text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        parts.append(f"{name.replace('_', '-')}={text}")
+    name = slug("-".join([args.preset, *parts]))
+    if len(name) > 100:
+        name = f"{name[:80]}-{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+    return Path(DEFAULT_ROOT) / name
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae simulate``."""
+    from ktae.cli_common import check_output_dir
+
+    given = args.output_dir is not None
+    out = Path(args.output_dir) if given else default_output_dir(args)
     try:
         config = config_from_args(args)
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"threads: expected a positive integer, got {args.threads}")
+        check_output_dir(out, results=RESULT_FILES, overwrite=given or args.overwrite)
     except ValueError as err:
         print(f"ktae simulate: {err}", file=sys.stderr)
         return 2
@@ -136,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     n_blocks = len(plan_blocks(config))
     n_runs = len(config.method_names) * len(config.settings()) * config.seeds

@@ -205,13 +205,14 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         print(f"ktae compare: seeds: expected >= 1, got {args.seeds}", file=sys.stderr)
         return 2
+    from ktae.cli_common import check_output_dir, set_interrupt_hint
+
     root = Path(args.output_dir)
     seeds = list(range(args.seeds))
     base_args = argparse.Namespace(**vars(args))
-    from ktae.train.session import preflight, train
-
     configs = []
     try:
+        check_output_dir(root)
         for arm in arms:
             for seed in seeds:
                 ns = argparse.Namespace(**{**vars(base_args), **arm.overrides})
@@ -219,6 +220,12 @@ def run(args: argparse.Namespace) -> int:
                 ns.output_dir = str(root / f"{arm.dirname}-seed{seed}")
                 ns.resume = None
                 configs.append(cli_train.config_from_args(ns))
+    except ValueError as err:
+        print(f"ktae compare: {err}", file=sys.stderr)
+        return 2
+    from ktae.train.session import preflight, train  # trl: only once the arguments are right
+
+    try:
         checked = set()  # the data of every distinct setting, read before any model loads
         for cfg in configs:
             key = json.dumps([cfg.task, cfg.task_fields, cfg.task_filters, cfg.eval_task,
@@ -229,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"ktae compare: {err}", file=sys.stderr)
         return 2
+    set_interrupt_hint("finished runs are kept; run the same command again to continue")
     for i, cfg in enumerate(configs):
         out = Path(cfg.output_dir)
         summary_path = out / "summary.json"
