@@ -105,7 +105,8 @@ GPQA_RECORDED_ORDERS = {
 }
 
 
-@pytest.mark.parametrize("key", list(GPQA_RECORDED_ORDERS), ids=str)
+@pytest.mark.parametrize("key", list(GPQA_RECORDED_ORDERS),
+                         ids=[f"{r}-seed{s}" for r, s in GPQA_RECORDED_ORDERS])
 def test_gpqa_orders_are_stable_across_versions(key):
     record_id, seed = key
     assert gpqa_order(record_id, seed) == GPQA_RECORDED_ORDERS[key]
