@@ -69,8 +69,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{GENERATION_FILE}, else auto: chat template if the tokenizer "
                              "has one, else qwen-math)")
     parser.add_argument("-o", "--output-dir", default=None,
-                        help="where results.json and samples_*.jsonl go "
-                             "(default: eval-results/<model name>)")
+                        help="where results.json and samples_*.jsonl go (default: "
+                             "eval-results/<parent>-<name>-<hash of the model's absolute "
+                             "path>, or eval-results/<owner>--<name> for a hub id)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace results of another model found in --output-dir "
+                             "(refused otherwise)")
+    parser.add_argument("--long-prompts", choices=("error", "skip", "truncate"),
+                        default="error",
+                        help="prompts longer than the model's context: error (default: "
+                             "refuse, naming the benchmark, the count and the longest), "
+                             "skip them, or truncate them (cut from the left); the count is "
+                             "recorded per benchmark")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1)")
     parser.add_argument("--limit", type=int, default=None,
                         help="first N problems of each benchmark (embedded: generate N)")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per generate call")
@@ -107,6 +119,12 @@ def _benchmark_names(spec: str | None, data_dir) -> list[str]:
     from ktae.eval.benchmarks import saved_benchmarks
 
     saved = saved_benchmarks(data_dir) if data_dir is not None else None
+    if spec is None and data_dir is not None and not saved:
+        what = ("is empty" if Path(data_dir).is_dir() and not any(Path(data_dir).iterdir())
+                else "is not a dataset saved with save_to_disk" if Path(data_dir).is_dir()
+                else "is not a directory")
+        raise ValueError(f"--data-dir: {data_dir} {what}; name the benchmarks to read from "
+                         "it with --benchmarks")
     if spec is None:
         spec = ",".join(saved) if saved else "embedded"
     names = [n.strip() for n in spec.split(",") if n.strip()]
@@ -139,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
 def _check_options(args: argparse.Namespace) -> None:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: expected a positive integer, got {args.batch_size}")
+    if args.threads < 1:
+        raise ValueError(f"--threads: expected a positive integer, got {args.threads}")
     if not (0 < args.timeout < float("inf")):
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
     if args.select_on is not None and args.checkpoints is None:
@@ -185,7 +205,34 @@ def _settings_record(settings, names: list[str], args) -> dict:
             "settings_sources": dict(settings.sources)}
 
 
+def _settings_key(args, settings, choice, names: list[str], backend: str) -> dict:
+    """Every setting that changes the samples or their grading (the data is keyed by its
+    content, :func:`ktae.eval.provenance.records_sha256`)."""
+    return {"benchmarks": names, "k": settings.k, "temperature": settings.temperature,
+            "top_p": settings.top_p, "max_new_tokens": choice.max_new_tokens,
+            "template": choice.template, "seed": args.seed, "limit": args.limit,
+            "backend": backend, "dtype": args.dtype, "split": args.split,
+            "timeout": args.timeout, "long_prompts": args.long_prompts,
+            "grader": settings.grader}
+
+
+def _data(records, names: list[str], args) -> tuple[dict, dict]:
+    """Each benchmark's origin (results.json ``data``) and the sha256 of its problems."""
+    from ktae.eval.provenance import data_origin, records_sha256
+
+    origins = {n: data_origin(n, data_dir=args.data_dir, fixtures=args.fixtures,
+                              split=args.split) for n in names}
+    return origins, {n: records_sha256(r) for n, r in records.items()}
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def _run(args: argparse.Namespace, console) -> int:
+    from ktae.eval.cache import cache_key, cached_results, check_replace, default_output_dir
     from ktae.eval.generate import vllm_available
     from ktae.eval.model_path import resolve_model_path
     from ktae.eval.results import prepare_output_dir, results_table
@@ -202,13 +249,30 @@ def _run(args: argparse.Namespace, console) -> int:
     model_path = resolve_model_path(args.model)
     settings, choice = _settings(args, names, model_path)
     output_dir = prepare_output_dir(
-        args.output_dir or Path("eval-results") / Path(args.model).name, "--output-dir")
+        args.output_dir or default_output_dir(args.model), "--output-dir")
     records = load_records(names, limit=args.limit, data_dir=args.data_dir,
                            fixtures=args.fixtures, split=args.split,
                            hub_sources=_hub_sources(args))
     backend = args.backend
     if backend == "auto":
         backend = "vllm" if vllm_available() else "hf"
+    origins, hashes = _data(records, names, args)
+    settings_key = _settings_key(args, settings, choice, names, backend)
+
+    def key_now() -> dict:
+        return cache_key(model=args.model, model_dir=resolve_model_path(args.model),
+                         data=hashes, settings=settings_key)
+
+    key = key_now()
+    check_replace(output_dir, key, overwrite=args.overwrite)
+    cached = None if args.overwrite else cached_results(output_dir, key, names)
+    if cached is not None:
+        console.print(f"cached: {output_dir / 'results.json'} holds this evaluation (same "
+                      "model, weights, data and settings)", markup=False, highlight=False,
+                      soft_wrap=True)
+        console.print(results_table(cached))
+        return 0
+    _set_threads(args.threads)
     tokenizer, model = _load(model_path, args.model, backend, args.dtype)
     _print(console, settings, choice)
     results = evaluate(
@@ -217,9 +281,11 @@ def _run(args: argparse.Namespace, console) -> int:
         batch_size=args.batch_size, seed=args.seed, output_dir=output_dir,
         timeout=args.timeout, show_progress=not args.no_progress, backend=backend,
         model_path=model_path, dtype=args.dtype, grader=settings.grader,
+        long_prompts=args.long_prompts, data=origins,
         config={"model": args.model, **_settings_record(settings, names, args),
                 "template_source": choice.template_source,
-                "max_new_tokens_source": choice.max_new_tokens_source})
+                "max_new_tokens_source": choice.max_new_tokens_source,
+                "cache_key": key_now()})  # a hub model is in the local cache by now
     console.print(results_table(results))
     console.print(f"wrote {output_dir / 'results.json'}")
     return 0
@@ -278,20 +344,24 @@ def _print(console, settings, choice) -> None:
 def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int:
     """``--checkpoints``: everything checked first, then one evaluation per checkpoint
     not already cached (see :mod:`ktae.eval.sweep`)."""
+    from ktae.eval.cache import cache_key, check_replace, default_output_dir
     from ktae.eval.generate import vllm_available
     from ktae.eval.results import prepare_output_dir, results_table
     from ktae.eval.runner import evaluate, load_records
-    from ktae.eval.sweep import AVG, run_checkpoints, sweep
+    from ktae.eval.sweep import AVG, incomplete_checkpoints, run_checkpoints, sweep
 
     checkpoints = run_checkpoints(args.model, args.checkpoints)
+    incomplete = incomplete_checkpoints(args.model)
+    if incomplete:
+        console.print(f"skipped {', '.join(incomplete)}: incomplete (no weights or no "
+                      "completion marker)", markup=False, highlight=False, soft_wrap=True)
     select_on = args.select_on or AVG
     if select_on != AVG and select_on not in names:
         raise ValueError(f"--select-on: {select_on} is not among --benchmarks "
                          f"({', '.join(names)})")
     plans = [(ck, *_settings(args, names, str(ck.path))) for ck in checkpoints]
-    output_dir = prepare_output_dir(
-        args.output_dir or Path("eval-results") / Path(args.model).resolve().name,
-        "--output-dir")
+    output_dir = prepare_output_dir(args.output_dir or default_output_dir(args.model),
+                                    "--output-dir")
     records = load_records(names, limit=args.limit, data_dir=args.data_dir,
                            fixtures=args.fixtures, split=args.split,
                            hub_sources=_hub_sources(args))
@@ -299,20 +369,21 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
     if backend == "auto":
         backend = "vllm" if vllm_available() else "hf"
     by_label = {ck.label: (settings, choice) for ck, settings, choice in plans}
-
-    def key_of(settings, choice) -> dict:
-        return {"benchmarks": names, "k": settings.k, "temperature": settings.temperature,
-                "top_p": settings.top_p, "max_new_tokens": choice.max_new_tokens,
-                "template": choice.template, "seed": args.seed, "limit": args.limit,
-                "grader": settings.grader,
-                "backend": backend, "data_dir": args.data_dir, "fixtures": args.fixtures,
-                "split": args.split}
-
-    keys = {_key_json(key_of(*v)) for v in by_label.values()}
+    keys = {_key_json(_settings_key(args, *v, names, backend)) for v in by_label.values()}
     if len(keys) != 1:
         raise ValueError("--checkpoints: the checkpoints were saved with different "
                          "templates or budgets; give --template and --max-new-tokens")
-    key = key_of(*next(iter(by_label.values())))
+    settings_key = _settings_key(args, *next(iter(by_label.values())), names, backend)
+    origins, hashes = _data(records, names, args)
+
+    def key_of(ck) -> dict:
+        return cache_key(model=str(ck.path), model_dir=ck.path, data=hashes,
+                         settings=settings_key,
+                         checkpoint={"label": ck.label, "step": ck.step})
+
+    for ck in checkpoints:
+        check_replace(output_dir / ck.label, key_of(ck), overwrite=args.overwrite)
+    _set_threads(args.threads)
 
     def evaluate_one(ck, out: Path) -> dict:
         settings, choice = by_label[ck.label]
@@ -325,11 +396,12 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
             template=choice.template, batch_size=args.batch_size, seed=args.seed,
             output_dir=out, timeout=args.timeout, show_progress=not args.no_progress,
             backend=backend, model_path=str(ck.path), dtype=args.dtype, grader=settings.grader,
+            long_prompts=args.long_prompts, data=origins,
             config={"model": str(ck.path), "checkpoint": ck.label, "step": ck.step,
                     **_settings_record(settings, names, args),
                     "template_source": choice.template_source,
                     "max_new_tokens_source": choice.max_new_tokens_source,
-                    "sweep_key": key})
+                    "cache_key": key_of(ck)})
 
     def report(ck, results, cached) -> None:
         if cached:
@@ -337,8 +409,8 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
                           markup=False, highlight=False, soft_wrap=True)
         console.print(results_table(results))
 
-    summary = sweep(checkpoints, output_dir, key, evaluate_one, select_on=select_on,
-                    on_result=report)
+    summary = sweep(checkpoints, output_dir, key_of, evaluate_one, benchmarks=names,
+                    select_on=select_on, on_result=report)
     best = summary["best"]
     console.print(f"best checkpoint on {select_on}: {best['label']} (step {best['step']}, "
                   f"{100 * best['scores'][select_on]:.1f}%)", markup=False, highlight=False)

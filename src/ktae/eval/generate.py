@@ -166,7 +166,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
         try:
             for start in range(0, len(prompts), batch_size):
                 chunk = list(prompts[start:start + batch_size])
-                lengths = [len(tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"])
+                lengths = [len(tokenizer(p, add_special_tokens=add_special_tokens,
+                       verbose=False)["input_ids"])
                            for p in chunk]
                 budgets = [prompt_budget(n, sampling.max_new_tokens, context) for n in lengths]
                 cut += [n for n, b in zip(lengths, budgets, strict=True)

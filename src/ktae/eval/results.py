@@ -8,7 +8,9 @@ sample) and ``pass_at`` (unbiased pass@j for every j = 1..k, keys ``"1"``..``"k"
 / ``max_response_length`` in tokens, ``truncation_rate`` (responses that hit the budget
 without an end-of-sequence token), ``formatted_rate`` (a closed, non-empty ``\\boxed{}``;
 for multiple-choice benchmarks a boxed letter), ``n`` problems, ``k`` samples each,
-``timeouts`` of the verifier and ``generation_seconds`` (wall clock of generation).
+``timeouts`` of the verifier, ``generation_seconds`` (wall clock of generation) and
+``long_prompts`` (prompts that do not fit in the model's context and the rule applied to
+them, :mod:`ktae.eval.context`).
 The results JSON also carries the KTAE authors' summary fields:
 ``results`` (accuracy per benchmark), ``avg`` (their unweighted mean), ``avg_lens``,
 ``max_lens`` and ``formatted``.
@@ -148,17 +150,24 @@ def results_table(results: Mapping):
     from rich.table import Table
 
     table = Table(title="ktae eval", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False,
-                  caption="rates in %, ±std over the k samples; len, max: response tokens")
+                  caption="rates in %, ±std over the k samples; len, max: response tokens; "
+                          "long: prompts longer than the model's context (and what was done "
+                          "with them)")
     table.add_column("benchmark", no_wrap=True)
-    for col in ("n", "k", "avg@k", "±std", "pass@k", "maj@k", "fmt", "trunc", "len", "max"):
+    for col in ("n", "k", "avg@k", "±std", "pass@k", "maj@k", "fmt", "trunc", "len", "max",
+                "long"):
         table.add_column(col, justify="right", no_wrap=True)
     for name, m in results["benchmarks"].items():
+        long = m.get("long_prompts") or {}
+        long_cell = (f"{long['count']} {long['rule']}ped" if long.get("rule") == "skip"
+                     else f"{long['count']} {long['rule']}d") if long.get("count") else "0"
         table.add_row(name, str(m["n"]), str(m["k"]), f"{100 * m['accuracy']:.1f}",
                       f"{100 * m.get('accuracy_std', 0.0):.1f}", f"{100 * m['pass_at_k']:.1f}",
                       f"{100 * m.get('maj_at_k', m['accuracy']):.1f}",
                       f"{100 * m['formatted_rate']:.1f}",
                       f"{100 * m.get('truncation_rate', 0.0):.1f}",
-                      f"{m['mean_response_length']:.1f}", str(m["max_response_length"]))
+                      f"{m['mean_response_length']:.1f}", str(m["max_response_length"]),
+                      long_cell)
     table.add_section()
-    table.add_row("avg", "", "", f"{100 * results['avg']:.1f}", *[""] * 7)
+    table.add_row("avg", "", "", f"{100 * results['avg']:.1f}", *[""] * 8)
     return table

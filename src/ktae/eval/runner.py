@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ktae.eval import choice
 from ktae.eval.benchmarks import BenchmarkRecord, fixture_path, load_benchmark
+from ktae.eval.context import check_prompts, model_context
 from ktae.eval.defaults import resolve_generation
 from ktae.eval.generate import (
     Generation,
@@ -24,6 +25,7 @@ from ktae.eval.generate import (
 )
 from ktae.eval.metrics import answer_classes, candidate_pairs
 from ktae.eval.prompts import build_prompt, resolve_template, uses_chat_template
+from ktae.eval.provenance import records_sha256
 from ktae.eval.results import (
     benchmark_metrics,
     prepare_output_dir,
@@ -145,8 +147,8 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
              batch_size: int = 16, seed: int = 0, limit: int | None = None,
              output_dir: str | Path | None = None, timeout: float = 5.0,
              show_progress: bool = False, backend: str = "hf", model_path: str | None = None,
-             dtype: str = "auto", config: Mapping | None = None,
-             grader: str = "default") -> dict:
+             dtype: str = "auto", config: Mapping | None = None, long_prompts: str = "error",
+             data: Mapping[str, Mapping] | None = None, grader: str = "default") -> dict:
     """Evaluate ``model`` on ``benchmarks`` and return the results document.
 
     Args:
@@ -171,11 +173,19 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             ``ktae_generation.json``); default: the ``name_or_path`` of ``model``.
         dtype: vLLM's weights dtype (the transformers model is already loaded).
         grader: the math grader (:mod:`ktae.eval.graders`), recorded in the config.
+        long_prompts: what happens to prompts that do not fit in the model's context:
+            ``"error"`` (default: refused before anything is generated), ``"skip"`` or
+            ``"truncate"`` (:mod:`ktae.eval.context`; reported per benchmark as
+            ``long_prompts``).
+        data: per benchmark, where its problems came from
+            (:func:`ktae.eval.provenance.data_origin`); recorded under ``data`` with the
+            row count and the sha256 of the problems.
 
     Returns:
         ``{"config", "benchmarks": {name: metrics}, "results", "avg", "avg_lens",
         "max_lens", "formatted"}`` (see :mod:`ktae.eval.results`), plus ``"samples":
-        {name: rows}`` in memory only (not in ``results.json``). ``config`` records the
+        {name: rows}`` in memory only (not in ``results.json``), and ``"data"``: per
+        benchmark, its origin, ``rows`` and ``sha256``. ``config`` records the
         template and budget used and where each came from (``template_source``,
         ``max_new_tokens_source``: ``"given"``, the file, or ``"default"``), ``k`` per
         benchmark and ``backend_arguments``: per benchmark, the decoding arguments the
@@ -183,7 +193,8 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         :func:`~ktae.eval.generate.vllm_sampling_kwargs`).
 
     Raises:
-        ValueError: bad arguments, a benchmark with no records, an unusable output_dir.
+        ValueError: bad arguments, a benchmark with no records, prompts that do not fit
+            in the model's context (``long_prompts="error"``), an unusable output_dir.
     """
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend: expected 'hf' or 'vllm', got {backend!r}")
@@ -207,10 +218,21 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
     for name, recs in records.items():
         if not recs:
             raise ValueError(f"benchmarks: {name!r} has no records (nothing to score)")
-    out_dir = prepare_output_dir(output_dir) if output_dir is not None else None
+    data_used = {n: {**dict((data or {}).get(n, {"source": "given"})), "rows": len(recs),
+                     "sha256": records_sha256(recs)} for n, recs in records.items()}
     resolved = resolve_template(choice_of.template, tokenizer)
     prompts = {n: [build_prompt(r, resolved, tokenizer) for r in recs]
                for n, recs in records.items()}
+    # Every benchmark's prompts are checked against the context before anything runs.
+    context = model_context(model if backend == "hf" else None,
+                            _model_dir(model, model_path) or model_path)
+    long_report = {}
+    for name in list(records):
+        records[name], prompts[name], long_report[name] = check_prompts(
+            name, records[name], prompts[name], tokenizer, context=context,
+            max_new_tokens=choice_of.max_new_tokens, rule=long_prompts,
+            add_special_tokens=not uses_chat_template(resolved))
+    out_dir = prepare_output_dir(output_dir) if output_dir is not None else None
     to_backend = vllm_sampling_kwargs if backend == "vllm" else hf_generate_kwargs
     timeouts_before = reward_stats()["timeouts"]
     llm = None
@@ -239,6 +261,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             samples[name] = sample_rows(recs, prompts[name], gens, rewards, classes)
             per_bench[name] = benchmark_metrics(samples[name], k=s.k)
             per_bench[name]["generation_seconds"] = round(seconds, 3)
+            per_bench[name]["long_prompts"] = long_report[name]
 
     first = next(iter(sampling.values()))
     run_config = {"k": {n: s.k for n, s in sampling.items()},
@@ -251,11 +274,15 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
                   "max_new_tokens_source": choice_of.max_new_tokens_source,
                   "verifier_timeouts": reward_stats()["timeouts"] - timeouts_before,
                   "grader": grader,
+                  "long_prompts": long_prompts,
                   **dict(config or {})}
     results = summarize(per_bench, run_config)
+    results["data"] = data_used
     if out_dir is not None:
-        write_results(out_dir / "results.json", results)
+        # samples first: a results.json is only ever next to its complete samples
+        (out_dir / "results.json").unlink(missing_ok=True)
         for name, rows in samples.items():
             write_samples(out_dir / f"samples_{name}.jsonl", rows)
+        write_results(out_dir / "results.json", results)
     results["samples"] = samples
     return results

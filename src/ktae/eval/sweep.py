@@ -4,9 +4,13 @@ A run's checkpoints are its complete ``checkpoint-N`` directories (those holding
 trainer's completion marker; ``ktae train`` keeps the latest two and always saves one at
 the last step, so the last is the model of ``final/``). Each is evaluated with the same
 settings into ``<output_dir>/checkpoint-N/`` (``results.json``, ``samples_*.jsonl``). A
-checkpoint whose ``results.json`` was written with the same settings (the ``sweep_key``
-it records: benchmarks, data, k, decoding, template, budget, seed, limit, backend) is
-read back instead of evaluated again; changing any setting evaluates it afresh.
+checkpoint is read back instead of evaluated again only when its ``results.json``
+records the same ``cache_key`` (:mod:`ktae.eval.cache`: the checkpoint's path, label,
+step and weight files' sizes and modification times, the sha256 of the problems used,
+and every setting) and its samples are all there; retraining into the same run
+directory, changed weights, data or settings, or a deleted samples file evaluate it
+afresh. ``checkpoint-N`` directories that are not complete (no weights or no completion
+marker) are named on the console and left out.
 
 The checkpoint reported is the one with the best accuracy (avg@k) on the validation
 benchmark (``--select-on BENCH``; default: the mean accuracy over the benchmarks, the
@@ -22,6 +26,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ktae.eval.cache import cached_results
 
 AVG = "avg"
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
@@ -66,17 +72,18 @@ def run_checkpoints(run_dir: str | Path, which: str = "all") -> list[Checkpoint]
     return [Checkpoint(p.name, s, p) for s, p in found]
 
 
-def cached_results(path: Path, key: Mapping) -> dict | None:
-    """``path/results.json`` when it exists and records ``sweep_key == key``."""
-    file = path / "results.json"
-    try:
-        results = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    config = results.get("config") if isinstance(results, dict) else None
-    if not isinstance(config, dict) or config.get("sweep_key") != json.loads(json.dumps(key)):
-        return None
-    return results
+def incomplete_checkpoints(run_dir: str | Path) -> list[str]:
+    """Names of the ``checkpoint-N`` directories of ``run_dir`` that are not complete
+    (the trainer died while saving, or the weights were removed), by step."""
+    from ktae.train.rundir import is_complete_checkpoint
+
+    run = Path(run_dir)
+    if not run.is_dir():
+        return []
+    found = sorted((int(m.group(1)), p.name) for p in run.iterdir()
+                   if (m := _CHECKPOINT.match(p.name)) and p.is_dir()
+                   and not is_complete_checkpoint(p))
+    return [name for _, name in found]
 
 
 def score(results: Mapping, select_on: str) -> float:
@@ -90,14 +97,19 @@ def best_checkpoint(rows: Sequence[Mapping], select_on: str) -> Mapping:
     return max(rows, key=lambda r: (r["scores"][select_on], -r["step"]))
 
 
-def sweep(checkpoints: Sequence[Checkpoint], output_dir: Path, key: Mapping,
-          evaluate_one: Callable[[Checkpoint, Path], dict], *, select_on: str = AVG,
+def sweep(checkpoints: Sequence[Checkpoint], output_dir: Path,
+          key_of: Callable[[Checkpoint], Mapping],
+          evaluate_one: Callable[[Checkpoint, Path], dict], *, benchmarks: Sequence[str],
+          select_on: str = AVG,
           on_result: Callable[[Checkpoint, dict, bool], None] | None = None) -> dict:
     """Evaluate (or read back) every checkpoint; write ``checkpoints.json`` and the PNG.
 
+    ``key_of(checkpoint)`` is the checkpoint's cache key (:func:`ktae.eval.cache.cache_key`);
     ``evaluate_one(checkpoint, out_dir)`` evaluates one checkpoint into ``out_dir``
-    (recording ``key`` as ``config.sweep_key``) and returns its results document;
-    ``on_result(checkpoint, results, cached)`` is told about each (console output).
+    (recording that key as ``config.cache_key``) and returns its results document;
+    results are read back instead when :func:`ktae.eval.cache.cached_results` finds them
+    for every name of ``benchmarks``. ``on_result(checkpoint, results, cached)`` is told
+    about each (console output).
 
     Returns ``{"select_on", "checkpoints": [{label, step, path, cached, scores}],
     "best": {...}}`` (also written to ``output_dir/checkpoints.json``).
@@ -105,7 +117,7 @@ def sweep(checkpoints: Sequence[Checkpoint], output_dir: Path, key: Mapping,
     rows = []
     for ck in checkpoints:
         out = output_dir / ck.label
-        results = cached_results(out, key)
+        results = cached_results(out, key_of(ck), benchmarks)
         cached = results is not None
         if results is None:
             results = evaluate_one(ck, out)
