@@ -6,6 +6,8 @@ Core API (pure torch):
     key_token_table(*, rewards, group, token_ids, mask=None, **options)
     policy_loss(logprobs, old_logprobs, advantages, mask, ...)
     calibrate_advantages(name, advantages, *, logprobs, entropies, mask, old_logprobs, ...)
+    register_estimator(name, *, needs=()), register_calibration(name, *, needs=())
+                                              (bring your own rule: docs/plugins.md)
     audit(input=None, *, model=None, credit=None, ...)   (the credit audit; needs the
                                                           eval extra, and matplotlib
                                                           for its PNGs)
@@ -17,6 +19,12 @@ from ktae.core.gtpo import gtpo_advantages as _gtpo  # noqa: F401  (registers "g
 from ktae.core.ktae import KeyTokenTable, key_token_table  # registers "ktae"
 from ktae.core.policy_loss import kl_penalty, policy_loss
 from ktae.core.prefix_value import prefix_value_advantages as _pv  # noqa: F401  (registers "prefix-value")
+from ktae.core.user_rules import (
+    CalibrationBatch,
+    RuleBatch,
+    register_calibration,
+    register_estimator,
+)
 
 
 def audit(input=None, **options):
@@ -29,13 +37,17 @@ def audit(input=None, **options):
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "CALIBRATIONS",
+    "CalibrationBatch",
     "CalibrationResult",
     "KeyTokenTable",
+    "RuleBatch",
     "audit",
     "calibrate_advantages",
     "compute_advantages",
     "key_token_table",
     "kl_penalty",
     "policy_loss",
+    "register_calibration",
+    "register_estimator",
 ]
 __version__ = "0.1.0"
