@@ -57,6 +57,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"ktae {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    parser.add_argument("--plugin", action="append", metavar="MODULE_OR_FILE",
+                        help="import a module or .py file that registers credit rules "
+                             "(ktae.register_estimator; repeatable; docs/plugins.md)")
     argv = sys.argv[1:] if argv is None else argv
     wanted = argv[0] if argv and not argv[0].startswith("-") else None
     for name, (module, help_text) in SUBCOMMANDS.items():
@@ -69,6 +72,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _dispatch(argv: list[str]) -> int:
+    try:  # users' credit rules first, so that their names and options validate
+        from ktae.plugins import load_from_argv
+
+        argv = load_from_argv(argv)
+    except ValueError as err:
+        print(f"ktae: {err}", file=sys.stderr)
+        return 2
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:

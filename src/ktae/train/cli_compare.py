@@ -13,7 +13,9 @@ An entry of ``--credit`` may change settings for its own runs only:
 ``CREDIT@KEY=VALUE[@KEY=VALUE...]``, where KEY is a ``ktae train`` setting (its
 ``TrainConfig`` field name, e.g. ``ktae_ngram``, ``taco_lambda``, ``learning_rate``) or
 that name without the prefix of a credit in the entry (``ktae@ngram=3`` sets
-``ktae_ngram``; ``taco@lambda=0.5`` sets ``taco_lambda``). So
+``ktae_ngram``; ``taco@lambda=0.5`` sets ``taco_lambda``), or an option of the entry's
+advantage estimator (``prefix-value@weight=0.5``, a user rule's ``mine@scale=2``: as
+``--estimator-option``, after the common ones). So
 ``--credit none,ktae,ktae@ngram=3`` compares GRPO, KTAE and KTAE over trigrams; that
 arm's runs live in ``ktae-ngram=3-seed{s}/``.
 """
@@ -67,8 +69,8 @@ def parse_arm(text: str) -> Arm:
         names = [key] + [f"{p}_{key}" for p in prefixes]
         name = next((n for n in names if n in types), None)
         if name is None:
-            raise ValueError(f"credit: {key!r} in {text!r} is not a setting an entry can change; "
-                             f"expected one of {sorted(types)} (or without the credit's prefix)")
+            _estimator_option(credit, key, raw, text, sorted(types), overrides)
+            continue
         if name in overrides:
             raise ValueError(f"credit: {name} set twice in {text!r}")
         try:
@@ -77,6 +79,31 @@ def parse_arm(text: str) -> Arm:
             raise ValueError(f"credit: {key}={raw!r} in {text!r}: expected "
                              f"{types[name].__name__}") from None
     return Arm(label=text.strip(), credit=credit, overrides=overrides)
+
+
+def _estimator_option(credit: str, key: str, raw: str, text: str, settings: list,
+                      overrides: dict) -> None:
+    """``key=raw`` as an option of the entry's estimator (into ``overrides``), else a
+    one-line error listing the estimator's options and the settings."""
+    import yaml
+
+    from ktae.core.user_rules import estimator_option_names
+    from ktae.train.credit import parse_credit
+
+    estimator, _ = parse_credit(credit)
+    options = [] if estimator is None else estimator_option_names(estimator)
+    if options is not None and key not in options:
+        own = (f"an option of estimator {estimator!r} ({', '.join(options) or 'none'}) or "
+               if estimator else "")
+        raise ValueError(f"credit: {key!r} in {text!r} is not {own}a setting an entry can "
+                         f"change; expected one of {settings} (or without the credit's prefix)")
+    chosen = overrides.setdefault("estimator_options", {})
+    if key in chosen:
+        raise ValueError(f"credit: {key} set twice in {text!r}")
+    try:
+        chosen[key] = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        chosen[key] = raw
 
 
 def parse_arms(spec: str) -> list[Arm]:
@@ -216,6 +243,12 @@ def run(args: argparse.Namespace) -> int:
         for arm in arms:
             for seed in seeds:
                 ns = argparse.Namespace(**{**vars(base_args), **arm.overrides})
+                if "estimator_options" in arm.overrides:  # after the common ones
+                    ns.estimator_options = None
+                    ns.estimator_options_pairs = [
+                        *(base_args.estimator_options_pairs or []),
+                        *(f"{k}={json.dumps(v)}"
+                          for k, v in arm.overrides["estimator_options"].items())]
                 ns.credit, ns.seed = arm.credit, seed
                 ns.output_dir = str(root / f"{arm.dirname}-seed{seed}")
                 ns.resume = None

@@ -49,11 +49,14 @@ TRAINER_KTAE_OPTIONS = ("correct",)
 
 
 def passes_correct(estimator: str | None, options: dict) -> bool:
-    """Whether the trainer gives the estimator the verifier's ``correct``: KTAE and GTPO do
-    take it, except KTAE with ``split=graded``, whose classes come from the reward values."""
+    """Whether the trainer gives the estimator the verifier's ``correct``: KTAE, GTPO,
+    prefix-value and users' rules (``ktae.register_estimator``) take it, except KTAE with
+    ``split=graded``, whose classes come from the reward values."""
+    from ktae.core.user_rules import estimator_takes_correct
+
     if estimator == "ktae":
         return options.get("split", "threshold") != "graded"
-    return estimator == "gtpo"
+    return estimator == "gtpo" or (estimator is not None and estimator_takes_correct(estimator))
 
 
 def parse_credit(credit: str) -> tuple[str | None, str | None]:
@@ -160,6 +163,10 @@ def check_credit_options(settings: CreditSettings) -> None:
     options = dict(settings.estimator_options)
     if passes_correct(settings.estimator, options):
         options["correct"] = rewards > 0.5
+    from ktae.core.user_rules import estimator_needs_logprobs
+
+    if estimator_needs_logprobs(settings.estimator):
+        options["logprobs"] = torch.full(ids.shape, -1.0)
     try:
         adv = ktae.compute_advantages(settings.estimator, rewards=rewards, group=[0, 0],
                                       token_ids=ids, mask=mask, entropies=torch.ones(ids.shape),

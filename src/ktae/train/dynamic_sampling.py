@@ -26,9 +26,12 @@ _PAD_SIDE = {
     "importance_sampling_ratio": "right",
     "tool_mask": "right",
     "ktae_old_entropies": "right",
+    "ktae_old_logprobs": "right",
 }
 OLD_ENTROPIES = "ktae_old_entropies"
 """Batch key of the generating policy's per-token entropies (estimators that need them)."""
+OLD_LOGPROBS = "ktae_old_logprobs"
+"""Batch key of the generating policy's per-token log-probs (users' rules that need them)."""
 MERGEABLE_KEYS = frozenset(_PAD_SIDE)
 """Keys of a generation batch that :func:`merge_rows` knows how to concatenate."""
 

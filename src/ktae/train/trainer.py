@@ -57,11 +57,13 @@ from trl.trainer.utils import RepeatSampler
 import ktae
 from ktae.core.advantages import estimator_needs_entropies
 from ktae.core.calibration import logged_metrics
+from ktae.core.user_rules import estimator_needs_logprobs
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
 from ktae.train.credit import CreditSettings, passes_correct
 from ktae.train.dynamic_sampling import (
     MERGEABLE_KEYS,
     OLD_ENTROPIES,
+    OLD_LOGPROBS,
     informative_groups,
     merge_rows,
     select_groups,
@@ -212,7 +214,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
             out = super()._generate_and_score_completions(inputs)
         finally:
             self.mask_truncated_completions = masking
-        if estimator_needs_entropies(self.credit.estimator):
+        if (estimator_needs_entropies(self.credit.estimator)
+                or estimator_needs_logprobs(self.credit.estimator)):
             out[OLD_ENTROPIES] = self._old_policy_entropies(out)
         token_mask = out["completion_mask"]
         if "tool_mask" in out:
@@ -249,9 +252,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
         size = (self.args.per_device_train_batch_size if self.model.training
                 else self.args.per_device_eval_batch_size)
         with torch.no_grad():
-            _, entropies, _ = self._get_per_token_logps_and_entropies(
+            logps, entropies, _ = self._get_per_token_logps_and_entropies(
                 self.model, ids, attention, batch["completion_ids"].size(1), batch_size=size,
                 compute_entropy=True)
+        if estimator_needs_logprobs(self.credit.estimator):  # a user rule's sampling logprobs
+            batch[OLD_LOGPROBS] = logps.detach()
         return entropies.detach()
 
     # ------------------------------------------------------------------ generation
@@ -353,6 +358,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
         mask = batch.pop(_TOKEN_MASK)
         loss_mask = batch["completion_mask"]
         entropies = batch.pop(OLD_ENTROPIES, None)
+        logprobs = batch.pop(OLD_LOGPROBS, None)
         if "tool_mask" in batch:
             loss_mask = loss_mask * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
@@ -365,6 +371,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
             if entropies is not None:
                 entropies = self.accelerator.gather(
                     self.accelerator.pad_across_processes(entropies, dim=1, pad_index=0))
+            if logprobs is not None:
+                logprobs = self.accelerator.gather(
+                    self.accelerator.pad_across_processes(logprobs, dim=1, pad_index=0))
             rewards = self.accelerator.gather(rewards)
             per_func = self.accelerator.gather(per_func)
             correct = self.accelerator.gather(correct.to(torch.uint8)).bool()  # gloo: no bool
@@ -376,6 +385,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         options = dict(self.credit.estimator_options)
         if passes_correct(self.credit.estimator, options):
             options["correct"] = correct
+        if logprobs is not None:
+            options["logprobs"] = logprobs
         if self.credit.estimator == "ktae":
             options["ignore_token_ids"] = sorted(
                 set(self.ignore_token_ids) | {int(i) for i in options.get("ignore_token_ids") or ()})
