@@ -237,51 +237,22 @@ def test_chat_rows_and_plain_eval_rows_under_the_dapo_reward(tmp_path):
     assert "\\boxed{}" in boxed_held[0]["prompt"]
 
 
-def _recipe_commands() -> list[list[str]]:
-    """The ``ktae train`` arguments of every command of docs/training.md's GPU recipes."""
+def test_the_gpu_recipes_parse_and_resolve():
+    """docs/training.md's GPU recipes are `ktae train --config configs/...` commands; their
+    parsing and the paper values of each config are tests/test_recipes.py's."""
     import re
-    import shlex
     from pathlib import Path
 
-    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    from ktae.train.config import TrainConfig
+
+    root = Path(__file__).parents[1]
+    text = (root / "docs" / "training.md").read_text()
     section = text[text.index("### GPU recipes"):text.index("## From Python")]
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
-        words = shlex.split(block.replace("\\\n", " "))
-        commands.append(words[words.index("train") + 1:])
-    return commands
-
-
-def test_the_gpu_recipes_parse_and_resolve():
-    import argparse
-
-    from ktae.train import cli_train
-    from ktae.train.trl_args import check_trl_settings
-
-    commands = _recipe_commands()
-    assert len(commands) == 3
-    parser = argparse.ArgumentParser()
-    cli_train.add_arguments(parser)
-    cfgs = [cli_train.config_from_args(parser.parse_args(c)) for c in commands]
-    for cfg in cfgs:
-        check_trl_settings(cfg.trl)
-        accumulation = cfg.trl["gradient_accumulation_steps"]
-        per_process = cfg.num_prompts * cfg.num_generations // 8
-        assert per_process % accumulation == 0 and per_process % cfg.num_generations == 0
-    ktae15, ktae7, taco = cfgs
-    assert (ktae15.task, ktae15.template, ktae15.reward, ktae15.eval_task) == \
-        ("hf:hiyouga/math12k@train", "ktae-train", "boxed", "math500")
-    assert (ktae15.algo, ktae15.credit, ktae15.clip_high, ktae15.max_new_tokens) == \
-        ("dapo", "ktae", 0.28, 3072)
-    assert ktae7.task_filters == {"level": ["Level 3", "Level 4", "Level 5"]}
-    assert ktae7.clip_high == 0.24 and ktae7.model == "Qwen/Qwen2.5-Math-7B"
-    assert (taco.task, taco.template, taco.reward) == \
-        ("hf:BytedTsinghua-SIA/DAPO-Math-17k@train", "chat", "dapo")
-    assert (taco.algo, taco.credit, taco.taco_alpha, taco.taco_lambda, taco.loss_type) == \
-        ("grpo", "taco", 0.01, 0.9, "dapo")
-    assert (taco.num_prompts, taco.num_generations, taco.max_steps, taco.warmup_steps) == \
-        (32, 8, 3200, 160)
-    assert not taco.dynamic_sampling and taco.overlong_buffer == 0 and taco.beta == 0
+    configs = re.findall(r"ktae train --config (configs/\S+\.yaml)", section)
+    assert len(configs) >= 6
+    for config in configs:
+        cfg = TrainConfig.from_file(root / config).resolve()
+        assert cfg.task != "embedded" and cfg.bf16
 
 
 def test_math500_offline_says_what_to_do(monkeypatch):
