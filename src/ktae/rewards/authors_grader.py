@@ -407,6 +407,10 @@ class _Deadline:
 
 def math_verify_equal(given: str, truth: str) -> bool:
     """Rule 4: equal normal forms, else math-verify, within one second (main thread)."""
+    # imported before the deadline is armed: an import cut short by the alarm would leave
+    # sympy half-initialised for every later check
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
     try:
         with _Deadline(1):
             if (len(given) > 128 and _repeats_itself(given)) or \
@@ -417,8 +421,6 @@ def math_verify_equal(given: str, truth: str) -> bool:
                 return False
             if t == g:
                 return True
-            from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
             config = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 
             def read(s: str):

@@ -7,7 +7,10 @@ Equivalence of the extracted answer and the reference, in order:
    (``7.0 == 7``; ``07 == 7``: leading zeros are formatting, as in AIME's ``007``),
    scientific notation included: ``1e-5 == 0.00001 == 10^{-5}``, ``3e8 == 3\\times10^{8}``,
    ``2.5e3 == 2500`` (:func:`decimal_value`; math-verify reads ``1e-5`` as a product
-   with Euler's number, and compares powers of ten inexactly);
+   with Euler's number, and compares powers of ten inexactly). Against a number, an
+   answer that is a number followed by a unit in ``\\text{}`` (``5.11\\times10^{-19}
+   \\,\\text{J}``) is compared by its number, exactly: math-verify rounds to 6 decimals, so it would call
+   any two numbers below 5e-7 equal;
 3. otherwise math-verify (``parse`` + ``verify``: fractions, LaTeX expressions,
    sets/intervals, percentages, simple units) in a verifier process with a hard deadline
    (:mod:`ktae.rewards.pool`). A check that misses the deadline counts as incorrect and
@@ -38,6 +41,7 @@ _PLAIN_NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)$")
 _MANTISSA = r"[-+]?(?:\d+\.?\d*|\.\d+)"
 _E_NOTATION = re.compile(rf"^({_MANTISSA})[eE]([-+]?\d+)$")
 _TIMES_TEN = re.compile(rf"^(?:({_MANTISSA})\\(?:times|cdot))?(-)?10\^(?:\{{([-+]?\d+)\}}|(\d))$")
+_TEXT_UNIT = re.compile(r"(?:\\[,;:! ]|\s)*\\(?:text|mathrm|mbox)\{[^{}]*\}(?:\^\{?-?\d\}?)?\s*$")
 MAX_EXPONENT = 400
 """Powers of ten beyond this are left to the symbolic stage (no huge exact fractions)."""
 
@@ -196,6 +200,8 @@ def answers_equivalent(answer: str, reference: str, *, timeout: float = 5.0) -> 
         _count("exact")
         return True, False
     na, nr = decimal_value(a), decimal_value(r)
+    if nr is not None and na is None and _TEXT_UNIT.search(answer):
+        na = decimal_value(normalize_answer(_TEXT_UNIT.sub("", answer)))  # "5.1\\text{ J}"
     if na is not None and nr is not None:
         _count("exact")
         return na == nr, False
