@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Mutation testing as evidence that the wiring tests see a setting silently dropped.
+#
+#   scripts/mutation.sh hand     the seven recorded one-line mutations (scripts/hand_mutations.py);
+#                                each must fail at least one test (about 4 minutes on 2 cores)
+#   scripts/mutation.sh mutmut   mutmut over the modules the wiring tests guard, restricted to
+#                                their fast tests; prints the survivors per module (long: run it
+#                                on a quiet machine; needs `pip install mutmut`)
+#
+# Run from the repository root with the project's environment active.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+case "${1:-hand}" in
+hand)
+    shift || true
+    exec python scripts/hand_mutations.py "$@"
+    ;;
+mutmut)
+    exec python scripts/mutmut_run.py
+    ;;
+*)
+    echo "usage: scripts/mutation.sh [hand [N...] | mutmut]" >&2
+    exit 2
+    ;;
+esac
