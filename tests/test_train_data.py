@@ -88,3 +88,50 @@ def test_task_checks_run_before_any_model_loads(tmp_path, capsys, monkeypatch):
         (["--model", str(tmp_path / "no-such-model")], "model: no such directory"),
     ]
     assert_refused(main, capsys, tmp_path / "out", cases)
+
+
+def _short_context_model(positions=48):
+    from ktae.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    return build_tiny_model(tok, hidden_size=16, num_layers=1, intermediate_size=32,
+                            num_heads=2, max_position_embeddings=positions), tok
+
+
+def test_prompts_are_checked_against_the_models_context(tmp_path):
+    from ktae.train.data import format_task, read_task
+
+    model, tok = _short_context_model(48)  # 48 positions: prompts of 48 - 8 = 40 tokens fit
+    path = tmp_path / "t.jsonl"
+    rows = [{"question": f"{i}+1", "answer": i + 1} for i in range(10)]
+    rows[2] = {"question": "1+" * 30 + "1", "answer": "31"}  # 61 characters
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = read_task(f"jsonl:{path}", train_size=1, eval_size=2, seed=0)
+    # without the model nothing is checked (and the row reaches generation whole)
+    train, _ = format_task(task, "compact", tok)
+    assert len(train) == 8
+    with pytest.raises(ValueError) as err:
+        format_task(task, "compact", tok, model=model, max_new_tokens=8)
+    message = str(err.value)
+    assert message.startswith("task: training row 2 has a prompt of 67 tokens; "
+                              "with max_new_tokens=8 it does not fit in the model's context "
+                              "of 48 tokens") and "\n" not in message
+    skipped, held = format_task(task, "compact", tok, model=model, max_new_tokens=8,
+                                long_prompts="skip")
+    assert len(skipped) == 7 and "1+1+1+1" not in "".join(r["prompt"] for r in skipped)
+    assert len(held) == 2
+    cut, _ = format_task(task, "compact", tok, model=model, max_new_tokens=8,
+                         long_prompts="truncate")
+    assert len(cut) == 8 and len(tok(cut[2]["prompt"])["input_ids"]) <= 40
+    assert cut[2]["prompt"].endswith("+1 A:")
+    with pytest.raises(ValueError, match="max_new_tokens: 48 leaves no room"):
+        format_task(task, "compact", tok, model=model, max_new_tokens=48)
+
+
+def test_embedded_prompts_fit_the_shipped_context():
+    from ktae.train.data import format_task, read_task
+
+    model, tok = _short_context_model(128)
+    task = read_task("embedded", train_size=20, eval_size=5, seed=0)
+    train, held = format_task(task, "compact", tok, model=model, max_new_tokens=40)
+    assert len(train) == 20 and len(held) == 5

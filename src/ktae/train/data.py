@@ -7,7 +7,12 @@ in verl's RL schema, the MATH schema or question/answer JSON, with field maps
 
 Reading (:func:`read_task`, which checks everything a task can get wrong) is separate
 from formatting the prompts (:func:`format_task`, which needs the template, known only once
-the tokenizer is loaded), so a bad file fails before any model loads.
+the tokenizer is loaded), so a bad file fails before any model loads. Given the model and
+the response budget, :func:`format_task` also checks every training and held-out prompt
+against the model's context: a prompt of P tokens needs ``P + max_new_tokens`` positions,
+and one that does not fit is refused with one line naming the row and its length, before
+generation could spend the memory of a huge prefill on it (``long_prompts="skip"`` or
+``"truncate"`` leave such rows out or cut them from the left instead; never by default).
 """
 
 from __future__ import annotations
@@ -121,7 +126,8 @@ def default_template(rows: TaskRows, tokenizer, reward: str = "boxed") -> str:
     return "qwen-math"
 
 
-def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "boxed"
+def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "boxed", *,
+                model=None, max_new_tokens: int | None = None, long_prompts: str = "error"
                 ) -> tuple[list[dict], list[dict]]:
     """``(train_rows, eval_rows)``: dicts with ``prompt`` and ``answer``, plus ``data_source``
     where the rows have one (the ``auto`` reward reads it) and, for the embedded task,
@@ -129,7 +135,67 @@ def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "bo
 
     Under ``chat``, rows without their own chat prompt (e.g. a MATH-500 ``--eval-task``
     beside DAPO-Math-17k) get the reward's own template where it has one (``dapo``: the
-    answer-line instruction its scorer reads), else the ``qwen-math`` user message."""
+    answer-line instruction its scorer reads), else the ``qwen-math`` user message.
+
+    With ``model``, ``tokenizer`` and ``max_new_tokens``, every prompt is checked against
+    the model's context (:func:`check_context`; ``long_prompts`` is ``"error"``,
+    ``"skip"`` or ``"truncate"``)."""
+    train, held = _format(rows, template, tokenizer, reward)
+    if model is None or tokenizer is None or max_new_tokens is None:
+        return train, held
+    from ktae.eval.generate import context_length
+
+    context = context_length(model)
+    return (check_context(train, tokenizer, context, max_new_tokens, long_prompts, "training"),
+            check_context(held, tokenizer, context, max_new_tokens, long_prompts, "held-out"))
+
+
+def check_context(rows: list[dict], tokenizer, context: int | None, max_new_tokens: int,
+                  long_prompts: str = "error", which: str = "training") -> list[dict]:
+    """``rows`` whose prompt of P tokens fits ``P + max_new_tokens <= context``.
+
+    ``long_prompts``: ``"error"`` refuses the first row that does not fit (one line naming
+    the row, its length, the budget and the context); ``"skip"`` leaves such rows out;
+    ``"truncate"`` keeps the last ``context - max_new_tokens`` tokens of their prompts.
+
+    Raises:
+        ValueError: a row does not fit (``"error"``), ``max_new_tokens`` leaves no room
+            for any prompt, no row is left, or an unknown ``long_prompts``.
+    """
+    from ktae.eval.context import LONG_PROMPT_RULES, truncate_prompt
+
+    if long_prompts not in LONG_PROMPT_RULES:
+        raise ValueError(f"long_prompts: expected one of {', '.join(LONG_PROMPT_RULES)}, "
+                         f"got {long_prompts!r}")
+    if context is None or not rows:
+        return rows
+    room = context - max_new_tokens
+    if room < 1:
+        raise ValueError(f"max_new_tokens: {max_new_tokens} leaves no room for a prompt in the "
+                         f"model's context of {context} tokens")
+    lengths = [len(ids) for ids in tokenizer([r["prompt"] for r in rows],
+                                             verbose=False)["input_ids"]]
+    out = []
+    for i, (row, n) in enumerate(zip(rows, lengths, strict=True)):
+        if n <= room:
+            out.append(row)
+        elif long_prompts == "error":
+            raise ValueError(
+                f"task: {which} row {i} has a prompt of {n} tokens; with max_new_tokens="
+                f"{max_new_tokens} it does not fit in the model's context of {context} tokens "
+                f"(prompts of at most {room} tokens fit; shorten or filter the data, or skip "
+                "or truncate such rows)")
+        elif long_prompts == "truncate":
+            out.append({**row, "prompt": truncate_prompt(row["prompt"], tokenizer, room,
+                                                         add_special_tokens=True)})
+    if not out:
+        raise ValueError(f"task: no {which} row fits in the model's context of {context} "
+                         f"tokens with max_new_tokens={max_new_tokens}")
+    return out
+
+
+def _format(rows: TaskRows, template: str, tokenizer, reward: str
+            ) -> tuple[list[dict], list[dict]]:
     if rows.embedded:
         from ktae.tasks import format_prompt, has_carry_or_borrow
 

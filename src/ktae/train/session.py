@@ -292,7 +292,8 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
 
     model, tokenizer, model_path = load_model(cfg, checked.model)
     template = cfg.template or default_template(checked.task, tokenizer, cfg.reward)
-    train_rows, eval_rows = format_task(checked.task, template, tokenizer, cfg.reward)
+    train_rows, eval_rows = format_task(checked.task, template, tokenizer, cfg.reward,
+                                        model=model, max_new_tokens=cfg.max_new_tokens)
     generation = {"template": template, "max_new_tokens": cfg.max_new_tokens}
     rewards = reward_funcs if reward_funcs is not None else make_reward_funcs(
         max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
