@@ -332,3 +332,41 @@ def test_benchmark_records_under_the_new_templates():
     assert build_prompt(rec, "dapo", _Tok()) == f"<user>{DAPO_PREFIX}What is $2+2$?{DAPO_SUFFIX}</user><a>"
     with pytest.raises(ValueError, match="template"):
         build_prompt(rec, "auto")
+
+
+def test_reader_details_are_one_line_errors_or_read(tmp_path):
+    """Duplicate columns and keys are refused (they were resolved silently, first column or
+    last key); a byte-order mark is read; a missing answer key and a directory are named
+    as such."""
+    dup = tmp_path / "dup.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["p"]), pa.array(["1"]), pa.array(["2"])],
+                                        names=["problem", "answer", "answer"]), dup)
+    with pytest.raises(ValueError, match=r"^\S*dup.parquet: column 'answer' appears twice"):
+        load_examples(str(dup))
+    lines = tmp_path / "dup.jsonl"
+    lines.write_text('{"problem": "p", "answer": "1"}\n{"problem": "q", "answer": "1", '
+                     '"answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"dup.jsonl, line 2: key 'answer' appears twice"):
+        load_examples(str(lines))
+    listed = tmp_path / "dup.json"
+    listed.write_text('[{"problem": "p", "answer": "1", "answer": "2"}]')
+    with pytest.raises(ValueError, match=r"dup.json: key 'answer' appears twice"):
+        load_examples(str(listed))
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"problem": "p", "answer": "7"}).encode()
+                    + b"\n")
+    assert load_examples(str(bom)) == [Example("0", "p", "7")]
+    missing = tmp_path / "missing.jsonl"
+    write_jsonl(missing, [{"problem": "p", "answer": "1"}, {"problem": "q"}])
+    with pytest.raises(ValueError, match=r"missing.jsonl, line 2: answer: the row has no key "
+                                         r"'answer'"):
+        load_examples(str(missing))
+    null = tmp_path / "null.jsonl"
+    write_jsonl(null, [{"problem": "p", "answer": "1"}, {"problem": "q", "answer": None}])
+    with pytest.raises(ValueError, match=r"null.jsonl, line 2: .*got null"):
+        load_examples(str(null))
+    folder = tmp_path / "folder.jsonl"
+    folder.mkdir()
+    for source in (f"jsonl:{folder}", f"parquet:{folder}", f"json:{folder}"):
+        with pytest.raises(ValueError, match=r"is a directory"):
+            load_examples(source)
