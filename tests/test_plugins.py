@@ -282,7 +282,7 @@ def test_a_user_rule_accepts_any_option_with_kwargs():
 @pytest.mark.slow
 def test_trainer_passes_correct_logprobs_and_entropies(tiny_model, tmp_path):
     """A rule that needs logprobs and entropies gets the rollout policy's, and the
-    verifier's verdict; its advantages are the ones the loss reads."""
+    verifier's verdict."""
     from test_train_helpers import contains_digit, tiny_config
 
     from ktae.train.session import train
@@ -297,8 +297,9 @@ def test_trainer_passes_correct_logprobs_and_entropies(tiny_model, tmp_path):
     cfg = tiny_config(tiny_model, tmp_path / "run", credit="spy", max_steps=1,
                       estimator_options={"scale": -1.0})
     train(cfg, reward_funcs=[contains_digit])
-    assert len(seen) == 1
-    b = seen[0]
+    assert len(seen) == 2  # the settings check's tiny batch, then the step
+    b = seen[1]
+    assert b.rewards.numel() == cfg.num_prompts * cfg.num_generations
     real = b.mask
     assert b.logprobs.shape == b.mask.shape == b.entropies.shape
     assert (b.logprobs[real] <= 0).all() and (b.logprobs[real] < 0).any()
