@@ -223,6 +223,9 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
     resolved = resolve_template(choice_of.template, tokenizer)
     prompts = {n: [build_prompt(r, resolved, tokenizer) for r in recs]
                for n, recs in records.items()}
+    from ktae.models.tokenizer import warn_unknown_characters
+
+    warn_unknown_characters([p for ps in prompts.values() for p in ps], tokenizer)
     # Every benchmark's prompts are checked against the context before anything runs.
     context = model_context(model if backend == "hf" else None,
                             _model_dir(model, model_path) or model_path)

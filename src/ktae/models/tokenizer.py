@@ -45,3 +45,21 @@ def build_char_tokenizer():
     return PreTrainedTokenizerFast(
         tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
         unk_token="<unk>", padding_side="left", model_max_length=MODEL_MAX_LENGTH)
+
+
+def warn_unknown_characters(texts, tokenizer, what: str = "prompts") -> set[str]:
+    """Warn once, naming them, about the characters of ``texts`` that a character-level
+    tokenizer (this one, or any with a small vocabulary and an ``<unk>`` token) cannot
+    represent: they become ``<unk>`` and vanish from what the model sees. Returns them."""
+    vocab = tokenizer.get_vocab() if len(tokenizer) < 1000 else None
+    if vocab is None or getattr(tokenizer, "unk_token", None) is None:
+        return set()
+    unknown = {c for t in texts for c in set(t)} - set(vocab)
+    if unknown:
+        import warnings
+
+        shown = ", ".join(repr(c) for c in sorted(unknown)[:20])
+        warnings.warn(f"{len(unknown)} character(s) of the {what} are not in the tokenizer's "
+                      f"vocabulary and are dropped: {shown}"
+                      + (", ..." if len(unknown) > 20 else ""), stacklevel=2)
+    return unknown

@@ -49,6 +49,9 @@ class Reward:
     check_source: Callable[[str | None], None] | None = None
     """Called with each row's ``data_source`` before training; raises ValueError for a row
     this reward cannot score (None: every row can be scored)."""
+    prompt_marker: str | None = None
+    """Text a prompt must mention for the model to know the answer format this reward
+    reads (``dapo``: ``Answer:``); None: no check."""
 
 
 def score_boxed(completions: Sequence[str], answers: Sequence, *, timeout: float = 5.0,
@@ -128,7 +131,7 @@ REWARDS: dict[str, Reward] = {r.name: r for r in (
     Reward("boxed", "the strict last \\boxed{} answer, checked for equivalence (1 / 0)",
            score_boxed),
     Reward("dapo", "the last 'Answer: ...' line, normalised as verl's math_dapo (+1 / -1)",
-           _scorer("dapo"), template="dapo"),
+           _scorer("dapo"), template="dapo", prompt_marker="Answer:"),
     Reward("gsm8k", "the last '#### N', as verl's strict GSM8K scorer (1 / 0)",
            _scorer("gsm8k")),
     Reward("digits", "the boxed answer; a wrong one gets 0.4 x its share of right digits "
@@ -139,6 +142,23 @@ REWARDS: dict[str, Reward] = {r.name: r for r in (
 """Every reward ``--reward`` accepts, by name."""
 
 DEFAULT_REWARD = "boxed"
+
+
+def warn_if_prompts_miss_the_format(reward: str, prompts: Sequence[str],
+                                    template: str | None = None) -> bool:
+    """Warn once (and return True) when no prompt mentions the answer format ``reward``
+    reads: every response would then score as wrong (``dapo``: -1 for all, a constant
+    reward with nothing to learn from)."""
+    import warnings
+
+    marker = get_reward(reward).prompt_marker
+    if marker is None or not prompts or any(marker in p for p in prompts):
+        return False
+    warnings.warn(f"--reward {reward} reads the last {marker!r} line, but no prompt asks for "
+                  f"one (template {template or 'as given'}); every response will score as "
+                  f"wrong. Use --template {get_reward(reward).template or 'dapo'} or rows "
+                  "whose prompts ask for it", stacklevel=2)
+    return True
 
 
 def get_reward(name: str) -> Reward:

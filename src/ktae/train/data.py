@@ -141,6 +141,13 @@ def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "bo
     the model's context (:func:`check_context`; ``long_prompts`` is ``"error"``,
     ``"skip"`` or ``"truncate"``)."""
     train, held = _format(rows, template, tokenizer, reward)
+    from ktae.rewards.registry import warn_if_prompts_miss_the_format
+
+    warn_if_prompts_miss_the_format(reward, [r["prompt"] for r in train], template)
+    if tokenizer is not None:
+        from ktae.models.tokenizer import warn_unknown_characters
+
+        warn_unknown_characters([r["prompt"] for r in (*train, *held)], tokenizer)
     if model is None or tokenizer is None or max_new_tokens is None:
         return train, held
     from ktae.eval.generate import context_length
