@@ -64,6 +64,35 @@ def no_loading(monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
 
 
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """What a failing ``ktae eval`` asked of the network: the hub requests made through
+    huggingface_hub's session, and any sleep (a retry's back-off). Deterministic
+    stand-ins for a wall-clock bound on "fails at once"."""
+    import huggingface_hub.utils
+
+    calls = {"requests": [], "sleeps": []}
+    real = huggingface_hub.utils.get_session
+
+    class Counting:
+        def __init__(self, session):
+            self._session = session
+
+        def __getattr__(self, name):
+            attr = getattr(self._session, name)
+            if name in ("head", "get", "request", "send", "stream"):
+                def counted(*a, **kw):
+                    calls["requests"].append((name, a[:1]))
+                    return attr(*a, **kw)
+
+                return counted
+            return attr
+
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda: Counting(real()))
+    monkeypatch.setattr(time, "sleep", lambda seconds: calls["sleeps"].append(seconds))
+    return calls
+
+
 def _eval(capsys, *args):
     rc = main(["eval", *args, "--no-progress"])
     captured = capsys.readouterr()
@@ -80,11 +109,10 @@ def _one_error_line(err: str) -> str:
 # --------------------------------------------------------------------------- MODEL
 
 
-def test_missing_model_directory_fails_fast_naming_it(capsys, tmp_path, no_loading):
+def test_missing_model_directory_fails_fast_naming_it(capsys, tmp_path, no_loading, hub_calls):
     missing = tmp_path / "runs" / "dapo-ktae-seed0" / "final"
-    start = time.monotonic()
     rc, _, err = _eval(capsys, str(missing), "--output-dir", str(tmp_path / "o"))
-    assert rc == 2 and time.monotonic() - start < 5
+    assert rc == 2 and hub_calls == {"requests": [], "sleeps": []}  # no network, no wait
     assert f"MODEL: no such directory: {missing}" in _one_error_line(err)
     assert not (tmp_path / "o").exists()
 
@@ -139,13 +167,12 @@ def test_hub_id_in_the_local_cache_is_evaluated_offline(model_dir, tmp_path, mon
 
 
 def test_hub_id_offline_and_not_cached_fails_at_once(tmp_path, monkeypatch, capsys,
-                                                     no_loading):
+                                                     no_loading, hub_calls):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    start = time.monotonic()
     rc, _, err = _eval(capsys, "Qwen/Qwen2.5-Math-7B", "--output-dir", str(tmp_path / "o"))
-    assert rc == 2 and time.monotonic() - start < 5
+    assert rc == 2 and hub_calls == {"requests": [], "sleeps": []}  # offline: no request
     line = _one_error_line(err)
     assert "MODEL: Qwen/Qwen2.5-Math-7B is neither a local directory nor in the Hugging " \
            "Face cache, and HF_HUB_OFFLINE is set" in line
@@ -168,11 +195,13 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_hub_is_one_quick_error(tmp_path, monkeypatch, capsys, no_loading):
+def test_unreachable_hub_is_one_quick_error(tmp_path, monkeypatch, capsys, no_loading,
+                                            hub_calls):
     _online(monkeypatch, tmp_path, f"http://127.0.0.1:{_closed_port()}")
-    start = time.monotonic()
     rc, _, err = _eval(capsys, "Qwen/Qwen2.5-Math-7B")
-    assert rc == 2 and time.monotonic() - start < 5  # one request, no retries
+    assert rc == 2
+    assert [name for name, _ in hub_calls["requests"]] == ["head"]  # one request,
+    assert hub_calls["sleeps"] == []  # no retries, no back-off
     assert "the hub at http://127.0.0.1:" in _one_error_line(err)
     assert "cannot be reached" in err
 
