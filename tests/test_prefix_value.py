@@ -173,3 +173,21 @@ def test_needs_token_ids():
     with pytest.raises(ValueError, match="token_ids: required"):
         ktae.compute_advantages("prefix-value", rewards=[1.0, 0.0], group=[0, 0],
                                 mask=torch.ones(2, 2))
+
+
+def test_benchmark_script_prints_medians_and_ratios():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_prefix_value.py"
+    out = subprocess.run([sys.executable, str(bench), "--preset", "small", "--repeats", "1",
+                          "--threads", "1", "--shared", "0.9"], capture_output=True, text=True,
+                         check=True, timeout=300).stdout
+    assert "prefixes shared up to 90%" in out
+    cells = {}
+    for name in ("sort (floor)", "grpo", "prefix-value token", "prefix-value span"):
+        line = next(x for x in out.splitlines() if x.startswith(name + " "))
+        cells[name] = [float(v) for v in line[len(name):].split()]
+    assert cells["sort (floor)"][1] == 1.0
+    assert all(seconds > 0 and ratio > 0 for seconds, ratio in cells.values())
