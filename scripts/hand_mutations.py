@@ -71,7 +71,8 @@ MUTATIONS = (
              "epsilon_high=cfg.clip_low,",
              ("tests/test_wiring_config.py::test_field_reaches_what_it_controls",
               "tests/test_wiring_train.py::"
-              "test_default_rewards_shape_overlong_responses_and_beta_and_clip_reach_trl")),
+              "test_default_rewards_shape_overlong_responses_and_beta_and_clip_reach_trl",
+              "tests/test_wiring_train.py::test_clip_high_bounds_an_off_policy_update")),
     Mutation("another key for the GPQA option shuffle",
              "src/ktae/eval/choice.py",
              'random.Random(f"{seed}:{record_id}")',

@@ -4,7 +4,8 @@
   configured buffer, and the accuracy term alone says what is correct;
 * shaping never flips "correct": a right but overlong response is correct for KTAE's
   classes and for dynamic sampling;
-* the KL coefficient and the upper clip reach TRL's trainer and loss;
+* the KL coefficient and the upper clip reach TRL's trainer and loss (the clip: the loss
+  of an off-policy update, recomputed);
 * a non-default TACO alpha and lambda are what the loss-time calibration used,
   recomputed from a recorded batch.
 """
@@ -20,6 +21,7 @@ import ktae
 from ktae.rewards import overlong_penalty
 from ktae.train.reward_funcs import make_overlong_reward
 from ktae.train.session import train
+from ktae.train.trainer import KTAEGRPOTrainer
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +120,57 @@ def test_taco_alpha_and_lambda_reach_the_calibration(tiny_model, tmp_path):
         torch.testing.assert_close(got, taco(rec, alpha=0.9, lam=0.5))
         assert not torch.allclose(got, taco(rec, alpha=0.9))  # lambda mattered
         assert not torch.allclose(got, taco(rec, lam=0.5))  # alpha mattered
+
+
+class OffPolicy(KTAEGRPOTrainer):
+    """Keeps each loss call's inputs, the policy's log-probs inside it, and its value."""
+
+    rec: list
+    _loss_inputs_now: dict | None = None
+
+    def _compute_loss(self, model, inputs):
+        self._loss_inputs_now = inputs
+        loss = super()._compute_loss(model, inputs)
+        self.rec[-1]["loss"] = loss.detach().clone()
+        return loss
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, *args,
+                                           **kwargs):
+        out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+                                                         *args, **kwargs)
+        inputs, self._loss_inputs_now = self._loss_inputs_now, None
+        if inputs is not None:
+            self.rec.append({"logps": out[0].detach().clone(),
+                             "old": inputs["old_per_token_logps"].detach().clone(),
+                             "adv": inputs["advantages"].detach().clone(),
+                             "mask": inputs["completion_mask"].clone(),
+                             "num_items": inputs["num_items_in_batch"].clone(),
+                             "clip": (self.epsilon_low, self.epsilon_high)})
+        return out
+
+
+def test_clip_high_bounds_an_off_policy_update(tiny_model, tmp_path):
+    """Two updates per generation batch (``num_iterations=2``): the second one is off-policy,
+    and its loss is DAPO's clipped token-mean with ``clip_high`` as the upper epsilon (and
+    not what ``clip_low`` would give there)."""
+    rec: list = []
+    cfg = tiny_config(tiny_model, tmp_path / "run", algo="dapo", credit="none",
+                      dynamic_sampling=False, max_steps=2, clip_high=0.31, learning_rate=0.05,
+                      trl={"num_iterations": 2})
+    train(cfg, trainer_cls=type("O", (OffPolicy,), {"rec": rec}),
+          reward_funcs=[contains_digit])
+    assert len(rec) == 2 and rec[1]["clip"] == (0.2, 0.31)
+    first, second = rec
+    torch.testing.assert_close(first["logps"], first["old"], rtol=1e-4, atol=1e-4)  # on-policy
+    ratio = (second["logps"] - second["old"]).exp()[second["mask"].bool()]
+    assert (ratio - 1).abs().max() > 0.2  # off-policy enough for the clip to matter
+
+    def loss(clip_high):
+        adv = second["adv"]
+        adv = adv[:, None].expand_as(second["logps"]) if adv.dim() == 1 else adv
+        value, _ = ktae.policy_loss(second["logps"], second["old"], adv,
+                                    second["mask"].bool(), clip_low=0.2, clip_high=clip_high)
+        return value * second["mask"].sum() / second["num_items"]
+
+    torch.testing.assert_close(second["loss"], loss(0.31).float(), rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(second["loss"], loss(0.2).float(), rtol=1e-4, atol=1e-6)
