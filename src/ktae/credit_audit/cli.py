@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
                         help=f"responses per prompt with --model (default {DEFAULT_SAMPLES})")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--prompt-set", type=int, default=0,
+                        help="which held-out prompts --model samples: set N is prompts "
+                        "N*P..(N+1)*P-1 of the held-out stream (P = --prompts), disjoint "
+                        "from the other sets; 0 (default) is the set of earlier audits")
     parser.add_argument("--max-new-tokens", type=int, help="response length budget with "
                         "--model (default 40 for character-level tokenizers, else 1024)")
     parser.add_argument("--temperature", type=float, default=1.0,
@@ -64,14 +68,17 @@ def default_output_dir(args: argparse.Namespace) -> Path:
     else:
         model = "default" if args.model in (None, "default") else Path(args.model).name
         name = f"model-{model}-{args.prompts}x{args.samples}-seed{args.seed}"
+        if getattr(args, "prompt_set", 0):
+            name += f"-set{args.prompt_set}"
     if args.credit:
         name += "-" + ",".join(c.strip() for c in args.credit.split(",") if c.strip())
     return Path(DEFAULT_ROOT) / slug(name)[:120]
 
 
 def terminal_table(result: dict) -> str:
-    """Every method's three figures (means; the intervals are in ``audit.md``)."""
-    rows = [("method", "blame P(w<r)", "lowest wrong", "contamination", "vs GRPO")]
+    """Every method's figures (means; the intervals are in ``audit.md``)."""
+    rows = [("method", "blame P(w<r)", "lowest wrong", "contamination", "vs GRPO",
+             "mass gap", "changed", "scale")]
     for name, entry in result["methods"].items():
         fig = entry["all"]
 
@@ -80,7 +87,8 @@ def terminal_table(result: dict) -> str:
             return "n/a" if m is None else (f"{m + 0.0:+.3f}" if signed else f"{m:.3f}")
 
         rows.append((name, mean("blame"), mean("lowest"), mean("contamination"),
-                     mean("contamination_vs_grpo", signed=True)))
+                     mean("contamination_vs_grpo", signed=True), mean("mass_gap", signed=True),
+                     mean("tokens_changed"), mean("scale")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
@@ -109,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                        samples=args.samples, seed=args.seed, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, tokenizer=args.tokenizer,
                        resamples=args.resamples, threads=args.threads,
-                       output_dir=out)
+                       output_dir=out, prompt_set=args.prompt_set)
     except ValueError as err:
         return error("audit", str(err))
     print(summary(result))

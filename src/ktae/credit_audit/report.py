@@ -16,6 +16,13 @@ TITLES = {
 SHORT = {"blame": "blame P(w<r)", "lowest": "lowest token wrong",
          "contamination": "contamination"}
 FILES = {m: f"audit_{m}.png" for m in METRICS}
+MASS_NOTE = (
+    "Mass gap: over the wrong answers of the blame column, the sum of (mean credit on "
+    "wrong tokens − mean credit on right tokens) divided by the sum of their |GRPO "
+    "advantage| (negative: wrong tokens get less credit; GRPO 0). Tokens changed: the "
+    "share of the tokens of mixed groups whose credit differs from GRPO's (GRPO 0). Scale: "
+    "sum of |credit| over those tokens / the same sum for GRPO (GRPO 1). Ratios of sums "
+    "over responses, with bootstrap 95% intervals over groups.")
 
 
 def _cell(s: dict | None, digits: int = 3) -> str:
@@ -65,6 +72,15 @@ def markdown(result: dict) -> str:
                      f"{a['blame']['responses']} / {a['contamination']['responses']} |")
     lines += ["", f"Chance share of the lowest-credit token (wrong tokens / labelled tokens, "
               f"what a constant credit gives): {_cell(chance)}.", ""]
+    if "mass_gap" in first:
+        lines += ["## Credit mass", "", MASS_NOTE, "",
+                  "| method | mass gap: wrong − right, in GRPO advantages | tokens changed "
+                  "from GRPO | scale: abs. credit / GRPO's |", "|---|---|---|---|"]
+        for name, entry in methods.items():
+            a = entry["all"]
+            lines.append(f"| {name} | {_signed_cell(a['mass_gap'])} | "
+                         f"{_cell(a['tokens_changed'])} | {_cell(a['scale'])} |")
+        lines.append("")
     if result.get("levels"):
         for metric in METRICS:
             head = " | ".join(f"level {lv}" for lv in result["levels"])

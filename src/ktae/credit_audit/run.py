@@ -29,7 +29,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ktae.credit_audit.metrics import METRICS, OTHER, RIGHT, WRONG, response_metrics, summarise
+from ktae.credit_audit.metrics import (
+    MASS_METRICS,
+    METRICS,
+    OTHER,
+    RIGHT,
+    WRONG,
+    mass_metrics,
+    response_metrics,
+    summarise,
+    summarise_ratio,
+)
 from ktae.viz.labels import span_labels  # noqa: F401  (read here by earlier callers)
 
 DEFAULT_PROMPTS = 200
@@ -39,8 +49,11 @@ DEFAULT_MODEL = "default"
 REFERENCE = "grpo"
 """The method contamination is compared with, response by response."""
 EXTRA = ("chance", "contamination_vs_grpo")
-"""Figures besides :data:`METRICS`: the chance share of ``lowest`` and the paired
-difference ``contamination - GRPO's contamination`` on the same responses."""
+"""Figures besides :data:`METRICS` and :data:`MASS_METRICS`: the chance share of
+``lowest`` and the paired difference ``contamination - GRPO's contamination`` on the same
+responses."""
+_NORM = "_norm"
+"""Suffix of a mass figure's per-response denominator in :func:`per_response`."""
 _CODES = {"w": WRONG, "r": RIGHT, ".": OTHER}
 
 
@@ -131,22 +144,43 @@ def embedded_labels(group, tokenizer, question: str) -> list[str]:
 # --------------------------------------------------------------------------- sources
 
 
-def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, seed: int,
-                  max_new_tokens: int, temperature: float) -> AuditInput:
-    """``prompts`` held-out embedded prompts x ``samples`` responses from ``model``."""
-    from ktae.explain.sources import sample_groups
-    from ktae.tasks import format_prompt, generate
+def prompt_set_problems(prompts: int, prompt_set: int = 0) -> list:
+    """Prompt set ``prompt_set`` of ``prompts`` held-out embedded problems: problems
+    ``prompt_set * prompts .. (prompt_set + 1) * prompts - 1`` of the held-out stream
+    without repeats (the one ``ktae train`` evaluates on). Set 0 is the stream's first
+    ``prompts`` problems, the set every audit drew before prompt sets existed; sets of the
+    same size are disjoint while the levels' question spaces last (about 1.5k distinct
+    level-1 test questions)."""
+    from ktae.tasks import generate
     from ktae.train.data import EVAL_SEED
 
+    check_prompt_set(prompt_set)
+    stream = generate((prompt_set + 1) * prompts, split="test", seed=EVAL_SEED)
+    return stream[prompt_set * prompts:]
+
+
+def check_prompt_set(prompt_set) -> None:
+    if isinstance(prompt_set, bool) or not isinstance(prompt_set, int) or prompt_set < 0:
+        raise ValueError(f"prompt-set: expected an integer >= 0, got {prompt_set!r}")
+
+
+def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, seed: int,
+                  max_new_tokens: int, temperature: float, prompt_set: int = 0) -> AuditInput:
+    """``prompts`` held-out embedded prompts (:func:`prompt_set_problems`) x ``samples``
+    responses from ``model``."""
+    from ktae.explain.sources import sample_groups
+    from ktae.tasks import format_prompt
+
     template = "compact" if len(tokenizer) < 1000 else "qwen-math"
-    problems = generate(prompts, split="test", seed=EVAL_SEED)
+    problems = prompt_set_problems(prompts, prompt_set)
     rows = [{"prompt": format_prompt(p, template), "answer": p.answer} for p in problems]
     sampled = sample_groups(model, tokenizer, rows, num_generations=samples,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     groups = [AuditGroup(g, embedded_labels(g, tokenizer, p.question), level=p.level, key=key)
               for (key, g), p in zip(sampled, problems, strict=True)]
-    desc = (f"{prompts} held-out embedded prompts x {samples} responses sampled from {path} "
-            f"(temperature {temperature:g}, seed {seed}, at most {max_new_tokens} new tokens)")
+    desc = (f"{prompts} held-out embedded prompts (prompt set {prompt_set}) x {samples} "
+            f"responses sampled from {path} (temperature {temperature:g}, seed {seed}, at "
+            f"most {max_new_tokens} new tokens)")
     return AuditInput(groups, tokenizer, desc, "model")
 
 
@@ -230,21 +264,33 @@ def _batches(groups: list[AuditGroup]) -> list[list[int]]:
     return list(steps.values())
 
 
-def per_response(groups: list[AuditGroup], spec) -> dict[str, np.ndarray]:
+def per_response(groups: list[AuditGroup], spec, reference=None) -> dict[str, np.ndarray]:
     """Per-response figures of one method over ``groups`` (NaN where undefined), with
-    each response's group index, level and step."""
+    each response's group index, level and step; with ``reference`` (a method's spec,
+    GRPO in the audit) also the terms of the mass figures against its credit
+    (:func:`ktae.credit_audit.metrics.mass_metrics`)."""
     from ktae.viz.report import credit_values
+
+    def credit_of(chosen, s):
+        values = credit_values([g.group for g in chosen], s)
+        return torch.where(values.in_loss & values.mask, values.final.double(), 0.0), values
 
     parts = []
     for batch in _batches(groups):
         chosen = [groups[i] for i in batch]
-        values = credit_values([g.group for g in chosen], spec)
-        credit = torch.where(values.in_loss & values.mask, values.final.double(), 0.0)
+        credit, values = credit_of(chosen, spec)
         labels = _label_tensor([row for g in chosen for row in g.labels], values.mask.shape[1])
         m = response_metrics(credit, labels, values.mask, values.correct, values.group)
         index = torch.tensor(batch)[values.group]
-        parts.append({"group": index.numpy(), **{k: getattr(m, k).numpy()
-                                                  for k in (*METRICS, "chance")}})
+        part = {"group": index.numpy(), **{k: getattr(m, k).numpy()
+                                           for k in (*METRICS, "chance")}}
+        if reference is not None:
+            ref, _ = credit_of(chosen, reference)
+            mass = mass_metrics(credit, ref, labels, values.mask, values.correct, values.group)
+            for k in MASS_METRICS:
+                num, den = mass.ratio(k)
+                part[k], part[k + _NORM] = num.numpy(), den.numpy()
+        parts.append(part)
     out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     order = np.argsort(out["group"], kind="stable")
     return {k: v[order] for k, v in out.items()}
@@ -273,20 +319,25 @@ def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DE
                  seed: int = 0) -> dict:
     """Every method's figures: ``{"methods": {name: {"all": {figure: summary},
     "levels": {level: {...}}, "steps": {step: {...}}}}, "levels": [...], "steps": [...]}``
-    with the figures :data:`METRICS` and :data:`EXTRA` (summaries as
-    :func:`ktae.credit_audit.metrics.summarise`)."""
+    with the figures :data:`METRICS`, :data:`EXTRA` and :data:`MASS_METRICS` (summaries
+    as :func:`ktae.credit_audit.metrics.summarise` and ``summarise_ratio``)."""
     check_groups(groups)
     levels = sorted({g.level for g in groups if g.level is not None}, key=str)
     steps = sorted({g.step for g in groups if g.step is not None})
     result: dict = {"methods": {}, "levels": [str(x) for x in levels], "steps": steps}
 
     def summaries(values: dict, keep: np.ndarray) -> dict:
-        return {k: summarise(np.where(keep, values[k], np.nan), values["group"],
-                             resamples=resamples, seed=seed) for k in (*METRICS, *EXTRA)}
+        out = {k: summarise(np.where(keep, values[k], np.nan), values["group"],
+                            resamples=resamples, seed=seed) for k in (*METRICS, *EXTRA)}
+        for k in MASS_METRICS:
+            out[k] = summarise_ratio(np.where(keep, values[k], np.nan), values[k + _NORM],
+                                     values["group"], resamples=resamples, seed=seed)
+        return out
 
-    reference = per_response(groups, parse_methods(REFERENCE)[REFERENCE])
+    grpo = parse_methods(REFERENCE)[REFERENCE]
+    reference = per_response(groups, grpo)
     for name, spec in methods.items():
-        values = per_response(groups, spec)
+        values = per_response(groups, spec, reference=grpo)
         # paired with GRPO on the same response (NaN where either is undefined)
         values["contamination_vs_grpo"] = values["contamination"] - reference["contamination"]
         level = np.array([str(groups[i].level) for i in values["group"]])
@@ -304,7 +355,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
           samples: int = DEFAULT_SAMPLES, seed: int = 0, max_new_tokens: int | None = None,
           temperature: float = 1.0, tokenizer: str | None = None,
           resamples: int = DEFAULT_RESAMPLES, threads: int | None = None,
-          output_dir: str | Path | None = None) -> dict:
+          output_dir: str | Path | None = None, prompt_set: int = 0) -> dict:
     """Audit credit methods on labelled groups (see the module docstring); what
     ``ktae audit`` computes, as the ``audit.json`` dictionary.
 
@@ -319,6 +370,10 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         resamples: bootstrap draws of every interval (0: none).
         threads: torch CPU threads (None: unchanged).
         output_dir: also write ``audit.md``, ``audit.json`` and the PNGs there.
+        prompt_set: which held-out prompts are sampled (no ``input``;
+            :func:`prompt_set_problems`; 0, the default, is the set of every earlier
+            audit), so that a study can hold a set aside. Recorded as ``prompt_set``
+            (None for a run directory or JSONL input).
 
     Raises:
         ValueError: bad arguments or input (one line naming what was expected).
@@ -327,6 +382,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
 
     check_arguments(input=input, model=model, prompts=prompts, samples=samples,
                     resamples=resamples, temperature=temperature, max_new_tokens=max_new_tokens)
+    check_prompt_set(prompt_set)
     if threads is not None:
         torch.set_num_threads(threads)
     methods = parse_methods(credit)
@@ -347,7 +403,8 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         m, tok, where = loaded
         max_new = max_new_tokens or (40 if len(tok) < 1000 else 1024)
         data = sampled_input(m, tok, where, prompts=prompts, samples=samples, seed=seed,
-                             max_new_tokens=max_new, temperature=temperature)
+                             max_new_tokens=max_new, temperature=temperature,
+                             prompt_set=prompt_set)
     ignore = sources.ignore_ids(data.tokenizer)
     methods = {n: _with_ignore(s, ignore) for n, s in methods.items()}
     check_groups(data.groups)
@@ -362,6 +419,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         sources.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature)
     result = audit_groups(data.groups, methods, resamples=resamples, seed=0)
     result.update(input=data.description, kind=data.kind, scored_with=scored,
+                  prompt_set=prompt_set if data.kind == "model" else None,
                   resamples=resamples, counts=_counts(data.groups), meta=data.meta,
                   credit={n: _describe(s) for n, s in methods.items()})
     if output_dir is not None:
