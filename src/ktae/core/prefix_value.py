@@ -47,7 +47,7 @@ the keys gives the prefix classes and their sizes ``n``; an ``index_add`` their 
 counts ``c``. The result is exact, not only exact with high probability: a class is
 genuine when all its members have the same token and the same previous class (the
 group's root for the first token), which by induction over the prefix length means the
-same group, length and prefix. That is checked on every call (four ``scatter_reduce``);
+same group, length and prefix. That is checked on every call (each token against one member of its class);
 on a collision the keys are recomputed with other bases and salts, and a collision under
 every attempt raises (never observed: it needs two prefixes equal modulo both primes
 three times over).
@@ -156,15 +156,11 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
 
 def _classes_are_exact(cls: torch.Tensor, U: int, tokens: torch.Tensor,
                        prev: torch.Tensor) -> bool:
-    """Every class's members share their token and their previous class."""
-    def spread(x: torch.Tensor) -> torch.Tensor:
-        lo = torch.full((U,), torch.iinfo(torch.long).max, device=x.device)
-        hi = torch.full((U,), torch.iinfo(torch.long).min, device=x.device)
-        lo.scatter_reduce_(0, cls, x, "amin")
-        hi.scatter_reduce_(0, cls, x, "amax")
-        return (hi != lo).any()
-
-    return not bool(spread(tokens) | spread(prev))
+    """Every class's members share their token and their previous class: each member is
+    compared with one member of its class (whichever the scatter keeps)."""
+    member = torch.empty(U, dtype=torch.long, device=cls.device).scatter_(
+        0, cls, torch.arange(cls.numel(), device=cls.device))[cls]
+    return bool(((tokens[member] == tokens) & (prev[member] == prev)).all())
 
 
 def _prefix_credit(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
