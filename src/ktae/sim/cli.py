@@ -2,12 +2,13 @@
 
 ``ktae simulate --preset quick`` trains a tabular softmax policy on the
 synthetic sequential MDP (SPEC section 6) with each credit method, for each setting of
-the three axes (H, n_opt, G) and each seed, then writes to the output directory (default ``runs/simulate/PRESET[-SETTINGS]``, named by
-the preset and the flags that change it; an earlier result there is kept unless
-``--overwrite``):
+the three axes (H, n_opt, G) and each seed, then writes to the output directory
+(default ``runs/simulate/PRESET[-SETTINGS]``, named by the preset and the flags that
+change it; an earlier result there is kept unless ``--overwrite``):
 ``curves_H.png``, ``curves_n_opt.png``, ``curves_G.png`` (curves per axis), ``results.md``
-(final and mean return, steps to the target, the paper's claims) and ``curves.json``
-(the raw curves), and prints a one-paragraph summary.
+(final and mean return, steps to the target, the paper's claims, each method's credit
+scored against the MDP's optimal actions: ``ktae audit``'s figures) and ``curves.json``
+(the raw curves and every figure), and prints a summary.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ DEFAULT_ROOT = "runs/simulate"
 RESULT_FILES = ("results.md", "curves.json")
 #: Flags that change the result, in the order they name the default folder.
 _NAMED = ("horizon", "n_opt", "group_size", "actions", "steps", "lr", "seeds", "eval_every",
-          "methods", "ktae_threshold", "ktae_ngram", "target")
+          "methods", "ktae_threshold", "ktae_ngram", "target", "audit_groups", "audit_at")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -72,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "N > 1 = spans of N consecutive steps")
     parser.add_argument("--target", type=float, default=0.9,
                         help="steps-to-target threshold on the normalised return (0.9)")
+    parser.add_argument("--audit-groups", type=int, default=None, metavar="K",
+                        help="probe groups per run whose credit is scored against the MDP's "
+                             "optimal actions (blame, lowest, contamination, credit mass) at "
+                             "each audited update; 0 = no audit (default 32)")
+    parser.add_argument("--audit-at", type=_int_list, default=None, metavar="U,U,...",
+                        help="updates whose policy is audited (default: 0 and the last "
+                             "update, i.e. the initial and the final policy)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is faster on a "
@@ -95,6 +103,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         value = getattr(args, flag)
         if value is not None:
             overrides[field] = value
+    if getattr(args, "audit_groups", None) is not None:
+        overrides["audit_groups"] = args.audit_groups
+    if getattr(args, "audit_at", None) is not None:
+        overrides["audit_updates"] = args.audit_at
     if args.methods is not None:
         overrides["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     return SimConfig.preset(args.preset, ktae_threshold=args.ktae_threshold,
@@ -188,6 +200,10 @@ def run(args: argparse.Namespace) -> int:
     report.write_json(result, out / "curves.json")
     pngs = plots.plot_all(result, out)
     print(report.summary_paragraph(result))
+    from ktae.sim.blame_report import audit_summary_lines
+
+    for line in audit_summary_lines(result):
+        print(line)
     print(f"ktae simulate: {result.seconds:.0f} s; wrote {out / 'results.md'}, "
           f"{out / 'curves.json'}, " + ", ".join(str(p) for p in pngs))
     return 0

@@ -63,6 +63,12 @@ class SimConfig:
     """KTAE span length: 1 = single (step, action) tokens; N > 1 = spans of N steps"""
     target: float = 0.9
     """steps-to-target: first evaluation with expected normalised return >= target"""
+    audit_groups: int = 32
+    """probe groups per run scored against the MDP's exact labels at each audited update
+    (ktae.sim.blame); 0 = no audit"""
+    audit_updates: tuple[int, ...] | None = None
+    """updates at which the probe groups are drawn (the policy after that many updates);
+    None = 0 and the last update (the initial and the final policy)"""
     device: str = "cpu"
     """torch device of the simulation"""
     block_elements: int = 1 << 25
@@ -100,6 +106,16 @@ class SimConfig:
         if self.ktae_threshold is not None and not -float("inf") < self.ktae_threshold < float("inf"):
             raise ValueError(f"ktae_threshold: expected a finite number, got {self.ktae_threshold}")
         _positive("ktae_ngram", self.ktae_ngram)
+        if isinstance(self.audit_groups, bool) or not isinstance(self.audit_groups, int) \
+                or self.audit_groups < 0:
+            raise ValueError(f"audit_groups: expected an integer >= 0, got {self.audit_groups!r}")
+        if self.audit_updates is not None:
+            if not self.audit_updates:
+                raise ValueError("audit_updates: expected at least one update")
+            for u in self.audit_updates:
+                if isinstance(u, bool) or not isinstance(u, int) or not 0 <= u <= self.steps:
+                    raise ValueError(f"audit_updates: expected updates between 0 and steps = "
+                                     f"{self.steps}, got {u!r}")
         parse_methods(self.methods)
 
     @classmethod
@@ -132,6 +148,13 @@ class SimConfig:
         for axis in AXES:
             out += [s for s in self.axis_settings(axis) if s not in out]
         return out
+
+    def audited_updates(self) -> list[int]:
+        """The updates whose policy is audited (none when ``audit_groups`` is 0)."""
+        if self.audit_groups == 0:
+            return []
+        chosen = (0, self.steps) if self.audit_updates is None else self.audit_updates
+        return sorted(set(chosen))
 
     def eval_steps(self) -> list[int]:
         steps = list(range(0, self.steps + 1, self.eval_every))

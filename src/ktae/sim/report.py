@@ -12,6 +12,11 @@ Definitions (all per seed, then mean ± std over seeds; std is the sample std):
 * share of the oracle's gain: ``(method - broadcast) / (oracle - broadcast)`` of the
   returns' means over seeds (0 = broadcast, 1 = the step-level oracle).
 
+Credit audit on the MDP's exact labels (:mod:`ktae.sim.blame`): per method, setting and
+audited update, ``ktae audit``'s figures on the probe groups, as means (mass figures:
+ratios of sums) with bootstrap 95% intervals over the probe groups of all seeds; "all
+settings" pools the groups of every setting.
+
 The paper's claims (TACO paper, section 2.3 and Fig. 4) are checked on the gap's mean
 over seeds, once on the final return (where training ends) and once on the mean return
 (the whole curve; a method that learns faster but ends at the same return wins there):
@@ -29,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ktae.sim import blame
+from ktae.sim.blame_report import audit_summaries, audit_tables
 from ktae.sim.config import AXES, AXIS_LABELS, Setting
 from ktae.sim.run import SimResult
 
@@ -277,6 +284,9 @@ def markdown(result: SimResult) -> str:
         share = "n/a" if v["share_of_oracle_gain"] is None else f"{v['share_of_oracle_gain']:.0%}"
         flags = "—" if v["flag_rate"] is None else f"{v['flag_rate']:.2%}"
         lines.append(f"| {m} | {v['mean_return']:.3f} ± {v['std']:.3f} | {share} | {flags} |")
+    audit = audit_tables(result)
+    if audit:
+        lines += ["", audit]
     lines += ["", f"Simulated in {result.seconds:.0f} s."]
     return "\n".join(lines) + "\n"
 
@@ -296,6 +306,12 @@ def to_json(result: SimResult) -> dict:
         "claims": [dataclasses.asdict(c) for c in claims(result)],
         "claims_final": [dataclasses.asdict(c) for c in claims(result, "final")],
         "landing": {m: {k: clean(v) for k, v in d.items()} for m, d in landing(result).items()},
+        "audit": {
+            "groups_per_run": result.config.audit_groups,
+            "updates": result.config.audited_updates(),
+            "figures": list(blame.FIGURES),
+            "results": {str(u): methods for u, methods in audit_summaries(result).items()},
+        },
         "seconds": result.seconds,
     }
 

@@ -20,6 +20,11 @@ update the mean over the group of that step's terms, ``-(1/G) sum_i A[i,t] log p
 and the step size does not shrink as H grows. The evaluation is exact: the expected
 normalised return of the current policy, ``(1/H) sum_t pi_t(optimal actions)``.
 
+At the audited updates (``SimConfig.audited_updates``), extra probe groups are drawn
+from each run's current policy with their own random stream and every method's credit
+on them is scored against the MDP's exact labels (:mod:`ktae.sim.blame`); training
+never sees them.
+
 Randomness is per (seed, setting): the initial logits depend on (seed, H, n_opt, |A|),
 the sampling uniforms on (seed, setting, |A|). Methods of one seed and setting thus see
 the same start and the same uniforms (common random numbers), and a run's result does
@@ -34,9 +39,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from ktae.sim import mdp
+from ktae.sim import blame, mdp
 from ktae.sim.config import Setting, SimConfig
 from ktae.sim.credit import Credit, CreditBatch, Method, method_advantages, parse_methods
 
@@ -79,6 +85,10 @@ class SimResult:
     curves: dict[tuple[str, Setting], torch.Tensor]
     seconds: float
     flag_rates: dict[tuple[str, Setting], torch.Tensor] = dataclasses.field(default_factory=dict)
+    audit: dict[tuple[str, Setting, int], dict[str, np.ndarray]] = dataclasses.field(
+        default_factory=dict)
+    """``audit[(method, setting, update)]``: per probe trajectory, the figures of
+    :func:`ktae.sim.blame.score` and its ``group`` (``seed * audit_groups + k``)."""
 
 
 class _MethodBatch:
@@ -102,6 +112,16 @@ class _MethodBatch:
         self.step = t.expand_as(self.rows)
         self.real_rows, self.real_cols = self.rows[self.mask], self.cols[self.mask]
         ends = torch.cumsum(Gm, 0).tolist()
+        self.run_slices = tuple(zip([0, *ends[:-1]], ends, strict=True))
+
+    def split_groups(self, G: torch.Tensor, K: int) -> None:
+        """For probe batches built with ``K * G`` trajectories per run: make each run's
+        ``K`` consecutive sets of ``G`` trajectories groups (and batches) of their own;
+        ``traj_run`` then holds ``run * K + k``."""
+        size = G[self.traj_run]
+        self.traj_run = self.traj_run * K + self.traj_col // size
+        ends = torch.cumsum(torch.bincount(self.traj_run), 0)
+        ends = ends[ends > 0].unique().tolist()
         self.run_slices = tuple(zip([0, *ends[:-1]], ends, strict=True))
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -210,6 +230,40 @@ class Block:
         scale = self.H[mb.traj_run] / n_tokens.clamp_min(1)[mb.traj_run]
         return torch.where(loss_mask, credit.advantages.to(torch.float32) * scale[:, None], 0.0)
 
+    def audit(self, step: int, stats: mdp.PolicyStats) -> dict:
+        """Score every method's credit on ``audit_groups`` probe groups per run, drawn
+        from the current policy (:mod:`ktae.sim.blame`): ``{(method, setting): values}``.
+        Touches neither the policies nor the training streams."""
+        K, A = self.config.audit_groups, self.config.actions
+        uniforms = torch.zeros(self.rows, K * self.G_max, dtype=torch.float64)
+        for r, run in enumerate(self.runs):
+            s, h, g = int(self.row_offset[r]), run.setting.horizon, run.setting.group_size
+            gen = _generator("audit", run.seed, run.setting, A, step)
+            uniforms[s:s + h, :K * g] = torch.rand(h, K * g, generator=gen, dtype=torch.float64)
+        actions = mdp.sample_actions(stats, uniforms.to(self.device))
+        logp = mdp.sampled_logprobs(self.theta, stats.log_norm, actions)
+        out = {}
+        for method, mb in self.methods.items():
+            ids = sorted(set(mb.traj_run.tolist()))
+            probe = _MethodBatch(ids, self.H, self.G * K, self.row_offset, self.device)
+            probe.split_groups(self.G, K)
+            batch = self.credit_batch(probe, actions, logp, stats)
+            generators = None
+            if method.needs_generator:  # their own streams: training's stay untouched
+                generators = [_generator("audit-calibration", k, method.name, A, step)
+                              for k in range(len(probe.run_slices))]
+            credit = method_advantages(method, batch, ktae_threshold=self.config.ktae_threshold,
+                                       ktae_ngram=self.config.ktae_ngram, generators=generators)
+            values = blame.score(credit, batch)
+            group = probe.traj_run.cpu()
+            run_of = (group // K).numpy()
+            values["group"] = (torch.tensor([self.runs[i].seed for i in run_of.tolist()])
+                               * K + group % K).numpy()
+            for key in dict.fromkeys((method.name, self.runs[i].setting) for i in ids):
+                rows = np.array([(method.name, self.runs[i].setting) == key for i in run_of])
+                out[key] = {k: v[rows] for k, v in values.items()}
+        return out
+
     def update(self, step: int, stats: mdp.PolicyStats) -> None:
         """Sample G trajectories per run and take one SGD step on every run."""
         actions = mdp.sample_actions(stats, self.uniforms(step))
@@ -261,6 +315,8 @@ def simulate(config: SimConfig, progress: Callable[[int, int, int], None] | None
     eval_at = {s: i for i, s in enumerate(eval_steps)}
     curves: dict[tuple[str, Setting], torch.Tensor] = {}
     flag_rates: dict[tuple[str, Setting], torch.Tensor] = {}
+    audit: dict[tuple[str, Setting, int], dict] = {}
+    audited = set(config.audited_updates())
     blocks = plan_blocks(config)
     start = time.perf_counter()
     with torch.no_grad():
@@ -271,6 +327,9 @@ def simulate(config: SimConfig, progress: Callable[[int, int, int], None] | None
                 stats = block.policy_stats()
                 if step in eval_at:
                     record[:, eval_at[step]] = block.expected_returns(stats).cpu()
+                if step in audited:
+                    for (name, setting), values in block.audit(step, stats).items():
+                        audit[(name, setting, step)] = values
                 if step == config.steps:
                     break
                 block.update(step, stats)
@@ -282,4 +341,5 @@ def simulate(config: SimConfig, progress: Callable[[int, int, int], None] | None
                 curves[key] = record[idx]
                 if block.runs[idx[0]].method.calibration is not None:
                     flag_rates[key] = (block.flagged.cpu()[idx] / tokens[idx]).double()
-    return SimResult(config, eval_steps, curves, time.perf_counter() - start, flag_rates)
+    return SimResult(config, eval_steps, curves, time.perf_counter() - start, flag_rates,
+                     audit)
