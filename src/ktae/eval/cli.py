@@ -30,9 +30,11 @@ ALL_NAMES = (*BENCHMARK_NAMES, *CHOICE_BENCHMARKS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
+    parser.add_argument("model", metavar="MODEL", nargs="*", default=None,
                         help="model directory or hub id (with --checkpoints: a ktae train "
-                             "run directory; none with --responses)")
+                             "run directory; none with --responses); several, or a ktae "
+                             "compare directory: each evaluated, then the mean and std over "
+                             "runs (summary.md, summary.json)")
     parser.add_argument("--benchmarks", default=None,
                         help=f"comma-separated names among {', '.join(ALL_NAMES)} "
                              "(default: embedded; with a --data-dir saved by save_to_disk as a "
@@ -238,6 +240,7 @@ def _run(args: argparse.Namespace, console) -> int:
     from ktae.eval.results import prepare_output_dir, results_table
     from ktae.eval.runner import evaluate, load_records
 
+    args.model = _one_or_many(args.model)
     if args.responses is not None:
         return _run_responses(args, console)
     if args.model is None:
@@ -245,7 +248,14 @@ def _run(args: argparse.Namespace, console) -> int:
     names = _benchmark_names(args.benchmarks, args.data_dir)
     _check_options(args)
     if args.checkpoints is not None:
+        if isinstance(args.model, list):
+            raise ValueError("--checkpoints: expected one run directory as MODEL")
         return _run_checkpoints(args, console, names)
+    from ktae.eval.multirun import expand_models
+
+    models = expand_models([args.model] if isinstance(args.model, str) else args.model)
+    if len(models) > 1 or isinstance(args.model, list):
+        return _run_many(args, console, models)
     model_path = resolve_model_path(args.model)
     settings, choice = _settings(args, names, model_path)
     output_dir = prepare_output_dir(
@@ -288,6 +298,50 @@ def _run(args: argparse.Namespace, console) -> int:
                 "cache_key": key_now()})  # a hub model is in the local cache by now
     console.print(results_table(results))
     console.print(f"wrote {output_dir / 'results.json'}")
+    return 0
+
+
+def _one_or_many(model):
+    """MODEL arguments: None, one model (a string), or several (a list)."""
+    if isinstance(model, list):
+        return None if not model else model[0] if len(model) == 1 else model
+    return model
+
+
+def _run_many(args: argparse.Namespace, console, models: list[str]) -> int:
+    """Several runs (or a ``ktae compare`` directory): each evaluated into
+    ``<output-dir>/<run>/``, then the mean and std over runs (:mod:`ktae.eval.multirun`)."""
+    import copy
+    import hashlib
+    import json
+
+    from ktae.eval.cache import default_output_dir, model_identity, read_results
+    from ktae.eval.multirun import aggregate, summary_markdown, unique_labels
+    from ktae.eval.results import prepare_output_dir
+
+    if args.output_dir is None:
+        if isinstance(args.model, str):  # one ktae compare directory
+            args.output_dir = str(default_output_dir(args.model))
+        else:
+            ident = "\n".join(sorted(model_identity(m) for m in models))
+            args.output_dir = str(Path("eval-results")
+                                  / f"runs-{hashlib.sha256(ident.encode()).hexdigest()[:6]}")
+    output_dir = prepare_output_dir(args.output_dir, "--output-dir")
+    results = {}
+    for label, model in zip(unique_labels(models), models, strict=True):
+        console.print(f"{label}: {model}", markup=False, highlight=False, soft_wrap=True)
+        one = copy.copy(args)
+        one.model, one.output_dir = model, str(output_dir / label)
+        _run(one, console)
+        results[label] = read_results(output_dir / label)
+    summary = aggregate(results)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n",
+                                             encoding="utf-8")
+    markdown = summary_markdown(summary)
+    (output_dir / "summary.md").write_text(markdown, encoding="utf-8")
+    console.print(markdown, markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {output_dir / 'summary.md'} and {output_dir / 'summary.json'}",
+                  markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

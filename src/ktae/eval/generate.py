@@ -124,7 +124,8 @@ def prompt_budget(prompt_tokens: int, max_new_tokens: int, context: int | None) 
 
 def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, *,
                 batch_size: int = 16, add_special_tokens: bool = True,
-                on_batch: Callable[[int], None] | None = None) -> list[list[Generation]]:
+                on_batch: Callable[[int], None] | None = None, warn: bool = True
+                ) -> list[list[Generation]]:
     """``k`` generations per prompt with ``model.generate`` (left padding, no gradient).
 
     Returns ``out[i][j]``: sample ``j`` of prompt ``i``. ``on_batch(n)`` is called after
@@ -137,8 +138,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     context and one long prompt does not cut its neighbours' responses. Prompts of a
     batch with equal budgets are generated together (usually the whole batch); a prompt
     that fills the context gets an empty, truncated response. One warning per call names
-    the prompts whose budget the context cut (:func:`ktae.eval.runner.evaluate` checks
-    and reports them before generating).
+    the prompts whose budget the context cut, unless ``warn`` is False
+    (:func:`ktae.eval.runner.evaluate` counts them in its results instead).
     """
     import torch
 
@@ -201,7 +202,7 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
         finally:
             model.train(was_training)
             tokenizer.padding_side = side
-    if cut:
+    if cut and warn:
         warnings.warn(
             f"max_new_tokens={sampling.max_new_tokens} does not fit in the model's context "
             f"of {context} tokens after {len(cut)} prompt(s) of up to {max(cut)} tokens: "

@@ -254,7 +254,8 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             else:
                 gens = generate_hf(model, tokenizer, prompts[name], s,
                                    batch_size=batch_size, on_batch=advance,
-                                   add_special_tokens=not uses_chat_template(resolved))
+                                   add_special_tokens=not uses_chat_template(resolved),
+                                   warn=False)  # counted in long_prompts.budget_cut
             seconds = time.perf_counter() - started
             flat: list[Generation] = [g for gs in gens for g in gs]
             rewards = verify_responses(name, [g.text for g in flat],
