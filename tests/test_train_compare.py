@@ -57,3 +57,24 @@ def test_short_runs_still_show_on_the_sampled_accuracy_panel(tmp_path, monkeypat
     (line,) = right.get_lines()
     assert line.get_marker() == "o" and list(line.get_ydata()) == pytest.approx([0.4])
     assert right.get_ylabel() == "sampled accuracy (2-step mean)"
+
+
+def test_compare_reuses_a_finished_run_only_with_its_settings(tmp_path, capsys):
+    torch.set_num_threads(1)
+    model = save_tiny_model(tmp_path / "model")
+    root = tmp_path / "cmp"
+    argv = ["compare", "--model", str(model), "--credit", "none", "--seeds", "1",
+            "--max-steps", "1", "--num-prompts", "2", "--num-generations", "2",
+            "--max-new-tokens", "4", "--train-size", "8", "--eval-size", "2", "--algo", "grpo",
+            "--output-dir", str(root), "--no-progress"]
+    assert main(argv) == 0
+    run = root / "none-seed0"
+    config = (run / "config.yaml").read_text()
+    capsys.readouterr()
+    assert main([*argv, "--lr", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"ktae compare: {run}: settings differ from the run's: "
+                   "lr 3e-05 -> 0.01\n")
+    assert (run / "config.yaml").read_text() == config
+    assert main(argv) == 0
+    assert "done, reused" in capsys.readouterr().err

@@ -6,7 +6,9 @@ sequentially under ``--output-dir`` (default ``runs/compare``), each in
 seeds before and after, carry/borrow accuracy, response length, step time, the share of
 step time spent estimating advantages), ``comparison.json`` and ``curves.png`` (held-out
 and sampled training accuracy over steps, mean over seeds). Finished runs are reused and
-interrupted ones resumed, so the command can be re-run after a kill. All other
+interrupted ones resumed, so the command can be re-run after a kill; a run directory
+holding a run of other settings (which a resume refuses: see ``ktae train --resume``)
+stops the command before anything trains, naming the directory and the settings. All other
 ``ktae train`` flags apply to every run.
 
 An entry of ``--credit`` may change settings for its own runs only:
@@ -222,6 +224,21 @@ def plot_curves(table: dict, path: Path, *, window: int = 20) -> None:
     plt.close(fig)
 
 
+def _plan(cfg):
+    """The :func:`ktae.train.session.plan_run` of a grid run (``cfg.resume`` set): a run
+    already in its directory is reused when finished with these settings and resumed when
+    not; one trained with other settings is refused, naming the directory.
+    """
+    from ktae.train.session import plan_run
+
+    try:
+        return plan_run(cfg)
+    except ValueError as err:
+        text = str(err).removeprefix("--resume: ").removeprefix("output_dir: ")
+        where = str(cfg.output_dir)
+        raise ValueError(text if text.startswith(where) else f"{where}: {text}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae compare``."""
     try:
@@ -266,20 +283,21 @@ def run(args: argparse.Namespace) -> int:
             if key not in checked:
                 preflight(cfg)
                 checked.add(key)
+        # every run directory already there must hold a run of these settings
+        configs = [dataclasses.replace(cfg, resume=True) for cfg in configs]
+        plans = [_plan(cfg) for cfg in configs]
     except ValueError as err:
         print(f"ktae compare: {err}", file=sys.stderr)
         return 2
     set_interrupt_hint("finished runs are kept; run the same command again to continue")
-    for i, cfg in enumerate(configs):
+    for i, (cfg, plan) in enumerate(zip(configs, plans, strict=True)):
         out = Path(cfg.output_dir)
-        summary_path = out / "summary.json"
-        if summary_path.exists() and json.loads(summary_path.read_text())["steps"] == cfg.max_steps:
+        if plan.complete:
             print(f"[{i + 1}/{len(configs)}] {out} done, reused", file=sys.stderr)
             continue
-        resume = (out / "metrics.jsonl").exists()
         print(f"[{i + 1}/{len(configs)}] {arms[i // len(seeds)].label} seed {cfg.seed} -> {out}",
               file=sys.stderr)
-        train(dataclasses.replace(cfg, resume=resume))
+        train(cfg)
     table = summarize(root, arms, seeds)
     text = markdown_table(table, algo=configs[0].algo, steps=configs[0].max_steps,
                           task=configs[0].task)
