@@ -350,7 +350,12 @@ def _run_responses(args: argparse.Namespace, console) -> int:
     the protocol's) and print the table; no model is loaded."""
     from ktae.eval.protocols import get_protocol
     from ktae.eval.responses import grade_responses, read_responses
-    from ktae.eval.results import prepare_output_dir, results_table, write_results
+    from ktae.eval.results import (
+        prepare_output_dir,
+        results_table,
+        write_results,
+        write_samples,
+    )
 
     if args.model is not None:
         raise ValueError("--responses: grades a file without a model; drop MODEL")
@@ -376,8 +381,12 @@ def _run_responses(args: argparse.Namespace, console) -> int:
     results = grade_responses(problems, grader=grader, timeout=args.timeout,
                               config={"responses": str(args.responses),
                                       "protocol": args.protocol, "limit": args.limit})
-    results.pop("samples")
+    samples = results.pop("samples")
     write_results(output_dir / "results.json", results)
+    source = Path(args.responses)
+    if (source if source.is_dir() else source.parent).resolve() != output_dir.resolve():
+        for name, rows in samples.items():  # graded rows, beside results.json
+            write_samples(output_dir / f"samples_{name}.jsonl", rows)
     console.print(results_table(results))
     console.print(f"wrote {output_dir / 'results.json'}")
     return 0
