@@ -306,3 +306,19 @@ def test_trainer_passes_correct_logprobs_and_entropies(tiny_model, tmp_path):
     assert (b.logprobs[~real] == 0).all() and (b.entropies[real] > 0).all()
     assert b.correct.dtype == torch.bool
     assert torch.equal(b.correct, b.rewards > 0.5)  # contains_digit is the only reward
+
+
+def test_doc_rule_in_explain_and_audit_credit_values(doc_plugin):
+    """``ktae explain`` / ``audit`` compute credit through credit_values: a user rule and
+    its options work there, and so does prefix-value."""
+    from ktae.viz.report import CreditSpec, GroupInput, credit_values
+
+    plugins.load_plugin(str(doc_plugin))
+    groups = [GroupInput(prompt="p", responses=[[5, 6, 7], [5, 8]], rewards=[1.0, 0.0])]
+    vals = credit_values(groups, CreditSpec(estimator="late-credit",
+                                            estimator_options={"gamma": 0.5}))
+    expected = ktae.compute_advantages("late-credit", rewards=[1.0, 0.0], group=[0, 0],
+                                       token_ids=vals.token_ids, mask=vals.mask, gamma=0.5)
+    torch.testing.assert_close(vals.final.double(), expected.double())
+    pv = credit_values(groups, CreditSpec(estimator="prefix-value"))
+    assert pv.final[1, 0] == 0 and pv.final[1, 1] < 0  # the shared first token: no blame
