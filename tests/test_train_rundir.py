@@ -151,3 +151,116 @@ def test_atomic_write_uses_unique_temporaries(tmp_path):
     assert not errors
     assert len(set(target.read_text().splitlines())) == 1  # one writer's whole text
     assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def _foreign_run(path):
+    """What another tool's run directory may hold: settings, metrics, two checkpoints."""
+    for step in (100, 200):
+        d = path / f"checkpoint-{step}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text("{}")
+        (d / "model.safetensors").write_bytes(b"theirs")
+    (path / "config.yaml").write_text("lr: 1.0e-3\n")
+    (path / "metrics.jsonl").write_text('{"step": 200}\n')
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_a_foreign_run_with_config_and_metrics_is_not_a_ktae_run(tmp_path):
+    from ktae.train.rundir import prepare_output_dir
+
+    theirs = tmp_path / "theirs"
+    files = _foreign_run(theirs)
+    for resume in (False, True):
+        for write in (False, True):
+            with pytest.raises(ValueError, match="not a ktae run directory"):
+                prepare_output_dir(theirs, resume=resume, write=write)
+    assert sorted(str(p.relative_to(theirs)) for p in theirs.rglob("*")) == files
+    assert (theirs / "config.yaml").read_text() == "lr: 1.0e-3\n"
+
+
+def test_train_refuses_a_foreign_run_with_or_without_resume(tmp_path, capsys):
+    from ktae.cli import main
+
+    theirs = tmp_path / "theirs"
+    files = _foreign_run(theirs)
+    for extra in ([], ["--resume"]):
+        assert main(["train", "--output-dir", str(theirs), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "not a ktae run directory" in err and "--resume" not in err, err
+    assert sorted(str(p.relative_to(theirs)) for p in theirs.rglob("*")) == files
+
+
+def test_rotation_deletes_only_complete_ktae_checkpoints(tmp_path):
+    from ktae.train.rundir import rotate_checkpoints
+
+    foreign = tmp_path / "checkpoint-7"  # no ktae marker: not ours, whatever its name
+    foreign.mkdir()
+    (foreign / "model.safetensors").write_bytes(b"theirs")
+    (tmp_path / "checkpoint-3-backup").mkdir()
+    partial = _checkpoint(tmp_path, 12, complete=False)  # being written
+    for step in (2, 4, 6, 8, 10):
+        _checkpoint(tmp_path, step)
+    assert rotate_checkpoints(tmp_path, None) == [] and rotate_checkpoints(tmp_path, 0) == []
+    assert [p.name for p in rotate_checkpoints(tmp_path, 2)] == [
+        "checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["checkpoint-10", "checkpoint-12", "checkpoint-3-backup", "checkpoint-7",
+                    "checkpoint-8"]
+    assert (foreign / "model.safetensors").read_bytes() == b"theirs"
+    assert partial.is_dir()
+
+
+def test_atomically_written_files_follow_the_umask(tmp_path):
+    import os
+    import stat
+
+    from ktae.train.rundir import atomic_write, follow_umask
+
+    old = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "config.yaml", "a: 1\n")
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "model.safetensors").write_bytes(b"x")
+        os.chmod(tmp_path / "m" / "model.safetensors", 0o600)  # as safetensors leaves it
+        follow_umask(tmp_path / "m")
+        os.umask(0o027)
+        atomic_write(tmp_path / "summary.json", "{}\n")
+    finally:
+        os.umask(old)
+    mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*") if p.is_file()}
+    assert mode == {"config.yaml": 0o644, "model.safetensors": 0o644, "summary.json": 0o640}
+
+
+def test_a_line_cut_short_by_a_kill_is_dropped(tmp_path):
+    run = RunDir(tmp_path)
+    run.append(run.eval_path, {"step": 0, "accuracy": 0.5})
+    with open(run.eval_path, "a") as f:
+        f.write('{"step": 6, "accur')
+    assert RunDir.read_jsonl(run.eval_path) == [{"step": 0, "accuracy": 0.5}]
+    run.truncate(6)
+    assert run.eval_path.read_text() == '{"step": 0, "accuracy": 0.5}\n'
+    run.eval_path.write_text('{"step": 0\n{"step": 1}\n')
+    with pytest.raises(ValueError):  # only the last line may be cut short
+        RunDir.read_jsonl(run.eval_path)
+
+
+def test_run_marker_records_segments_and_the_finish(tmp_path):
+    from ktae.train.rundir import (
+        finished_steps,
+        mark_run_finished,
+        prepare_output_dir,
+        read_run_info,
+        start_segment,
+    )
+
+    prepare_output_dir(tmp_path / "run", resume=False)
+    run = tmp_path / "run"
+    start_segment(run, from_step=0, changes={})
+    mark_run_finished(run, 30)
+    assert finished_steps(run) == 30
+    start_segment(run, from_step=30, changes={"max_steps": [30, 40]})
+    assert finished_steps(run) is None
+    info = read_run_info(run)
+    assert info["format"] == "ktae-run"
+    assert [(s["from_step"], s["changes"]) for s in info["segments"]] == [
+        (0, {}), (30, {"max_steps": [30, 40]})]
