@@ -126,6 +126,9 @@ def test_responses_reads_ktae_samples_and_generic_records(tmp_path, capsys):
     m = json.loads((out / "results.json").read_text())["benchmarks"]["toy"]
     assert (m["n"], m["k"], m["accuracy"], m["max_response_length"]) == (2, 2, 0.5, 9)
     assert m["truncation_rate"] == 0.25 and m["formatted_rate"] == 0.75
+    # maj@k: a tie of 7 (right) and 8 on the first problem, the listed 0.02 alone on the second
+    assert m["maj_at_k"] == pytest.approx((0.5 + 1.0) / 2)
+    assert (out / "samples_toy.jsonl").is_file()
     records = tmp_path / "mine.jsonl"
     records.write_text(json.dumps({"benchmark": "b1", "answer": "1e-5",
                                    "response": ["\\boxed{10^{-5}}", "\\boxed{2}"]}) + "\n")
