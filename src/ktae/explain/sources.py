@@ -325,7 +325,9 @@ def prompt_rows(prompts: Path | None, tokenizer, n: int) -> list[dict]:
         if not isinstance(prompt, str) or "answer" not in rec:
             raise ValueError(f"prompts: {prompts} line {i}: expected a 'prompt' string and an "
                              "'answer'")
-        rows.append({"prompt": prompt, "answer": str(rec["answer"])})
+        answer = rec["answer"]  # a list: accepted alternatives, as the rewards read it
+        rows.append({"prompt": prompt, "answer": answer if isinstance(answer, list)
+                     else str(answer)})
     if not rows:
         raise ValueError(f"prompts: {prompts} holds no prompts")
     return rows[:n]
