@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 import torch
 from test_train_helpers import save_tiny_model
@@ -249,3 +250,30 @@ def test_evaluate_takes_k_per_benchmark_and_names_a_missing_one(monkeypatch):
     assert res["benchmarks"]["b"]["num_samples"] == 3
     with pytest.raises(ValueError, match="k: no sample count for b"):
         evaluate(model, tok, {"a": recs, "b": recs}, k={"a": 1}, template="compact")
+
+
+def test_taco_reads_aime_from_the_sets_the_paper_cites(monkeypatch):
+    """math-ai/aime24 (answers in the solution's box) and math-ai/aime25 replace ktae's
+    default AIME sources under --protocol taco; other benchmarks keep theirs."""
+    import ktae.eval.benchmarks as bench
+    from ktae.data import arrow_rows
+    from ktae.eval.runner import load_records
+
+    tables = {
+        "math-ai/aime24": [{"id": 60, "problem": "P24", "solution": "so $\\boxed{204}$."}],
+        "math-ai/aime25": [{"id": "0", "problem": "P25", "answer": "70"}],
+        "HuggingFaceH4/MATH-500": [{"unique_id": "u", "problem": "P", "answer": "1"}],
+    }
+    calls = []
+
+    def fake_hub(spec, split):
+        calls.append((spec.hub_path, split))
+        return arrow_rows(pa.Table.from_pylist(tables[spec.hub_path]), spec.hub_path)
+
+    monkeypatch.setattr(bench, "_load_hub", fake_hub)
+    recs = load_records(["aime24", "aime25", "math500"],
+                        hub_sources=PROTOCOLS["taco"].hub_sources)
+    assert calls == [("math-ai/aime24", "test"), ("math-ai/aime25", "test"),
+                     ("HuggingFaceH4/MATH-500", "test")]
+    assert [(r.problem, r.answer) for n in ("aime24", "aime25") for r in recs[n]] == \
+        [("P24", "204"), ("P25", "70")]
