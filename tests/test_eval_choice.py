@@ -119,6 +119,49 @@ def test_gpqa_fixture_letters_are_pinned():
         ("recGpqaFix03", "A"), ("recGpqaFix11", "C"), ("recGpqaFix01", "B")]
 
 
+def test_the_shuffle_seed_and_record_ids_reach_the_records(tmp_path):
+    """``load_choice_benchmark(seed=...)`` shuffles with that seed (the option recorded as
+    ``config.gpqa_shuffle_seed``); a row without a Record ID is keyed by its index."""
+    rows = _rows("gpqa_diamond")
+    for seed in (0, 1, 12345):
+        recs = load_choice_benchmark("gpqa_diamond", path=fixture_path("gpqa_diamond"),
+                                     seed=seed)
+        assert [r.answer for r in recs] == [
+            "ABCD"[gpqa_order(row["Record ID"], seed).index(0)] for row in rows]
+        assert {r.source for r in recs} == {"gpqa_diamond"}
+    assert [r.answer for r in load_choice_benchmark(
+        "gpqa_diamond", path=fixture_path("gpqa_diamond"), seed=1)] != \
+        [r.answer for r in load_choice_benchmark("gpqa_diamond",
+                                                 path=fixture_path("gpqa_diamond"))]
+    anonymous = [{k: v for k, v in row.items() if k != "Record ID"} for row in rows]
+    path = tmp_path / "gpqa_diamond.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in anonymous))
+    recs = load_choice_benchmark("gpqa_diamond", path=path)
+    assert [r.id for r in recs] == ["0", "1", "2"]
+    assert [r.answer for r in recs] == ["ABCD"[gpqa_order(str(i)).index(0)] for i in range(3)]
+    mmlu = [{k: v for k, v in row.items() if k != "question_id"} for row in _rows("mmlu_pro")]
+    path = tmp_path / "mmlu_pro.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in mmlu))
+    recs = load_choice_benchmark("mmlu_pro", path=path)
+    assert [r.id for r in recs] == [str(i) for i in range(len(mmlu))]
+    assert {r.source for r in recs} == {"mmlu_pro"}
+
+
+@pytest.mark.parametrize("name", list(CHOICE_BENCHMARKS))
+def test_a_chosen_hub_split_is_the_one_asked_for(name, monkeypatch):
+    import datasets
+
+    asked = []
+
+    def fake_load_dataset(path, config, split):
+        asked.append(split)
+        return datasets.Dataset.from_list(_rows(name))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    load_choice_benchmark(name, split="validation")
+    assert asked == ["validation"]
+
+
 @pytest.mark.parametrize("name", list(CHOICE_BENCHMARKS))
 def test_hub_path_reads_the_same_records_as_the_fixture(name, monkeypatch):
     """The hub loader on a Dataset built from the fixture rows (the hub's schema) gives
