@@ -69,6 +69,9 @@ def test_a_nested_list_is_an_error():
     ("5.11\\times10^{-19}\\,\\text{J}", "2.88\\times10^{-19}", False),
     ("2.88\\times10^{-19}\\,\\text{J}", "2.88\\times10^{-19}", True),
     ("3x", "3", False),
+    # an E-notation reference reaches math-verify as a number, not as 1*e - 5
+    ("\\frac{1}{100000}", "1e-5", True), ("\\frac{3}{2}\\cdot10^{3}", "1.5e3", True),
+    ("\\frac{1}{10000}", "1e-5", False),
 ])
 def test_scientific_notation_is_a_number(answer, reference, equal):
     assert answers_equivalent(answer, reference) == (equal, False)

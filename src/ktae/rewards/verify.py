@@ -7,7 +7,8 @@ Equivalence of the extracted answer and the reference, in order:
    (``7.0 == 7``; ``07 == 7``: leading zeros are formatting, as in AIME's ``007``),
    scientific notation included: ``1e-5 == 0.00001 == 10^{-5}``, ``3e8 == 3\\times10^{8}``,
    ``2.5e3 == 2500`` (:func:`decimal_value`; math-verify reads ``1e-5`` as a product
-   with Euler's number, and compares powers of ten inexactly). Against a number, an
+   with Euler's number, and compares powers of ten inexactly; an E-notation reference
+   goes on to the symbolic stage as its exact fraction). Against a number, an
    answer that is a number followed by a unit in ``\\text{}`` (``5.11\\times10^{-19}
    \\,\\text{J}``) is compared by its number, exactly: math-verify rounds to 6 decimals, so it would call
    any two numbers below 5e-7 equal;
@@ -205,6 +206,11 @@ def answers_equivalent(answer: str, reference: str, *, timeout: float = 5.0) -> 
     if na is not None and nr is not None:
         _count("exact")
         return na == nr, False
+    if nr is not None and _E_NOTATION.match(r):
+        # math-verify reads "1e-5" as 1*e - 5: give it the number as a fraction
+        reference = str(nr.numerator) if nr.denominator == 1 else \
+            f"\\frac{{{nr.numerator}}}{{{nr.denominator}}}"
+        r = reference
     if len(a) > MAX_SYMBOLIC_CHARS or len(r) > MAX_SYMBOLIC_CHARS:
         _count("exact")
         return False, False
