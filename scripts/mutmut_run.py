@@ -1,0 +1,94 @@
+"""mutmut over the modules the wiring tests guard, each with only its fast tests.
+
+Each module is mutated in a scratch copy of the working tree (``src``, ``tests``,
+``pyproject.toml``; mutmut's ``setup.cfg`` is written there, the repository is not
+touched), mutmut runs its tests against every mutant, and the surviving mutants are
+listed per module with their diffs under ``OUT/survivors-<module>.txt`` (``OUT``:
+``$KTAE_MUTMUT_OUT``, default ``<tmp>/ktae-mutmut-report``).
+
+    python scripts/mutmut_run.py                      # every module below
+    python scripts/mutmut_run.py src/ktae/eval/choice.py
+    KTAE_MUTMUT_OUT=DIR KTAE_MUTMUT_CHILDREN=2 python scripts/mutmut_run.py
+
+Needs ``pip install mutmut`` (3.x). Slow: every mutant reruns the module's tests (the
+choice module takes minutes, the trainer session much longer on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Module -> the fast tests that guard it.
+MODULES = {
+    "src/ktae/eval/choice.py": ["tests/test_eval_choice.py"],
+    "src/ktae/train/cli_compare.py": ["tests/test_wiring_compare.py"],
+    "src/ktae/train/credit.py": ["tests/test_wiring_config.py", "tests/test_train_config.py"],
+    "src/ktae/train/session.py": ["tests/test_wiring_config.py",
+                                  "tests/test_wiring_train.py"],
+}
+
+
+def _scratch_copy(dest: Path) -> None:
+    for name in ("src", "tests"):
+        shutil.copytree(ROOT / name, dest / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+
+
+def run_module(module: str, tests: list[str], out: Path, children: int) -> list[str]:
+    """mutmut on ``module`` with ``tests``; returns the surviving mutants' names."""
+    work = Path(tempfile.mkdtemp(prefix="ktae-mutmut-"))
+    try:
+        _scratch_copy(work)
+        selection = "\n    ".join(tests)
+        (work / "setup.cfg").write_text(
+            "[mutmut]\n"
+            "source_paths = src\n"
+            f"only_mutate = {module}\n"
+            f"pytest_add_cli_args_test_selection =\n    {selection}\n"
+            "pytest_add_cli_args = -p no:cacheprovider -q\n")
+        env = {**os.environ, "PYTHONPATH": str(work / "src")}
+        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(children)],
+                       cwd=work, env=env, check=False)
+        results = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work,
+                                 env=env, capture_output=True, text=True, check=False).stdout
+        survivors = [m for m, status in re.findall(r"^\s*(\S+): (\w[\w ]*)$", results, re.M)
+                     if status.strip() == "survived"]
+        lines = [f"{module}: {len(survivors)} surviving mutant(s)", ""]
+        for name in survivors:
+            diff = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=work,
+                                  env=env, capture_output=True, text=True).stdout
+            lines += [name, diff, ""]
+        out.mkdir(parents=True, exist_ok=True)
+        stem = module.replace("/", "_").removesuffix(".py")
+        (out / f"survivors-{stem}.txt").write_text("\n".join(lines))
+        (out / f"results-{stem}.txt").write_text(results)
+        return survivors
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    modules = argv or list(MODULES)
+    out = Path(os.environ.get("KTAE_MUTMUT_OUT",
+                              Path(tempfile.gettempdir()) / "ktae-mutmut-report"))
+    children = int(os.environ.get("KTAE_MUTMUT_CHILDREN", "1"))
+    summary = []
+    for module in modules:
+        survivors = run_module(module, MODULES[module], out, children)
+        summary.append(f"{module}: {len(survivors)} survivor(s)")
+    print("\n".join(summary))
+    print(f"details: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
