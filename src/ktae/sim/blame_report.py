@@ -40,7 +40,7 @@ def audit_summaries(result: SimResult) -> dict:
     cfg = result.config
     out: dict = {}
     for update in cfg.audited_updates():
-        out[update] = {}
+        methods: dict = {}
         for m in cfg.method_names:
             entry, parts = {}, []
             for k, s in enumerate(cfg.settings()):
@@ -52,7 +52,9 @@ def audit_summaries(result: SimResult) -> dict:
                 parts.append({**values, "group": values["group"] + k * (1 << 40)})
             if parts:
                 entry[ALL_SETTINGS] = blame.summaries(blame.concat(parts))
-                out[update][m] = entry
+                methods[m] = entry
+        if methods:  # a result built by hand may hold no audit
+            out[update] = methods
     result._audit_summaries = out
     return out
 
