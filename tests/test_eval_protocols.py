@@ -22,10 +22,11 @@ SCIENCE = ["mmlu_pro", "gpqa_diamond"]
 
 def test_ktae_preset_is_the_released_evaluation():
     """KTAE's eval/run_eval.sh: template 'our' (the Qwen-Math system prompt), greedy,
-    max_tokens=8000, N_SAMPLING=1."""
+    N_SAMPLING=1; the 3,000 new tokens eval_baseline.py ran with (run_eval.sh's
+    max_tokens=8000 is never passed on)."""
     s = resolve_settings(MATH + ["gsm8k", "embedded"], protocol="ktae")
     assert (s.template, s.temperature, s.top_p, s.max_new_tokens) == \
-        ("qwen-math-system", 0.0, 1.0, 8000)
+        ("qwen-math-system", 0.0, 1.0, 3000)
     assert set(s.k.values()) == {1}
     assert set(s.sources.values()) == {"protocol ktae"}
     assert s.grader == "ktae-authors"  # the grader of the published scores

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "DatasetDict, every split)")
     parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default=None,
                         help="a paper's evaluation: ktae (Qwen-Math system prompt, greedy, "
-                             "8000 new tokens, k=1) or taco (temperature 0.7, top-p 0.9, "
+                             "3000 new tokens, k=1) or taco (temperature 0.7, top-p 0.9, "
                              "16384 new tokens, avg@32/4/16 per benchmark); explicit "
                              "flags override it")
     parser.add_argument("--grader", choices=tuple(GRADERS), default=None,

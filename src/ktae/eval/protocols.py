@@ -8,7 +8,9 @@ the preset (``--template``, ``--temperature``, ``--top-p``, ``--max-new-tokens``
 * ``ktae``: the KTAE authors' released evaluation (``eval/run_eval.sh`` and
   ``eval_baseline.py`` of their repository): the ``qwen-math-system`` template (the
   Qwen-Math instruction as the system message of a ChatML prompt), greedy decoding,
-  8,000 new tokens, one sample per problem, graded by their grader (``ktae-authors``,
+  3,000 new tokens (what the released script ran: ``run_eval.sh`` sets ``max_tokens=8000``
+  but never passes it on, so ``eval_baseline.py`` kept its default of 3,000 with a
+  4,096-token context), one sample per problem, graded by their grader (``ktae-authors``,
   :mod:`ktae.eval.graders`).
 * ``taco``: the TACO paper, Appendix A: temperature 0.7, top-p 0.9, 16,384 new tokens;
   avg@32 on AIME24, AIME25 and AMC23, avg@4 on MATH-500, Minerva and OlympiadBench,
@@ -63,7 +65,7 @@ class Protocol:
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("ktae", template="qwen-math-system", temperature=0.0, top_p=1.0,
-             max_new_tokens=8000, k={}, default_k=1,
+             max_new_tokens=3000, k={}, default_k=1,
              source="the KTAE authors' eval/run_eval.sh and eval_baseline.py",
              grader="ktae-authors"),
     Protocol("taco", template="auto", temperature=0.7, top_p=0.9,
