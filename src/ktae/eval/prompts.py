@@ -17,9 +17,11 @@ Templates:
   records), whatever the tokenizer (Qwen tokenizers read the ChatML markers):
   ``<|im_start|>system\\n{instruction}<|im_end|>\\n<|im_start|>user\\n{problem}<|im_end|>\\n``
   ``<|im_start|>assistant\\n``.
-* ``ktae-train``: the KTAE authors' training prompt (their MATH training data, as verl's
-  MATH preprocessing builds it): ``"<problem> " + KTAE_TRAIN_INSTRUCTION`` as the user turn
-  of the tokenizer's chat template.
+* ``ktae-train``: the instruction verl's MATH preprocessing appends to a problem (the
+  prompt of the MATH parquet files verl's examples build; the KTAE paper's own runs use
+  ``qwen-math-system`` for training and validation, appendix J):
+  ``"<problem> " + KTAE_TRAIN_INSTRUCTION`` as the user turn of the tokenizer's chat
+  template.
 * ``dapo``: DAPO-Math-17k's prompt (DAPO; TACO trains on that set), which asks for a final
   ``Answer: $Answer`` line (read by ``--reward dapo``): :data:`DAPO_PREFIX` + problem +
   :data:`DAPO_SUFFIX` as the user turn of the chat template; a problem that already holds
