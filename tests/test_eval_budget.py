@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from ktae.eval.generate import SamplingConfig, context_length, generate_hf, prompt_budget
+from ktae.eval.generate import SamplingConfig, context_length, generate_hf
 from ktae.models import build_char_tokenizer, build_tiny_model
 
 
@@ -25,6 +25,8 @@ LONG = "Q:" + "+".join(["1"] * 15) + " A:"  # 35 tokens with BOS: 5 left in a co
 
 
 def test_prompt_budget_is_what_the_context_leaves():
+    from ktae.eval.generate import prompt_budget
+
     assert prompt_budget(10, 8, None) == 8
     assert prompt_budget(10, 8, 40) == 8
     assert prompt_budget(34, 8, 40) == 6

@@ -10,7 +10,6 @@ from test_train_helpers import save_tiny_model
 
 from ktae.cli import main
 from ktae.eval import runner as runner_mod
-from ktae.eval.cache import default_output_dir
 from ktae.train.rundir import mark_checkpoint_complete
 
 SHORT = ["--template", "compact", "--max-new-tokens", "4", "--no-progress"]
@@ -99,6 +98,8 @@ def test_incomplete_checkpoints_are_named(tmp_path, capsys):
 
 def test_same_last_component_never_shares_a_default_output(tmp_path, monkeypatch, capsys,
                                                           count_evaluations):
+    from ktae.eval.cache import default_output_dir
+
     a = save_tiny_model(tmp_path / "runs" / "a" / "final", seed=0)
     b = save_tiny_model(tmp_path / "runs" / "b" / "final", seed=1)
     monkeypatch.chdir(tmp_path)

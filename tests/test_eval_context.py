@@ -11,7 +11,6 @@ import torch
 from test_train_helpers import save_tiny_model
 
 from ktae.cli import main
-from ktae.eval.context import check_prompts
 from ktae.models import build_char_tokenizer
 
 SHORT = ["--template", "compact", "--max-new-tokens", "4", "--no-progress"]
@@ -76,6 +75,8 @@ def test_long_prompts_skip_and_truncate_are_counted(model, data, tmp_path, capsy
 
 
 def test_check_prompts_counts_budgets_cut_by_the_context():
+    from ktae.eval.context import check_prompts
+
     tok = build_char_tokenizer()
     prompts = ["Q:1 A:", "Q:" + "1" * 20 + " A:"]  # 7 and 26 tokens with BOS
     recs, kept, report = check_prompts("b", [0, 1], prompts, tok, context=30,

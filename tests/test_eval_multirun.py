@@ -10,13 +10,14 @@ import pytest
 from test_train_helpers import save_tiny_model
 
 from ktae.cli import main
-from ktae.eval.multirun import aggregate, expand_models, group_of, summary_markdown
 
 ARGS = ["--benchmarks", "embedded", "--limit", "6", "--k", "2", "--temperature", "1.0",
         "--template", "compact", "--max-new-tokens", "4", "--no-progress"]
 
 
 def test_a_compare_directory_gives_mean_and_std_over_runs(tmp_path, capsys):
+    from ktae.eval.multirun import expand_models, summary_markdown
+
     root = tmp_path / "compare"
     for i, name in enumerate(("ktae-seed0", "ktae-seed1", "none-seed0")):
         save_tiny_model(root / name / "final", seed=i)
@@ -53,6 +54,8 @@ def test_several_model_directories(tmp_path):
 
 
 def test_aggregate_keeps_benchmarks_as_columns_and_avg_last():
+    from ktae.eval.multirun import aggregate, group_of, summary_markdown
+
     def res(acc, std):
         return {"results": {"x": acc, "y": 1 - acc}, "avg": 0.5,
                 "benchmarks": {"x": {"accuracy_std": std}, "y": {"accuracy_std": 0.0}}}
