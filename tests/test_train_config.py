@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,25 @@ def test_cli_pairs_and_lora_flags(tmp_path):
     assert cfg.estimator_options == {"top": 0.5}
     assert cfg.calibration_options == {"top_fraction": 0.25}
     assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules) == (4, 8.0, ["q_proj", "v_proj"])
+
+
+def test_warmup_under_the_constant_schedule_resolves_to_constant_with_warmup():
+    assert TrainConfig(warmup_steps=10).resolve().lr_scheduler == "constant_with_warmup"
+    assert TrainConfig().resolve().lr_scheduler == "constant"
+    assert TrainConfig(warmup_steps=10, lr_scheduler="cosine").resolve().lr_scheduler == "cosine"
+
+
+def test_resume_changes_split_refused_and_allowed_settings():
+    from ktae.train.config import resume_changes
+
+    run = TrainConfig(max_steps=30).resolve()
+    refused, allowed = resume_changes(run, TrainConfig(
+        max_steps=40, learning_rate=0.01, seed=1, eval_every=5, torch_threads=2,
+        output_dir="elsewhere", resume=True).resolve())
+    assert refused == {"seed": (0, 1), "learning_rate": (3e-5, 0.01)}
+    assert allowed == {"max_steps": (30, 40), "eval_every": (50, 5), "torch_threads": (1, 2)}
+    # a schedule whose past learning rates depend on max_steps: more steps change the run
+    cosine = TrainConfig(max_steps=30, lr_scheduler="cosine").resolve()
+    refused, allowed = resume_changes(cosine, dataclasses.replace(cosine, max_steps=40))
+    assert refused == {"max_steps": (30, 40)} and allowed == {}
+    assert resume_changes(run, dataclasses.replace(run, resume=True)) == ({}, {})
