@@ -84,6 +84,9 @@ def test_check_prompts_counts_budgets_cut_by_the_context():
     assert kept == prompts and recs == [0, 1]
     assert report == {"rule": "error", "count": 0, "longest": 26, "context": 30,
                       "budget_cut": 1}
+    with pytest.raises(ValueError, match="b: all 2 prompts are longer than the model's "
+                       r"context \(shortest 7 tokens, context 7\)"):
+        check_prompts("b", [0, 1], prompts, tok, context=7, max_new_tokens=8, rule="skip")
     with pytest.raises(ValueError, match="long_prompts: expected one of"):
         check_prompts("b", [0], prompts[:1], tok, context=30, max_new_tokens=8, rule="x")
 

@@ -2,8 +2,8 @@
 nothing changed, and where they go by default.
 
 ``results.json`` records ``config.cache_key``: the model's identity (absolute directory,
-or hub id) and weights (each model file's name, size and modification time in
-nanoseconds; a checkpoint's label and step too), the data (the sha256 of each
+or hub id) and weights (each file's name, size and modification time in nanoseconds, for
+the files at the top of the model directory; a checkpoint's label and step too), the data (the sha256 of each
 benchmark's problems, :func:`ktae.eval.provenance.records_sha256`) and every setting
 that changes the samples. Results are read back instead of computed only when the key
 is equal and every ``samples_<benchmark>.jsonl`` is still there; anything else is
@@ -46,18 +46,17 @@ def default_output_dir(model: str, root: str | Path = "eval-results") -> Path:
 
 
 def weights_fingerprint(model_dir: str | Path | None) -> dict | None:
-    """``{name: [size, mtime_ns]}`` of every file of the model directory (recursively,
-    trainer state and rng files left out); None when there is no local directory."""
+    """``{name: [size, mtime_ns]}`` of every file of the model directory (its top level,
+    where transformers saves weights, config and tokenizer; trainer state and rng files
+    left out); None when there is no local directory."""
     if model_dir is None or not Path(model_dir).is_dir():
         return None
-    root = Path(model_dir)
     out = {}
-    for file in sorted(p for p in root.rglob("*") if p.is_file()):
-        name = str(file.relative_to(root))
+    for file in sorted(p for p in Path(model_dir).iterdir() if p.is_file()):
         if file.name in TRAINER_STATE_FILES or file.name.startswith("rng_state"):
             continue
         st = file.stat()
-        out[name] = [st.st_size, st.st_mtime_ns]
+        out[file.name] = [st.st_size, st.st_mtime_ns]
     return out
 
 

@@ -7,7 +7,8 @@ silently; per benchmark, the rule ``long_prompts`` says what happens to such pro
 
 * ``"error"`` (default): refused with one line naming the benchmark, how many prompts do
   not fit, the longest length and the context;
-* ``"skip"``: those problems are left out (``n`` counts the rest);
+* ``"skip"``: those problems are left out (``n`` counts the rest; a benchmark with none
+  left is an error, not an accuracy of 0);
 * ``"truncate"``: each is cut to its last ``context - min(max_new_tokens, context // 2)``
   tokens (the start of the prompt goes, its end and the answer cue stay), so it gets a
   budget of ``min(max_new_tokens, context // 2)``.
@@ -98,6 +99,10 @@ def check_prompts(name: str, records: list, prompts: list[str], tokenizer, *,
     if long and rule == "error":
         raise ValueError(long_prompt_error(name, len(long), len(prompts), longest, context))
     if rule == "skip":
+        if len(long) == len(prompts):
+            raise ValueError(f"{name}: all {len(prompts)} prompts are longer than the model's "
+                             f"context (shortest {min(lengths)} tokens, context {context}); "
+                             "nothing is left to evaluate")
         keep = [i for i in range(len(prompts)) if i not in set(long)]
         records = [records[i] for i in keep]
         prompts = [prompts[i] for i in keep]
