@@ -9,7 +9,15 @@ import pytest
 import torch
 from oracle import audit_response_metrics
 
-from ktae.credit_audit.metrics import OTHER, RIGHT, WRONG, response_metrics, summarise
+from ktae.credit_audit.metrics import (
+    OTHER,
+    RIGHT,
+    WRONG,
+    mass_metrics,
+    response_metrics,
+    summarise,
+    summarise_ratio,
+)
 from ktae.credit_audit.run import AuditGroup, audit_groups, parse_methods
 from ktae.viz.report import GroupInput
 
@@ -175,4 +183,117 @@ def test_tokens_a_loss_mask_removes_receive_no_credit():
     result = audit_groups(groups, parse_methods("grpo,forking-tokens"), resamples=0)
     forking = result["methods"]["forking-tokens"]["all"]
     assert forking["blame"]["mean"] == 1.0 and forking["lowest"]["mean"] == 1.0
+    # 12 of the 15 tokens lose their credit: changed, and the update shrinks
+    assert forking["tokens_changed"]["mean"] == pytest.approx(12 / 15)
+    assert forking["scale"]["mean"] < 1.0
     assert result["methods"]["grpo"]["all"]["blame"]["mean"] == 0.5
+
+
+# --------------------------------------------------------------------------- credit mass
+
+
+def slow_mass(credit, reference, labels, mask, correct, group) -> list[dict]:
+    """The mass figures' per-response terms, by plain loops from the definitions
+    (docs/audit.md, "Credit mass"); None where a response does not count."""
+    out = []
+    for i in range(len(credit)):
+        members = [j for j in range(len(credit)) if group[j] == group[i]]
+        mixed = any(correct[j] for j in members) and not all(correct[j] for j in members)
+        toks = [t for t in range(len(credit[i])) if mask[i][t]]
+        wrong = [credit[i][t] for t in toks if labels[i][t] == W]
+        right = [credit[i][t] for t in toks if labels[i][t] == R]
+        row = dict.fromkeys(("gap", "gap_norm", "changed", "tokens", "abs", "abs_ref"))
+        if mixed and not correct[i] and wrong and right:
+            row["gap"] = sum(wrong) / len(wrong) - sum(right) / len(right)
+            row["gap_norm"] = sum(abs(reference[i][t]) for t in toks) / len(toks)
+        if mixed and toks:
+            row["tokens"] = len(toks)
+            row["changed"] = sum(abs(credit[i][t] - reference[i][t])
+                                 > 1e-6 * (1 + abs(reference[i][t])) for t in toks)
+            row["abs"] = sum(abs(credit[i][t]) for t in toks)
+            row["abs_ref"] = sum(abs(reference[i][t]) for t in toks)
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mass_figures_match_the_slow_reference(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    B, T = 24, 9
+    group = torch.arange(B) // 4
+    reference = torch.randn(B, 1, generator=g).expand(B, T).double()  # one value per response
+    credit = torch.randint(-3, 4, (B, T), generator=g).double() / 2
+    same = torch.rand(B, T, generator=g) < 0.4
+    credit = torch.where(same, reference, credit)  # unchanged tokens
+    labels = torch.randint(-1, 2, (B, T), generator=g).to(torch.int8)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    correct = torch.rand(B, generator=g) < 0.5
+    m = mass_metrics(credit, reference, labels, mask, correct, group)
+    ref = slow_mass(credit.tolist(), reference.tolist(), labels.tolist(), mask.tolist(),
+                    correct.tolist(), group.tolist())
+    pairs = {"mass_gap": ("gap", "gap_norm"), "tokens_changed": ("changed", "tokens"),
+             "scale": ("abs", "abs_ref")}
+    for figure, (num_key, den_key) in pairs.items():
+        num, den = m.ratio(figure)
+        for a, b, r in zip(num.tolist(), den.tolist(), ref, strict=True):
+            if r[num_key] is None:
+                assert math.isnan(a) and math.isnan(b)
+            else:
+                assert a == pytest.approx(r[num_key], rel=1e-12, abs=1e-12)
+                assert b == pytest.approx(r[den_key], rel=1e-12, abs=1e-12)
+    assert any(r["gap"] is not None for r in ref)
+    assert any(r["changed"] and r["changed"] < r["tokens"] for r in ref if r["tokens"])
+
+
+def test_mass_of_grpo_is_none():
+    reference = torch.tensor([[-0.7] * 6, [0.9] * 6, [-0.7] * 6, [0.9] * 6]).double()
+    m = mass_metrics(reference, reference, torch.tensor(LABELS), torch.ones(4, 6, dtype=torch.bool),
+                     torch.tensor(CORRECT), torch.tensor(GROUP))
+    assert m.mass_gap[0].item() == 0 and m.mass_gap_norm[0].item() == pytest.approx(0.7)
+    assert m.tokens_changed.tolist() == [0, 0, 0, 0] and torch.equal(m.scale, m.scale_norm)
+    # wrong tokens at -2, right at -0.5: gap -1.5 in units of |A_GRPO| = 0.7
+    credit = torch.where(torch.tensor(LABELS) == W, -2.0, -0.5).double()
+    m = mass_metrics(credit, reference, torch.tensor(LABELS), torch.ones(4, 6, dtype=torch.bool),
+                     torch.tensor(CORRECT), torch.tensor(GROUP))
+    assert m.mass_gap[0].item() == pytest.approx(-1.5)
+    assert m.tokens_changed[0].item() == 6 and m.tokens[0].item() == 6
+
+
+def test_summarise_ratio_bootstrap_over_groups():
+    num = np.array([1.0, 2.0, np.nan, 3.0, -1.0, 0.5])
+    den = np.array([2.0, 2.0, 5.0, 1.0, 4.0, 1.0])
+    group = np.array([0, 0, 1, 1, 2, 2])
+    s = summarise_ratio(num, den, group, resamples=300, seed=2)
+    assert s["mean"] == pytest.approx(5.5 / 10.0) and s["responses"] == 5 and s["groups"] == 3
+    rng = np.random.default_rng(2)
+    draws = rng.integers(0, 3, size=(300, 3))
+    sums, dens = [3.0, 3.0, -0.5], [4.0, 1.0, 5.0]
+    est = [sum(sums[k] for k in d) / sum(dens[k] for k in d) for d in draws]
+    assert s["low"] == pytest.approx(np.percentile(est, 2.5))
+    assert s["high"] == pytest.approx(np.percentile(est, 97.5))
+    # a mean is the ratio with denominator 1
+    values = np.array([0.2, 0.4, np.nan, 1.0, 0.0, 0.6])
+    assert summarise(values, group, resamples=50) == summarise_ratio(
+        values, np.where(np.isnan(values), np.nan, 1.0), group, resamples=50)
+    assert summarise_ratio(np.array([1.0]), np.array([0.0]), np.array([0]))["mean"] is None
+
+
+def test_audit_reports_the_mass_figures():
+    groups = [
+        _group([[1, 2, 3], [1, 2, 4], [1, 5, 3]], [1.0, 0.0, 0.0], ["rr.", "rw.", "wr."]),
+        _group([[1, 2], [3, 2], [1, 1]], [0.0, 1.0, 1.0], ["rw", "rr", "wr"], level=2),
+    ]
+    result = audit_groups(groups, parse_methods("grpo,ktae"), resamples=50)
+    grpo = result["methods"]["grpo"]["all"]
+    assert grpo["mass_gap"]["mean"] == 0 and grpo["tokens_changed"]["mean"] == 0
+    assert grpo["scale"]["mean"] == pytest.approx(1.0)
+    assert grpo["tokens_changed"]["responses"] == 6  # every response of a mixed group
+    ktae_all = result["methods"]["ktae"]["all"]
+    assert ktae_all["tokens_changed"]["mean"] > 0 and ktae_all["scale"]["mean"] != 1.0
+    assert set(result["methods"]["ktae"]["levels"]["2"]) >= {"mass_gap", "tokens_changed",
+                                                              "scale"}
+    from ktae.credit_audit.report import markdown
+
+    text = markdown({**result, "input": "x"})
+    assert "## Credit mass" in text and "| ktae |" in text
