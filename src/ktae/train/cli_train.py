@@ -1,7 +1,7 @@
 """``ktae train``: GRPO / DAPO / Dr.GRPO with KTAE or TACO credit, on TRL.
 
-With no arguments: the embedded arithmetic task, the cached warm-started tiny model
-(built on first use, about 3 minutes), DAPO with KTAE credit, on CPU in fp32. Command-line
+With no arguments: the embedded arithmetic task, the warm-started tiny model that ships
+inside the package, DAPO with KTAE credit, on CPU in fp32. Command-line
 flags override a ``--config`` YAML, which overrides the defaults of
 :class:`ktae.train.config.TrainConfig`. Multi-GPU: ``accelerate launch -m ktae train ...``
 (see docs/training.md).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from ktae.train.credit import credit_settings
 
 # flag -> (TrainConfig field, type, help); defaults come from TrainConfig
 _FLAGS = [
-    ("--model", "model", str, "local path or hub id (default: cached warm-started tiny model)"),
+    ("--model", "model", str, "local path or hub id (default: the warm-started tiny model "
+     "shipped inside ktae)"),
     ("--task", "task", str, "embedded | math500 | jsonl:PATH | json:PATH | parquet:PATH | "
      "a save_to_disk DIR[@SPLIT] | hf:NAME[:CONFIG][@SPLIT] (verl, MATH or question/answer "
      "schema)"),
@@ -81,18 +83,73 @@ _PAIR_FLAGS = [
 ]
 
 
+def _shown(value) -> str:
+    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) \
+        else str(value)
+
+
+def default_texts() -> dict[str, str]:
+    """``TrainConfig`` field -> the default its help shows: the field's own, the value
+    :meth:`TrainConfig.resolve` gives each ``--algo`` (``depends on --algo: ...``), or the
+    credit method's own default for the option fields left None."""
+    from ktae.core.ktae_options import PAPER_DEFAULTS, RUNTIME_DEFAULTS
+
+    import ktae
+
+    base = TrainConfig()
+    per_algo = {a: dataclasses.replace(base, algo=a).resolve() for a in ALGOS}
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        value = getattr(base, f.name)
+        if value is not None:
+            out[f.name] = f"default {_shown(value)}"
+            continue
+        resolved = {a: getattr(c, f.name) for a, c in per_algo.items()}
+        if f.name in ("output_dir", "model", "eval_task", "lora_alpha"):
+            continue  # their help says it
+        if f.name == "template":
+            out[f.name] = ("default compact for the shipped tiny model, else chat for chat "
+                           "prompts, the reward's own (dapo) or qwen-math")
+        elif len(set(map(str, resolved.values()))) > 1:
+            longer = dataclasses.replace(base, max_new_tokens=10 * base.max_new_tokens)
+            parts = []
+            for a, v in resolved.items():
+                scaled = getattr(dataclasses.replace(longer, algo=a).resolve(), f.name)
+                ratio = "" if scaled == v else f" (--max-new-tokens x {scaled / longer.max_new_tokens:g})"
+                parts.append(f"{a} {_shown(v)}{ratio}")
+            out[f.name] = "default depends on --algo: " + ", ".join(parts)
+        elif next(iter(resolved.values())) is not None:
+            out[f.name] = f"default {_shown(next(iter(resolved.values())))}"
+    for h in ("h1", "h2", "h3"):
+        paper = ("" if PAPER_DEFAULTS[h] == RUNTIME_DEFAULTS[h]
+                 else f"; {PAPER_DEFAULTS[h]:g} with --estimator-option variant=paper")
+        out[f"ktae_{h}"] = f"default {RUNTIME_DEFAULTS[h]:g}{paper}"
+    for dest, option in (("taco_alpha", "alpha"), ("taco_lambda", "lam")):
+        found = {}
+        for name in ktae.CALIBRATIONS.names():
+            param = inspect.signature(ktae.CALIBRATIONS.get(name)).parameters.get(option)
+            if param is not None and param.default is not inspect.Parameter.empty:
+                found.setdefault(param.default, []).append(name)
+        if len(found) == 1:
+            out[dest] = f"default {next(iter(found))}"
+        elif found:
+            out[dest] = "default depends on the calibration: " + "; ".join(
+                f"{v} ({', '.join(names)})" for v, names in found.items())
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``ktae train`` flags (defaults: see ``TrainConfig``)."""
     parser.add_argument("--config", help="YAML/JSON file of TrainConfig fields")
-    defaults = TrainConfig()
+    texts = default_texts()
     for flag, dest, typ, help_text in _FLAGS:
-        default = getattr(defaults, dest)
-        shown = "" if default is None else f" (default {default})"
+        shown = f" ({texts[dest]})" if dest in texts else ""
         flags = ("-o", flag) if dest == "output_dir" else (flag,)  # -o as in explain/simulate
         parser.add_argument(*flags, dest=dest, type=typ, default=None, help=help_text + shown)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--dynamic-sampling", dest="dynamic_sampling", action="store_true",
-                       default=None, help="force DAPO dynamic sampling on")
+                       default=None, help="force DAPO dynamic sampling on "
+                       f"({texts['dynamic_sampling']})")
     group.add_argument("--no-dynamic-sampling", dest="dynamic_sampling", action="store_false",
                        help="force dynamic sampling off")
     parser.add_argument("--lora-target-modules", dest="lora_target_modules", default=None,
@@ -175,13 +232,36 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
+def resume_command(output_dir: str, argv: list[str] | None = None) -> str:
+    """The command line that continues this run: the same flags, ``--resume -o DIR``."""
+    import shlex
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kept, skip = [], False
+    for arg in argv[argv.index("train") + 1 if "train" in argv else 0:]:
+        if skip:
+            skip = False
+        elif arg in ("-o", "--output-dir"):
+            skip = True
+        elif arg != "--resume" and not arg.startswith("--output-dir="):
+            kept.append(arg)
+    return shlex.join(["ktae", "train", *kept, "--resume", "-o", str(output_dir)])
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae train``."""
+    from ktae.cli_common import check_output_dir, set_interrupt_hint
+
+    try:  # the arguments first: trl and transformers load only once they are right
+        cfg = config_from_args(args)
+        check_output_dir(cfg.output_dir)
+    except ValueError as err:
+        print(f"ktae train: {err}", file=sys.stderr)
+        return 2
     from ktae.train.session import plan_run, preflight, train
     from ktae.train.trainer import DiskFullError
 
     try:
-        cfg = config_from_args(args)
         checked = preflight(cfg)
         plan = plan_run(cfg)
     except ValueError as err:
@@ -191,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ktae train: --resume: {cfg.output_dir} is complete ({cfg.max_steps} steps); "
               "nothing to do", file=sys.stderr)
         return 0
+    set_interrupt_hint(f"continue with: {resume_command(cfg.output_dir)}")
     start = time.perf_counter()
     try:
         summary = train(cfg, checked=checked)
