@@ -101,7 +101,7 @@ def _eval(capsys, *args):
 
 def _one_error_line(err: str) -> str:
     lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("ktae eval: error:"), err
+    assert len(lines) == 1 and lines[0].startswith("ktae eval: "), err
     assert "Traceback" not in err
     return lines[0]
 
@@ -310,7 +310,7 @@ def test_bad_decoding_options_are_refused_before_loading(model_dir, tmp_path, ca
                        (["--batch-size", "0"], "--batch-size"), (["--timeout", "0"], "--timeout"),
                        (["--top-p", "2"], "top_p")):
         rc, _, err = _eval(capsys, str(model_dir), *args, "--output-dir", str(tmp_path / "o"))
-        assert rc == 2 and f"error: {name}:" in _one_error_line(err)
+        assert rc == 2 and f"ktae eval: {name}:" in _one_error_line(err)
 
 
 # --------------------------------------------------------------------------- generation defaults

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, Console())
     except ValueError as e:
-        Console(stderr=True).print(f"[red]ktae eval: error:[/red] {escape(str(e))}",
+        Console(stderr=True).print(f"[red]ktae eval:[/red] {escape(str(e))}",
                                    markup=True, highlight=False, soft_wrap=True)
         return 2
 
