@@ -1,11 +1,12 @@
 """``ktae compare``'s table is the mean ± sample std over seeds of each run's numbers,
-checked against numpy on known per-seed values (finished runs are reused, so no model is
-trained)."""
+checked against numpy on known per-seed values (no model is trained: the runs are written
+with those numbers)."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,21 +39,25 @@ COLUMNS = {
 }
 
 
+def _write_run(run: Path, arm: str, seed: int) -> None:
+    """A finished-looking run directory holding the known numbers of ``arm``, ``seed``."""
+    values = VALUES[arm]
+    prepare_output_dir(run, resume=True, write=True)
+    summary = {"is_main": True, "steps": STEPS, **{k: v[seed] for k, v in values.items()}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "eval.jsonl").write_text("".join(
+        json.dumps({"step": s, "accuracy": a}) + "\n"
+        for s, a in ((0, values["heldout_before"][seed]),
+                     (STEPS, values["heldout_after"][seed]))))
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "round1_accuracy": 0.1 * s + 0.01 * seed}) + "\n"
+        for s in range(1, STEPS + 1)))
+
+
 def _write_runs(root):
-    for arm, values in VALUES.items():
+    for arm in VALUES:
         for seed in range(SEEDS):
-            run = root / f"{arm}-seed{seed}"
-            prepare_output_dir(run, resume=False, write=True)
-            summary = {"is_main": True, "steps": STEPS,
-                       **{k: v[seed] for k, v in values.items()}}
-            (run / "summary.json").write_text(json.dumps(summary))
-            (run / "eval.jsonl").write_text("".join(
-                json.dumps({"step": s, "accuracy": a}) + "\n"
-                for s, a in ((0, values["heldout_before"][seed]),
-                             (STEPS, values["heldout_after"][seed]))))
-            (run / "metrics.jsonl").write_text("".join(
-                json.dumps({"step": s, "round1_accuracy": 0.1 * s + 0.01 * seed}) + "\n"
-                for s in range(1, STEPS + 1)))
+            _write_run(root / f"{arm}-seed{seed}", arm, seed)
 
 
 def _expected(values, scale, digits) -> str:
@@ -104,16 +109,31 @@ def test_one_seed_has_std_zero(tmp_path):
     assert rows["none"]["acc. after (%)"] == "50.0 ± 0.0"
 
 
-def test_compare_command_reuses_finished_runs_and_writes_the_table(tmp_path, capsys):
+def test_compare_command_writes_the_table_of_its_runs(tmp_path, capsys, monkeypatch):
+    """The whole command, with ``train`` replaced by one that writes each run's known
+    numbers: every (credit, seed) runs once, in its own directory, and the table and
+    ``comparison.json`` hold their mean ± std and per-seed values."""
+    from ktae.train import session
+
     root = tmp_path / "cmp"
-    _write_runs(root)
+    trained = []
+
+    def fake_train(cfg, **kwargs):
+        out = Path(cfg.output_dir)
+        arm, seed = out.name.rsplit("-seed", 1)
+        assert (cfg.credit, cfg.seed) == (arm, int(seed))
+        trained.append((arm, int(seed)))
+        _write_run(out, arm, int(seed))
+        return {"steps": STEPS}
+
+    monkeypatch.setattr(session, "train", fake_train)
     argv = ["compare", "--credit", ",".join(VALUES), "--seeds", str(SEEDS), "--max-steps",
             str(STEPS), "--num-prompts", "2", "--num-generations", "4", "--max-new-tokens", "6",
             "--train-size", "32", "--eval-size", "4", "--output-dir", str(root),
             "--no-progress"]
     assert main(argv) == 0
-    captured = capsys.readouterr()
-    assert captured.err.count("reused") == SEEDS * len(VALUES)
+    capsys.readouterr()
+    assert sorted(trained) == sorted((a, s) for a in VALUES for s in range(SEEDS))
     text = (root / "comparison.md").read_text()
     _check(_cells(text))
     data = json.loads((root / "comparison.json").read_text())
