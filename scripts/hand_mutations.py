@@ -103,6 +103,10 @@ def run(m: Mutation) -> list[str] | None:
                               text=True)
     finally:
         _swap(path, m.new, m.old)
+    ran = re.search(r"\d+ (passed|failed)", proc.stdout)
+    if proc.returncode not in (0, 1) or not ran:  # no pytest, collection error, no tests
+        print(proc.stdout[-2000:] + proc.stderr[-2000:])
+        raise RuntimeError(f"pytest did not run the tests (exit status {proc.returncode})")
     return re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M)
 
 
