@@ -264,3 +264,40 @@ def test_run_marker_records_segments_and_the_finish(tmp_path):
     assert info["format"] == "ktae-run"
     assert [(s["from_step"], s["changes"]) for s in info["segments"]] == [
         (0, {}), (30, {"max_steps": [30, 40]})]
+
+
+def test_a_checkpoint_directory_ktae_did_not_start_is_not_written_into(tmp_path):
+    from ktae.train.rundir import STARTED_MARKER, claim_checkpoint, foreign_checkpoints
+
+    theirs = tmp_path / "checkpoint-4"
+    theirs.mkdir()
+    (theirs / "model.safetensors").write_bytes(b"theirs")
+    ours_cut_short = tmp_path / "checkpoint-6"
+    claim_checkpoint(ours_cut_short)
+    (ours_cut_short / "model.safetensors").write_bytes(b"half")
+    (tmp_path / "checkpoint-8").mkdir()  # empty: nothing to lose
+    assert foreign_checkpoints(tmp_path) == {4: theirs}
+    with pytest.raises(ValueError, match="not written by ktae"):
+        claim_checkpoint(theirs)
+    assert sorted(p.name for p in theirs.iterdir()) == ["model.safetensors"]
+    claim_checkpoint(ours_cut_short)  # ours: written over on resume
+    claim_checkpoint(tmp_path / "checkpoint-8")
+    assert (tmp_path / "checkpoint-8" / STARTED_MARKER).is_file()
+
+
+def test_train_refuses_to_save_over_a_foreign_checkpoint(tiny_model, tmp_path, capsys):
+    from ktae.cli import main
+    from ktae.train.rundir import prepare_output_dir
+
+    run = tmp_path / "run"
+    prepare_output_dir(run, resume=False)
+    theirs = run / "checkpoint-2"
+    theirs.mkdir()
+    (theirs / "model.safetensors").write_bytes(b"theirs")
+    code = main(["train", "--model", str(tiny_model), "--output-dir", str(run),
+                 "--max-steps", "2", "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{theirs} was not written by ktae" in err
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2", "ktae_run.json"]
+    assert (theirs / "model.safetensors").read_bytes() == b"theirs"

@@ -18,7 +18,8 @@ Only the main process writes here. A run refuses a non-empty directory that is n
 (:func:`prepare_output_dir`), so checkpoint rotation never deletes files it did not write.
 
 Checkpoint atomicity: transformers writes ``checkpoint-N`` in place, file by file. The
-trainer writes :data:`COMPLETE_MARKER` (itself via write-to-temp + fsync + rename) only after
+trainer first claims the directory (:func:`claim_checkpoint`: it refuses to write into one
+ktae did not start) and writes :data:`COMPLETE_MARKER` (itself via write-to-temp + fsync + rename) only after
 everything else, and resume only considers checkpoints holding it, so a checkpoint cut
 short by a kill is ignored. On resume, ``metrics.jsonl``/``eval.jsonl`` lines past the
 checkpoint's step are dropped, so the resumed run writes the same lines as an
@@ -43,6 +44,9 @@ from pathlib import Path
 
 COMPLETE_MARKER = "ktae_checkpoint.json"
 """File written last into a checkpoint directory once it is complete."""
+
+STARTED_MARKER = "ktae_checkpoint_started"
+"""File written first into a checkpoint directory, before transformers writes there."""
 
 RUN_MARKER = "ktae_run.json"
 """File that marks a directory as a ``ktae train`` run directory."""
@@ -130,6 +134,38 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def claim_checkpoint(folder: str | os.PathLike) -> None:
+    """Mark ``folder`` as a checkpoint ktae is writing (call before any other file).
+
+    A checkpoint of ours cut short by a kill (it holds :data:`STARTED_MARKER`) is written
+    over; a non-empty directory of that name that ktae did not start is not.
+
+    Raises:
+        ValueError: ``folder`` is a non-empty directory without ktae's markers.
+    """
+    folder = Path(folder)
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / STARTED_MARKER).is_file() \
+            and not (folder / COMPLETE_MARKER).is_file():
+        raise ValueError(f"{folder} exists and was not written by ktae; move it out of the run "
+                         "directory, then resume")
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / STARTED_MARKER, "")
+
+
+def foreign_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
+    """Step -> non-empty ``checkpoint-N`` directory of ``output_dir`` that ktae did not
+    start (neither marker): a run must not save a checkpoint of that step there."""
+    output_dir = Path(output_dir)
+    found = {}
+    if output_dir.is_dir():
+        for p in output_dir.iterdir():
+            m = _CHECKPOINT_RE.match(p.name)
+            if m and p.is_dir() and any(p.iterdir()) and not (p / STARTED_MARKER).is_file() \
+                    and not (p / COMPLETE_MARKER).is_file():
+                found[int(m.group(1))] = p
+    return found
 
 
 def mark_checkpoint_complete(folder: str | os.PathLike, step: int) -> None:

@@ -26,6 +26,7 @@ from ktae.train.rundir import (
     checkpoint_step,
     finished_steps,
     follow_umask,
+    foreign_checkpoints,
     mark_run_finished,
     prepare_output_dir,
     start_segment,
@@ -112,6 +113,12 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     """
     out = Path(cfg.output_dir)
     checkpoint = prepare_output_dir(out, resume=cfg.resume, write=False)
+    saved = set(range(cfg.save_every, cfg.max_steps + 1, cfg.save_every or cfg.max_steps))
+    in_the_way = [p for step, p in sorted(foreign_checkpoints(out).items())
+                  if step in saved | {cfg.max_steps}]
+    if in_the_way:
+        raise ValueError(f"output_dir: {in_the_way[0]} was not written by ktae, and the run "
+                         "would write its checkpoint there; move it out of the run directory")
     if not cfg.resume or not (out / "config.yaml").is_file():
         return RunPlan(checkpoint, False, {})
     run_cfg = TrainConfig.from_file(out / "config.yaml").resolve()

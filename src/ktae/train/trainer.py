@@ -26,10 +26,11 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    The old/ref log-prob passes (no entropy, outside ``_compute_loss``) are untouched.
 3. ``_save_checkpoint``: writes the generation settings and a completion marker last, so a
    checkpoint half-written by a kill is never resumed from (:mod:`ktae.train.rundir`); a
-   full disk is reported in words. transformers' own rotation is switched off for the call
-   (it runs before the marker exists and deletes any ``checkpoint-*`` directory);
-   :func:`ktae.train.rundir.rotate_checkpoints` then deletes only complete ktae
-   checkpoints. Model files get the umask's mode (safetensors writes 0600).
+   full disk is reported in words; a ``checkpoint-N`` directory ktae did not start is
+   never written into (:func:`ktae.train.rundir.claim_checkpoint`). transformers' own
+   rotation is switched off for the call (it runs before the marker exists and deletes any
+   ``checkpoint-*`` directory); :func:`ktae.train.rundir.rotate_checkpoints` then deletes
+   only complete ktae checkpoints. Model files get the umask's mode (safetensors: 0600).
    ``create_model_card``: TRL's auto-generated card is not written (``ktae train`` writes
    its own).
 4. Exact resume. ``_get_train_sampler``: TRL's ``RepeatSampler`` draws each epoch's order
@@ -68,7 +69,12 @@ from ktae.train.dynamic_sampling import (
     merge_rows,
     select_groups,
 )
-from ktae.train.rundir import follow_umask, mark_checkpoint_complete, rotate_checkpoints
+from ktae.train.rundir import (
+    claim_checkpoint,
+    follow_umask,
+    mark_checkpoint_complete,
+    rotate_checkpoints,
+)
 
 #: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
 _TOKEN_MASK = "ktae_token_mask"
@@ -573,6 +579,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         # marker exists, deleting any checkpoint-* directory: ours rotates after it
         keep, self.args.save_total_limit = self.args.save_total_limit, None
         try:
+            if self.args.should_save:
+                claim_checkpoint(folder)
             try:
                 super()._save_checkpoint(model, trial)
             finally:
