@@ -572,3 +572,21 @@ def test_every_field_survives_the_saved_config(tiny_model, task_file, tmp_path):
         loaded = TrainConfig.from_file(tmp_path / f"config.{suffix}")
         for name in FIELD_NAMES:
             assert getattr(loaded, name) == getattr(cfg, name), (suffix, name)
+
+
+def test_model_card_shows_the_run_settings(tmp_path):
+    """The card beside the weights states the settings that define the run."""
+    from ktae.train.session import model_card
+
+    cfg = cfg_with(output_dir=str(tmp_path / "my-run"), algo="grpo", credit="ktae+taco",
+                   loss_type="bnpo", clip_low=0.15, clip_high=0.31, dynamic_sampling=True,
+                   reward="gsm8k", num_prompts=3, num_generations=5, max_new_tokens=17,
+                   lora_r=4, lora_target_modules=["q_proj", "v_proj"])
+    card = model_card(cfg, {"model": "base/model", "template": "qwen-math", "steps": 9,
+                            "heldout_before": 0.25, "heldout_after": 0.5})
+    for text in ("# my-run", "GRPO with `ktae+taco` credit", "loss `bnpo`", "clip 0.15/0.31",
+                 "dynamic sampling on", "| reward | `gsm8k` |", "9 x 3 prompts x 5 responses",
+                 "at most 17 new tokens", "template `qwen-math`", "`base/model`",
+                 "25.0% -> 50.0%", "r=4, alpha=8.0, targets q_proj, v_proj",
+                 str(tmp_path / "my-run" / "config.yaml")):
+        assert text in card, text
