@@ -68,6 +68,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             importlib.import_module(module).add_arguments(p)
             parser.set_defaults(_flags={a.dest: max(a.option_strings, key=len)
                                         for a in p._actions if a.option_strings})
+            parser.chosen = p  # reports the unrecognized arguments of this subcommand
     return parser
 
 
@@ -80,7 +81,9 @@ def _dispatch(argv: list[str]) -> int:
         print(f"ktae: {err}", file=sys.stderr)
         return 2
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        getattr(parser, "chosen", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 0
