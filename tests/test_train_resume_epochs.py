@@ -60,15 +60,21 @@ def assert_same_run(a, b) -> None:
         assert torch.equal(wa[name], wb[name]), name
 
 
-@pytest.mark.parametrize(("algo", "stop_at"), [("dapo", 4), ("grpo", 6)])
-def test_resume_in_a_later_epoch_is_the_uninterrupted_run(tiny_model, tmp_path, algo, stop_at):
+@pytest.mark.parametrize(("algo", "stop_at", "extra"), [
+    ("dapo", 4, {}),  # at the end of the first epoch
+    ("grpo", 6, {}),  # in the middle of the second
+    ("dapo", 6, {"trl": {"gradient_accumulation_steps": 2}}),  # two micro-batches a step
+])
+def test_resume_in_a_later_epoch_is_the_uninterrupted_run(tiny_model, tmp_path, algo, stop_at,
+                                                          extra):
     full, stopped = tmp_path / "full", tmp_path / "stopped"
-    train(tiny_config(tiny_model, full, algo=algo, **_settings()), reward_funcs=[contains_digit])
+    settings = _settings(algo=algo, **extra)
+    train(tiny_config(tiny_model, full, **settings), reward_funcs=[contains_digit])
     with pytest.raises(_Stop):
-        train(tiny_config(tiny_model, stopped, algo=algo, **_settings()),
+        train(tiny_config(tiny_model, stopped, **settings),
               reward_funcs=[contains_digit], extra_callbacks=[_StopAfterSave(stop_at)])
     assert [m["step"] for m in read_jsonl(stopped / "metrics.jsonl")][-1] == stop_at
-    train(tiny_config(tiny_model, stopped, algo=algo, resume=True, **_settings()),
+    train(tiny_config(tiny_model, stopped, resume=True, **settings),
           reward_funcs=[contains_digit])
     assert_same_run(full, stopped)
 
