@@ -227,3 +227,13 @@ def test_audit_prints_its_table_and_no_loading_bar(tmp_path, monkeypatch, capfd)
     assert main(argv) == 2  # kept
     capfd.readouterr()
     assert main([*argv, "--overwrite"]) == 0
+
+
+def test_counts_of_a_config_file_are_bounded_too(tmp_path, capsys):
+    config = tmp_path / "big.yaml"
+    config.write_text("num_generations: 100000\n")
+    assert main(["train", "--config", str(config), "-o", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip() == ("ktae train: --num-generations: expected at "
+                                               "most 4,096 responses per prompt, got 100,000")
+    assert main(["compare", "--config", str(config), "-o", str(tmp_path / "cmp")]) == 2
+    assert "ktae compare: --num-generations: expected at most" in capsys.readouterr().err

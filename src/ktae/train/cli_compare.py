@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         print(f"ktae compare: seeds: expected >= 1, got {args.seeds}", file=sys.stderr)
         return 2
-    from ktae.cli_common import check_output_dir, set_interrupt_hint
+    from ktae.cli_common import check_counts, check_output_dir, set_interrupt_hint
 
     root = Path(args.output_dir)
     seeds = list(range(args.seeds))
@@ -270,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
                 ns.output_dir = str(root / f"{arm.dirname}-seed{seed}")
                 ns.resume = None
                 configs.append(cli_train.config_from_args(ns))
+                check_counts(configs[-1], {"torch_threads": "--threads"})
     except ValueError as err:
         print(f"ktae compare: {err}", file=sys.stderr)
         return 2

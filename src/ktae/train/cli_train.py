@@ -250,10 +250,11 @@ def resume_command(output_dir: str, argv: list[str] | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae train``."""
-    from ktae.cli_common import check_output_dir, set_interrupt_hint
+    from ktae.cli_common import check_counts, check_output_dir, set_interrupt_hint
 
     try:  # the arguments first: trl and transformers load only once they are right
         cfg = config_from_args(args)
+        check_counts(cfg, {"torch_threads": "--threads"})  # --config files included
         check_output_dir(cfg.output_dir)
     except ValueError as err:
         print(f"ktae train: {err}", file=sys.stderr)
