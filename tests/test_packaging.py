@@ -49,3 +49,23 @@ def test_math_verify_and_its_antlr_runtime_are_required_together():
     runtime = next(r for r in base if r.name == "antlr4-python3-runtime")
     assert "4.13.2" in runtime.specifier
     assert metadata.version("antlr4-python3-runtime") == "4.13.2"
+
+
+def test_version_is_the_distribution_version():
+    import ktae
+
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+    assert ktae.__version__ == project["version"]
+    try:
+        assert metadata.version("ktae") == project["version"]
+    except metadata.PackageNotFoundError:
+        pytest.skip("ktae is not installed")
+
+
+def test_python_m_ktae_is_the_ktae_command():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ktae", "--version"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == f"ktae {metadata.version('ktae')}"
