@@ -18,8 +18,7 @@ import torch
 from oracle import single_thread  # noqa: F401  (one torch thread for this module)
 
 from ktae.cli import main
-from ktae.sim import SimConfig, simulate
-from ktae.sim import blame
+from ktae.sim import SimConfig, blame, simulate
 from ktae.sim.blame_report import audit_summaries
 from ktae.sim.credit import Credit, CreditBatch
 from ktae.sim.report import to_json
@@ -196,7 +195,8 @@ def test_probe_groups_at_update_zero_are_shared_by_the_methods():
         assert len(np.unique(base["group"])) == cfg.seeds * cfg.audit_groups
         for m in cfg.method_names:  # same policy, same draws: the same trajectories
             np.testing.assert_array_equal(result.audit[(m, s, 0)]["chance"], base["chance"])
-            np.testing.assert_array_equal(result.audit[(m, s, 0)]["tokens_changed_norm"], base["tokens_changed_norm"])
+            np.testing.assert_array_equal(result.audit[(m, s, 0)]["tokens_changed_norm"],
+                                          base["tokens_changed_norm"])
     assert {u for _, _, u in result.audit} == {0, 3}
     # the scored probe groups are what the method gives the policy's samples, per group
     again = simulate(cfg)

@@ -82,7 +82,7 @@ def terminal_table(result: dict) -> str:
     for name, entry in result["methods"].items():
         fig = entry["all"]
 
-        def mean(key, signed=False):
+        def mean(key, signed=False, fig=fig):
             m = (fig.get(key) or {}).get("mean")
             return "n/a" if m is None else (f"{m + 0.0:+.3f}" if signed else f"{m:.3f}")
 
