@@ -8,6 +8,7 @@ a trainer subclass that records what reaches the loss).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import warnings
@@ -291,7 +292,7 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     state.wait_for_everyone()
     if is_main:
         resume_from = prepare_output_dir(out, resume=cfg.resume, write=True)
-        cfg.save(out / "config.yaml")
+        dataclasses.replace(cfg, resume=False).save(out / "config.yaml")  # a recipe to rerun
         start_segment(out, from_step=checkpoint_step(resume_from) if resume_from else 0,
                       changes={k: list(v) for k, v in plan.changes.items()})
     state.wait_for_everyone()
