@@ -250,6 +250,10 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
           reward_funcs=None, checked: Preflight | None = None) -> dict:
     """Run (or resume) the training described by a resolved ``cfg``; returns the summary.
 
+    A resume (``cfg.resume``) continues the run exactly where its newest complete checkpoint
+    left it, with the run's own settings (:func:`plan_run`); a finished run is not trained
+    further: its summary comes back with ``complete=True``.
+
     Args:
         cfg: a resolved :class:`TrainConfig`.
         trainer_cls: ``KTAEGRPOTrainer`` or a subclass.
@@ -259,7 +263,8 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
         checked: the :func:`preflight` of ``cfg`` when the caller already ran it.
 
     Raises:
-        ValueError: a setting or the output directory is unusable (before any model loads).
+        ValueError: a setting or the output directory is unusable, or a resume changes
+            settings that would change the run (before any model loads).
         DiskFullError: the disk filled up while writing a checkpoint or the final model.
     """
     from accelerate import PartialState
