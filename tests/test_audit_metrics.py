@@ -296,4 +296,4 @@ def test_audit_reports_the_mass_figures():
     from ktae.credit_audit.report import markdown
 
     text = markdown({**result, "input": "x"})
-    assert "## Credit mass" in text and "| ktae |" in text
+    assert "mass gap: wrong − right" in text and "| ktae |" in text

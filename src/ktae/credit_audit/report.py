@@ -61,26 +61,27 @@ def markdown(result: dict) -> str:
                   f"{t['wrong']} wrong, {t['right']} right, {t['other']} not in an equation. "
                   f"Log-probs and entropies: {result.get('scored_with', 'n/a')}. "
                   f"Intervals: bootstrap 95% over groups ({result.get('resamples')} draws).", ""]
-    lines += ["| method | blame P(w<r) | lowest-credit token wrong | contamination | "
-              "contamination − GRPO's (paired) | responses (blame / contamination) |",
-              "|---|---|---|---|---|---|"]
+    mass = "mass_gap" in first  # results written before the mass figures lack them
+    head = ("| method | blame P(w<r) | lowest-credit token wrong | contamination | "
+            "contamination − GRPO's (paired) | ")
+    if mass:
+        head += ("mass gap: wrong − right, in GRPO advantages | tokens changed from GRPO | "
+                 "scale: abs. credit / GRPO's | ")
+    lines += [head + "responses (blame / contamination) |",
+              "|---|---|---|---|---|" + ("---|---|---|" if mass else "") + "---|"]
     chance = first["chance"]
     for name, entry in methods.items():
         a = entry["all"]
-        lines.append(f"| {name} | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
-                     f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} | "
-                     f"{a['blame']['responses']} / {a['contamination']['responses']} |")
+        row = (f"| {name} | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
+               f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} | ")
+        if mass:
+            row += (f"{_signed_cell(a['mass_gap'])} | {_cell(a['tokens_changed'])} | "
+                    f"{_cell(a['scale'])} | ")
+        lines.append(row + f"{a['blame']['responses']} / {a['contamination']['responses']} |")
     lines += ["", f"Chance share of the lowest-credit token (wrong tokens / labelled tokens, "
               f"what a constant credit gives): {_cell(chance)}.", ""]
-    if "mass_gap" in first:
-        lines += ["## Credit mass", "", MASS_NOTE, "",
-                  "| method | mass gap: wrong − right, in GRPO advantages | tokens changed "
-                  "from GRPO | scale: abs. credit / GRPO's |", "|---|---|---|---|"]
-        for name, entry in methods.items():
-            a = entry["all"]
-            lines.append(f"| {name} | {_signed_cell(a['mass_gap'])} | "
-                         f"{_cell(a['tokens_changed'])} | {_cell(a['scale'])} |")
-        lines.append("")
+    if mass:
+        lines += [MASS_NOTE, ""]
     if result.get("levels"):
         for metric in METRICS:
             head = " | ".join(f"level {lv}" for lv in result["levels"])
