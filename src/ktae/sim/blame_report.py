@@ -82,10 +82,12 @@ def audit_tables(result: SimResult) -> str:
     lines = ["## Credit on the MDP's exact labels", "",
              f"{cfg.audit_groups} probe groups of G trajectories per run (seed and setting), "
              "drawn from the policy after the update named below; every method's step "
-             "credit on them against the optimal actions (docs/simulate.md, \"credit "
-             "audit\"). A failed trajectory has a return at or below its group's mean; its "
-             "sub-optimal steps are the wrong tokens. Means with bootstrap 95% intervals "
-             "over probe groups (mass figures: ratios of sums).", ""]
+             "credit on them against the optimal actions, with ktae audit's figures "
+             "(docs/simulate.md, \"Credit on the MDP's exact labels\"). A failed "
+             "trajectory has a return at or below its group's mean; its sub-optimal steps "
+             "are the wrong tokens, its optimal steps the right ones. Means with bootstrap "
+             "95% intervals over probe groups (mass figures: ratios of sums); a cell "
+             "without an interval rests on one group.", ""]
     figures = blame.FIGURES
     for update, methods in summ.items():
         when = "the initial policy" if update == 0 else f"the policy after {update} updates"
