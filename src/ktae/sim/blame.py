@@ -28,6 +28,8 @@ trajectories.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -65,7 +67,11 @@ def score(credit: Credit, batch: CreditBatch) -> dict[str, np.ndarray]:
     """Per trajectory of ``batch``: each figure of :data:`RANK_FIGURES` (NaN where
     undefined) and each mass figure's numerator and denominator (``NAME`` and
     ``NAME_norm``), for one method's :class:`~ktae.sim.credit.Credit` (tokens outside its
-    loss mask receive no credit)."""
+    loss mask receive no credit). Computed on the CPU, whatever the simulation's device."""
+    batch = dataclasses.replace(batch, **{f.name: getattr(batch, f.name).cpu()
+                                          for f in dataclasses.fields(batch)
+                                          if isinstance(getattr(batch, f.name), torch.Tensor)})
+    credit = Credit(*(x.cpu() for x in (credit.advantages, credit.loss_mask, credit.flagged)))
     labels = step_labels(batch)
     correct = batch.above_group_mean()
     kept = credit.loss_mask & batch.mask
