@@ -130,8 +130,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if action.dest == "credit":
             action.help = ("comma list of credits, each optionally with its own settings: "
                            "CREDIT@KEY=VALUE[@...], e.g. none,ktae,ktae@ngram=3 (KEY: a ktae "
-                           "train setting, or its name without the credit's prefix)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per credit")
+                           "train setting, or its name without the credit's prefix) (default "
+                           "none,ktae,taco)")
+        elif action.dest == "output_dir":
+            action.help = ("folder of the runs ({credit}-seed{s}/), comparison.md and "
+                           "curves.png (default runs/compare)")
+        elif action.dest in ("seed", "resume"):
+            action.help = argparse.SUPPRESS  # the grid sets them; refused in run()
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="seeds 0..N-1 per credit (default 3); finished runs are reused "
+                             "and interrupted ones resumed")
     parser.set_defaults(output_dir="runs/compare")
 
 
@@ -249,6 +257,11 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         print(f"ktae compare: seeds: expected >= 1, got {args.seeds}", file=sys.stderr)
         return 2
+    for flag, dest in (("--seed", "seed"), ("--resume", "resume")):
+        if getattr(args, dest, None) is not None:
+            print(f"ktae compare: {flag}: the grid sets it (seeds 0..N-1 with --seeds N; "
+                  "finished runs are reused, interrupted ones resumed)", file=sys.stderr)
+            return 2
     from ktae.cli_common import check_counts, check_output_dir, set_interrupt_hint
 
     root = Path(args.output_dir)
