@@ -81,7 +81,7 @@ CASES = [
 _SCRIPT = """
 import contextlib, io, json, sys
 from ktae.cli import main
-heavy = %r
+heavy = HEAVY
 out = []
 for argv in json.loads(sys.argv[1]):
     err = io.StringIO()
@@ -93,7 +93,7 @@ for argv in json.loads(sys.argv[1]):
     out.append({"rc": rc, "err": err.getvalue(),
                 "heavy": [m for m in heavy if m in sys.modules]})
 print(json.dumps(out))
-""" % (HEAVY,)
+""".replace("HEAVY", repr(HEAVY))
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ groups (prompt, response texts, rewards or a reference answer); with ``--model``
 INPUT, responses are sampled on the spot (``--model default``: the shipped tiny model
 on the embedded task's held-out prompts). Writes one self-contained HTML page
 (``-o``; default ``runs/explain/NAME.html``, NAME naming the input or model and the
-credit; an earlier page there is kept unless ``--overwrite``), and on request a terminal rendering (``--terminal``) and one PNG per group
-(``--png DIR``). See docs/explain.md.
+credit; an earlier page there is kept unless ``--overwrite``), and on request a terminal
+rendering (``--terminal``) and one PNG per group (``--png DIR``). See docs/explain.md.
 """
 
 from __future__ import annotations

@@ -281,7 +281,6 @@ def load_jsonl(path: Path, *, tokenizer) -> list[tuple[str, GroupInput]]:
 def load_model(name: str):
     """``(model, tokenizer, path)``; ``"default"`` is the shipped tiny model."""
     from transformers import AutoModelForCausalLM
-
     from transformers.utils import logging as hf_logging
 
     path = str(default_tokenizer_path()) if name == DEFAULT_MODEL else name

@@ -92,9 +92,8 @@ def default_texts() -> dict[str, str]:
     """``TrainConfig`` field -> the default its help shows: the field's own, the value
     :meth:`TrainConfig.resolve` gives each ``--algo`` (``depends on --algo: ...``), or the
     credit method's own default for the option fields left None."""
-    from ktae.core.ktae_options import PAPER_DEFAULTS, RUNTIME_DEFAULTS
-
     import ktae
+    from ktae.core.ktae_options import PAPER_DEFAULTS, RUNTIME_DEFAULTS
 
     base = TrainConfig()
     per_algo = {a: dataclasses.replace(base, algo=a).resolve() for a in ALGOS}
