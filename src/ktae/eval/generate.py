@@ -234,10 +234,22 @@ def generate_vllm(llm, prompts: Sequence[str], sampling: SamplingConfig, *,
                   ) -> list[list[Generation]]:  # pragma: no cover - needs vLLM and a GPU
     """Same contract as :func:`generate_hf`, with the engine of :func:`load_vllm` and
     the parameters of :func:`vllm_sampling_kwargs`; a response that stopped for length
-    (``finish_reason == "length"``) is ``truncated``."""
+    (``finish_reason == "length"``) is ``truncated``. As there, every prompt gets its own
+    budget (:func:`prompt_budget`, from the engine's ``max_model_len``): vLLM refuses a
+    prompt plus ``max_tokens`` longer than the context instead of generating less."""
     from vllm import SamplingParams
 
-    results = llm.generate(list(prompts), SamplingParams(**vllm_sampling_kwargs(sampling)))
+    kwargs = vllm_sampling_kwargs(sampling)
+    params = SamplingParams(**kwargs)
+    config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    context = getattr(config, "max_model_len", None)
+    if isinstance(context, int):
+        tokenizer = llm.get_tokenizer()
+        budgets = [max(1, prompt_budget(len(tokenizer(p)["input_ids"]), sampling.max_new_tokens,
+                                        context)) for p in prompts]
+        if any(b < sampling.max_new_tokens for b in budgets):
+            params = [SamplingParams(**{**kwargs, "max_tokens": b}) for b in budgets]
+    results = llm.generate(list(prompts), params)
     if on_batch is not None:
         on_batch(len(prompts))
     return [[Generation(o.text, len(o.token_ids), tuple(o.token_ids),
