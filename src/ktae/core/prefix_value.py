@@ -50,7 +50,8 @@ group's root for the first token), which by induction over the prefix length mea
 same group, length and prefix. That is checked on every call (each token against one member of its class);
 on a collision the keys are recomputed with other bases and salts, and a collision under
 every attempt raises (never observed: it needs two prefixes equal modulo both primes
-three times over).
+three times over). The estimator leaves out the groups with one outcome (all correct or
+all wrong: ``D_i = 0``, their tokens keep ``A_i``) before hashing.
 
 References: "prefix value" is the Monte-Carlo value of a partial response estimated from
 the group's own samples, as in VinePPO (Kazemnejad et al. 2024) and tree-structured
@@ -109,11 +110,13 @@ def _prefix_keys(tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
     19``), its count ``pos`` in the response and its row; ``start[B]`` is the flat index of
     each response's first real token. The key is ``mult * (group + 1) + sum_{s <= pos}
     (id_s + salt + 1) * base**s`` modulo each prime, the two residues side by side."""
-    keys = []
+    keys, N = [], tokens.numel()
     for c, (base, salt, mult) in zip(_MODULI_C, attempt, strict=True):
         pw = _powers(base, c, T, tokens.device)
-        terms = _mod((tokens + (salt + 1)) * pw[pos], c)
-        total = torch.cat([terms.new_zeros(1), terms.cumsum(0)])  # N * 2**31 fits in int64
+        terms = (tokens + (salt + 1)) * pw[pos]  # < 2**62
+        # one fold leaves terms below 2**35.4: their sum fits in int64 up to 2**27 tokens
+        terms = (terms & _LOW31) + (terms >> 31) * c if N < 2**27 else _mod(terms, c)
+        total = torch.cat([terms.new_zeros(1), terms.cumsum(0)])
         offset = _mod((gid + 1) * mult, c) - total[start]  # [B]; total[1:] + offset >= 0
         keys.append(_mod(total[1:] + offset[rows], c))
     return (keys[0] << 31) | keys[1]
@@ -253,9 +256,14 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     seq = SEQUENCE_BASELINES[base](batch.rewards, batch.gid, batch.num_groups)
     seq = seq.to(torch.float64)
     out = seq[:, None] * mask
+    # groups with one outcome get no prefix credit (D_i = 0): leave their tokens out
+    ok = is_correct.long()
+    n_g = torch.zeros(batch.num_groups, dtype=torch.long, device=batch.device).index_add_(
+        0, batch.gid, torch.ones_like(ok))
+    c_g = torch.zeros_like(n_g).index_add_(0, batch.gid, ok)
+    mask = mask & ((c_g > 0) & (c_g < n_g))[batch.gid][:, None]
     if not bool(mask.any()):
         return out.to(batch.rewards.dtype)
-
     p = _prefix_credit(ids, mask, is_correct, batch.gid, batch.num_groups)
     rows, pos, cls, d = p["rows"], p["pos"], p["cls"], p["d"]
     first = pos == 0
