@@ -114,7 +114,7 @@ def read_compare(dirs: list[Path], seeds: list[int] | None = None) -> dict:
                                                "dir": str(run)}
             settings.setdefault(name, set()).add(
                 (cfg.get("max_steps"), cfg.get("learning_rate"), cfg.get("eval_size")))
-    return {"runs": runs, "unfinished": unfinished,
+    return {"runs": dict(sorted(runs.items())), "unfinished": unfinished,
             "settings": {k: sorted(map(list, v)) for k, v in settings.items()}}
 
 
@@ -526,9 +526,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     seeds = parse_seeds(args.seeds)
     compare = read_compare([Path(d) for d in args.compare], seeds) if args.compare else None
-    methods = list(compare["runs"]) if compare else [GRPO]
-    if GRPO not in methods:
-        methods.insert(0, GRPO)
+    methods = [GRPO, *sorted(set(compare["runs"] if compare else ()) - {GRPO})]
     audit_dir = args.audit
     if args.run_audit:
         audit_dir = str(out / "audit")

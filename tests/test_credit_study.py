@@ -286,3 +286,44 @@ def test_command_refuses_a_folder_it_did_not_write(compare_dir, tmp_path):
     (tmp_path / "other.txt").write_text("x")
     with pytest.raises(SystemExit, match="did not write"):
         cs.main(["--compare", str(compare_dir), "-o", str(tmp_path)])
+
+
+def test_run_options_build_the_commands(compare_dir, audit_dir, sim_dirs, tmp_path, monkeypatch):
+    """--run-audit and --run-simulate call ktae with the study's methods and settings (a
+    stand-in copies the fixtures' outputs where the real commands would write)."""
+    import shutil
+
+    calls = []
+
+    def fake(argv):
+        calls.append(argv)
+        out = Path(argv[argv.index("-o") + 1])
+        if argv[0] == "audit":
+            shutil.copytree(audit_dir, out)
+        else:
+            ngram = argv[argv.index("--ktae-ngram") + 1]
+            shutil.copytree(sim_dirs[0] if ngram == "1" else sim_dirs[1], out)
+
+    monkeypatch.setattr(cs, "run_tool", fake)
+    out = tmp_path / "study"
+    assert cs.main(["--compare", str(compare_dir), "--run-audit", "--prompt-set", "5",
+                    "--audit-prompts", "40", "--run-simulate", "--sim-seeds", "2",
+                    "--sim-update", "last", "--threads", "2", "--resamples", "50",
+                    "-o", str(out)]) == 0
+    audit, *sims = calls
+    assert audit[:3] == ["audit", "--model", "default"]
+    assert audit[audit.index("--credit") + 1].split(",") == ["grpo", "ktae", "ktae@ngram=2",
+                                                             "taco"]
+    assert audit[audit.index("--prompt-set") + 1] == "5"
+    assert audit[audit.index("--prompts") + 1] == "40"
+    assert audit[audit.index("--threads") + 1] == "2"
+    plain = next(s for s in sims if s[s.index("--ktae-ngram") + 1] == "1")
+    ngram = next(s for s in sims if s[s.index("--ktae-ngram") + 1] == "2")
+    assert plain[plain.index("--methods") + 1].split(",") == ["broadcast", "ktae", "taco"]
+    assert ngram[ngram.index("--methods") + 1].split(",") == ["broadcast", "ktae"]
+    assert plain[plain.index("--seeds") + 1] == "2" and plain[plain.index("--preset") + 1] == "quick"
+    study = json.loads((out / "credit_study.json").read_text())
+    assert study["inputs"]["audit"] == str(out / "audit")
+    assert study["inputs"]["sim_update"] == ["20", "20"]
+    assert sorted(study["inputs"]["simulate"]) == sorted([str(out / "simulate"),
+                                                          str(out / "simulate-ngram=2")])
