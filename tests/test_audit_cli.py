@@ -156,7 +156,7 @@ def test_sampling_options_and_a_tokenizer_directory(tmp_path):
     assert "temperature 0.8, seed 1, at most 30 new tokens" in result["input"]
     src = _write_jsonl(tmp_path / "groups.jsonl", GROUPS)
     assert main(["audit", str(src), "--tokenizer", str(default_tokenizer_path()),
-                 "--credit", "grpo", "-o", str(out)]) == 0
+                 "--credit", "grpo", "-o", str(out), "--overwrite"]) == 0
     assert json.loads((out / "audit.json").read_text())["kind"] == "jsonl"
 
 

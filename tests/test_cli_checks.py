@@ -207,6 +207,26 @@ def test_default_outputs_are_named_and_kept(tmp_path, monkeypatch, capsys):
             "(results.md)") in capsys.readouterr().err
 
 
+
+def test_explicit_outputs_are_kept_too(tmp_path, capsys):
+    """An earlier result at a path given with -o is not replaced without --overwrite
+    either; nothing is computed before the refusal."""
+    page = tmp_path / "mine.html"
+    page.write_text("earlier")
+    assert main(["explain", "--model", "default", "--groups", "1", "-o", str(page)]) == 2
+    assert "exists; pass --overwrite" in capsys.readouterr().err
+    assert page.read_text() == "earlier"
+    for argv, marker in ((["audit", "--model", "default", "--prompts", "8", "--samples", "4",
+                           "--credit", "grpo"], "audit.md"),
+                         (["simulate", "--steps", "3", "--seeds", "1"], "results.md")):
+        out = tmp_path / argv[0]
+        out.mkdir()
+        (out / marker).write_text("earlier")
+        assert main([*argv, "-o", str(out)]) == 2
+        assert f"already holds a result ({marker}); pass --overwrite" in \
+            capsys.readouterr().err
+        assert (out / marker).read_text() == "earlier"
+
 def test_gitignore_holds_every_default_place():
     ignored = (Path(__file__).resolve().parents[1] / ".gitignore").read_text().split()
     assert "runs/" in ignored and "eval-results/" in ignored

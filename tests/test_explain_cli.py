@@ -120,7 +120,7 @@ def test_model_default_samples_on_the_spot(tmp_path):
     # own prompts; with a calibration the model scores its responses (log-prob, entropy)
     prompts = _write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Q:5+3 A:", "answer": "8"},
                                                         {"question": "Q:9-4 A:", "answer": 5}])
-    assert main(["explain", "--model", "default", "-o", str(out), "--group", "1",
+    assert main(["explain", "--model", "default", "-o", str(out), "--overwrite", "--group", "1",
                  "--prompts", str(prompts), "--num-generations", "3",
                  "--credit", "ktae+taco"]) == 0
     page = out.read_text(encoding="utf-8")
@@ -176,7 +176,8 @@ def test_train_then_explain_the_run(tmp_path, capsys):
     spans = token_spans(page)
     assert len(spans) == sum(len(r) for rec in records[2:] for r in rec["responses"])
     assert "trained with credit ktae+taco" in page
-    assert main(["explain", str(run), "-o", str(out), "--step", "1", "--credit", "grpo"]) == 0
+    assert main(["explain", str(run), "-o", str(out), "--overwrite", "--step", "1",
+                 "--credit", "grpo"]) == 0
     page = out.read_text(encoding="utf-8")
     assert "step 1 \u00b7 group 1" in page and 'id="view-token"' not in page
     assert main(["explain", str(run), "--step", "7"]) == 2
@@ -211,7 +212,7 @@ def test_gtpo_run_records_the_entropies_its_estimator_read(tmp_path, capsys):
     # JSONL responses: --model scores them, its entropies standing in for the rollout's
     src = _write_jsonl(tmp_path / "in.jsonl", GROUPS)
     assert main(["explain", str(src), "--credit", "gtpo", "--model", "default",
-                 "-o", str(out)]) == 0
+                 "-o", str(out), "--overwrite"]) == 0
     assert 'id="view-token"' in out.read_text(encoding="utf-8")
 
 
@@ -232,11 +233,11 @@ def test_page_outlines_locally_wrong_characters(tmp_path):
     spans = [{"prompt": "say hi", "rewards": [1, 0], "responses": ["hi there", "bye"],
               "wrong": [[], [[0, 3]]]}]
     src2 = _write_jsonl(tmp_path / "spans.jsonl", spans)
-    assert main(["explain", str(src2), "-o", str(out)]) == 0
+    assert main(["explain", str(src2), "-o", str(out), "--overwrite"]) == 0
     assert re.findall(r'<span class="lw">([^<]*)</span>', out.read_text()) == ["b", "y", "e"]
     spans[0]["wrong"] = [[], [[1, 9]]]
     _write_jsonl(src2, spans)
-    assert main(["explain", str(src2), "-o", str(out)]) == 2
+    assert main(["explain", str(src2), "-o", str(out), "--overwrite"]) == 2
 
 
 def test_credit_with_its_own_settings(tmp_path):
@@ -246,4 +247,5 @@ def test_credit_with_its_own_settings(tmp_path):
     page = out.read_text(encoding="utf-8")
     assert "credit: ktae (base=grpo, mode=exact, ngram=2)" in page
     assert "key span" in page
-    assert main(["explain", str(src), "-o", str(out), "--credit", "ktae@bogus=2"]) == 2
+    assert main(["explain", str(src), "-o", str(out), "--overwrite",
+                 "--credit", "ktae@bogus=2"]) == 2

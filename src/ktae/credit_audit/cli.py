@@ -6,7 +6,8 @@ INPUT, ``--prompts`` held-out embedded prompts x ``--samples`` responses are sam
 (``--model default``: the shipped tiny model, offline) and labelled exactly
 (:func:`ktae.tasks.label_response`). Writes ``audit.md``, ``audit.json`` and one PNG per
 figure into ``--output-dir`` (default ``runs/audit/NAME``, NAME naming the input or model
-and the settings; an earlier result there is kept unless ``--overwrite``), and prints a
+and the settings; an earlier result there or at ``--output-dir`` is kept unless
+``--overwrite``), and prints a
 compact table and the path of the full one. See docs/audit.md.
 """
 
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"folder for audit.md, audit.json and the PNGs (default "
                         f"{DEFAULT_ROOT}/NAME, NAME from the input or model and the settings)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an earlier audit in the default folder")
+                        help="replace an earlier audit in the output folder")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1)")
 
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.threads < 1:
             raise ValueError(f"threads: expected a positive integer, got {args.threads}")
-        check_output_dir(out, results=RESULT_FILES, overwrite=given or args.overwrite)
+        check_output_dir(out, results=RESULT_FILES, overwrite=args.overwrite)
     except ValueError as err:
         return error("audit", str(err))
     from ktae.credit_audit.report import summary

@@ -5,7 +5,7 @@ groups (prompt, response texts, rewards or a reference answer); with ``--model``
 INPUT, responses are sampled on the spot (``--model default``: the shipped tiny model
 on the embedded task's held-out prompts). Writes one self-contained HTML page
 (``-o``; default ``runs/explain/NAME.html``, NAME naming the input or model and the
-credit; an earlier page there is kept unless ``--overwrite``), and on request a terminal
+credit; an earlier page, at ``-o`` or the default, is kept unless ``--overwrite``), and on request a terminal
 rendering (``--terminal``) and one PNG per group (``--png DIR``). See docs/explain.md.
 """
 
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_ROOT}/NAME.html, NAME from the input or model, the credit and "
                         "the step; with --terminal only when given)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an earlier page at the default path")
+                        help="replace an earlier page (at -o or the default path)")
     parser.add_argument("--credit", help="credit to explain: ktae, ktae+taco, grpo, taco, any "
                         "estimator or est+calibration, with settings as in ktae compare "
                         "(ktae@ngram=3) (default: the run's own, else ktae)")
@@ -234,7 +234,7 @@ def _check_outputs(args: argparse.Namespace) -> Path | None:
 
     out = None
     if args.output is not None:
-        out = check_output_file(args.output, "--output")
+        out = check_output_file(args.output, "--output", overwrite=args.overwrite)
     elif not args.terminal:
         out = check_output_file(default_output(args), "--output", overwrite=args.overwrite)
     if args.png is not None:

@@ -4,7 +4,7 @@
 synthetic sequential MDP (SPEC section 6) with each credit method, for each setting of
 the three axes (H, n_opt, G) and each seed, then writes to the output directory
 (default ``runs/simulate/PRESET[-SETTINGS]``, named by the preset and the flags that
-change it; an earlier result there is kept unless ``--overwrite``):
+change it; an earlier result there or at ``--output-dir`` is kept unless ``--overwrite``):
 ``curves_H.png``, ``curves_n_opt.png``, ``curves_G.png`` (curves per axis), ``results.md``
 (final and mean return, steps to the target, the paper's claims, each method's credit
 scored against the MDP's optimal actions: ``ktae audit``'s figures) and ``curves.json``
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_ROOT}/PRESET[-SETTINGS], e.g. {DEFAULT_ROOT}/quick or "
                              f"{DEFAULT_ROOT}/quick-steps=50-seeds=2)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an earlier result in the default folder")
+                        help="replace an earlier result in the output folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"threads: expected a positive integer, got {args.threads}")
-        check_output_dir(out, results=RESULT_FILES, overwrite=given or args.overwrite)
+        check_output_dir(out, results=RESULT_FILES, overwrite=args.overwrite)
     except ValueError as err:
         print(f"ktae simulate: {err}", file=sys.stderr)
         return 2
