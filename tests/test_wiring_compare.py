@@ -141,3 +141,14 @@ def test_compare_command_writes_the_table_of_its_runs(tmp_path, capsys, monkeypa
         for key, per_seed in values.items():
             assert [r[key] for r in data[arm]] == pytest.approx(per_seed)
     assert re.search(r"after 2 steps of\s+dapo", text)
+
+
+def test_two_seeds_have_their_sample_std_and_the_runs_curves(tmp_path):
+    _write_runs(tmp_path)
+    table = summarize(tmp_path, ["none"], [0, 1])
+    text = markdown_table(table, algo="grpo", steps=STEPS, task="jsonl:data/train.jsonl")
+    assert _cells(text)["none"]["acc. after (%)"] == _expected([0.30, 0.50], 100.0, 1)
+    assert "on the held-out part of jsonl:data/train.jsonl after 2 steps of grpo" in text
+    assert "on the embedded test split" in markdown_table(table, algo="grpo", steps=STEPS)
+    assert [e["step"] for e in table["none"][1]["evals"]] == [0, STEPS]
+    assert [m["step"] for m in table["none"][1]["metrics"]] == list(range(1, STEPS + 1))
