@@ -45,8 +45,13 @@ def _rows(name):
 def test_letter_verifier(completion, correct, formatted):
     r = letter_reward(completion, "C")
     assert (r.correct, r.formatted, r.score) == (correct, formatted, float(correct))
+    assert r.timed_out is False
     if formatted:
         assert r.extracted == boxed_letter(completion) and r.extracted.isupper()
+    else:  # the raw box content (None without a closed box)
+        from ktae.rewards import extract_boxed
+
+        assert r.extracted == extract_boxed(completion)
 
 
 def test_letter_verifier_rejects_a_bad_reference():
