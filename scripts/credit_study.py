@@ -164,6 +164,20 @@ def read_simulate(folders: list[Path], update: str | int = 0) -> dict:
     return {"methods": out, "update": used, "paths": [str(f) for f in folders]}
 
 
+def audit_overlap(prompt_set: int | None, prompts: int | None, eval_sizes) -> str:
+    """Whether the audit's held-out prompts (set K of P: problems K*P..(K+1)*P-1 of the
+    held-out stream) avoid the first ``eval_size`` problems ``ktae train`` evaluates on."""
+    sizes = sorted({int(e) for e in eval_sizes if e is not None})
+    if prompt_set is None or not prompts or not sizes:
+        return "unknown (no prompt set, prompt count or training eval size)"
+    start, end = prompt_set * prompts, (prompt_set + 1) * prompts - 1
+    shared = max(0, min(end + 1, sizes[-1]) - start)
+    where = (f"held-out problems {start}..{end}; training evaluates on the first "
+             f"{'/'.join(map(str, sizes))}")
+    return (f"disjoint ({where})" if shared == 0
+            else f"OVERLAPPING in up to {shared} problems ({where})")
+
+
 # ------------------------------------------------------------------------ statistics
 
 
@@ -347,6 +361,8 @@ def markdown(study: dict) -> str:
               f"{inputs['audit'] or 'none'} (prompt set {inputs['prompt_set']}). Simulate: "
               f"{', '.join(inputs['simulate']) or 'none'} (figures at update "
               f"{', '.join(map(str, inputs['sim_update'])) or 'n/a'}).", "",
+              f"Audit prompts vs the training's held-out set: {inputs.get('overlap')}. "
+              f"Audit input: {inputs.get('audit_input') or 'n/a'}.", "",
               "Training gain: held-out accuracy after training, method minus GRPO, mean over "
               "seeds, Welch 95% interval and p. MDP gain: final return averaged over the "
               "simulated settings, method minus broadcast, paired by seed, t 95% interval. "
@@ -557,6 +573,11 @@ def main(argv=None) -> int:
         "inputs": {"compare": args.compare, "seeds": seeds, "audit": audit_dir,
                    "prompt_set": audit["prompt_set"] if audit else None,
                    "audit_counts": audit["counts"] if audit else None,
+                   "audit_input": audit["input"] if audit else None,
+                   "overlap": audit_overlap(
+                       audit["prompt_set"] if audit else None,
+                       (audit["counts"] or {}).get("groups") if audit else None,
+                       [v[2] for vs in (compare or {}).get("settings", {}).values() for v in vs]),
                    "simulate": sim_dirs, "sim_update": simulate["update"] if simulate else []},
         "preliminary": args.preliminary,
         "unfinished": compare["unfinished"] if compare else [],

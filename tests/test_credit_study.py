@@ -85,7 +85,10 @@ def audit_dir(tmp_path_factory) -> Path:
             "tokens_changed": _figure(0.0 if name == "grpo" else 0.3),
             "scale": _figure(1.0 if name == "grpo" else 1.1)}, "levels": {}, "steps": {}}
     result = {"methods": methods, "levels": [], "steps": [], "input": "synthetic",
-              "kind": "model", "prompt_set": 3, "resamples": 10}
+              "kind": "model", "prompt_set": 3, "resamples": 10,
+              "counts": {"groups": 50, "mixed_groups": 20, "responses": 400, "wrong_answers": 100,
+                         "responses_with_wrong_tokens": 90, "right_answers_with_wrong_tokens": 2,
+                         "tokens": {"wrong": 200, "right": 3000, "other": 3000}}}
     folder = tmp_path_factory.mktemp("audit")
     write_outputs(result, folder)
     return folder
@@ -125,6 +128,12 @@ def test_names_match_across_tools():
     assert cs.simulate_name("ktae@ngram=3") == ("ktae", 3)
     assert cs.simulate_name("ktae+taco") == ("ktae+taco", 1)
     assert cs.simulate_name("gtpo") is None
+
+
+def test_audit_overlap():
+    assert cs.audit_overlap(3, 100, [300]).startswith("disjoint (held-out problems 300..399")
+    assert cs.audit_overlap(1, 200, [300]).startswith("OVERLAPPING in up to 100 problems")
+    assert cs.audit_overlap(None, 100, [300]).startswith("unknown")
 
 
 def test_parse_seeds():
@@ -270,6 +279,10 @@ def test_command_writes_report_with_the_numbers(compare_dir, audit_dir, sim_dirs
     assert "**PRELIMINARY**: two seeds only" in md
     assert "prompt set 3" in md and study["inputs"]["prompt_set"] == 3
     assert study["inputs"]["seeds"] == [0, 1]
+    from ktae.train.config import TrainConfig
+
+    overlap = cs.audit_overlap(3, 50, [TrainConfig().eval_size])
+    assert study["inputs"]["overlap"] == overlap and overlap in md
     gain = study["joined"]["methods"]["ktae"]["train_gain"]
     assert gain["n_a"] == 2  # --seeds 0,1 keeps seed 2 out
     assert f"{gain['diff']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]" in md
