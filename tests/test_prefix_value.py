@@ -191,3 +191,38 @@ def test_benchmark_script_prints_medians_and_ratios():
         cells[name] = [float(v) for v in line[len(name):].split()]
     assert cells["sort (floor)"][1] == 1.0
     assert all(seconds > 0 and ratio > 0 for seconds, ratio in cells.values())
+
+
+@pytest.mark.slow
+def test_trainer_runs_prefix_value_with_the_verifiers_verdict(tiny_model, tmp_path):
+    """``ktae train --credit prefix-value --estimator-option apply=all``: the advantages
+    the loss reads are the estimator's on the trained batch, with ``correct`` from the
+    accuracy reward."""
+    from test_train_helpers import contains_digit, tiny_config
+
+    from ktae.train.session import train
+    from ktae.train.trainer import KTAEGRPOTrainer
+
+    seen = []
+
+    class Spy(KTAEGRPOTrainer):
+        def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
+            entry = {"rewards": rewards.clone(), "correct": correct.clone(),
+                     "ids": batch["completion_ids"].clone(),
+                     "mask": batch["ktae_token_mask"].clone()}
+            out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
+            entry["advantages"] = out["advantages"].clone()
+            seen.append(entry)
+            return out
+
+    cfg = tiny_config(tiny_model, tmp_path / "run", credit="prefix-value", max_steps=1,
+                      estimator_options={"apply": "all", "weight": 0.5})
+    train(cfg, trainer_cls=Spy, reward_funcs=[contains_digit])
+    assert seen
+    for e in seen:
+        B = e["rewards"].numel()
+        expected = ktae.compute_advantages(
+            "prefix-value", rewards=e["rewards"], group=torch.arange(B) // cfg.num_generations,
+            token_ids=e["ids"], mask=e["mask"].bool(), correct=e["correct"], apply="all",
+            weight=0.5)
+        torch.testing.assert_close(e["advantages"], expected.float() * e["mask"].float())
