@@ -130,7 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if action.dest == "credit":
             action.help = ("comma list of credits, each optionally with its own settings: "
                            "CREDIT@KEY=VALUE[@...], e.g. none,ktae,ktae@ngram=3 (KEY: a ktae "
-                           "train setting, or its name without the credit's prefix) (default "
+                           "train setting, its name without the credit's prefix, or an "
+                           "option of the credit's estimator, e.g. prefix-value@weight=0.5) "
+                           "(default "
                            "none,ktae,taco)")
         elif action.dest == "output_dir":
             action.help = ("folder of the runs ({credit}-seed{s}/), comparison.md and "
