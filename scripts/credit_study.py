@@ -253,9 +253,12 @@ def _rho(x: np.ndarray, y: np.ndarray) -> float:
 # ------------------------------------------------------------------------ the study
 
 
-def join(compare: dict | None, audit: dict | None, simulate: dict | None) -> dict:
+def join(compare: dict | None, audit: dict | None, simulate: dict | None, *,
+         min_seeds: int = 1) -> dict:
     """Per method: the training gain (Welch, vs GRPO), the MDP gain (paired, vs
-    broadcast), each testbed's figures; and per source the methods it lacks."""
+    broadcast), each testbed's figures; and per source the methods it lacks. A method (or
+    GRPO) with fewer than ``min_seeds`` finished seeds keeps its gain in the table but is
+    marked ``partial``: its training gain enters no correlation."""
     runs = (compare or {}).get("runs", {})
     a_methods = (audit or {}).get("methods", {})
     s_methods = (simulate or {}).get("methods", {})
@@ -273,6 +276,7 @@ def join(compare: dict | None, audit: dict | None, simulate: dict | None) -> dic
         carry = [c for c in carry if c is not None]
         row["carry_after"] = float(np.mean(carry)) if carry else None
         row["train_gain"] = welch(acc, grpo_acc) if acc and grpo_acc else None
+        row["partial"] = bool(acc) and (len(acc) < min_seeds or len(grpo_acc) < min_seeds)
         sim = s_methods.get(m)
         row["mdp_final"] = float(np.mean(sim["final"])) if sim else None
         ref = (sim or {}).get("reference")  # broadcast of the same simulate folder
@@ -290,6 +294,9 @@ def join(compare: dict | None, audit: dict | None, simulate: dict | None) -> dic
 
 
 def target_value(row: dict, target: str) -> float | None:
+    """The gain's difference; None without one, or for a partial training gain."""
+    if target == "train_gain" and row.get("partial"):
+        return None
     g = row.get(target)
     return None if not g else g["diff"]
 
@@ -364,7 +371,8 @@ def markdown(study: dict) -> str:
               f"Audit prompts vs the training's held-out set: {inputs.get('overlap')}. "
               f"Audit input: {inputs.get('audit_input') or 'n/a'}.", "",
               "Training gain: held-out accuracy after training, method minus GRPO, mean over "
-              "seeds, Welch 95% interval and p. MDP gain: final return averaged over the "
+              f"seeds, Welch 95% interval and p; *partial*: fewer than {inputs.get('min_seeds')} "
+              "finished seeds, kept out of the correlations. MDP gain: final return averaged over the "
               "simulated settings, method minus broadcast, paired by seed, t 95% interval. "
               "Figures: mean [bootstrap 95% interval over groups].", "",
               "| method | seeds | held-out after | training gain | p | MDP gain | "
@@ -377,7 +385,7 @@ def markdown(study: dict) -> str:
                     else _num(acc["mean"]))
         g = r["train_gain"] or {}
         lines.append(
-            f"| {m} | {len(r['seeds'])} | {acc_text} | "
+            f"| {m} | {len(r['seeds'])}{' (partial)' if r.get('partial') else ''} | {acc_text} | "
             f"{_interval(g, 'diff', signed=True)} | {_num(g.get('p'))} | "
             f"{_interval(r['mdp_gain'], 'diff', signed=True)} | "
             f"{_interval(r['audit'].get('blame'))} | "
@@ -516,6 +524,9 @@ def main(argv=None) -> int:
                    help="a ktae compare output directory (repeatable)")
     p.add_argument("--seeds", help="training seeds that enter: N (0..N-1) or a comma list "
                    "(default: every finished seed)")
+    p.add_argument("--min-seeds", type=int, help="finished seeds a method (and GRPO) needs "
+                   "for its training gain to enter the correlations (default: as many as "
+                   "--seeds names, else 1); fewer: shown in the table as partial")
     p.add_argument("--audit", metavar="DIR", help="a ktae audit output directory")
     p.add_argument("--run-audit", action="store_true", help="run ktae audit --model default "
                    "on the compare methods into OUTPUT/audit")
@@ -568,9 +579,11 @@ def main(argv=None) -> int:
     audit = read_audit(Path(audit_dir)) if audit_dir else None
     update = args.sim_update if args.sim_update == "last" else int(args.sim_update)
     simulate = read_simulate(_sim_order(sim_dirs), update) if sim_dirs else None
-    joined = join(compare, audit, simulate)
+    min_seeds = args.min_seeds if args.min_seeds is not None else len(seeds or [None])
+    joined = join(compare, audit, simulate, min_seeds=min_seeds)
     study = {
-        "inputs": {"compare": args.compare, "seeds": seeds, "audit": audit_dir,
+        "inputs": {"compare": args.compare, "seeds": seeds, "min_seeds": min_seeds,
+                   "audit": audit_dir,
                    "prompt_set": audit["prompt_set"] if audit else None,
                    "audit_counts": audit["counts"] if audit else None,
                    "audit_input": audit["input"] if audit else None,

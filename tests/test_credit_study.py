@@ -250,6 +250,15 @@ def test_join_gains_and_missing(compare_dir, audit_dir, sim_dirs):
     assert rows["ktae"]["mdp_gain"]["diff"] == pytest.approx(d.mean())
 
 
+def test_partial_methods_stay_out_of_the_correlations(compare_dir, audit_dir):
+    j = cs.join(cs.read_compare([compare_dir]), cs.read_audit(audit_dir), None, min_seeds=3)
+    assert j["methods"]["taco"]["partial"] and not j["methods"]["ktae"]["partial"]
+    assert j["methods"]["taco"]["train_gain"]["diff"] is not None  # still in the table
+    c = next(c for c in cs.correlations(j, resamples=50)
+             if (c["testbed"], c["figure"], c["target"]) == ("audit", "blame", "train_gain"))
+    assert sorted(c["methods"]) == ["grpo", "ktae"]
+
+
 def test_correlations_use_the_joined_numbers(compare_dir, audit_dir, sim_dirs):
     j = cs.join(cs.read_compare([compare_dir]), cs.read_audit(audit_dir),
                 cs.read_simulate(sim_dirs))
@@ -285,6 +294,7 @@ def test_command_writes_report_with_the_numbers(compare_dir, audit_dir, sim_dirs
     assert study["inputs"]["overlap"] == overlap and overlap in md
     gain = study["joined"]["methods"]["ktae"]["train_gain"]
     assert gain["n_a"] == 2  # --seeds 0,1 keeps seed 2 out
+    assert study["inputs"]["min_seeds"] == 2 and "| taco | 2 |" in md  # taco seed 2 unfinished
     assert f"{gain['diff']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]" in md
     assert "not in compare: gtpo" in md and "not in simulate: gtpo" in md
     for c in study["correlations"]:
@@ -321,7 +331,7 @@ def test_run_options_build_the_commands(compare_dir, audit_dir, sim_dirs, tmp_pa
     out = tmp_path / "study"
     assert cs.main(["--compare", str(compare_dir), "--run-audit", "--prompt-set", "5",
                     "--audit-prompts", "40", "--run-simulate", "--sim-seeds", "2",
-                    "--sim-update", "last", "--threads", "2", "--resamples", "50",
+                    "--sim-update", "last", "--threads", "2", "--resamples", "50", "--min-seeds", "3",
                     "-o", str(out)]) == 0
     audit, *sims = calls
     assert audit[:3] == ["audit", "--model", "default"]
@@ -338,5 +348,7 @@ def test_run_options_build_the_commands(compare_dir, audit_dir, sim_dirs, tmp_pa
     study = json.loads((out / "credit_study.json").read_text())
     assert study["inputs"]["audit"] == str(out / "audit")
     assert study["inputs"]["sim_update"] == ["20", "20"]
+    assert study["joined"]["methods"]["taco"]["partial"] and not study["joined"]["methods"]["ktae"]["partial"]
+    assert "| taco | 2 (partial) |" in (out / "credit_study.md").read_text()
     assert sorted(study["inputs"]["simulate"]) == sorted([str(out / "simulate"),
                                                           str(out / "simulate-ngram=2")])
