@@ -415,8 +415,9 @@ def markdown(study: dict) -> str:
                         digits=2)
         lines.append(f"| {c['testbed']} | {c['figure']} | {c['target']} | {rho} | "
                      f"{_num(c['p'], 3)} | {c['n']} | {c['verdict']} |")
-    lines += ["", "## What predicted the training gain", ""]
-    lines += conclusions(study["correlations"])
+    for target, title in (("train_gain", "the training gain"), ("mdp_gain", "the MDP gain")):
+        lines += ["", f"## What predicted {title}", ""]
+        lines += conclusions(study["correlations"], target)
     lines += ["", "## Missing", ""]
     for source, names in j["missing"].items():
         lines.append(f"* not in {source}: {', '.join(names) or 'none'}")
@@ -429,11 +430,11 @@ def markdown(study: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def conclusions(corrs: list[dict]) -> list[str]:
-    """One line per verdict class, for the training gain, from the numbers."""
+def conclusions(corrs: list[dict], target: str = "train_gain") -> list[str]:
+    """One line per verdict class, for ``target``, from the numbers."""
     lines = []
-    train = [c for c in corrs if c["target"] == "train_gain"]
-    for label, keep in (("Predicted the training gain", ("predicts",)),
+    train = [c for c in corrs if c["target"] == target]
+    for label, keep in (("Predicted it", ("predicts",)),
                         ("Related, in the reverse of the audit's reading",
                          ("predicts, reversed",)),
                         ("Related (a figure without a better side)", ("related",)),

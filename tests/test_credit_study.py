@@ -186,6 +186,21 @@ def test_spearman_matches_scipy_and_bootstraps():
     assert cs.spearman([1, 1, 1, 1], [1, 2, 3, 4])["rho"] is None  # no spread
 
 
+def test_conclusions_follow_the_verdicts():
+    corrs = [{"testbed": "audit", "figure": "blame", "target": "train_gain", "rho": 0.9, "n": 6,
+              "verdict": "predicts"},
+             {"testbed": "mdp", "figure": "mass_gap", "target": "train_gain", "rho": 0.1, "n": 6,
+              "verdict": "no evidence"},
+             {"testbed": "mdp", "figure": "blame", "target": "mdp_gain", "rho": -0.8, "n": 6,
+              "verdict": "predicts, reversed"}]
+    train = "\n".join(cs.conclusions(corrs, "train_gain"))
+    assert "Predicted it: audit blame (rho +0.90, n 6)." in train
+    assert "No evidence either way (interval holds 0): mdp mass_gap (rho +0.10, n 6)." in train
+    assert "mdp blame" not in train
+    assert "reverse of the audit's reading: mdp blame (rho -0.80" in "\n".join(
+        cs.conclusions(corrs, "mdp_gain"))
+
+
 def test_verdicts():
     strong = {"rho": 0.95, "low": 0.6, "high": 1.0, "p": 0.001, "n": 6}
     assert cs.verdict(strong, +1) == "predicts"
@@ -300,6 +315,7 @@ def test_command_writes_report_with_the_numbers(compare_dir, audit_dir, sim_dirs
     for c in study["correlations"]:
         if c["rho"] is not None:
             assert f"| {c['testbed']} | {c['figure']} | {c['target']} | {c['rho']:+.2f}" in md
+    assert "## What predicted the training gain" in md and "## What predicted the MDP gain" in md
     assert (out / "scatter_audit.png").stat().st_size > 0
     assert (out / "scatter_mdp.png").stat().st_size > 0
     assert cs.main(argv) == 0  # its own folder may be rewritten
