@@ -232,19 +232,26 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def resume_command(output_dir: str, argv: list[str] | None = None) -> str:
-    """The command line that continues this run: the same flags, ``--resume -o DIR``."""
+    """The command line that continues this run: the same flags, ``--resume -o DIR``;
+    a ``--plugin`` given before ``train`` stays before it."""
     import shlex
 
+    from ktae.plugins import PLUGIN_FLAG, split_plugin_args
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    at = argv.index("train") + 1 if "train" in argv else 0
+    # ``ktae --plugin X train ...``: the rules the run's credit names must load again
+    plugins, _ = split_plugin_args(argv[:max(at - 1, 0)])
     kept, skip = [], False
-    for arg in argv[argv.index("train") + 1 if "train" in argv else 0:]:
+    for arg in argv[at:]:
         if skip:
             skip = False
         elif arg in ("-o", "--output-dir"):
             skip = True
         elif arg != "--resume" and not arg.startswith("--output-dir="):
             kept.append(arg)
-    return shlex.join(["ktae", "train", *kept, "--resume", "-o", str(output_dir)])
+    before = [x for p in plugins for x in (PLUGIN_FLAG, p)]
+    return shlex.join(["ktae", *before, "train", *kept, "--resume", "-o", str(output_dir)])
 
 
 def run(args: argparse.Namespace) -> int:
