@@ -368,6 +368,8 @@ def markdown(study: dict) -> str:
               f"{inputs['audit'] or 'none'} (prompt set {inputs['prompt_set']}). Simulate: "
               f"{', '.join(inputs['simulate']) or 'none'} (figures at update "
               f"{', '.join(map(str, inputs['sim_update'])) or 'n/a'}).", "",
+              f"Training settings (max_steps, learning_rate, eval_size): "
+              f"{_settings_text(study.get('training_settings') or {})}. "
               f"Audit prompts vs the training's held-out set: {inputs.get('overlap')}. "
               f"Audit input: {inputs.get('audit_input') or 'n/a'}.", "",
               "Training gain: held-out accuracy after training, method minus GRPO, mean over "
@@ -428,6 +430,15 @@ def markdown(study: dict) -> str:
         if want is not None and r["seeds"] and set(r["seeds"]) != set(want):
             lines.append(f"* {m}: seeds {sorted(set(want) - set(r['seeds']))} not finished")
     return "\n".join(lines) + "\n"
+
+
+def _settings_text(settings: dict) -> str:
+    distinct = {json.dumps(v) for v in settings.values()}
+    if not distinct:
+        return "n/a"
+    if len(distinct) == 1:
+        return f"the same for every method, {', '.join(map(str, next(iter(settings.values()))))}"
+    return "DIFFER: " + "; ".join(f"{m} {v}" for m, v in settings.items())
 
 
 def conclusions(corrs: list[dict], target: str = "train_gain") -> list[str]:
@@ -548,6 +559,13 @@ def main(argv=None) -> int:
     p.add_argument("--preliminary", help="a note printed at the top of the report")
     p.add_argument("-o", "--output-dir", default="runs/credit-study")
     args = p.parse_args(argv)
+    try:
+        return _main(args)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"credit_study: {err}") from None
+
+
+def _main(args: argparse.Namespace) -> int:
 
     out = Path(args.output_dir)
     check_output(out)

@@ -303,6 +303,7 @@ def test_command_writes_report_with_the_numbers(compare_dir, audit_dir, sim_dirs
     assert "**PRELIMINARY**: two seeds only" in md
     assert "prompt set 3" in md and study["inputs"]["prompt_set"] == 3
     assert study["inputs"]["seeds"] == [0, 1]
+    assert "Training settings (max_steps, learning_rate, eval_size): the same for every method" in md
     from ktae.train.config import TrainConfig
 
     overlap = cs.audit_overlap(3, 50, [TrainConfig().eval_size])
@@ -319,6 +320,14 @@ def test_command_writes_report_with_the_numbers(compare_dir, audit_dir, sim_dirs
     assert (out / "scatter_audit.png").stat().st_size > 0
     assert (out / "scatter_mdp.png").stat().st_size > 0
     assert cs.main(argv) == 0  # its own folder may be rewritten
+
+
+def test_command_reports_two_runs_of_one_method_and_seed(tmp_path):
+    write_run(tmp_path / "a", "none", 0, 0.7)
+    write_run(tmp_path / "b", "none", 0, 0.7)
+    with pytest.raises(SystemExit, match="two finished runs of grpo seed 0"):
+        cs.main(["--compare", str(tmp_path / "a"), "--compare", str(tmp_path / "b"),
+                 "-o", str(tmp_path / "out")])
 
 
 def test_command_refuses_a_folder_it_did_not_write(compare_dir, tmp_path):
