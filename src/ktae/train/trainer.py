@@ -36,9 +36,9 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
 4. Exact resume. ``_get_train_sampler``: TRL's ``RepeatSampler`` draws each epoch's order
    from one generator seeded once, so a run resumed in epoch e > 0 drew epoch 0's order
    again; :class:`EpochRepeatSampler` draws epoch e's order from the seed alone, the same
-   order as an uninterrupted run. ``_init_training_state``: transformers restores the
-   logging/save steps of the checkpoint's ``trainer_state.json``; the resumed run's own
-   settings (a changed ``--save-every``) are applied again.
+   order as an uninterrupted run (``_run_epoch`` sets the epoch). ``_init_training_state``:
+   transformers restores the logging/save steps of the checkpoint's ``trainer_state.json``;
+   the resumed run's own settings (a changed ``--save-every``) are applied again.
 
 Metrics (``ktae/*`` keys) go through TRL's ``_metrics`` so they reach every logger.
 """
@@ -555,10 +555,19 @@ class KTAEGRPOTrainer(GRPOTrainer):
         sampler = super()._get_train_sampler(dataset)
         if type(sampler) is not RepeatSampler:
             raise RuntimeError(f"ktae expects TRL 1.16's RepeatSampler, got {type(sampler)}")
-        return EpochRepeatSampler(
+        self._epoch_sampler = EpochRepeatSampler(
             data_source=sampler.data_source, mini_repeat_count=sampler.mini_repeat_count,
             batch_size=sampler.batch_size, repeat_count=sampler.repeat_count,
             shuffle=sampler.shuffle, seed=sampler.seed)
+        return self._epoch_sampler
+
+    def _run_epoch(self, *args, epoch: int, **kwargs):
+        # transformers 5.24 calls set_epoch through accelerate's loader wrappers, which do
+        # not reach the sampler of a multi-process loader that skips a resumed epoch's
+        # first batches: the epoch is set here, before any wrapper iterates
+        if getattr(self, "_epoch_sampler", None) is not None:
+            self._epoch_sampler.set_epoch(epoch)
+        return super()._run_epoch(*args, epoch=epoch, **kwargs)
 
     def _init_training_state(self, max_steps, *args, **kwargs):
         # transformers 5.24 keeps the checkpoint's logging/eval/save steps on resume
