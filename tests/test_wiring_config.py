@@ -590,3 +590,19 @@ def test_model_card_shows_the_run_settings(tmp_path):
                  "25.0% -> 50.0%", "r=4, alpha=8.0, targets q_proj, v_proj",
                  str(tmp_path / "my-run" / "config.yaml")):
         assert text in card, text
+
+
+@pytest.mark.parametrize("credit, parts", [
+    ("none+taco", ("grpo", "taco")), ("taco+none", ("grpo", "taco")),
+    ("taco+ktae", ("ktae", "taco")), ("none", ("grpo", None)), (" ktae + taco ", ("ktae", "taco")),
+])
+def test_credit_parts_reach_the_settings_in_any_order(credit, parts):
+    s = credit_settings(cfg_with(algo="grpo", credit=credit))
+    assert (s.estimator, s.calibration) == parts
+    assert s.calibration_options == {} and isinstance(s.calibration_options, dict)
+
+
+@pytest.mark.parametrize("credit", ["ktae+ktae", "taco+taco", "ktae+gtpo", "+", "magic"])
+def test_a_credit_names_one_estimator_and_one_calibration_at_most(credit):
+    with pytest.raises(ValueError, match="credit: "):
+        credit_settings(cfg_with(credit=credit))
