@@ -33,7 +33,7 @@ MODULES = {
     "src/ktae/eval/choice.py": ["tests/test_eval_choice.py"],
     "src/ktae/train/cli_compare.py": ["tests/test_wiring_compare.py"],
     "src/ktae/train/credit.py": [
-        "tests/test_wiring_config.py", "-k",
+        "tests/test_wiring_config.py", "tests/test_train_config.py", "-k",
         "credit or taco or ktae or estimator or calibration or advantage_base or algo or seed "
         "or dynamic_sampling or generation_rounds"],
     # every mutant of train() reruns the probes and the training steps: hours on 2 cores
