@@ -12,11 +12,12 @@ Groups come with per-token local-error labels (:mod:`ktae.credit_audit.metrics`)
   locally wrong, optional ``"checked"`` (spans that were judged at all; default: every
   character) and ``"level"`` (any label to break the figures down by).
 
-Every method is named as ``ktae explain --credit`` and ``ktae compare --credit`` name it
-(:func:`ktae.explain.sources.credit_spec`, ``CREDIT[@KEY=VALUE...]``) and computed by
-the same function as the explain page (:func:`ktae.viz.report.credit_values`: the
-public ``compute_advantages`` and ``calibrate_advantages``, from the scoring policy's
-log-probs and entropies). A token a calibration's loss mask removes receives no credit.
+Every method is named, parsed and computed by :mod:`ktae.core.methods`, as ``ktae
+explain``, ``ktae compare`` and ``ktae train`` do (``CREDIT[@KEY=VALUE...]``, with a run's
+own settings through :func:`ktae.train.credit.credit_method`; the credit through
+:func:`ktae.viz.report.credit_values`, which pads the groups for
+:func:`ktae.core.methods.method_credit`, from the scoring policy's log-probs and
+entropies). A token a calibration's loss mask removes receives no credit.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=(),
     ``{name: CreditSpec}``; an unknown name is a ValueError naming ``credit``. With a run's
     ``train_config``, a method that is the run's own estimator or calibration keeps its
     settings (h1, alpha, the graded split, ...), as ``ktae explain`` does."""
-    from ktae.explain.sources import credit_spec
+    from ktae.train.credit import credit_method
 
     names = default_methods() if spec is None else (
         [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec))
@@ -84,8 +85,8 @@ def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=(),
         if name in out:
             raise ValueError(f"credit: {name!r} is listed twice")
         try:
-            out[name] = credit_spec(name, ignore_token_ids=ignore_token_ids,
-                                    train_config=train_config)
+            out[name] = credit_method(name, ignore_token_ids=ignore_token_ids,
+                                      train_config=train_config)
         except ValueError as err:
             text = str(err)
             raise ValueError(text if text.startswith("credit") else f"credit: {name!r}: {text}"
@@ -436,14 +437,7 @@ def _with_ignore(spec, ignore):
 
 
 def _describe(spec) -> str:
-    text = spec.estimator
-    if spec.estimator_options:
-        text += " (" + ", ".join(f"{k}={v}" for k, v in spec.estimator_options.items()) + ")"
-    if spec.calibration:
-        text += f" + {spec.calibration}"
-        if spec.calibration_options:
-            text += " (" + ", ".join(f"{k}={v}" for k, v in spec.calibration_options.items()) + ")"
-    return text
+    return spec.describe()
 
 
 def _counts(groups: list[AuditGroup]) -> dict:

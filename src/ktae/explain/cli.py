@@ -197,13 +197,7 @@ def _add_labels(groups, tokenizer) -> None:
 
 
 def _credit_line(source) -> str:
-    c = source.credit
-    opts = ", ".join(f"{k}={v}" for k, v in c.estimator_options.items())
-    line = f"credit: {c.estimator}" + (f" ({opts})" if opts else "")
-    if c.calibration:
-        cal = ", ".join(f"{k}={v}" for k, v in c.calibration_options.items())
-        line += f" + calibration {c.calibration}" + (f" ({cal})" if cal else "")
-    return line
+    return f"credit: {source.credit.describe(kinds=True)}"
 
 
 def default_output(args: argparse.Namespace) -> Path:

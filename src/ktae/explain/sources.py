@@ -16,7 +16,6 @@ responses to embedded-task prompts are labelled by :func:`ktae.tasks.label_respo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,43 +66,12 @@ def ignore_ids(tokenizer) -> tuple[int, ...]:
 
 
 def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditSpec:
-    """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ...) the way
-    ``ktae train`` does, with that run's hyper-parameters when ``train_config`` is given.
+    """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ``ktae@ngram=3``,
+    ...) the way ``ktae train`` does, with that run's hyper-parameters when
+    ``train_config`` is given: :func:`ktae.train.credit.credit_method`."""
+    from ktae.train.credit import credit_method
 
-    ``name`` may carry its own settings as ``ktae compare`` entries do,
-    ``CREDIT@KEY=VALUE[@...]`` (``ktae@ngram=3``, ``taco@lambda=0.5``; parsed by
-    :func:`ktae.train.cli_compare.parse_arm`), applied on top of ``train_config``."""
-    from ktae.train.config import TrainConfig
-    from ktae.train.credit import credit_settings, parse_credit
-
-    base = train_config if train_config is not None else TrainConfig()
-    if "@" in name:
-        from ktae.train.cli_compare import parse_arm
-
-        arm = parse_arm(name)
-        run_estimator, run_calibration = parse_credit(base.credit)
-        estimator, calibration = parse_credit(arm.credit)
-        if (estimator or base.advantage_base) != (run_estimator or base.advantage_base):
-            base = dataclasses.replace(base, ktae_h1=None, ktae_h2=None, ktae_h3=None,
-                                       ktae_mode="exact", estimator_options={})
-        if calibration != run_calibration:
-            base = dataclasses.replace(base, taco_alpha=None, taco_lambda=None,
-                                       calibration_options={})
-        base = dataclasses.replace(base, credit=arm.credit, **arm.overrides)
-        name = arm.credit
-    estimator, calibration = parse_credit(name)
-    run_estimator, run_calibration = parse_credit(base.credit)
-    changes: dict = {"credit": name}
-    if (estimator or base.advantage_base) != (run_estimator or base.advantage_base):
-        # the run's estimator options belong to another estimator
-        changes.update(ktae_h1=None, ktae_h2=None, ktae_h3=None, ktae_mode="exact",
-                       estimator_options={})
-    if calibration != run_calibration:
-        changes.update(taco_alpha=None, taco_lambda=None, calibration_options={})
-    s = credit_settings(dataclasses.replace(base, **changes).resolve())
-    return CreditSpec(estimator=s.estimator, estimator_options=dict(s.estimator_options),
-                      calibration=s.calibration, calibration_options=dict(s.calibration_options),
-                      ignore_token_ids=tuple(ignore_token_ids))
+    return credit_method(name, train_config=train_config, ignore_token_ids=ignore_token_ids)
 
 
 # --------------------------------------------------------------------------- run directory

@@ -13,10 +13,20 @@ them; anything a method does not take is an error before any model loads.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from ktae.core.methods import (  # noqa: F401  (parse_credit, passes_correct: read here)
+    CALLER_INPUTS,
+    CREDIT_NONE,
+    Method,
+    check_method,
+    parse_credit,
+    passes_correct,
+    split_method,
+)
 from ktae.train.config import TrainConfig
 
 
@@ -41,46 +51,16 @@ class CreditSettings:
     seed: int = 0
     """Seed of refill prompt draws and random calibrations (combined with the step)."""
 
+    @property
+    def method(self) -> Method:
+        """The credit method (:class:`ktae.core.methods.Method`) these settings name."""
+        return Method(estimator=self.estimator, estimator_options=dict(self.estimator_options),
+                      calibration=self.calibration,
+                      calibration_options=dict(self.calibration_options))
 
-CREDIT_NONE = "none"
 
 #: Options the trainer itself passes to KTAE and GTPO (the user cannot also set them).
-TRAINER_KTAE_OPTIONS = ("correct",)
-
-
-def passes_correct(estimator: str | None, options: dict) -> bool:
-    """Whether the trainer gives the estimator the verifier's ``correct``: KTAE, GTPO,
-    prefix-value and users' rules (``ktae.register_estimator``) take it, except KTAE with
-    ``split=graded``, whose classes come from the reward values."""
-    from ktae.core.user_rules import estimator_takes_correct
-
-    if estimator == "ktae":
-        return options.get("split", "threshold") != "graded"
-    return estimator == "gtpo" or (estimator is not None and estimator_takes_correct(estimator))
-
-
-def parse_credit(credit: str) -> tuple[str | None, str | None]:
-    """``"ktae+taco"`` -> ``("ktae", "taco")``; ``"none"`` -> ``(None, None)``."""
-    import ktae
-
-    estimators = set(ktae.ADVANTAGE_ESTIMATORS.names())
-    calibrations = set(ktae.CALIBRATIONS.names())
-    estimator, calibration = None, None
-    parts = [p.strip() for p in credit.split("+") if p.strip()]
-    if not parts:
-        raise ValueError(f"credit: expected a name, got {credit!r}")
-    for part in parts:
-        if part == CREDIT_NONE:
-            continue
-        if part in estimators and estimator is None:
-            estimator = part
-        elif part in calibrations and calibration is None:
-            calibration = part
-        else:
-            raise ValueError(
-                f"credit: {part!r} is not a registered advantage estimator {sorted(estimators)} "
-                f"or calibration {sorted(calibrations)}, or repeats a kind in {credit!r}")
-    return estimator, calibration
+TRAINER_KTAE_OPTIONS = CALLER_INPUTS
 
 
 def _merge(shortcuts: dict, explicit: dict, where: str) -> dict:
@@ -152,34 +132,35 @@ def credit_settings(cfg: TrainConfig) -> CreditSettings:
 
 def check_credit_options(settings: CreditSettings) -> None:
     """Run the estimator and the calibration once on a tiny batch with the configured
-    options, so a misspelled or out-of-range option fails now, not at step 1."""
-    import torch
+    options, so a misspelled or out-of-range option fails now, not at step 1
+    (:func:`ktae.core.methods.check_method`)."""
+    check_method(settings.method)
 
-    import ktae
 
-    ids = torch.tensor([[1, 2, 3], [1, 4, 0]])
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
-    rewards = torch.tensor([1.0, 0.0])
-    options = dict(settings.estimator_options)
-    if passes_correct(settings.estimator, options):
-        options["correct"] = rewards > 0.5
-    from ktae.core.user_rules import estimator_needs_logprobs
+def credit_method(text: str, *, train_config: TrainConfig | None = None,
+                  ignore_token_ids=()) -> Method:
+    """The method ``text`` names (``ktae``, ``ktae+taco``, ``ktae@ngram=3``, ...; see
+    :mod:`ktae.core.methods`) with a run's hyper-parameters: ``train_config``'s options
+    (``ktae_h1``, ``taco_alpha``, ``estimator_options``, ...) for the parts that are the
+    run's own estimator or calibration (default: :class:`TrainConfig`'s), then the
+    string's ``@KEY=VALUE`` settings on top. What ``ktae explain`` and ``ktae audit`` read.
+    """
+    base = train_config if train_config is not None else TrainConfig()
+    credit, settings = split_method(text)
+    estimator, calibration = parse_credit(credit)
+    run_estimator, run_calibration = parse_credit(base.credit)
+    changes: dict = {"credit": credit}
+    if (estimator or base.advantage_base) != (run_estimator or base.advantage_base):
+        # the run's estimator options belong to another estimator
+        changes.update(ktae_h1=None, ktae_h2=None, ktae_h3=None, ktae_mode="exact",
+                       ktae_ngram=1, ktae_ngram_reduce="mean", estimator_options={})
+    if calibration != run_calibration:
+        changes.update(taco_alpha=None, taco_lambda=None, calibration_options={})
+    s = credit_settings(dataclasses.replace(base, **changes).resolve())
+    if not settings:
+        return dataclasses.replace(s.method, ignore_token_ids=tuple(ignore_token_ids))
+    from ktae.core.methods import parse_method
 
-    if estimator_needs_logprobs(settings.estimator):
-        options["logprobs"] = torch.full(ids.shape, -1.0)
-    try:
-        adv = ktae.compute_advantages(settings.estimator, rewards=rewards, group=[0, 0],
-                                      token_ids=ids, mask=mask, entropies=torch.ones(ids.shape),
-                                      **options)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"estimator_options ({settings.estimator}): {err}") from None
-    if settings.calibration is None:
-        return
-    logp = torch.full(ids.shape, -1.0)
-    try:
-        ktae.calibrate_advantages(settings.calibration, adv, logprobs=logp,
-                                  entropies=torch.ones(ids.shape), mask=mask, old_logprobs=logp,
-                                  generator=torch.Generator().manual_seed(0),
-                                  **settings.calibration_options)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"calibration_options ({settings.calibration}): {err}") from None
+    return parse_method(text, estimator_options=s.estimator_options,
+                        calibration_options=s.calibration_options,
+                        ignore_token_ids=ignore_token_ids, default_estimator=s.estimator)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ktae.core import methods
 from ktae.core.advantages import estimator_needs_entropies
-from ktae.core.baselines import SEQUENCE_BASELINES
+from ktae.core.methods import SEQUENCE_LABELS, Method  # noqa: F401  (read here by callers)
 from ktae.viz.tokens import TokenPiece, token_label, token_pieces
 
-SEQUENCE_LABELS = {"grpo": "GRPO", "drgrpo": "Dr.GRPO", "rloo": "RLOO"}
 STAT_KEYS = ("a", "b", "c", "d", "p_value", "fisher", "info_gain", "tf_correct",
              "tf_incorrect", "direction", "value")
 """Key-token table columns shown per token (``KeyTokenTable`` field names)."""
@@ -41,46 +41,9 @@ _TABLE_OPTIONS = ("correct", "reward_threshold", "h1", "h2", "h3", "k1", "b", "t
 # --------------------------------------------------------------------------- inputs
 
 
-@dataclass(frozen=True)
-class CreditSpec:
-    """Which credit to explain: an advantage estimator and an optional calibration.
-
-    ``estimator``: a name of :data:`ktae.ADVANTAGE_ESTIMATORS` (``"ktae"``, ``"grpo"``,
-    ...); ``estimator_options``: its keyword options (KTAE: ``base``, ``h1``, ...);
-    ``calibration``: a name of :data:`ktae.CALIBRATIONS` (``"taco"``, ...) or None;
-    ``ignore_token_ids``: tokens KTAE gives no value (pad/EOS, as the trainer does).
-    """
-
-    estimator: str = "ktae"
-    estimator_options: dict = field(default_factory=dict)
-    calibration: str | None = None
-    calibration_options: dict = field(default_factory=dict)
-    ignore_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        import ktae
-
-        ktae.ADVANTAGE_ESTIMATORS.get(self.estimator)  # ValueError listing the names
-        if self.calibration is not None:
-            ktae.CALIBRATIONS.get(self.calibration)
-
-    @property
-    def token_level(self) -> bool:
-        return self.estimator not in SEQUENCE_BASELINES
-
-    @property
-    def base(self) -> str:
-        """The sequence-level advantage the token credit refines."""
-        if not self.token_level:
-            return self.estimator
-        return self.estimator_options.get("base", "grpo")
-
-    def label(self, part: str) -> str:
-        """Display name of a view: ``seq``, ``token``, ``final`` or ``diff``."""
-        seq = SEQUENCE_LABELS.get(self.base, self.base.upper())
-        est = SEQUENCE_LABELS.get(self.estimator, self.estimator.upper())
-        final = est + (f"+{self.calibration.upper()}" if self.calibration else "")
-        return {"seq": seq, "token": est, "final": final, "diff": f"{final} \u2212 {seq}"}[part]
+CreditSpec = Method
+"""Which credit to explain: a :class:`ktae.core.methods.Method` (estimator, calibration and
+their options)."""
 
 
 @dataclass
@@ -270,17 +233,16 @@ class CreditValues:
 
 def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
                   use_recorded: bool = False) -> CreditValues:
-    """Compute ``credit`` on ``groups`` through the public API, in one vectorised call:
-    the sequence advantage, the estimator's token credit
-    (:func:`ktae.compute_advantages`) and the calibration
-    (:func:`ktae.calibrate_advantages`, from each response's recorded or scored
-    log-probs and entropies). Shared by ``ktae explain`` and ``ktae audit``.
+    """Compute ``credit`` on ``groups`` in one vectorised call: pad the groups into a
+    batch and compute it with :mod:`ktae.core.methods` as the trainer does (the
+    verifier's ``correct`` to every estimator that takes it, each response's recorded or
+    scored log-probs and entropies to the rules and the calibration that read them); with
+    ``use_recorded``, what the run recorded replaces the recomputation. Shared by ``ktae
+    explain`` and ``ktae audit``.
 
     Raises:
         ValueError: as :func:`build_report`.
     """
-    import ktae
-
     _check_groups(groups)
     sizes = [len(g.responses) for g in groups]
     responses = [list(map(int, r)) for g in groups for r in g.responses]
@@ -301,21 +263,22 @@ def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
     if table_opts.get("mode", "exact") != "reference" and table_opts.get("split") != "graded":
         table_opts["correct"] = correct
         table_opts.pop("reward_threshold", None)
-    batch = dict(rewards=rewards, group=gid, token_ids=ids, mask=mask)
 
-    seq_b = ktae.compute_advantages(credit.base, rewards=rewards, group=gid)  # [B]
+    seq_b = methods.sequence_credit(credit, rewards=rewards, group=gid)  # [B]
     seq = torch.where(mask, seq_b[:, None], 0.0)
     views = {"seq": seq}
     notes: list = []
     if credit.token_level:
-        est_opts = dict(credit.estimator_options)
-        if credit.estimator == "ktae":
-            est_opts.update({k: v for k, v in table_opts.items() if k in ("correct", "ignore_token_ids")})
-        if credit.estimator == "gtpo":  # as the trainer: correctness, not reward > 0
-            est_opts["correct"] = correct
-        if estimator_needs_entropies(credit.estimator):
-            est_opts["entropies"] = _rollout_entropies(groups, credit.estimator, T)
-        token = ktae.compute_advantages(credit.estimator, **batch, **est_opts)
+        logprobs = _per_response(groups, "logprobs")
+        entropies = (_rollout_entropies(groups, credit.estimator, T)
+                     if estimator_needs_entropies(credit.estimator) else None)
+        token = methods.estimator_credit(
+            credit, rewards=rewards, group=gid, token_ids=ids, mask=mask, correct=correct,
+            logprobs=None if logprobs is None or None in logprobs
+            else _pad(logprobs, T, torch.float64, 0.0),
+            entropies=entropies)
+        if token.dim() == 1:
+            token = torch.where(mask, token[:, None], 0.0)
         trained = _per_response(groups, "trained") if use_recorded else None
         if trained is not None and all(r is not None for r in trained):
             recorded = _pad(trained, T, torch.float64, 0.0)
@@ -465,8 +428,6 @@ def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tens
     """The calibration's advantages and per-token data ([B, T] tensors as row lists)."""
     if credit.calibration is None:
         return None
-    import ktae
-
     B = mask.shape[0]
     weights = _per_response(groups, "weights") if use_recorded else None
     logprobs = _per_response(groups, "logprobs")
@@ -488,12 +449,9 @@ def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tens
                              "log-probs and entropies of every response (a training run that "
                              "used a calibration records them; otherwise pass --model to "
                              "score the responses)")
-        g = torch.Generator().manual_seed(0)
         # adv-reweight reads the rollout policy's log-probs: the scored ones are the
         # generating policy's for an on-policy run
-        res = ktae.calibrate_advantages(credit.calibration, adv.double(), logprobs=lp,
-                                        entropies=H, mask=mask, old_logprobs=lp, generator=g,
-                                        **credit.calibration_options)
+        res = methods.calibrate(credit, adv.double(), logprobs=lp, entropies=H, mask=mask)
         w, flagged, result_adv = res.weights.double(), res.flagged, res.advantages.double()
         loss_mask = getattr(res, "loss_mask", None)
         in_loss = mask.clone() if loss_mask is None else loss_mask.bool()

@@ -1,0 +1,379 @@
+"""Credit methods: how one is named, parsed, described and computed on a batch.
+
+A method is an advantage estimator (:data:`ktae.ADVANTAGE_ESTIMATORS`: ``grpo``, ``ktae``,
+a user rule, ...) and an optional loss-time calibration (:data:`ktae.CALIBRATIONS`:
+``taco``, ...), each with keyword options. Every command names one the same way::
+
+    NAME[+NAME][@KEY=VALUE[@KEY=VALUE...]]      e.g. ktae@ngram=3+taco, taco@lambda=0.5
+
+``none`` stands for "no token credit" (the sequence advantage); KEY is an option of the
+estimator or of the calibration (``lambda`` is TACO's ``lam``), checked against the
+rule's signature with a one-line error listing the valid ones; VALUE is read as YAML
+(``3``, ``0.5``, ``true``, ``[1, 2]``; anything else stays a string).
+
+:func:`method_credit` computes a method's credit on a padded batch the way the trainer
+does: the verifier's ``correct`` goes to every estimator that takes it
+(:func:`passes_correct`), the batch's log-probs/entropies to a rule that reads them (one
+line when the caller has none). ``ktae train``, ``ktae compare``, ``ktae explain``,
+``ktae audit`` and the verl plugin all go through this module. Pure torch: it imports the
+core and the registries only.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from ktae.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, estimator_needs_entropies
+from ktae.core.baselines import SEQUENCE_BASELINES
+from ktae.core.calibration import CALIBRATIONS, calibrate_advantages
+from ktae.core.calibration_rules import RULE_ARGS
+from ktae.core.user_rules import (
+    check_options,
+    estimator_needs_logprobs,
+    estimator_option_names,
+    estimator_takes_correct,
+)
+
+CREDIT_NONE = "none"
+"""The name of "no token credit": the sequence advantage alone."""
+DEFAULT_ESTIMATOR = "grpo"
+"""The estimator of a method that names only a calibration (``taco`` is ``grpo+taco``)."""
+CALIBRATION_ALIASES = {"lambda": "lam"}
+"""Option names a method string may use for a calibration's own (``lambda`` is a Python
+keyword, so TACO's option is ``lam``)."""
+SEQUENCE_LABELS = {"grpo": "GRPO", "drgrpo": "Dr.GRPO", "rloo": "RLOO"}
+"""Display names of the sequence-level estimators (the rest: upper case)."""
+CALLER_INPUTS = ("correct",)
+"""Estimator options the caller fills from the batch (the user cannot also set them)."""
+
+
+# --------------------------------------------------------------------------- naming
+
+
+def parse_credit(credit: str) -> tuple[str | None, str | None]:
+    """``"ktae+taco"`` -> ``("ktae", "taco")``; ``"none"`` -> ``(None, None)``."""
+    estimators = set(ADVANTAGE_ESTIMATORS.names())
+    calibrations = set(CALIBRATIONS.names())
+    estimator, calibration = None, None
+    parts = [p.strip() for p in str(credit).split("+") if p.strip()]
+    if not parts:
+        raise ValueError(f"credit: expected a name, got {credit!r}")
+    for part in parts:
+        if part == CREDIT_NONE:
+            continue
+        if part in estimators and estimator is None:
+            estimator = part
+        elif part in calibrations and calibration is None:
+            calibration = part
+        else:
+            raise ValueError(
+                f"credit: {part!r} is not a registered advantage estimator {sorted(estimators)} "
+                f"or calibration {sorted(calibrations)}, or repeats a kind in {credit!r}")
+    return estimator, calibration
+
+
+def split_method(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """``"ktae@ngram=3+taco"`` -> ``("ktae+taco", [("ngram", "3")])``: the names and the
+    ``@KEY=VALUE`` settings (raw strings), in order. The settings may follow any name."""
+    text = str(text).strip()
+    names, settings = [], []
+    for part in text.split("+"):
+        name, *pairs = [p.strip() for p in part.split("@")]
+        if not name:
+            raise ValueError(f"credit: expected a name before '@' in {text!r}")
+        names.append(name)
+        for setting in pairs:
+            key, sep, raw = (x.strip() for x in setting.partition("="))
+            if not sep or not key or not raw:
+                raise ValueError(f"credit: expected KEY=VALUE after '@' in {text!r}, "
+                                 f"got {setting!r}")
+            settings.append((key, raw))
+    return "+".join(names), settings
+
+
+def option_value(raw: str):
+    """A setting's value as YAML reads it (``3`` -> 3, ``[1, 2]`` -> a list), else the text."""
+    import yaml
+
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def calibration_option_names(name: str) -> list[str] | None:
+    """The options calibration ``name`` takes from users (None: any, ``**kwargs``)."""
+    params = list(inspect.signature(CALIBRATIONS.get(name)).parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.name not in RULE_ARGS and p.name != "adv"]
+
+
+def user_estimator_options(name: str) -> list[str] | None:
+    """The options of estimator ``name`` a method string may set (the caller's inputs,
+    ``correct``, excluded; None: any)."""
+    names = estimator_option_names(name)
+    return None if names is None else [n for n in names if n not in CALLER_INPUTS]
+
+
+def resolve_option(estimator: str | None, calibration: str | None, key: str, *,
+                   where: str, also: str = "") -> tuple[str, str]:
+    """Which part ``key`` is an option of: ``("estimator", key)`` or ``("calibration",
+    option)``; else a one-line ``ValueError`` listing both parts' options (``also``: what
+    else the caller would have accepted, appended to the message)."""
+    est = [] if estimator is None else user_estimator_options(estimator)
+    if est is None or key in est:
+        return "estimator", key
+    cal_key = CALIBRATION_ALIASES.get(key, key)
+    cal = [] if calibration is None else calibration_option_names(calibration)
+    if calibration is not None and (cal is None or cal_key in cal):
+        return "calibration", cal_key
+    parts = []
+    if estimator is not None:
+        parts.append(f"an option of estimator {estimator!r} ({', '.join(est) or 'none'})")
+    if calibration is not None:
+        parts.append(f"an option of calibration {calibration!r} ({', '.join(cal) or 'none'})")
+    own = " or ".join(parts) or "an option of a credit method"
+    raise ValueError(f"credit: {key!r} in {where!r} is not {own}{also}")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A credit method: an advantage estimator and an optional calibration, with options.
+
+    ``estimator``: a name of :data:`ktae.ADVANTAGE_ESTIMATORS`; ``estimator_options``: its
+    keyword options (KTAE: ``base``, ``h1``, ``ngram``, ...); ``calibration``: a name of
+    :data:`ktae.CALIBRATIONS` or None; ``calibration_options``: its options (TACO:
+    ``alpha``, ``lam``); ``ignore_token_ids``: tokens KTAE gives no value (pad/EOS, as the
+    trainer does).
+    """
+
+    estimator: str = "ktae"
+    estimator_options: dict = field(default_factory=dict)
+    calibration: str | None = None
+    calibration_options: dict = field(default_factory=dict)
+    ignore_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        ADVANTAGE_ESTIMATORS.get(self.estimator)  # ValueError listing the names
+        if self.calibration is not None:
+            CALIBRATIONS.get(self.calibration)
+
+    @property
+    def token_level(self) -> bool:
+        """Whether the estimator gives per-token credit (not a sequence baseline)."""
+        return self.estimator not in SEQUENCE_BASELINES
+
+    @property
+    def base(self) -> str:
+        """The sequence-level advantage the token credit refines."""
+        if not self.token_level:
+            return self.estimator
+        return self.estimator_options.get("base", DEFAULT_ESTIMATOR)
+
+    @property
+    def name(self) -> str:
+        """The method as a string :func:`parse_method` reads back (``ktae@ngram=3+taco``)."""
+        def part(name, options):
+            return name + "".join(f"@{k}={v}" for k, v in options.items())
+
+        text = part(self.estimator, self.estimator_options)
+        if self.calibration:
+            text += "+" + part(self.calibration, self.calibration_options)
+        return text
+
+    def describe(self, *, kinds: bool = False) -> str:
+        """``ktae (base=grpo, ngram=2) + taco (alpha=0.1)``: the name used in tables and
+        page headers (``kinds``: ``+ calibration taco``)."""
+        def opts(options):
+            return " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")" if options else ""
+
+        text = self.estimator + opts(self.estimator_options)
+        if self.calibration:
+            text += (" + calibration " if kinds else " + ") + self.calibration
+            text += opts(self.calibration_options)
+        return text
+
+    def label(self, part: str) -> str:
+        """Display name of a view: ``seq``, ``token``, ``final`` or ``diff``."""
+        seq = SEQUENCE_LABELS.get(self.base, self.base.upper())
+        est = SEQUENCE_LABELS.get(self.estimator, self.estimator.upper())
+        final = est + (f"+{self.calibration.upper()}" if self.calibration else "")
+        return {"seq": seq, "token": est, "final": final, "diff": f"{final} \u2212 {seq}"}[part]
+
+
+def parse_method(text: str, *, estimator_options: dict | None = None,
+                 calibration_options: dict | None = None, ignore_token_ids=(),
+                 default_estimator: str = DEFAULT_ESTIMATOR, check: bool = True) -> Method:
+    """``"ktae@ngram=3+taco"`` -> :class:`Method`; ``estimator_options`` and
+    ``calibration_options`` are defaults the string's settings override. A method naming
+    no estimator uses ``default_estimator``. ``check``: run :func:`check_method`.
+
+    Raises:
+        ValueError: one line: an unknown name, a malformed setting, an option neither part
+            takes (listing the ones they do), or a value a rule refuses.
+    """
+    credit, settings = split_method(text)
+    estimator, calibration = parse_credit(credit)
+    estimator = estimator or default_estimator
+    est, cal = dict(estimator_options or {}), dict(calibration_options or {})
+    seen = set()
+    for key, raw in settings:
+        kind, name = resolve_option(estimator, calibration, key, where=str(text).strip())
+        if (kind, name) in seen:
+            raise ValueError(f"credit: {key} set twice in {str(text).strip()!r}")
+        seen.add((kind, name))
+        (est if kind == "estimator" else cal)[name] = option_value(raw)
+    method = Method(estimator=estimator, estimator_options=est, calibration=calibration,
+                    calibration_options=cal, ignore_token_ids=tuple(ignore_token_ids))
+    if check:
+        check_method(method)
+    return method
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def passes_correct(estimator: str | None, options: dict) -> bool:
+    """Whether the estimator gets the verifier's ``correct``: KTAE, GTPO, prefix-value and
+    users' rules (``ktae.register_estimator``) take it, except KTAE with ``split=graded``,
+    whose classes come from the reward values."""
+    if estimator == "ktae":
+        return options.get("split", "threshold") != "graded"
+    return estimator == "gtpo" or (estimator is not None and estimator_takes_correct(estimator))
+
+
+def check_method(method: Method, *, estimator_where: str = "estimator_options",
+                 calibration_where: str = "calibration_options") -> None:
+    """Check the options against each rule's signature, then run the estimator and the
+    calibration once on a tiny batch, so a misspelled or out-of-range option fails now,
+    not at step 1 (the message starts with ``estimator_where (name):``)."""
+    ids = torch.tensor([[1, 2, 3], [1, 4, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    rewards = torch.tensor([1.0, 0.0])
+    ones = torch.ones(ids.shape)
+    logp = torch.full(ids.shape, -1.0)
+    try:
+        check_options(method.estimator_options, user_estimator_options(method.estimator),
+                      "advantage estimator", method.estimator)
+        adv = estimator_credit(method, rewards=rewards, group=torch.tensor([0, 0]),
+                               token_ids=ids, mask=mask, correct=rewards > 0.5,
+                               logprobs=logp, entropies=ones)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{estimator_where} ({method.estimator}): {err}") from None
+    if method.calibration is None:
+        return
+    try:
+        check_options(method.calibration_options, calibration_option_names(method.calibration),
+                      "calibration", method.calibration)
+        calibrate(method, adv, logprobs=logp, entropies=ones, mask=mask)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{calibration_where} ({method.calibration}): {err}") from None
+
+
+# --------------------------------------------------------------------------- computing
+
+
+def sequence_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor
+                    ) -> torch.Tensor:
+    """``[B]``: the sequence-level advantage the method's token credit refines."""
+    return compute_advantages(method.base, rewards=rewards, group=group)
+
+
+def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor,
+                     token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
+                     logprobs: torch.Tensor | None = None,
+                     entropies: torch.Tensor | None = None) -> torch.Tensor:
+    """The estimator's advantages (``[B, T]`` token credit, or ``[B]`` for a sequence
+    estimator), computed as the trainer does.
+
+    Args:
+        rewards: ``[B]``; group: ``[B]`` group ids; token_ids, mask: ``[B, T]``.
+        correct: ``[B]`` bool, the verifier's verdict, given to every estimator that takes
+            it (:func:`passes_correct`).
+        logprobs: ``[B, T]`` sampling-policy log-probs, for a rule that declares them.
+        entropies: ``[B, T]`` rollout-policy entropies, for an estimator that reads them.
+
+    Raises:
+        ValueError: the estimator reads log-probs or entropies the caller does not have.
+    """
+    name = method.estimator
+    options = dict(method.estimator_options)
+    if passes_correct(name, options):
+        options["correct"] = correct
+    if name == "ktae":
+        options["ignore_token_ids"] = sorted(
+            set(method.ignore_token_ids) | {int(i) for i in options.get("ignore_token_ids") or ()})
+    if estimator_needs_logprobs(name):
+        if logprobs is None:
+            raise ValueError(f"credit: estimator {name!r} reads the sampling policy's "
+                             "log-probs (needs=logprobs), which this caller does not have")
+        options["logprobs"] = logprobs
+    if estimator_needs_entropies(name) and entropies is None:
+        raise ValueError(f"credit: estimator {name!r} reads the rollout policy's entropies, "
+                         "which this caller does not have")
+    return compute_advantages(name, rewards=rewards, group=group, token_ids=token_ids,
+                              mask=mask, entropies=entropies, **options)
+
+
+def calibrate(method: Method, advantages: torch.Tensor, *, logprobs: torch.Tensor,
+              entropies: torch.Tensor, mask: torch.Tensor,
+              old_logprobs: torch.Tensor | None = None, seed: int = 0):
+    """The method's calibration of ``advantages`` (``[B, T]``):
+    :func:`ktae.calibrate_advantages` with the method's options (``old_logprobs``:
+    ``logprobs`` when not given, as for an on-policy scorer; ``seed`` of a random rule)."""
+    return calibrate_advantages(
+        method.calibration, advantages, logprobs=logprobs, entropies=entropies, mask=mask,
+        old_logprobs=logprobs if old_logprobs is None else old_logprobs,
+        generator=torch.Generator().manual_seed(seed), **method.calibration_options)
+
+
+@dataclass
+class MethodCredit:
+    """:func:`method_credit`'s result (``[B, T]`` unless said)."""
+
+    seq: torch.Tensor
+    """``[B]`` sequence advantage."""
+    token: torch.Tensor | None
+    """The estimator's token credit (None for a sequence estimator)."""
+    final: torch.Tensor
+    """What the loss reads per token: the calibrated credit, else the token credit, else
+    the sequence advantage on every real token."""
+    in_loss: torch.Tensor
+    """bool: the tokens that reach the loss (a calibration's loss mask)."""
+    calibration: object = None
+    """The :class:`ktae.CalibrationResult`, or None."""
+
+
+def method_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor,
+                  token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
+                  logprobs: torch.Tensor | None = None, entropies: torch.Tensor | None = None,
+                  old_entropies: torch.Tensor | None = None) -> MethodCredit:
+    """The method's credit on a padded batch: sequence advantage, the estimator's token
+    credit (:func:`estimator_credit`; ``old_entropies``, else ``entropies``, for an
+    estimator that reads the rollout policy's) and the calibration (:func:`calibrate`,
+    from ``logprobs`` and ``entropies``)."""
+    seq_b = sequence_credit(method, rewards=rewards, group=group)
+    seq = torch.where(mask, seq_b[:, None], 0.0)
+    token = None
+    if method.token_level:
+        token = estimator_credit(method, rewards=rewards, group=group, token_ids=token_ids,
+                                 mask=mask, correct=correct, logprobs=logprobs,
+                                 entropies=old_entropies if old_entropies is not None
+                                 else entropies)
+        if token.dim() == 1:
+            token = torch.where(mask, token[:, None], 0.0)
+    adv = token if token is not None else seq
+    if method.calibration is None:
+        return MethodCredit(seq=seq_b, token=token, final=adv, in_loss=mask.clone())
+    if logprobs is None or entropies is None:
+        raise ValueError(f"credit: calibration {method.calibration!r} needs per-token "
+                         "log-probs and entropies, which this caller does not have")
+    res = calibrate(method, adv.double(), logprobs=logprobs, entropies=entropies, mask=mask)
+    loss_mask = getattr(res, "loss_mask", None)
+    in_loss = mask.clone() if loss_mask is None else loss_mask.bool() & mask
+    return MethodCredit(seq=seq_b, token=token, final=res.advantages.double(), in_loss=in_loss,
+                        calibration=res)
