@@ -59,11 +59,11 @@ def test_compare_arms_parse():
 
 
 @pytest.mark.parametrize("spec, match", [
-    ("ktae@foo=1", "'foo' in 'ktae@foo=1' is not a setting"),
+    ("ktae@foo=1", "'foo' in 'ktae@foo=1' is not an option of estimator 'ktae'.* or a setting"),
     ("ktae@ngram", "expected KEY=VALUE"),
     ("ktae@ngram=", "expected KEY=VALUE"),
     ("ktae@ngram=x", "ngram='x' in 'ktae@ngram=x': expected int"),
-    ("ktae@seed=3", "'seed' in 'ktae@seed=3' is not a setting"),
+    ("ktae@seed=3", "'seed' in 'ktae@seed=3' is not an option .* or a setting"),
     ("@ngram=2", "expected a name before '@'"),
     ("ktae@ngram=2@ktae_ngram=3", "ktae_ngram set twice"),
     ("ktae,ktae", "would share the run directory ktae-seed"),

@@ -16,8 +16,9 @@ An entry of ``--credit`` may change settings for its own runs only:
 ``TrainConfig`` field name, e.g. ``ktae_ngram``, ``taco_lambda``, ``learning_rate``) or
 that name without the prefix of a credit in the entry (``ktae@ngram=3`` sets
 ``ktae_ngram``; ``taco@lambda=0.5`` sets ``taco_lambda``), or an option of the entry's
-advantage estimator (``prefix-value@weight=0.5``, a user rule's ``mine@scale=2``: as
-``--estimator-option``, after the common ones). So
+advantage estimator or calibration (``prefix-value@weight=0.5``, a user rule's
+``mine@scale=2``: as ``--estimator-option`` / ``--calibration-option``, after the common
+ones); entries are read by :mod:`ktae.core.methods`, as every command reads a method. So
 ``--credit none,ktae,ktae@ngram=3`` compares GRPO, KTAE and KTAE over trigrams; that
 arm's runs live in ``ktae-ngram=3-seed{s}/``.
 """
@@ -57,21 +58,31 @@ class Arm:
 
 
 def parse_arm(text: str) -> Arm:
-    """``CREDIT[@KEY=VALUE...]`` -> :class:`Arm` (values typed as the ``ktae train`` flag)."""
-    credit, *settings = [p.strip() for p in text.split("@")]
-    if not credit:
-        raise ValueError(f"credit: expected a name before '@' in {text!r}")
+    """``CREDIT[@KEY=VALUE...]`` -> :class:`Arm` (values typed as the ``ktae train`` flag).
+
+    The entry is read by :func:`ktae.core.methods.split_method`; a KEY that is not a
+    ``ktae train`` setting is an option of the entry's estimator or calibration
+    (:func:`ktae.core.methods.resolve_option`), set as ``--estimator-option`` /
+    ``--calibration-option`` after the common ones."""
+    from ktae.core.methods import option_value, parse_credit, resolve_option, split_method
+
+    credit, settings = split_method(text)
     types = {dest: typ for _, dest, typ, _ in cli_train._FLAGS if dest not in _GRID_FIELDS}
     prefixes = [p.strip() for p in credit.split("+") if p.strip()]
+    estimator, calibration = parse_credit(credit)
     overrides: dict = {}
-    for setting in settings:
-        key, sep, raw = (x.strip() for x in setting.partition("="))
-        if not sep or not key or not raw:
-            raise ValueError(f"credit: expected KEY=VALUE after '@' in {text!r}, got {setting!r}")
+    for key, raw in settings:
         names = [key] + [f"{p}_{key}" for p in prefixes]
         name = next((n for n in names if n in types), None)
         if name is None:
-            _estimator_option(credit, key, raw, text, sorted(types), overrides)
+            also = (f" or a setting an entry can change; expected one of {sorted(types)} "
+                    "(or without the credit's prefix)")
+            kind, option = resolve_option(estimator, calibration, key, where=text.strip(),
+                                          also=also)
+            chosen = overrides.setdefault(f"{kind}_options", {})
+            if option in chosen:
+                raise ValueError(f"credit: {key} set twice in {text!r}")
+            chosen[option] = option_value(raw)
             continue
         if name in overrides:
             raise ValueError(f"credit: {name} set twice in {text!r}")
@@ -81,31 +92,6 @@ def parse_arm(text: str) -> Arm:
             raise ValueError(f"credit: {key}={raw!r} in {text!r}: expected "
                              f"{types[name].__name__}") from None
     return Arm(label=text.strip(), credit=credit, overrides=overrides)
-
-
-def _estimator_option(credit: str, key: str, raw: str, text: str, settings: list,
-                      overrides: dict) -> None:
-    """``key=raw`` as an option of the entry's estimator (into ``overrides``), else a
-    one-line error listing the estimator's options and the settings."""
-    import yaml
-
-    from ktae.core.user_rules import estimator_option_names
-    from ktae.train.credit import parse_credit
-
-    estimator, _ = parse_credit(credit)
-    options = [] if estimator is None else estimator_option_names(estimator)
-    if options is not None and key not in options:
-        own = (f"an option of estimator {estimator!r} ({', '.join(options) or 'none'}) or "
-               if estimator else "")
-        raise ValueError(f"credit: {key!r} in {text!r} is not {own}a setting an entry can "
-                         f"change; expected one of {settings} (or without the credit's prefix)")
-    chosen = overrides.setdefault("estimator_options", {})
-    if key in chosen:
-        raise ValueError(f"credit: {key} set twice in {text!r}")
-    try:
-        chosen[key] = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        chosen[key] = raw
 
 
 def parse_arms(spec: str) -> list[Arm]:
@@ -275,12 +261,12 @@ def run(args: argparse.Namespace) -> int:
         for arm in arms:
             for seed in seeds:
                 ns = argparse.Namespace(**{**vars(base_args), **arm.overrides})
-                if "estimator_options" in arm.overrides:  # after the common ones
-                    ns.estimator_options = None
-                    ns.estimator_options_pairs = [
-                        *(base_args.estimator_options_pairs or []),
-                        *(f"{k}={json.dumps(v)}"
-                          for k, v in arm.overrides["estimator_options"].items())]
+                for part in ("estimator_options", "calibration_options"):
+                    if part in arm.overrides:  # after the common ones
+                        setattr(ns, part, None)
+                        setattr(ns, f"{part}_pairs", [
+                            *(getattr(base_args, f"{part}_pairs", None) or []),
+                            *(f"{k}={json.dumps(v)}" for k, v in arm.overrides[part].items())])
                 ns.credit, ns.seed = arm.credit, seed
                 ns.output_dir = str(root / f"{arm.dirname}-seed{seed}")
                 ns.resume = None

@@ -174,18 +174,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _option_pairs(flag: str, pairs: list[str]) -> dict:
-    """``["top=0.5"]`` -> ``{"top": 0.5}`` (values read as YAML scalars)."""
-    import yaml
+    """``["top=0.5"]`` -> ``{"top": 0.5}`` (values read as a method's settings are:
+    :func:`ktae.core.methods.option_value`)."""
+    from ktae.core.methods import option_value
 
     out = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{flag}: expected KEY=VALUE, got {pair!r}")
-        try:
-            out[key.strip()] = yaml.safe_load(text)
-        except yaml.YAMLError:
-            out[key.strip()] = text
+        out[key.strip()] = option_value(text)
     return out
 
 
