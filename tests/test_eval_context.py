@@ -106,7 +106,7 @@ def test_results_name_their_data(model, data, tmp_path):
                                 "sha256": used["embedded"]["sha256"]}
     out2 = tmp_path / "fixtures"
     assert main(["eval", str(model), "--benchmarks", "gsm8k", "--fixtures", "--limit", "1",
-                 *SHORT, "--long-prompts", "skip", "-o", str(out2)]) == 0
+                 *SHORT, "--long-prompts", "truncate", "-o", str(out2)]) == 0
     assert _results(out2)["data"]["gsm8k"]["source"] == "fixture"
 
 
