@@ -58,9 +58,10 @@ from trl.trainer.utils import RepeatSampler
 import ktae
 from ktae.core.advantages import estimator_needs_entropies
 from ktae.core.calibration import logged_metrics
+from ktae.core.methods import estimator_credit
 from ktae.core.user_rules import estimator_needs_logprobs
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
-from ktae.train.credit import CreditSettings, passes_correct
+from ktae.train.credit import CreditSettings
 from ktae.train.dynamic_sampling import (
     MERGEABLE_KEYS,
     OLD_ENTROPIES,
@@ -199,6 +200,14 @@ class KTAEGRPOTrainer(GRPOTrainer):
             if i is not None:
                 ignore.add(int(i))
         self.ignore_token_ids = sorted(ignore)
+
+    @property
+    def _method(self):
+        """The credit method (:mod:`ktae.core.methods`), KTAE ignoring pad and EOS."""
+        import dataclasses
+
+        return dataclasses.replace(self.credit.method,
+                                   ignore_token_ids=tuple(self.ignore_token_ids))
 
     # ------------------------------------------------------------------ rewards
 
@@ -388,17 +397,10 @@ class KTAEGRPOTrainer(GRPOTrainer):
             raise ValueError(f"global batch of {rewards.numel()} responses is not a whole number "
                              f"of groups of num_generations={G}")
         group = torch.arange(rewards.numel(), device=rewards.device) // G
-        options = dict(self.credit.estimator_options)
-        if passes_correct(self.credit.estimator, options):
-            options["correct"] = correct
-        if logprobs is not None:
-            options["logprobs"] = logprobs
-        if self.credit.estimator == "ktae":
-            options["ignore_token_ids"] = sorted(
-                set(self.ignore_token_ids) | {int(i) for i in options.get("ignore_token_ids") or ()})
-        adv = ktae.compute_advantages(self.credit.estimator, rewards=rewards, group=group,
-                                      token_ids=ids, mask=mask.bool(), entropies=entropies,
-                                      **options)
+        # one computation for every command: correct, logprobs, KTAE's ignored ids
+        adv = estimator_credit(self._method, rewards=rewards, group=group, token_ids=ids,
+                               mask=mask.bool(), correct=correct, logprobs=logprobs,
+                               entropies=entropies)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
         batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
         seconds = time.perf_counter() - start
