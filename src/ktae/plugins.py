@@ -7,6 +7,9 @@ the plugin's rules):
 
 * every module of the entry-point group ``ktae.plugins`` of the installed distributions
   (``[project.entry-points."ktae.plugins"] mine = "my_package.credit"``), once per process;
+* every module or file named in the environment variable ``KTAE_PLUGINS`` (separated by
+  ``os.pathsep``, ``:`` on POSIX), which separate processes such as verl's Ray workers
+  read too (:func:`ktae.integrations.verl.options.load_user_rules`);
 * every ``--plugin`` given anywhere on the command line (repeatable): a dotted module name
   (``my_package.credit``) or the path of a ``.py`` file (``./my_rule.py``).
 
@@ -18,11 +21,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 ENTRY_POINT_GROUP = "ktae.plugins"
 PLUGIN_FLAG = "--plugin"
+ENV_VAR = "KTAE_PLUGINS"
 
 _loaded: dict[str, object] = {}
 
@@ -90,6 +95,20 @@ def load_entry_points() -> list[str]:
     return done
 
 
+def load_from_env(environ=None) -> list[str]:
+    """Load every module or ``.py`` file named in ``KTAE_PLUGINS`` (``os.pathsep``
+    separated; ``environ``: default ``os.environ``); return their specs. A failing one is
+    a :class:`PluginError` naming the variable."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    specs = [s.strip() for s in value.split(os.pathsep) if s.strip()]
+    for spec in specs:
+        try:
+            load_plugin(spec)
+        except PluginError as err:
+            raise PluginError(f"{ENV_VAR}: {err}") from err
+    return specs
+
+
 def split_plugin_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """``(plugins, rest)``: the values of ``--plugin X`` / ``--plugin=X`` anywhere in
     ``argv`` (up to a ``--``), and ``argv`` without them."""
@@ -115,10 +134,11 @@ def split_plugin_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def load_from_argv(argv: list[str]) -> list[str]:
-    """Load the entry-point plugins and every ``--plugin`` of ``argv``; return ``argv``
-    without the ``--plugin`` flags (what the subcommand parsers see)."""
+    """Load the entry-point plugins, ``KTAE_PLUGINS`` and every ``--plugin`` of ``argv``;
+    return ``argv`` without the ``--plugin`` flags (what the subcommand parsers see)."""
     plugins, rest = split_plugin_args(argv)
     load_entry_points()
+    load_from_env()
     for spec in plugins:
         load_plugin(spec)
     return rest

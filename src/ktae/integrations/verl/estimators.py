@@ -39,6 +39,7 @@ from ktae.integrations.verl.options import (
     EstimatorSettings,
     estimator_needs_entropies,
     estimator_settings,
+    is_user_rule,
     missing_entropies_reason,
 )
 from ktae.integrations.verl.trajectories import join_inputs, turn_layout
@@ -124,6 +125,8 @@ def estimator_inputs(name: str, token_level_rewards: torch.Tensor, response_mask
     kwargs: dict[str, Any] = dict(rewards=token_level_rewards.sum(dim=-1), group=index,
                                   token_ids=responses, mask=response_mask, **settings.options)
     correct = correctness(fields, settings, int(response_mask.shape[0]))
+    if correct is None and is_user_rule(name):  # a rule reads batch.correct, never a threshold
+        correct = kwargs["rewards"] > settings.reward_threshold
     if correct is not None:
         kwargs["correct"] = correct.to(token_level_rewards.device)
     elif settings.options.get("mode") != "reference" and \

@@ -32,17 +32,49 @@ GTPO_OPTIONS = ("a1", "a2", "eps", "normalize", "reward_threshold", "correct_key
 
 _ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {"ktae": KTAE_OPTIONS, "gtpo": GTPO_OPTIONS}
 
+#: Options of a user rule's block besides its own: how correctness is read.
+RULE_CORRECTNESS_OPTIONS = ("reward_threshold", "correct_key")
 
-def plugin_estimators() -> dict[str, tuple[str, ...]]:
-    """Estimators the plugin registers in verl (those ktae has), with their options.
 
-    verl's own ``grpo`` and ``rloo`` stay verl's; ``drgrpo`` is verl's ``grpo`` with
+def plugin_estimators() -> dict[str, tuple[str, ...] | None]:
+    """Estimators the plugin registers in verl (those ktae has), with their options (None:
+    any, a rule taking ``**kwargs``).
+
+    ``ktae`` and ``gtpo``, and every user rule (``ktae.register_estimator``) loaded in
+    this process (:func:`load_user_rules`): its own options plus ``reward_threshold`` and
+    ``correct_key``, which say how correctness is read. verl's own ``grpo`` and ``rloo``
+    stay verl's; ``drgrpo`` is verl's ``grpo`` with
     ``algorithm.norm_adv_by_std_in_grpo=false``.
     """
     import ktae
 
-    return {name: options for name, options in _ESTIMATOR_OPTIONS.items()
-            if name in ktae.ADVANTAGE_ESTIMATORS}
+    out: dict[str, tuple[str, ...] | None] = {
+        name: options for name, options in _ESTIMATOR_OPTIONS.items()
+        if name in ktae.ADVANTAGE_ESTIMATORS}
+    for name in ktae.ADVANTAGE_ESTIMATORS.names():
+        if name not in out and is_user_rule(name):
+            own = ktae.ADVANTAGE_ESTIMATORS.get(name).rule_options
+            out[name] = None if own is None else (*own, *RULE_CORRECTNESS_OPTIONS)
+    return out
+
+
+def is_user_rule(name: str) -> bool:
+    """Whether estimator ``name`` was registered with ``ktae.register_estimator``."""
+    import ktae
+
+    return name in ktae.ADVANTAGE_ESTIMATORS and \
+        getattr(ktae.ADVANTAGE_ESTIMATORS.get(name), "user_rule", None) is not None
+
+
+def load_user_rules() -> list[str]:
+    """Import users' rules in this process: the ``ktae.plugins`` entry points and the
+    modules or files of ``KTAE_PLUGINS`` (:mod:`ktae.plugins`). verl imports the plugin in
+    the driver and in every Ray worker, so each process loads the same rules; returns the
+    specs of ``KTAE_PLUGINS``."""
+    from ktae.plugins import load_entry_points, load_from_env
+
+    load_entry_points()
+    return load_from_env()
 
 
 def estimator_needs_entropies(name: str) -> bool:
@@ -158,11 +190,28 @@ def estimator_settings(name: str, algorithm: Any) -> EstimatorSettings:
     where = f"algorithm.{name}"
     block = _section(algorithm, name, where)
     allowed = estimators[name]
-    unknown = sorted(set(block) - set(allowed))
+    unknown = [] if allowed is None else sorted(set(block) - set(allowed))
     if unknown:
         raise ValueError(f"{where}.{unknown[0]}: unknown option; expected one of "
                          f"{', '.join(allowed)}")
     options = dict(block)
+    if is_user_rule(name):
+        from ktae.core.user_rules import estimator_needs_logprobs
+
+        if estimator_needs_logprobs(name):
+            raise ValueError(f"algorithm.adv_estimator={name}: the rule reads the sampling "
+                             "policy's log-probs (needs=logprobs), which the ktae verl plugin "
+                             "does not pass to estimators")
+        correct_key = options.pop("correct_key", DEFAULT_CORRECT_KEY)
+        if correct_key is not None and not isinstance(correct_key, str):
+            raise ValueError(f"{where}.correct_key: expected a field name or null, "
+                             f"got {correct_key!r}")
+        threshold = options.pop("reward_threshold", 0.0)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+                or not math.isfinite(threshold):
+            raise ValueError(f"{where}.reward_threshold: expected a finite number, "
+                             f"got {threshold!r}")
+        return EstimatorSettings(name, options, correct_key, float(threshold))
     reference = options.get("mode") == "reference"
     graded = options.get("split") == "graded"
     if graded and options.get("correct_key") is not None:

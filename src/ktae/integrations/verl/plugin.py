@@ -55,6 +55,7 @@ def _install_refusal(version) -> None:
     from ktae.integrations.verl.hooks import when_imported
     from ktae.integrations.verl.options import _get, plugin_estimators
 
+    _load_user_rules()
     names = plugin_estimators()
     message = unsupported_version_message(version)
     logger.warning(message)
@@ -86,6 +87,18 @@ def _install_refusal(version) -> None:
     when_imported("verl.utils.config", refuse_at_startup)
 
 
+def _load_user_rules() -> None:
+    """Users' rules first (entry points, ``KTAE_PLUGINS``), so that they register in verl;
+    a failing one is a warning, and the plugin's own names still register."""
+    from ktae.integrations.verl.options import load_user_rules
+
+    try:
+        load_user_rules()
+    except Exception as error:  # noqa: BLE001 - user code, reported on one line
+        logger.warning("ktae's verl plugin could not load a user credit rule, so its name is "
+                       "unavailable in verl: %s", error)
+
+
 def install() -> None:
     """Register the plugin's names in verl and arrange the wrappers (idempotent)."""
     import verl
@@ -98,6 +111,7 @@ def install() -> None:
         _install_refusal(version)
         return
 
+    _load_user_rules()
     from verl.trainer.ppo import core_algos
 
     from ktae.integrations.verl.estimators import make_estimator
