@@ -4,7 +4,9 @@ Installed with ``pip install "ktae[verl]"``, the ``verl.plugins`` entry point
 (:mod:`ktae.integrations.verl.plugin`) runs on every ``import verl``, in the driver and in
 every Ray worker, and
 
-* registers the ``ktae`` and ``gtpo`` advantage estimators with
+* loads users' credit rules (the ``ktae.plugins`` entry points and ``KTAE_PLUGINS``,
+  :func:`ktae.integrations.verl.options.load_user_rules`), then registers the ``ktae``
+  and ``gtpo`` advantage estimators and every user rule with
   ``core_algos.register_adv_est`` (multi-turn v1 batches: one response per trajectory,
   :mod:`ktae.integrations.verl.trajectories`) and
   every calibration of :data:`ktae.CALIBRATIONS` (``taco``, ``stapo``, ...) as a policy
