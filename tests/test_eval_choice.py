@@ -4,6 +4,7 @@ shuffle, the letter verifier, and scoring through evaluate()."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -236,6 +237,46 @@ def test_bad_rows_name_the_file_and_line(tmp_path):
         load_choice_benchmark("gpqa_diamond", path=gpqa)
     with pytest.raises(ValueError, match="name"):
         load_choice_benchmark("mmlu")
+
+
+def test_option_counts_limits_and_row_places(tmp_path):
+    """MMLU-Pro takes 2 to 26 non-empty string options; GPQA's missing or empty columns and
+    MMLU-Pro's answer name the file and line; ``limit`` is a positive integer."""
+    import string
+
+    row = {k: v for k, v in _rows("mmlu_pro")[0].items() if k != "answer_index"}
+    path = tmp_path / "mmlu_pro.jsonl"
+    for n, ok in ((1, False), (2, True), (26, True), (27, False)):
+        options = [f"option {i}" for i in range(n)]
+        path.write_text(json.dumps({**row, "options": options, "answer": "B"}) + "\n")
+        if ok:
+            rec = load_choice_benchmark("mmlu_pro", path=path)[0]
+            assert f"({string.ascii_uppercase[n - 1]}) option {n - 1}" in rec.problem
+        else:
+            with pytest.raises(ValueError, match="options: expected a list of 2 to 26"):
+                load_choice_benchmark("mmlu_pro", path=path)
+    for options in (["a", ""], ["a", 3], ["a", None]):
+        path.write_text(json.dumps({**row, "options": options, "answer": "A"}) + "\n")
+        with pytest.raises(ValueError, match="options"):
+            load_choice_benchmark("mmlu_pro", path=path)
+    path.write_text(json.dumps({**row, "answer": ""}) + "\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}, line 1: answer"):
+        load_choice_benchmark("mmlu_pro", path=path)
+    gpqa = tmp_path / "gpqa_diamond.jsonl"
+    for column in ("Question", "Correct Answer", "Incorrect Answer 3"):
+        gpqa.write_text(json.dumps({**_rows("gpqa_diamond")[0], column: " "}) + "\n")
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(gpqa))}, line 1: {column}"):
+            load_choice_benchmark("gpqa_diamond", path=gpqa)
+    for limit in (0, -1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match="limit: expected a positive integer"):
+            load_choice_benchmark("gpqa_diamond", path=fixture_path("gpqa_diamond"),
+                                  limit=limit)
+    for name in ("mmlu", "gsm8k"):  # gsm8k has a fixture, but is no choice benchmark
+        with pytest.raises(ValueError, match=f"name: no fixture for '{name}'; expected one of "
+                                             r"\('mmlu_pro', 'gpqa_diamond'\)"):
+            fixture_path(name)
+    with pytest.raises(ValueError, match="completion: expected a string, got int"):
+        letter_reward(3, "A")
 
 
 def test_evaluate_scores_choice_benchmarks_by_letter(monkeypatch):
