@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ktae.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, estimator_needs_entropies
+from ktae.core.advantages import ADVANTAGE_ESTIMATORS, estimator_needs_entropies
 from ktae.core.baselines import SEQUENCE_BASELINES
-from ktae.core.calibration import CALIBRATIONS, calibrate_advantages
+from ktae.core.calibration import CALIBRATIONS
 from ktae.core.calibration_rules import RULE_ARGS
 from ktae.core.user_rules import (
     check_options,
@@ -280,7 +280,9 @@ def check_method(method: Method, *, estimator_where: str = "estimator_options",
 def sequence_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor
                     ) -> torch.Tensor:
     """``[B]``: the sequence-level advantage the method's token credit refines."""
-    return compute_advantages(method.base, rewards=rewards, group=group)
+    import ktae  # the public functions, as users call them
+
+    return ktae.compute_advantages(method.base, rewards=rewards, group=group)
 
 
 def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor,
@@ -315,7 +317,9 @@ def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tens
     if estimator_needs_entropies(name) and entropies is None:
         raise ValueError(f"credit: estimator {name!r} reads the rollout policy's entropies, "
                          "which this caller does not have")
-    return compute_advantages(name, rewards=rewards, group=group, token_ids=token_ids,
+    import ktae  # the public functions, as users call them
+
+    return ktae.compute_advantages(name, rewards=rewards, group=group, token_ids=token_ids,
                               mask=mask, entropies=entropies, **options)
 
 
@@ -325,7 +329,9 @@ def calibrate(method: Method, advantages: torch.Tensor, *, logprobs: torch.Tenso
     """The method's calibration of ``advantages`` (``[B, T]``):
     :func:`ktae.calibrate_advantages` with the method's options (``old_logprobs``:
     ``logprobs`` when not given, as for an on-policy scorer; ``seed`` of a random rule)."""
-    return calibrate_advantages(
+    import ktae  # the public functions, as users call them
+
+    return ktae.calibrate_advantages(
         method.calibration, advantages, logprobs=logprobs, entropies=entropies, mask=mask,
         old_logprobs=logprobs if old_logprobs is None else old_logprobs,
         generator=torch.Generator().manual_seed(seed), **method.calibration_options)

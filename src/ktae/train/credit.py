@@ -9,12 +9,15 @@ Options have one namespace per part: ``estimator_options`` go to the estimator a
 ``ktae_ngram``, ``ktae_ngram_reduce``, ``taco_alpha``, ``taco_lambda``) are passed only when
 set (the span settings: when not the estimator's default), and only to a method that takes
 them; anything a method does not take is an error before any model loads.
+
+Naming, parsing, checking and computing a method live in :mod:`ktae.core.methods`; this
+module maps ``TrainConfig``'s fields onto it (:attr:`CreditSettings.method`,
+:func:`credit_method` for ``ktae explain`` and ``ktae audit`` with a run's settings).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +25,7 @@ from ktae.core.methods import (  # noqa: F401  (parse_credit, passes_correct: re
     CALLER_INPUTS,
     CREDIT_NONE,
     Method,
+    calibration_option_names,
     check_method,
     parse_credit,
     passes_correct,
@@ -70,12 +74,6 @@ def _merge(shortcuts: dict, explicit: dict, where: str) -> dict:
     return {**shortcuts, **explicit}
 
 
-def _calibration_parameters(name: str) -> set[str]:
-    import ktae
-
-    return set(inspect.signature(ktae.CALIBRATIONS.get(name)).parameters)
-
-
 def credit_settings(cfg: TrainConfig) -> CreditSettings:
     """Translate ``cfg.credit`` and the option fields; checks every option (before loading).
 
@@ -115,9 +113,9 @@ def credit_settings(cfg: TrainConfig) -> CreditSettings:
             raise ValueError(f"{name}: credit {cfg.credit!r} has no calibration to pass it to")
         cal_opts: dict = {}
     else:
-        accepted = _calibration_parameters(calibration)
+        accepted = calibration_option_names(calibration)
         for key, value in taco_fields.items():
-            if key not in accepted:
+            if accepted is not None and key not in accepted:
                 field_name = "taco_alpha" if key == "alpha" else "taco_lambda"
                 raise ValueError(f"{field_name}: calibration {calibration!r} takes no {key!r} "
                                  f"option (got {value})")
