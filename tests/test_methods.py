@@ -226,3 +226,13 @@ def test_a_rule_reading_logprobs_gets_them_or_one_line():
     assert str(err.value).startswith("credit: estimator 'by-logprob' reads the sampling "
                                      "policy's log-probs")
     assert "\n" not in str(err.value)
+
+
+def test_the_module_sits_below_train_explain_and_viz():
+    import subprocess
+    import sys
+
+    code = ("import sys, ktae.core.methods; bad = sorted(m for m in sys.modules if "
+            "m.startswith(('ktae.train', 'ktae.explain', 'ktae.viz', 'ktae.credit_audit', "
+            "'trl', 'transformers'))); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
