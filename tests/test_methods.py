@@ -236,3 +236,13 @@ def test_the_module_sits_below_train_explain_and_viz():
             "m.startswith(('ktae.train', 'ktae.explain', 'ktae.viz', 'ktae.credit_audit', "
             "'trl', 'transformers'))); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_method_says_whether_it_reads_scores():
+    @ktae.register_estimator("by-entropy-logprob", needs=("logprobs",))
+    def by_logprob(batch):
+        return batch.logprobs
+
+    assert parse_method("by-entropy-logprob", check=False).needs_scores
+    assert parse_method("gtpo").needs_scores and parse_method("taco").needs_scores
+    assert not parse_method("ktae").needs_scores

@@ -175,6 +175,13 @@ class Method:
         return self.estimator_options.get("base", DEFAULT_ESTIMATOR)
 
     @property
+    def needs_scores(self) -> bool:
+        """Whether computing it reads per-token log-probs or entropies: a calibration, an
+        estimator that reads the rollout entropies (GTPO), or a rule declaring them."""
+        return (self.calibration is not None or estimator_needs_entropies(self.estimator)
+                or estimator_needs_logprobs(self.estimator))
+
+    @property
     def name(self) -> str:
         """The method as a string :func:`parse_method` reads back (``ktae@ngram=3+taco``)."""
         def part(name, options):

@@ -95,10 +95,9 @@ def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=(),
 
 
 def needs_scores(spec) -> bool:
-    """The method reads per-token log-probs/entropies (a calibration, or GTPO)."""
-    from ktae.core.advantages import estimator_needs_entropies
-
-    return spec.calibration is not None or estimator_needs_entropies(spec.estimator)
+    """The method reads per-token log-probs/entropies (a calibration, GTPO, a rule that
+    declares them): :attr:`ktae.core.methods.Method.needs_scores`."""
+    return spec.needs_scores
 
 
 @dataclass

@@ -150,15 +150,14 @@ def _sampled_source(args, model, tok, path):
 def build(args):
     """``(report, selected groups)`` for the arguments (raises ValueError on bad input)."""
     from ktae.core.advantages import estimator_needs_entropies
+    from ktae.core.user_rules import estimator_needs_logprobs
     from ktae.explain import sources
     from ktae.viz.report import build_report
 
     source = load_source(args)
     model = None
-    needs_entropies = source is not None and (
-        source.credit.calibration is not None
-        or estimator_needs_entropies(source.credit.estimator))
-    if args.model is not None and (source is None or needs_entropies):
+    needs_scores = source is not None and source.credit.needs_scores
+    if args.model is not None and (source is None or needs_scores):
         import torch
 
         torch.set_num_threads(args.threads)
@@ -168,10 +167,13 @@ def build(args):
     groups = _select(source.groups, args)
     cal = source.credit.calibration
     # A calibration reads the current policy's log-probs and entropies, an estimator such
-    # as GTPO the rollout policy's entropies: score the responses unless they are recorded.
+    # as GTPO the rollout policy's entropies, a user rule the log-probs it declares: score
+    # the responses unless they are recorded.
     estimator_unscored = estimator_needs_entropies(source.credit.estimator) and not any(
         all(getattr(g, attr) is not None for g in groups)
         for attr in ("old_entropies", "entropies"))
+    estimator_unscored |= estimator_needs_logprobs(source.credit.estimator) and not all(
+        g.logprobs is not None for g in groups)
     if model is not None and (estimator_unscored
                               or (cal is not None and not source.use_recorded)):
         sources.score_groups(model, source.tokenizer, groups, temperature=args.temperature)
