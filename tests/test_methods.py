@@ -246,3 +246,9 @@ def test_a_method_says_whether_it_reads_scores():
     assert parse_method("by-entropy-logprob", check=False).needs_scores
     assert parse_method("gtpo").needs_scores and parse_method("taco").needs_scores
     assert not parse_method("ktae").needs_scores
+
+
+def test_train_setting_names_work_as_option_names():
+    assert parse_method("ktae+taco@ktae_ngram=2@taco_lambda=0.5") == parse_method(
+        "ktae@ngram=2+taco@lam=0.5")
+    assert credit_spec("ktae@ktae_ngram=2").estimator_options["ngram"] == 2

@@ -7,15 +7,16 @@ a user rule, ...) and an optional loss-time calibration (:data:`ktae.CALIBRATION
     NAME[+NAME][@KEY=VALUE[@KEY=VALUE...]]      e.g. ktae@ngram=3+taco, taco@lambda=0.5
 
 ``none`` stands for "no token credit" (the sequence advantage); KEY is an option of the
-estimator or of the calibration (``lambda`` is TACO's ``lam``), checked against the
-rule's signature with a one-line error listing the valid ones; VALUE is read as YAML
-(``3``, ``0.5``, ``true``, ``[1, 2]``; anything else stays a string).
+estimator or of the calibration, possibly prefixed by its name as ``ktae train``'s
+settings write it (``ktae_ngram``, ``taco_lambda``; ``lambda`` is TACO's ``lam``),
+checked against the rule's signature with a one-line error listing the valid ones; VALUE
+is read as YAML (``3``, ``0.5``, ``true``, ``[1, 2]``; anything else stays a string).
 
 :func:`method_credit` computes a method's credit on a padded batch the way the trainer
 does: the verifier's ``correct`` goes to every estimator that takes it
 (:func:`passes_correct`), the batch's log-probs/entropies to a rule that reads them (one
-line when the caller has none). ``ktae train``, ``ktae compare``, ``ktae explain``,
-``ktae audit`` and the verl plugin all go through this module. Pure torch: it imports the
+line when the caller has none). ``ktae train``, ``ktae compare``, ``ktae explain`` and
+``ktae audit`` go through this module. Pure torch: it imports the
 core and the registries only.
 """
 
@@ -125,12 +126,16 @@ def resolve_option(estimator: str | None, calibration: str | None, key: str, *,
     option)``; else a one-line ``ValueError`` listing both parts' options (``also``: what
     else the caller would have accepted, appended to the message)."""
     est = [] if estimator is None else user_estimator_options(estimator)
+    own = key.removeprefix(f"{estimator}_") if estimator else key  # ktae_ngram: ngram
     if est is None or key in est:
         return "estimator", key
-    cal_key = CALIBRATION_ALIASES.get(key, key)
+    if own in est:
+        return "estimator", own
     cal = [] if calibration is None else calibration_option_names(calibration)
-    if calibration is not None and (cal is None or cal_key in cal):
-        return "calibration", cal_key
+    for cal_key in (key, key.removeprefix(f"{calibration}_")):  # taco_lambda: lam
+        cal_key = CALIBRATION_ALIASES.get(cal_key, cal_key)
+        if calibration is not None and (cal is None or cal_key in cal):
+            return "calibration", cal_key
     parts = []
     if estimator is not None:
         parts.append(f"an option of estimator {estimator!r} ({', '.join(est) or 'none'})")
