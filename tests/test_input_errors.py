@@ -97,7 +97,12 @@ def test_math_reward_accepts_numpy_numbers():
 def test_batch_reward_errors_name_the_position():
     with pytest.raises(ValueError, match=r"references\[1\]: expected a number of at most"):
         batch_math_reward(["\\boxed{1}", "\\boxed{2}"], ["1", 10**5000])
-    with pytest.raises(ValueError, match=r"references\[0\]: expected a string or number, got list"):
-        batch_math_reward(["\\boxed{1}"], [[1]])
+    # a list is a set of accepted answers; a nested list or another type is refused
+    assert batch_math_reward(["\\boxed{1}"], [[1]])[0].correct
+    with pytest.raises(ValueError, match=r"references\[0\]: expected a list of accepted "
+                       r"answers \(strings or numbers\), got a nested list at entry 1"):
+        batch_math_reward(["\\boxed{1}"], [[1, [2]]])
+    with pytest.raises(ValueError, match=r"references\[0\]: expected a string or number, got dict"):
+        batch_math_reward(["\\boxed{1}"], [{"a": 1}])
     with pytest.raises(ValueError, match=r"completions\[1\]: expected a string, got NoneType"):
         batch_math_reward(["\\boxed{1}", None], ["1", "2"])

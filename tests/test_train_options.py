@@ -263,8 +263,9 @@ def test_full_disk_is_reported_in_words(tiny_model, tmp_path, capsys, monkeypatc
 
 
 def test_documented_gpu_recipe_parses():
-    """The GPU recipe in docs/training.md is a valid ``ktae train`` command (its flags,
-    option routing and TRL settings all pass the start-up checks)."""
+    """The first GPU recipe of docs/training.md (KTAE's 7B run) is a valid ``ktae train``
+    command: its config, option routing and TRL settings pass the start-up checks, and the
+    batch splits over the 8 processes it launches."""
     import argparse
     import re
     import shlex
@@ -274,19 +275,21 @@ def test_documented_gpu_recipe_parses():
     from ktae.train.session import grpo_config
     from ktae.train.trl_args import check_trl_settings
 
-    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    root = Path(__file__).parents[1]
+    text = (root / "docs" / "training.md").read_text()
     section = text[text.index("### GPU recipes"):]
-    block = re.search(r"accelerate launch --num_processes 8 -m ktae train \\\n(.*?)\n```",
-                      section, re.S).group(1)  # the first recipe: KTAE, 1.5B on MATH
-    argv = shlex.split(block.replace("\\\n", " "))
+    line = re.search(r"accelerate launch --num_processes 8 -m ktae train (.*)\n",
+                     section).group(1)
+    argv = [a if not a.startswith("configs/") else str(root / a) for a in shlex.split(line)]
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     cfg = config_from_args(parser.parse_args(argv))
-    assert (cfg.num_prompts, cfg.num_generations, cfg.max_new_tokens) == (1024, 16, 3072)
-    assert (cfg.ktae_h2, cfg.clip_high, cfg.overlong_buffer) == (2.0, 0.28, 512)
+    assert cfg.model == "Qwen/Qwen2.5-Math-7B"
+    assert (cfg.num_prompts, cfg.num_generations, cfg.max_new_tokens) == (128, 16, 3072)
+    assert (cfg.ktae_h2, cfg.clip_high, cfg.overlong_buffer) == (2.0, 0.24, 512)
     trl = check_trl_settings(cfg.trl)
-    assert trl["use_vllm"] is True and trl["gradient_accumulation_steps"] == 128
+    assert trl["use_vllm"] is True and trl["gradient_accumulation_steps"] == 16
     args = grpo_config(cfg, 8, {k: v for k, v in trl.items() if not k.startswith("vllm")
                                 and k != "use_vllm"})
-    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 2048
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 8 == 2048
     assert args.per_device_train_batch_size * args.steps_per_generation % 16 == 0
