@@ -151,8 +151,7 @@ def prompt_set_problems(prompts: int, prompt_set: int = 0) -> list:
     ``prompts`` problems, the set every audit drew before prompt sets existed; sets of the
     same size are disjoint while the levels' question spaces last (about 1.5k distinct
     level-1 test questions)."""
-    from ktae.tasks import generate
-    from ktae.train.data import EVAL_SEED
+    from ktae.tasks import EVAL_SEED, generate
 
     check_prompt_set(prompt_set)
     stream = generate((prompt_set + 1) * prompts, split="test", seed=EVAL_SEED)

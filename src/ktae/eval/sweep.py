@@ -22,15 +22,14 @@ benchmark (``--select-on BENCH``; default: the mean accuracy over the benchmarks
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ktae.checkpoints import checkpoint_dirs, is_complete_checkpoint
 from ktae.eval.cache import cached_results
 
 AVG = "avg"
-_CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -43,14 +42,9 @@ class Checkpoint:
 def run_checkpoints(run_dir: str | Path, which: str = "all") -> list[Checkpoint]:
     """The complete checkpoints of ``run_dir``, by step: ``which`` is ``"all"`` or
     comma-separated steps (``"2,4"``). Errors name ``--checkpoints`` or RUN_DIR."""
-    from ktae.train.rundir import is_complete_checkpoint
-
-    run = Path(run_dir)
-    if not run.is_dir():
+    if not Path(run_dir).is_dir():
         raise ValueError(f"RUN_DIR: no such directory: {run_dir}")
-    found = sorted((int(m.group(1)), p) for p in run.iterdir()
-                   if (m := _CHECKPOINT.match(p.name)) and p.is_dir()
-                   and is_complete_checkpoint(p))
+    found = [(s, p) for s, p in checkpoint_dirs(run_dir) if is_complete_checkpoint(p)]
     if not found:
         raise ValueError(f"RUN_DIR: {run_dir} holds no complete checkpoint-N directory "
                          "(a ktae train run saves them with --save-every)")
@@ -75,15 +69,7 @@ def run_checkpoints(run_dir: str | Path, which: str = "all") -> list[Checkpoint]
 def incomplete_checkpoints(run_dir: str | Path) -> list[str]:
     """Names of the ``checkpoint-N`` directories of ``run_dir`` that are not complete
     (the trainer died while saving, or the weights were removed), by step."""
-    from ktae.train.rundir import is_complete_checkpoint
-
-    run = Path(run_dir)
-    if not run.is_dir():
-        return []
-    found = sorted((int(m.group(1)), p.name) for p in run.iterdir()
-                   if (m := _CHECKPOINT.match(p.name)) and p.is_dir()
-                   and not is_complete_checkpoint(p))
-    return [name for _, name in found]
+    return [p.name for _, p in checkpoint_dirs(run_dir) if not is_complete_checkpoint(p)]
 
 
 def score(results: Mapping, select_on: str) -> float:

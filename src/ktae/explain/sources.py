@@ -80,7 +80,7 @@ def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditS
 def _run_tokenizer(run: Path, header: dict, tokenizer: str | None):
     if tokenizer:
         return load_tokenizer(tokenizer), tokenizer
-    from ktae.train.rundir import latest_complete_checkpoint
+    from ktae.checkpoints import latest_complete_checkpoint
 
     for c in (run / "final", latest_complete_checkpoint(run)):
         if c and (Path(c) / "tokenizer_config.json").is_file():
@@ -271,8 +271,7 @@ def load_model(name: str):
 def prompt_rows(prompts: Path | None, tokenizer, n: int) -> list[dict]:
     """``[{"prompt", "answer"}]``: from a JSONL file, or the embedded task's held-out split."""
     if prompts is None:
-        from ktae.tasks import format_prompt, generate
-        from ktae.train.data import EVAL_SEED
+        from ktae.tasks import EVAL_SEED, format_prompt, generate
 
         template = "compact" if len(tokenizer) < 1000 else "qwen-math"
         return [{"prompt": format_prompt(p, template), "answer": p.answer}

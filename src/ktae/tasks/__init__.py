@@ -1,6 +1,7 @@
 """Tasks: problem generators with exact answers (the embedded arithmetic task)."""
 
 from ktae.tasks.embedded import (
+    EVAL_SEED,
     LABEL_OTHER,
     LABEL_RIGHT,
     LABEL_WRONG,
@@ -20,6 +21,7 @@ from ktae.tasks.embedded import (
 )
 
 __all__ = [
+    "EVAL_SEED",
     "TEMPLATES",
     "Problem",
     "answer_for",

@@ -31,6 +31,10 @@ TEMPLATES = ("compact", "qwen-math")
 
 SPLITS = ("train", "test")
 TEST_FRACTION_BUCKETS = 10  # one bucket in ten is test: about 10% of questions
+EVAL_SEED = 1234
+"""Seed of the held-out embedded problems (``generate(n, split="test", seed=EVAL_SEED)``):
+the set ``ktae train`` evaluates on for every run and seed, and the prompts ``ktae explain``
+and ``ktae audit`` sample."""
 QWEN_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 _LEVELS = (1, 2, 3)

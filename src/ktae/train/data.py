@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-EVAL_SEED = 1234
-"""Seed of the held-out embedded problems: the same set for every run and seed."""
+from ktae.tasks.embedded import EVAL_SEED
 
 MIN_EXTERNAL_PROBLEMS = 5
 """An external task needs this many problems: a fifth (at least one) is held out."""

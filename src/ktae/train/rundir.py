@@ -35,15 +35,21 @@ import contextlib
 import json
 import math
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-COMPLETE_MARKER = "ktae_checkpoint.json"
-"""File written last into a checkpoint directory once it is complete."""
+# the reading side of the checkpoint protocol lives below the trainer (eval and explain
+# read it too); re-exported here for the trainer's own callers
+from ktae.checkpoints import (  # noqa: F401
+    CHECKPOINT_NAME,
+    COMPLETE_MARKER,
+    checkpoint_step,
+    is_complete_checkpoint,
+    latest_complete_checkpoint,
+)
 
 STARTED_MARKER = "ktae_checkpoint_started"
 """File written first into a checkpoint directory, before transformers writes there."""
@@ -86,8 +92,6 @@ METRIC_KEYS = {
     "grad_norm": "grad_norm",
     "learning_rate": "learning_rate",
 }
-
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
 def _umask() -> int:
@@ -161,7 +165,7 @@ def foreign_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
     found = {}
     if output_dir.is_dir():
         for p in output_dir.iterdir():
-            m = _CHECKPOINT_RE.match(p.name)
+            m = CHECKPOINT_NAME.match(p.name)
             if m and p.is_dir() and any(p.iterdir()) and not (p / STARTED_MARKER).is_file() \
                     and not (p / COMPLETE_MARKER).is_file():
                 found[int(m.group(1))] = p
@@ -173,38 +177,6 @@ def mark_checkpoint_complete(folder: str | os.PathLike, step: int) -> None:
     folder = Path(folder)
     files = sorted(p.name for p in folder.iterdir() if p.is_file())
     atomic_write(folder / COMPLETE_MARKER, json.dumps({"step": int(step), "files": files}))
-
-
-def is_complete_checkpoint(folder: str | os.PathLike) -> bool:
-    """True when ``folder`` holds the marker and every file the marker lists."""
-    folder = Path(folder)
-    marker = folder / COMPLETE_MARKER
-    try:
-        info = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(info, dict) or not isinstance(info.get("files"), list):
-        return False
-    return all((folder / name).is_file() for name in info["files"]) and \
-        (folder / "trainer_state.json").is_file()
-
-
-def latest_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The complete ``checkpoint-N`` with the largest N in ``output_dir``, or None."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        return None
-    found = []
-    for p in output_dir.iterdir():
-        m = _CHECKPOINT_RE.match(p.name)
-        if m and p.is_dir() and is_complete_checkpoint(p):
-            found.append((int(m.group(1)), p))
-    return max(found)[1] if found else None
-
-
-def checkpoint_step(folder: str | os.PathLike) -> int:
-    """Global step of a checkpoint directory (from its marker)."""
-    return int(json.loads((Path(folder) / COMPLETE_MARKER).read_text())["step"])
 
 
 def rotate_checkpoints(output_dir: str | os.PathLike, keep: int | None) -> list[Path]:
@@ -220,7 +192,7 @@ def rotate_checkpoints(output_dir: str | os.PathLike, keep: int | None) -> list[
     output_dir = Path(output_dir)
     found = []
     for p in output_dir.iterdir():
-        m = _CHECKPOINT_RE.match(p.name)
+        m = CHECKPOINT_NAME.match(p.name)
         if m and p.is_dir() and not p.is_symlink() and (p / COMPLETE_MARKER).is_file():
             found.append((int(m.group(1)), p))
     doomed = [p for _, p in sorted(found)[:-keep]]
