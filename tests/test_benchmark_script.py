@@ -56,3 +56,21 @@ def test_graded_rewards_time_the_graded_split_against_the_threshold():
     assert cells["ktae exact"][3] == 1.0  # thresholded KTAE's ratio to itself
     seconds, ratio, memory, to_threshold = cells["ktae graded"]
     assert seconds > 0 and ratio > 0 and memory >= 0 and to_threshold > 0
+
+
+def test_cli_threads_benchmark_parses_its_options_and_prints_its_table():
+    script = BENCH.parent / "bench_cli_threads.py"
+    out = subprocess.run([sys.executable, str(script), "--dry-run", "--commands",
+                          "simulate,train", "--contend", "0,2", "--threads", "1,2"],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    assert "simulate [1, 2] (default 1)" in out and "train [1, 2] (default 1)" in out
+    rows = [ln.split("|")[1:-1] for ln in out.splitlines() if ln.startswith("| simulate ")
+            or ln.startswith("| train ")]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        ("simulate", "0"), ("train", "0"), ("simulate", "2"), ("train", "2")]
+    for r in rows:  # made-up times 1 + i + K s: the default (1 thread) is the best
+        assert r[3].strip() == "1" and float(r[-1]) == 1.0
+        assert float(r[2]) >= 0  # the load average
+    bad = subprocess.run([sys.executable, str(script), "--dry-run", "--commands", "nope"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "unknown command(s) nope" in bad.stderr

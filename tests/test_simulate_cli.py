@@ -52,6 +52,20 @@ def test_cli_ktae_threshold_and_quiet(tmp_path, capsys):
     assert "update/s" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags,expected", [([], 1), (["--threads", "2"], 2)])
+def test_cli_threads_default_to_one_and_are_set(tmp_path, flags, expected):
+    """One thread unless told (benchmarks/bench_cli_threads.py: fastest idle or busy)."""
+    no_threads = TINY[:-2]
+    assert TINY[-2:] == ["--threads", "1"]
+    torch.set_num_threads(3)
+    try:
+        assert main(["simulate", *no_threads, *flags, "--methods", "broadcast",
+                     "--no-progress", "-o", str(tmp_path / "sim")]) == 0
+        assert torch.get_num_threads() == expected
+    finally:
+        torch.set_num_threads(1)
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--actions", "0"], "actions: expected a positive integer, got 0"),
     (["--actions", "8", "--n-opt", "9"], "n_opt: expected at most actions = 8"),

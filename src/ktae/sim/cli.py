@@ -81,9 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="updates whose policy is audited (default: 0 and the last "
                              "update, i.e. the initial and the final policy)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice; 1 is faster on a "
-                             "busy machine)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1, the fastest on a 2-core CPU "
+                             "with or without other jobs: see docs/simulate.md)")
     parser.add_argument("-o", "--output-dir", default=None,
                         help=f"where the PNGs, results.md and curves.json go (default "
                              f"{DEFAULT_ROOT}/PRESET[-SETTINGS], e.g. {DEFAULT_ROOT}/quick or "
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir) if given else default_output_dir(args)
     try:
         config = config_from_args(args)
-        if args.threads is not None and args.threads < 1:
+        if args.threads < 1:
             raise ValueError(f"threads: expected a positive integer, got {args.threads}")
         check_output_dir(out, results=RESULT_FILES, overwrite=args.overwrite)
     except ValueError as err:
@@ -183,8 +183,7 @@ def run(args: argparse.Namespace) -> int:
     from ktae.sim import plots, report
     from ktae.sim.run import plan_blocks, simulate
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     out.mkdir(parents=True, exist_ok=True)
     n_blocks = len(plan_blocks(config))
     n_runs = len(config.method_names) * len(config.settings()) * config.seeds
