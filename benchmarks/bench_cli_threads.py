@@ -130,6 +130,7 @@ def main(argv=None) -> int:
                 times[c, k] = {s: [1.0 + i + k] for i, s in enumerate(plan[c])}
     else:
         from bench_advantages import BusyProcesses
+
         from ktae.models.warmstart import default_model_path
 
         model = str(default_model_path())
