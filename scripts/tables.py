@@ -1,0 +1,642 @@
+"""Regenerate the measured tables of README.md and docs/*.md from the ktae commands behind them.
+
+Each such table sits between markers in the markdown::
+
+    <!-- table: audit-default-seed0 -->
+
+    | method | ... |
+    |---|...|
+
+    <!-- /table -->
+
+and is registered here: ``RUNS`` holds the exact commands (each writes JSON into its own
+cache folder under ``runs/tables/``), ``TABLES`` names, per table, the runs it reads and the
+function that turns their JSON into the markdown table.
+
+    python scripts/tables.py list                         # names, commands, estimated cost
+    python scripts/tables.py run NAME... | --all [--max-cost SECONDS] [--reuse]
+    python scripts/tables.py check NAME... [--reuse]      # exit 1 when a table differs
+
+``run`` runs the commands (``--reuse``: keep a finished run's cache) and rewrites the tables
+between their markers; ``check`` regenerates and prints a diff against the committed table.
+Costs are wall seconds at ``--threads 1`` on the project's shared 2-core CPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / "runs" / "tables"
+DOCS = ("README.md", "docs/*.md")
+MARKER = ".json"
+"""Suffix of the file beside a run's cache folder (``runs/tables/NAME.json``): the command
+that filled the folder and whether it finished; the script removes only such folders."""
+SHIPPED = "src/ktae/models/shipped/embedded-cc11645a8340"
+
+OPEN = re.compile(r"^<!-- table: ([a-z0-9][a-z0-9.=-]*) -->$")
+CLOSE = "<!-- /table -->"
+
+
+@dataclass(frozen=True)
+class Run:
+    command: str
+    """The command line; ``{out}`` is this run's cache folder, ``{run:NAME}`` another's."""
+    cost_s: int
+    """Estimated wall seconds at one thread on the shared 2-core machine."""
+
+
+@dataclass(frozen=True)
+class Table:
+    runs: tuple[str, ...]
+    render: Callable[..., str]
+    """Called with each run's cache folder, in the order of ``runs``; returns the table."""
+
+
+def _audit(seed: int, extra: str = "") -> Run:
+    return Run(f"ktae audit --model default --seed {seed}{extra} --threads 1 -o {{out}} "
+               "--overwrite", 300 if "1000" in extra else 60)
+
+
+def _compare(credit: str, seeds: int, steps: int, extra: str = "") -> str:
+    return (f"ktae compare --algo grpo --credit {credit} --seeds {seeds} --max-steps {steps}"
+            f"{extra} --threads 1 --no-progress -o {{out}}")
+
+
+RUNS = {
+    "audit-seed0": _audit(0),
+    "audit-seed1": _audit(1),
+    "audit-seed0-1000": _audit(0, " --prompts 1000"),
+    # 200 steps: 3.5 to 6.5 min on the machine when lightly used, about 40 min under a load of 10
+    "train-default": Run("ktae train --threads 1 --no-progress -o {out}", 900),
+    "eval-shipped": Run(f"ktae eval {SHIPPED} --benchmarks embedded --threads 1 -o {{out}} "
+                        "--overwrite", 60),
+    "eval-train-default": Run("ktae eval {run:train-default}/final --benchmarks embedded "
+                              "--threads 1 -o {out} --overwrite", 60),
+    "simulate-small": Run("ktae simulate --horizon 4,16 --n-opt 10 --group-size 8 --actions 100 "
+                          "--steps 200 --lr 0.2 --seeds 3 --eval-every 50 "
+                          "--methods broadcast,step,ktae,ktae+taco --audit-groups 0 --threads 1 "
+                          "--no-progress -o {out} --overwrite", 40),
+    "simulate-quick": Run("ktae simulate --threads 1 -o {out} --overwrite", 600),
+    # 150-step comparisons: about 10 min per run (150 steps and 4 held-out evaluations)
+    "compare-150-5seeds": Run(_compare("none,ktae,ktae@ngram=3", 5, 150), 15 * 600),
+    "compare-150-3seeds": Run(_compare("taco,gtpo", 3, 150), 6 * 600),
+    "compare-150-none-ktae-taco": Run(_compare("none,ktae,taco", 3, 150), 9 * 600),
+}
+
+
+# --- rendering -------------------------------------------------------------------------
+
+def _json(folder: Path, name: str) -> dict:
+    return json.loads((folder / name).read_text())
+
+
+def _cell(s: dict | None) -> str:
+    from ktae.credit_audit.report import _cell as cell
+    return cell(s)
+
+
+def _signed_cell(s: dict | None) -> str:
+    from ktae.credit_audit.report import _signed_cell as cell
+    return cell(s)
+
+
+def _mean(s: dict | None) -> str:
+    return _cell(s).split(" [")[0]
+
+
+def _signed_mean(s: dict | None) -> str:
+    return _signed_cell(s).split(" [")[0]
+
+
+AUDIT_HEAD = ["| method | blame P(w<r) | lowest-credit token wrong | contamination | "
+              "contamination − GRPO's |", "|---|---|---|---|---|"]
+
+
+def audit_seeds(*folders: Path) -> str:
+    """One row per method: the three figures' means, one value per seed joined by ' / '."""
+    results = [_json(f, "audit.json")["methods"] for f in folders]
+    lines = list(AUDIT_HEAD)
+    for name in results[0]:
+        a = [r[name]["all"] for r in results]
+        lines.append(f"| {name} | " + " | ".join(
+            " / ".join(fmt(x[key]) for x in a)
+            for key, fmt in (("blame", _mean), ("lowest", _mean), ("contamination", _mean),
+                             ("contamination_vs_grpo", _signed_mean))) + " |")
+    chance = " / ".join(_mean(r[next(iter(r))]["all"]["chance"]) for r in results)
+    half = " / ".join("0.5" for _ in results)
+    lines.append(f"| *chance (constant credit)* | {half} | {chance} | | |")
+    return "\n".join(lines)
+
+
+def audit_intervals(folder: Path) -> str:
+    """One seed: the three figures with their bootstrap 95% intervals."""
+    methods = _json(folder, "audit.json")["methods"]
+    lines = list(AUDIT_HEAD)
+    for name, entry in methods.items():
+        a = entry["all"]
+        lines.append(f"| {name} | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
+                     f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} |")
+    chance = next(iter(methods.values()))["all"]["chance"]
+    lines.append(f"| *chance (constant credit)* | 0.5 | {_cell(chance)} | | |")
+    return "\n".join(lines)
+
+
+def audit_mass(folder: Path) -> str:
+    """One seed: the credit-mass figures with their intervals."""
+    methods = _json(folder, "audit.json")["methods"]
+    lines = ["| method | mass gap (wrong − right, in GRPO advantages) | tokens changed from "
+             "GRPO | scale (abs. credit / GRPO's) |", "|---|---|---|---|"]
+    for name, entry in methods.items():
+        a = entry["all"]
+        lines.append(f"| {name} | {_signed_cell(a['mass_gap'])} | {_cell(a['tokens_changed'])} "
+                     f"| {_cell(a['scale'])} |")
+    return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def heldout_default(train: Path, eval_shipped: Path, eval_trained: Path) -> str:
+    """The two held-out evaluations of the shipped model and of the default run's model."""
+    evals = [json.loads(line) for line in (train / "eval.jsonl").read_text().splitlines()
+             if line.strip()]
+    before, after = evals[0], evals[-1]
+    summary = _json(train, "summary.json")
+
+    def bench(folder: Path) -> dict:
+        return _json(folder, "results.json")["benchmarks"]["embedded"]
+
+    shipped, trained = bench(eval_shipped), bench(eval_trained)
+    return "\n".join([
+        "| model | `ktae train`'s held-out set (300 problems), all / carry-borrow | "
+        "`ktae eval --benchmarks embedded` (200 problems) |",
+        "|---|---|---|",
+        f"| shipped (before training) | {_pct(before['accuracy'])} / "
+        f"{_pct(before['accuracy_carry'])} | {_eval_cells(shipped)} |",
+        f"| after default `ktae train` ({summary['steps']} steps) | {_pct(after['accuracy'])} / "
+        f"{_pct(after['accuracy_carry'])} | {_eval_cells(trained)} |",
+    ])
+
+
+def _eval_cells(b: dict) -> str:
+    carry = b.get("accuracy_carry")
+    return f"{_pct(b['accuracy'])}" + (f" / {_pct(carry)}" if carry is not None else "")
+
+
+def train_cost(train: Path) -> str:
+    """The default run's step time and the share of it spent computing advantages."""
+    s = _json(train, "summary.json")
+    return "\n".join([
+        "| steps | mean step time | advantages (KTAE) share of step time |",
+        "|---|---|---|",
+        f"| {s['steps']} | {s['mean_step_seconds']:.2f} s | "
+        f"{100 * s['advantage_share']:.2f}% |"])
+
+
+def _ms(values: list, scale: float = 100.0, digits: int = 1, unit: str = "") -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{scale * statistics.fmean(values):.{digits}f} ± {scale * sd:.{digits}f}{unit}"
+
+
+LABELS = {"none": "GRPO", "ktae": "GRPO + KTAE",
+          "ktae@ngram=3": "GRPO + KTAE over trigrams (`ktae@ngram=3`)",
+          "taco": "GRPO + TACO", "gtpo": "GRPO + GTPO"}
+
+
+def compare_seeds(*folders: Path) -> str:
+    """README: each arm's held-out accuracy after training, from ``comparison.json``."""
+    lines = ["| credit | seeds | after 150 steps | carry/borrow problems |",
+             "|---|---|---|---|"]
+    for folder in folders:
+        for arm, rows in _json(folder, "comparison.json").items():
+            lines.append(f"| {LABELS.get(arm, arm)} | {len(rows)} | "
+                         f"{_ms([r.get('heldout_after') for r in rows], unit=' %')} | "
+                         f"{_ms([r.get('heldout_carry_after') for r in rows], unit=' %')} |")
+    return "\n".join(lines)
+
+
+def compare_accuracy(folder: Path) -> str:
+    """docs/calibration.md: held-out accuracy after training, per arm."""
+    lines = ["| credit | after 150 steps | carry/borrow problems |", "|---|---|---|"]
+    for arm, rows in _json(folder, "comparison.json").items():
+        lines.append(f"| {LABELS.get(arm, arm)} | "
+                     f"{_ms([r.get('heldout_after') for r in rows], unit=' %')} | "
+                     f"{_ms([r.get('heldout_carry_after') for r in rows], unit=' %')} |")
+    return "\n".join(lines)
+
+
+def compare_share(folder: Path) -> str:
+    """docs/ngram.md: accuracy after training and the advantages' share of step time."""
+    lines = ["| credit | held-out after (%) | carry/borrow after (%) | advantage share of step "
+             "time (%) |", "|---|---|---|---|"]
+    names = {**LABELS, "ktae@ngram=3": "GRPO + KTAE, N = 3"}
+    for arm, rows in _json(folder, "comparison.json").items():
+        lines.append(f"| {names.get(arm, arm)} | {_ms([r.get('heldout_after') for r in rows])} | "
+                     f"{_ms([r.get('heldout_carry_after') for r in rows])} | "
+                     f"{_ms([r.get('advantage_share') for r in rows], digits=2)} |")
+    return "\n".join(lines)
+
+
+def compare_cost(folder: Path) -> str:
+    """docs/training.md: accuracy, step time and the advantages' share of it."""
+    lines = ["| credit | after 150 steps | carry/borrow | step time (s) | advantage share |",
+             "|---|---|---|---|---|"]
+    for arm, rows in _json(folder, "comparison.json").items():
+        lines.append(f"| {LABELS.get(arm, arm)} | "
+                     f"{_ms([r.get('heldout_after') for r in rows])} | "
+                     f"{_ms([r.get('heldout_carry_after') for r in rows])} | "
+                     f"{statistics.fmean(r['mean_step_seconds'] for r in rows):.2f} | "
+                     f"{100 * statistics.fmean(r['advantage_share'] for r in rows):.2f}% |")
+    return "\n".join(lines)
+
+
+def _sim(folder: Path):
+    """``ktae simulate``'s curves.json as the SimResult its report functions read."""
+    import torch
+
+    from ktae.sim.config import Setting, SimConfig
+    from ktae.sim.run import SimResult
+
+    d = _json(folder, "curves.json")
+    cfg = SimConfig(**{k: tuple(v) if isinstance(v, list) else v
+                       for k, v in d["config"].items()})
+    curves, flags = {}, {}
+    for c in d["curves"]:
+        key = (c["method"], Setting(**c["setting"]))
+        curves[key] = torch.tensor(c["returns"], dtype=torch.float64)
+        if c["flag_rate"] is not None:
+            flags[key] = torch.tensor(c["flag_rate"], dtype=torch.float64)
+    return SimResult(cfg, d["eval_steps"], curves, d["seconds"], flags)
+
+
+SIM_LABELS = {"broadcast": "broadcast (GRPO)", "step": "step-level oracle",
+              "ktae": "KTAE (split at the group's mean return)", "ktae-graded": "KTAE, graded split",
+              "taco": "TACO", "ktae+taco": "KTAE + TACO"}
+
+
+def simulate_summary(folder: Path) -> str:
+    """README: final and mean return along H, and the share of the oracle's gain."""
+    from ktae.sim import report
+    from ktae.sim.config import Setting
+
+    r = _sim(folder)
+    base = r.config.base
+    hs = [Setting(h, base.n_opt, base.group_size) for h in r.config.horizons]
+    land = report.landing(r)
+    lines = ["| method | final return, H=" + " / ".join(map(str, r.config.horizons))
+             + " | mean return over training, H=" + " / ".join(map(str, r.config.horizons))
+             + f" | share of the oracle's gain (mean return, {len(r.config.settings())} "
+             "settings) |", "|---|---|---|---|"]
+    for m in r.config.method_names:
+        final = " / ".join(f"{float(report.per_seed(r, m, s, 'final').mean()):.3f}" for s in hs)
+        mean = " / ".join(f"{float(report.per_seed(r, m, s, 'mean').mean()):.3f}" for s in hs)
+        share = land[m]["share_of_oracle_gain"]
+        lines.append(f"| {SIM_LABELS.get(m, m)} | {final} | {mean} | "
+                     f"{'n/a' if share is None else f'{share:.0%}'} |")
+    return "\n".join(lines)
+
+
+def _sim_columns(r) -> list:
+    """The base setting, then each axis's other values: H = 4, H = 16 (base), H = 64, ..."""
+    from ktae.sim.config import AXES, AXIS_LABELS
+
+    cols = []
+    for axis in AXES:
+        for s in r.config.axis_settings(axis):
+            if s == r.config.base and axis != AXES[0]:
+                continue
+            label = f"{AXIS_LABELS[axis]} = {getattr(s, axis)}"
+            cols.append((label + (" (base)" if s == r.config.base else ""), s))
+    return cols
+
+
+def _sim_table(folder: Path, cell, *, skip_empty: bool = False) -> str:
+    r = _sim(folder)
+    cols = _sim_columns(r)
+    rows = {m: [cell(r, m, s) for _, s in cols] for m in r.config.method_names}
+    if skip_empty:  # a setting no method got anywhere in
+        keep = [i for i in range(len(cols)) if any(v[i] != "—" for v in rows.values())]
+        cols = [cols[i] for i in keep]
+        rows = {m: [v[i] for i in keep] for m, v in rows.items()}
+    lines = ["| method | " + " | ".join(label for label, _ in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for m, cells in rows.items():
+        name = "step (oracle)" if m == "step" else m
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _sim_return(measure: str):
+    def cell(r, m, s):
+        from ktae.sim import report
+        return "{:.3f} ± {:.3f}".format(*report.mean_std(report.per_seed(r, m, s, measure)))
+    return lambda folder: _sim_table(folder, cell)
+
+
+def simulate_landing(folder: Path) -> str:
+    """Each method's mean return averaged over every setting and its share of the oracle's
+    gain (ktae simulate's own summary table)."""
+    from ktae.sim import report
+
+    lines = ["| method | mean return, all settings | share of the oracle's gain | "
+             "tokens flagged by the calibration |", "|---|---|---|---|"]
+    for m, v in report.landing(_sim(folder)).items():
+        share = v["share_of_oracle_gain"]
+        flags = "—" if v["flag_rate"] is None else f"{v['flag_rate']:.2%}"
+        lines.append(f"| {m} | {v['mean_return']:.3f} ± {v['std']:.3f} | "
+                     f"{'n/a' if share is None else f'{share:.0%}'} | {flags} |")
+    return "\n".join(lines)
+
+
+def simulate_steps(folder: Path) -> str:
+    """Updates to reach the target return; settings where no method got there are left out."""
+    def cell(r, m, s):
+        from ktae.sim import report
+        return report._fmt_steps(report.steps_to_target(r.curves[(m, s)], r.eval_steps,
+                                                        r.config.target))
+    return _sim_table(folder, cell, skip_empty=True)
+
+
+def simulate_shares(folder: Path) -> str:
+    """Each method's share of the oracle's gain per setting, final and mean return."""
+    from ktae.sim import report
+
+    r = _sim(folder)
+    cols = _sim_columns(r)
+    lines = ["| method | measure | " + " | ".join(label for label, _ in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for measure in ("final", "mean"):
+        shares = report.oracle_shares(r, measure)
+        for m in r.config.method_names:
+            if m in (report.BROADCAST, report.ORACLE):
+                continue
+            cells = ["n/a" if shares[(m, s)] is None else f"{shares[(m, s)]:.0%}"
+                     for _, s in cols]
+            lines.append(f"| {m} | {measure} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+TABLES = {
+    "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
+    "audit-default-seed0": Table(("audit-seed0",), audit_intervals),
+    "audit-default-seed1": Table(("audit-seed1",), audit_intervals),
+    "audit-default-seed0-1000": Table(("audit-seed0-1000",), audit_intervals),
+    "audit-mass-seed0": Table(("audit-seed0",), audit_mass),
+    "heldout-default": Table(("train-default", "eval-shipped", "eval-train-default"),
+                             heldout_default),
+    "train-default-cost": Table(("train-default",), train_cost),
+    "simulate-small": Table(("simulate-small",), simulate_summary),
+    "simulate-quick-summary": Table(("simulate-quick",), simulate_summary),
+    "simulate-quick-final": Table(("simulate-quick",), _sim_return("final")),
+    "simulate-quick-mean": Table(("simulate-quick",), _sim_return("mean")),
+    "simulate-quick-landing": Table(("simulate-quick",), simulate_landing),
+    "simulate-quick-steps": Table(("simulate-quick",), simulate_steps),
+    "simulate-quick-shares": Table(("simulate-quick",), simulate_shares),
+    "compare-grpo-150": Table(("compare-150-5seeds", "compare-150-3seeds"), compare_seeds),
+    "compare-grpo-150-taco-gtpo": Table(("compare-150-3seeds",), compare_accuracy),
+    "compare-grpo-150-ngram": Table(("compare-150-5seeds",), compare_share),
+    "compare-grpo-150-none-ktae-taco": Table(("compare-150-none-ktae-taco",), compare_cost),
+}
+
+
+# --- markers ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    name: str
+    start: int
+    """Index of the opening marker's line."""
+    end: int
+    """Index of the closing marker's line."""
+    body: str
+    """The table between the markers, without the blank lines around it."""
+
+
+def doc_files() -> list[Path]:
+    files: list[Path] = []
+    for pattern in DOCS:
+        files += sorted(REPO.glob(pattern))
+    return files
+
+
+def blocks(path: Path) -> list[Block]:
+    """The marked tables of one file; a ValueError names a malformed marker."""
+    lines = path.read_text().splitlines()
+    out, open_at, name = [], None, None
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if s.startswith("<!-- table") or s.startswith("<!-- /table"):
+            m = OPEN.match(s)
+            if m:
+                if open_at is not None:
+                    raise ValueError(f"{path}:{i + 1}: table {m.group(1)!r} opens inside "
+                                     f"table {name!r}")
+                open_at, name = i, m.group(1)
+            elif s == CLOSE:
+                if open_at is None:
+                    raise ValueError(f"{path}:{i + 1}: {CLOSE} without an opening marker")
+                out.append(Block(path, name, open_at, i,
+                                 "\n".join(lines[open_at + 1:i]).strip("\n")))
+                open_at = None
+            else:
+                raise ValueError(f"{path}:{i + 1}: malformed table marker: {s}")
+    if open_at is not None:
+        raise ValueError(f"{path}:{open_at + 1}: table {name!r} is never closed")
+    return out
+
+
+def all_blocks() -> list[Block]:
+    return [b for f in doc_files() for b in blocks(f)]
+
+
+def replace(block: Block, table: str) -> None:
+    lines = block.path.read_text().splitlines(keepends=True)
+    lines[block.start + 1:block.end] = ["\n", table.rstrip("\n") + "\n", "\n"]
+    block.path.write_text("".join(lines))
+
+
+# --- running ---------------------------------------------------------------------------
+
+def run_dir(name: str) -> Path:
+    return CACHE / name
+
+
+def _shown_path(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def command_argv(name: str) -> list[str]:
+    text = RUNS[name].command
+    text = re.sub(r"\{run:([a-z0-9-]+)\}", lambda m: _shown_path(run_dir(m.group(1))), text)
+    text = text.replace("{out}", _shown_path(run_dir(name)))
+    argv = shlex.split(text)
+    if argv[0] == "ktae":
+        argv = [sys.executable, "-m", "ktae", *argv[1:]]
+    return argv
+
+
+def dependencies(name: str) -> list[str]:
+    return re.findall(r"\{run:([a-z0-9-]+)\}", RUNS[name].command)
+
+
+def marker(name: str) -> Path:
+    return CACHE / f"{name}{MARKER}"
+
+
+def is_done(name: str) -> bool:
+    marker = globals()["marker"](name)
+    if not marker.is_file():
+        return False
+    record = json.loads(marker.read_text())
+    return record.get("finished") is True and record.get("command") == RUNS[name].command
+
+
+def execute(name: str, *, reuse: bool, done: set[str]) -> None:
+    """Run one command into its cache folder (after the runs it reads)."""
+    if name in done:
+        return
+    for dep in dependencies(name):
+        execute(dep, reuse=reuse, done=done)
+    folder = run_dir(name)
+    if reuse and is_done(name):
+        print(f"tables: {name}: reusing {_shown_path(folder)}", file=sys.stderr)
+        done.add(name)
+        return
+    if folder.exists():
+        if not marker(name).is_file():
+            sys.exit(f"tables: {folder} exists and was not written by this script; "
+                     "remove it or pick another cache")
+        shutil.rmtree(folder)  # only a folder whose marker this script wrote
+    CACHE.mkdir(parents=True, exist_ok=True)
+    marker(name).write_text(json.dumps({"command": RUNS[name].command,
+                                        "finished": False}) + "\n")
+    argv = command_argv(name)
+    print(f"tables: {name}: {shlex.join(argv)}", file=sys.stderr)
+    start = time.perf_counter()
+    with open(folder.parent / f"{name}.log", "w") as log:
+        rc = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        sys.exit(f"tables: {name} failed (exit {rc}); see {folder.parent / (name + '.log')}")
+    marker(name).write_text(json.dumps({
+        "command": RUNS[name].command, "finished": True,
+        "seconds": round(time.perf_counter() - start, 1)}) + "\n")
+    done.add(name)
+
+
+def cost(names: list[str]) -> int:
+    """Estimated seconds of the runs the tables need, each run counted once."""
+    needed: set[str] = set()
+    for t in names:
+        for r in TABLES[t].runs:
+            needed.add(r)
+            needed.update(dependencies(r))
+    return sum(RUNS[r].cost_s for r in needed)
+
+
+def render(name: str) -> str:
+    return TABLES[name].render(*(run_dir(r) for r in TABLES[name].runs))
+
+
+def shown(name: str) -> str:
+    """The command as run, with the cache folders filled in."""
+    return shlex.join(["ktae", *command_argv(name)[3:]]) if RUNS[name].command.startswith(
+        "ktae ") else shlex.join(command_argv(name))
+
+
+def cmd_list(_args) -> int:
+    places: dict[str, list[str]] = {}
+    for b in all_blocks():
+        places.setdefault(b.name, []).append(str(b.path.relative_to(REPO)))
+    for name, table in TABLES.items():
+        print(f"{name}  (~{cost([name])} s; in {', '.join(places.get(name, ['no file']))})")
+        runs: list[str] = []
+        for r in table.runs:
+            runs += [d for d in [*dependencies(r), r] if d not in runs]
+        for r in runs:
+            print(f"    {shown(r)}    # ~{RUNS[r].cost_s} s")
+    return 0
+
+
+def _selected(args) -> list[str]:
+    names = list(TABLES) if getattr(args, "all", False) else args.names
+    unknown = [n for n in names if n not in TABLES]
+    if unknown or not names:
+        sys.exit(f"tables: unknown or no table names: {unknown}; see `list`")
+    if getattr(args, "max_cost", None) is not None:
+        names = [n for n in names if cost([n]) <= args.max_cost]
+    return names
+
+
+def cmd_run(args) -> int:
+    names = _selected(args)
+    done: set[str] = set()
+    for name in names:
+        for r in TABLES[name].runs:
+            execute(r, reuse=args.reuse, done=done)
+        table = render(name)
+        files = sorted({b.path for b in all_blocks() if b.name == name})
+        for path in files:
+            count = sum(b.name == name for b in blocks(path))
+            for k in range(count):  # re-read each time: a replacement moves the lines
+                replace([b for b in blocks(path) if b.name == name][k], table)
+            print(f"tables: {name}: wrote {path.relative_to(REPO)}", file=sys.stderr)
+        if not files:
+            print(f"tables: {name}: no marker in the docs; the table:\n{table}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    names = _selected(args)
+    done: set[str] = set()
+    differ = False
+    for name in names:
+        for r in TABLES[name].runs:
+            execute(r, reuse=args.reuse, done=done)
+        table = render(name)
+        for b in (b for b in all_blocks() if b.name == name):
+            if b.body != table:
+                differ = True
+                sys.stdout.writelines(difflib.unified_diff(
+                    (b.body + "\n").splitlines(keepends=True),
+                    (table + "\n").splitlines(keepends=True),
+                    f"{b.path.relative_to(REPO)} ({name})", "regenerated"))
+    return 1 if differ else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    sub.add_parser("list", help="table names, their commands and estimated cost")
+    for mode in ("run", "check"):
+        s = sub.add_parser(mode)
+        s.add_argument("names", nargs="*")
+        if mode == "run":
+            s.add_argument("--all", action="store_true", help="every registered table")
+            s.add_argument("--max-cost", type=float, default=None,
+                           help="skip tables whose runs are estimated above SECONDS")
+        s.add_argument("--reuse", action="store_true",
+                       help="keep the cache of a run that finished with the same command")
+    args = p.parse_args(argv)
+    return {"list": cmd_list, "run": cmd_run, "check": cmd_check}[args.mode](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
