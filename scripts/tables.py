@@ -70,6 +70,9 @@ def _audit(seed: int, extra: str = "") -> Run:
                "--overwrite", 300 if "1000" in extra else 60)
 
 
+DIGITS = " --reward digits --eval-every 25"
+
+
 def _compare(credit: str, seeds: int, steps: int, extra: str = "") -> str:
     return (f"ktae compare --algo grpo --credit {credit} --seeds {seeds} --max-steps {steps}"
             f"{extra} --threads 1 --no-progress -o {{out}}")
@@ -89,11 +92,22 @@ RUNS = {
                           "--steps 200 --lr 0.2 --seeds 3 --eval-every 50 "
                           "--methods broadcast,step,ktae,ktae+taco --audit-groups 0 --threads 1 "
                           "--no-progress -o {out} --overwrite", 40),
+    "simulate-ktae-tokens": Run("ktae simulate --methods broadcast,step,ktae --threads 1 "
+                                "--no-progress -o {out} --overwrite", 300),
+    "simulate-ktae-spans": Run("ktae simulate --methods broadcast,step,ktae --ktae-ngram 3 "
+                               "--threads 1 --no-progress -o {out} --overwrite", 300),
+    "simulate-all-h": Run("ktae simulate --methods all --n-opt 10 --group-size 8 --lr 0.5 "
+                          "--threads 1 --no-progress -o {out} --overwrite", 900),
     "simulate-quick": Run("ktae simulate --threads 1 -o {out} --overwrite", 600),
     # 150-step comparisons: about 10 min per run (150 steps and 4 held-out evaluations)
     "compare-150-5seeds": Run(_compare("none,ktae,ktae@ngram=3", 5, 150), 15 * 600),
     "compare-150-3seeds": Run(_compare("taco,gtpo", 3, 150), 6 * 600),
     "compare-150-none-ktae-taco": Run(_compare("none,ktae,taco", 3, 150), 9 * 600),
+    # --reward digits, 50 steps: about 3.5 min per run
+    "compare-digits-none-ktae": Run(_compare("none,ktae", 5, 50, DIGITS), 10 * 200),
+    "compare-digits-ngram": Run(_compare("ktae@ngram=3", 5, 50, DIGITS), 5 * 200),
+    "compare-digits-graded": Run(_compare("ktae,ktae@ngram=3", 5, 50,
+                                          DIGITS + " --estimator-option split=graded"), 10 * 200),
 }
 
 
@@ -254,6 +268,33 @@ def compare_share(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def _after(folder: Path, arm: str, seeds: int, step: int, key: str = "accuracy") -> list:
+    from ktae.train.cli_compare import parse_arm
+
+    out = []
+    for seed in range(seeds):
+        rows = (folder / f"{parse_arm(arm).dirname}-seed{seed}" / "eval.jsonl").read_text()
+        out += [r[key] for r in map(json.loads, rows.splitlines()) if r["step"] == step]
+    return out
+
+
+def compare_digits(none_ktae: Path, ngram: Path, graded: Path) -> str:
+    """docs/graded.md: the digits reward's grids, after 25 and 50 steps."""
+    names = [(none_ktae, "none", "GRPO"),
+             (none_ktae, "ktae", "GRPO + KTAE (threshold: the strict check)"),
+             (graded, "ktae", "GRPO + KTAE, graded split"),
+             (ngram, "ktae@ngram=3", "GRPO + KTAE over trigrams (threshold)"),
+             (graded, "ktae@ngram=3", "GRPO + KTAE over trigrams, graded split")]
+    lines = ["| credit | after 25 steps | after 50 steps | carry/borrow problems after 50 |",
+             "|---|---|---|---|"]
+    for folder, arm, label in names:
+        seeds = len(_json(folder, "comparison.json")[arm])
+        lines.append(f"| {label} | {_ms(_after(folder, arm, seeds, 25), unit=' %')} | "
+                     f"{_ms(_after(folder, arm, seeds, 50), unit=' %')} | "
+                     f"{_ms(_after(folder, arm, seeds, 50, 'accuracy_carry'), unit=' %')} |")
+    return "\n".join(lines)
+
+
 def compare_cost(folder: Path) -> str:
     """docs/training.md: accuracy, step time and the advantages' share of it."""
     lines = ["| credit | after 150 steps | carry/borrow | step time (s) | advantage share |",
@@ -365,6 +406,45 @@ def simulate_landing(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def simulate_ngram(tokens: Path, spans: Path) -> str:
+    """docs/ngram.md: KTAE's mean return per setting over tokens and over trigrams."""
+    from ktae.sim import report
+
+    lines = []
+    for label, folder in (("tokens (N = 1)", tokens), ("spans (N = 3)", spans)):
+        r = _sim(folder)
+        cols = _sim_columns(r)
+        if not lines:
+            lines = ["| KTAE | " + " | ".join(c.replace(" (base)", "") for c, _ in cols)
+                     + " | share of the oracle's gain |", "|---|" + "---|" * (len(cols) + 1)]
+        cells = ["{:.3f} ± {:.3f}".format(*report.mean_std(report.per_seed(r, "ktae", s, "mean")))
+                 for _, s in cols]
+        share = report.landing(r)["ktae"]["share_of_oracle_gain"]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {share:.0%} |")
+    return "\n".join(lines)
+
+
+def simulate_calibrations(folder: Path) -> str:
+    """docs/simulate.md: every method along H: mean return, share, tokens flagged."""
+    from ktae.sim import report
+
+    r = _sim(folder)
+    cols = _sim_columns(r)
+    land = report.landing(r)
+    lines = ["| method | " + " | ".join(c.replace(" (base)", "") for c, _ in cols)
+             + " | share of the oracle's gain | tokens flagged |",
+             "|---|" + "---|" * (len(cols) + 2)]
+    for m in r.config.method_names:
+        cells = ["{:.3f} ± {:.3f}".format(*report.mean_std(report.per_seed(r, m, s, "mean")))
+                 for _, s in cols]
+        v = land[m]
+        share = "n/a" if v["share_of_oracle_gain"] is None else f"{v['share_of_oracle_gain']:.0%}"
+        flags = "—" if v["flag_rate"] is None else f"{v['flag_rate']:.2%}"
+        name = "step (oracle)" if m == "step" else m
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {share} | {flags} |")
+    return "\n".join(lines)
+
+
 def simulate_steps(folder: Path) -> str:
     """Updates to reach the target return; settings where no method got there are left out."""
     def cell(r, m, s):
@@ -409,9 +489,13 @@ TABLES = {
     "simulate-quick-landing": Table(("simulate-quick",), simulate_landing),
     "simulate-quick-steps": Table(("simulate-quick",), simulate_steps),
     "simulate-quick-shares": Table(("simulate-quick",), simulate_shares),
+    "simulate-ngram": Table(("simulate-ktae-tokens", "simulate-ktae-spans"), simulate_ngram),
+    "simulate-all-h": Table(("simulate-all-h",), simulate_calibrations),
     "compare-grpo-150": Table(("compare-150-5seeds", "compare-150-3seeds"), compare_seeds),
     "compare-grpo-150-taco-gtpo": Table(("compare-150-3seeds",), compare_accuracy),
     "compare-grpo-150-ngram": Table(("compare-150-5seeds",), compare_share),
+    "compare-digits-50": Table(("compare-digits-none-ktae", "compare-digits-ngram",
+                                "compare-digits-graded"), compare_digits),
     "compare-grpo-150-none-ktae-taco": Table(("compare-150-none-ktae-taco",), compare_cost),
 }
 
