@@ -445,6 +445,50 @@ def simulate_calibrations(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def _sim_audit(folder: Path, last: bool) -> tuple[str, dict]:
+    results = _json(folder, "curves.json")["audit"]["results"]
+    update = sorted(results, key=int)[-1 if last else 0]
+    return update, results[update]
+
+
+def simulate_audit(folder: Path, *, last: bool) -> str:
+    """The MDP's credit audit at the first or last audited update, all settings pooled."""
+    from ktae.sim import blame
+    from ktae.sim.blame_report import ALL_SETTINGS, AUDIT_SHORT, _audit_cell
+
+    _, methods = _sim_audit(folder, last)
+    # chance beside lowest, which it is the baseline of (means only: it is the same for
+    # every method on the same trajectories)
+    figures = ["blame", "lowest", "chance",
+               *(f for f in blame.FIGURES if f not in ("blame", "lowest", "chance"))]
+    lines = ["| method | " + " | ".join(AUDIT_SHORT[f] for f in figures)
+             + " | trajectories (blame / contamination) |",
+             "|---|" + "---|" * (len(figures) + 1)]
+    for m, entry in methods.items():
+        a = entry[ALL_SETTINGS]
+        name = "step (oracle)" if m == "step" else m
+        lines.append(f"| {name} | " + " | ".join(_audit_cell(a[f], f, f != "chance")
+                                                  for f in figures)
+                     + f" | {a['blame']['responses']} / {a['contamination']['responses']} |")
+    return "\n".join(lines)
+
+
+def simulate_audit_blame(folder: Path) -> str:
+    """Blame at the last audited update, per setting."""
+    from ktae.sim.blame_report import _audit_cell
+
+    cols = _sim_columns(_sim(folder))
+    _, methods = _sim_audit(folder, True)
+    lines = ["| method | " + " | ".join(label for label, _ in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for m, entry in methods.items():
+        name = "step (oracle)" if m == "step" else m
+        lines.append(f"| {name} | " + " | ".join(
+            _audit_cell(entry.get(s.label(), {}).get("blame"), "blame")
+            for _, s in cols) + " |")
+    return "\n".join(lines)
+
+
 def simulate_steps(folder: Path) -> str:
     """Updates to reach the target return; settings where no method got there are left out."""
     def cell(r, m, s):
@@ -467,8 +511,8 @@ def simulate_shares(folder: Path) -> str:
         for m in r.config.method_names:
             if m in (report.BROADCAST, report.ORACLE):
                 continue
-            cells = ["n/a" if shares[(m, s)] is None else f"{shares[(m, s)]:.0%}"
-                     for _, s in cols]
+            cells = ["n/a" if shares[(m, s)] is None else f"{shares[(m, s)] + 0.0:.0%}"
+                     .replace("-0%", "0%") for _, s in cols]
             lines.append(f"| {m} | {measure} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -487,6 +531,10 @@ TABLES = {
     "simulate-quick-final": Table(("simulate-quick",), _sim_return("final")),
     "simulate-quick-mean": Table(("simulate-quick",), _sim_return("mean")),
     "simulate-quick-landing": Table(("simulate-quick",), simulate_landing),
+    "simulate-quick-audit-first": Table(("simulate-quick",),
+                                        lambda f: simulate_audit(f, last=False)),
+    "simulate-quick-audit-last": Table(("simulate-quick",), lambda f: simulate_audit(f, last=True)),
+    "simulate-quick-audit-blame": Table(("simulate-quick",), simulate_audit_blame),
     "simulate-quick-steps": Table(("simulate-quick",), simulate_steps),
     "simulate-quick-shares": Table(("simulate-quick",), simulate_shares),
     "simulate-ngram": Table(("simulate-ktae-tokens", "simulate-ktae-spans"), simulate_ngram),
