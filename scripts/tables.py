@@ -67,7 +67,7 @@ class Table:
 
 def _audit(seed: int, extra: str = "") -> Run:
     return Run(f"ktae audit --model default --seed {seed}{extra} --threads 1 -o {{out}} "
-               "--overwrite", 300 if "1000" in extra else 60)
+               "--overwrite", 510 if "1000" in extra else 60)
 
 
 DIGITS = " --reward digits --eval-every 25"
