@@ -82,8 +82,8 @@ RUNS = {
     "audit-seed0": _audit(0),
     "audit-seed1": _audit(1),
     "audit-seed0-1000": _audit(0, " --prompts 1000"),
-    # 200 steps: 3.5 to 6.5 min on the machine when lightly used, about 40 min under a load of 10
-    "train-default": Run("ktae train --threads 1 --no-progress -o {out}", 900),
+    # 200 steps: 3.5 to 6.5 min on the machine when lightly used, 20 min at a load of 8-10
+    "train-default": Run("ktae train --threads 1 --no-progress -o {out}", 1200),
     "eval-shipped": Run(f"ktae eval {SHIPPED} --benchmarks embedded --threads 1 -o {{out}} "
                         "--overwrite", 60),
     "eval-train-default": Run("ktae eval {run:train-default}/final --benchmarks embedded "
