@@ -97,7 +97,7 @@ RUNS = {
     "simulate-ktae-spans": Run("ktae simulate --methods broadcast,step,ktae --ktae-ngram 3 "
                                "--threads 1 --no-progress -o {out} --overwrite", 240),
     "simulate-all-h": Run("ktae simulate --methods all --n-opt 10 --group-size 8 --lr 0.5 "
-                          "--threads 1 --no-progress -o {out} --overwrite", 900),
+                          "--threads 1 --no-progress -o {out} --overwrite", 450),
     "simulate-quick": Run("ktae simulate --threads 1 -o {out} --overwrite", 700),
     # 150-step comparisons: about 10 min per run (150 steps and 4 held-out evaluations)
     "compare-150-5seeds": Run(_compare("none,ktae,ktae@ngram=3", 5, 150), 15 * 600),
