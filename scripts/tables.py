@@ -98,6 +98,8 @@ RUNS = {
                                "--threads 1 --no-progress -o {out} --overwrite", 240),
     "simulate-all-h": Run("ktae simulate --methods all --n-opt 10 --group-size 8 --lr 0.5 "
                           "--threads 1 --no-progress -o {out} --overwrite", 450),
+    "ngram-coverage": Run("python benchmarks/ngram_coverage.py --prompts 100 --seed 1 "
+                          "--json {out}/coverage.json", 40),
     "simulate-quick": Run("ktae simulate --threads 1 -o {out} --overwrite", 700),
     # 150-step comparisons: about 10 min per run (150 steps and 4 held-out evaluations)
     "compare-150-5seeds": Run(_compare("none,ktae,ktae@ngram=3", 5, 150), 15 * 600),
@@ -305,6 +307,24 @@ def compare_cost(folder: Path) -> str:
                      f"{_ms([r.get('heldout_carry_after') for r in rows])} | "
                      f"{statistics.fmean(r['mean_step_seconds'] for r in rows):.2f} | "
                      f"{100 * statistics.fmean(r['advantage_share'] for r in rows):.2f}% |")
+    return "\n".join(lines)
+
+
+def ngram_coverage(folder: Path) -> str:
+    """docs/ngram.md: how much of a response KTAE credits, per span length and reduction."""
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    def num(x, fmt):
+        return "n/a" if x is None else format(x, fmt)
+
+    lines = ["| N | reduce | non-zero (mixed groups) | non-zero (all groups) | mean abs(v) | "
+             "blame | hit | tied |", "|---|---|---|---|---|---|---|---|"]
+    for r in _json(folder, "coverage.json")["rows"]:
+        lines.append(f"| {r['ngram']} | {r['reduce'] if r['ngram'] > 1 else '-'} | "
+                     f"{pct(r['nonzero_mixed'])} | {pct(r['nonzero_all'])} | "
+                     f"{num(r['mean_abs_mixed'], '.3f')} | {num(r['blame'], '+.3f')} | "
+                     f"{pct(r['hit'])} | {num(r['tied'], '.1f')} |")
     return "\n".join(lines)
 
 
@@ -537,6 +557,7 @@ TABLES = {
     "simulate-quick-audit-blame": Table(("simulate-quick",), simulate_audit_blame),
     "simulate-quick-steps": Table(("simulate-quick",), simulate_steps),
     "simulate-quick-shares": Table(("simulate-quick",), simulate_shares),
+    "ngram-coverage": Table(("ngram-coverage",), ngram_coverage),
     "simulate-ngram": Table(("simulate-ktae-tokens", "simulate-ktae-spans"), simulate_ngram),
     "simulate-all-h": Table(("simulate-all-h",), simulate_calibrations),
     "compare-grpo-150": Table(("compare-150-5seeds", "compare-150-3seeds"), compare_seeds),
@@ -622,6 +643,8 @@ def command_argv(name: str) -> list[str]:
     argv = shlex.split(text)
     if argv[0] == "ktae":
         argv = [sys.executable, "-m", "ktae", *argv[1:]]
+    elif argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
     return argv
 
 
@@ -657,7 +680,7 @@ def execute(name: str, *, reuse: bool, done: set[str]) -> None:
             sys.exit(f"tables: {folder} exists and was not written by this script; "
                      "remove it or pick another cache")
         shutil.rmtree(folder)  # only a folder whose marker this script wrote
-    CACHE.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True)  # empty: ktae train and the others accept it
     marker(name).write_text(json.dumps({"command": RUNS[name].command,
                                         "finished": False}) + "\n")
     argv = command_argv(name)
@@ -689,8 +712,10 @@ def render(name: str) -> str:
 
 def shown(name: str) -> str:
     """The command as run, with the cache folders filled in."""
-    return shlex.join(["ktae", *command_argv(name)[3:]]) if RUNS[name].command.startswith(
-        "ktae ") else shlex.join(command_argv(name))
+    argv = command_argv(name)
+    if RUNS[name].command.startswith("ktae "):
+        return shlex.join(["ktae", *argv[3:]])
+    return shlex.join(["python", *argv[1:]])
 
 
 def cmd_list(_args) -> int:
