@@ -219,4 +219,19 @@ def test_resume_changes_split_refused_and_allowed_settings():
     cosine = TrainConfig(max_steps=30, lr_scheduler="cosine").resolve()
     refused, allowed = resume_changes(cosine, dataclasses.replace(cosine, max_steps=40))
     assert refused == {"max_steps": (30, 40)} and allowed == {}
+    # a warm-up given as a share of max_steps: more steps stretch the warm-up already run
+    ratio = TrainConfig(max_steps=30, warmup_ratio=0.1).resolve()
+    refused, allowed = resume_changes(ratio, dataclasses.replace(ratio, max_steps=40))
+    assert refused == {"max_steps": (30, 40)} and allowed == {}
     assert resume_changes(run, dataclasses.replace(run, resume=True)) == ({}, {})
+
+
+def test_warmup_ratio_is_a_share_and_excludes_warmup_steps():
+    assert TrainConfig(warmup_ratio=0.1).resolve().lr_scheduler == "constant_with_warmup"
+    assert TrainConfig(warmup_ratio=0.1, lr_scheduler="cosine").resolve().lr_scheduler == \
+        "cosine"
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"warmup_ratio: expected a share in \[0, 1\)"):
+            TrainConfig(warmup_ratio=bad).resolve()
+    with pytest.raises(ValueError, match="warmup_ratio: give warmup_steps=5 or warmup_ratio=0.1"):
+        TrainConfig(warmup_ratio=0.1, warmup_steps=5).resolve()

@@ -60,11 +60,13 @@ def test_resume_refuses_settings_that_change_the_run(tiny_model, tmp_path, capsy
     assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == 3
 
 
-def test_warmup_steps_warm_up_the_constant_schedule(tiny_model, tmp_path):
+@pytest.mark.parametrize(("warmup", "steps"), [(["--warmup-steps", "10"], 10),
+                                              (["--warmup-ratio", "0.5"], 2)])
+def test_warmup_steps_warm_up_the_constant_schedule(tiny_model, tmp_path, warmup, steps):
     out = tmp_path / "run"
-    assert _train(tiny_model, out, "--max-steps", "3", "--warmup-steps", "10") == 0
+    assert _train(tiny_model, out, "--max-steps", "3", *warmup) == 0
     lrs = [m["learning_rate"] for m in read_jsonl(out / "metrics.jsonl")]
-    assert lrs == pytest.approx([3e-5 * k / 10 for k in range(3)])
+    assert lrs == pytest.approx([3e-5 * min(k / steps, 1) for k in range(3)])
     assert yaml.safe_load((out / "config.yaml").read_text())["lr_scheduler"] == \
         "constant_with_warmup"
 

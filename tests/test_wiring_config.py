@@ -135,6 +135,7 @@ NON_DEFAULT = {
     "learning_rate": 1.5e-4,
     "lr_scheduler": "cosine",
     "warmup_steps": 4,
+    "warmup_ratio": 0.25,
     "beta": 0.04,
     "clip_low": 0.15,
     "clip_high": 0.31,
@@ -310,6 +311,14 @@ def check_lr_scheduler(ctx):
 
 def check_warmup_steps(ctx):
     assert args_with(warmup_steps=4).warmup_steps == 4
+
+
+def check_warmup_ratio(ctx):
+    args = args_with(warmup_ratio=0.25, max_steps=10)
+    assert args.get_warmup_steps(10) == 3  # ceil(0.25 * 10)
+    assert args.lr_scheduler_type == "constant_with_warmup"
+    with pytest.raises(ValueError, match="warmup_ratio: give warmup_steps=4 or"):
+        cfg_with(warmup_ratio=0.25, warmup_steps=4)
 
 
 def check_beta(ctx):

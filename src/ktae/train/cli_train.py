@@ -43,7 +43,9 @@ _FLAGS = [
     ("--temperature", "temperature", float, "sampling temperature"),
     ("--lr", "learning_rate", float, "learning rate"),
     ("--lr-scheduler", "lr_scheduler", str, "constant | cosine | linear | ..."),
-    ("--warmup-steps", "warmup_steps", int, "linear warmup steps"),
+    ("--warmup-steps", "warmup_steps", int, "linear warmup steps (optimizer steps)"),
+    ("--warmup-ratio", "warmup_ratio", float, "linear warmup over this share of --max-steps "
+     "(instead of --warmup-steps)"),
     ("--beta", "beta", float, "KL coefficient (0 = no reference model)"),
     ("--clip-low", "clip_low", float, "lower clip epsilon"),
     ("--clip-high", "clip_high", float, "upper clip epsilon (DAPO clip-higher)"),

@@ -98,10 +98,13 @@ class TrainConfig:
     learning_rate: float = 3e-5
     """AdamW learning rate (TRL's default 1e-6 is far too small for the tiny model)."""
     lr_scheduler: str = "constant"
-    """transformers scheduler name (constant, cosine, linear, ...); ``constant`` with
-    ``warmup_steps > 0`` resolves to ``constant_with_warmup``."""
+    """transformers scheduler name (constant, cosine, linear, ...); ``constant`` with a
+    warm-up (``warmup_steps`` or ``warmup_ratio`` > 0) resolves to ``constant_with_warmup``."""
     warmup_steps: int = 0
-    """Linear warmup steps (from 0 to ``learning_rate``)."""
+    """Linear warmup steps, in optimizer steps (from 0 to ``learning_rate``)."""
+    warmup_ratio: float = 0.0
+    """Linear warmup over this share of ``max_steps`` (rounded up); excludes
+    ``warmup_steps``."""
     beta: float = 0.0
     """KL coefficient to the reference model (>0 needs a model loadable from a path)."""
     clip_low: float = 0.2
@@ -203,7 +206,7 @@ class TrainConfig:
             out.output_dir = f"runs/{out.algo}-{out.credit.replace('+', '-')}-seed{out.seed}"
         if out.lora_r and out.lora_alpha is None:
             out.lora_alpha = float(2 * out.lora_r)
-        if out.lr_scheduler == "constant" and out.warmup_steps > 0:
+        if out.lr_scheduler == "constant" and (out.warmup_steps > 0 or out.warmup_ratio > 0):
             out.lr_scheduler = "constant_with_warmup"  # transformers' constant ignores warmup
         out._validate()
         return out
@@ -230,6 +233,11 @@ class TrainConfig:
         if self.overlong_buffer >= self.max_new_tokens:
             raise ValueError(f"overlong_buffer: expected < max_new_tokens={self.max_new_tokens}, "
                              f"got {self.overlong_buffer}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio: expected a share in [0, 1), got {self.warmup_ratio!r}")
+        if self.warmup_ratio > 0 and self.warmup_steps > 0:
+            raise ValueError(f"warmup_ratio: give warmup_steps={self.warmup_steps} or "
+                             f"warmup_ratio={self.warmup_ratio}, not both")
         for name in ("learning_rate", "temperature"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected > 0, got {getattr(self, name)!r}")
@@ -359,7 +367,8 @@ def resume_changes(run: TrainConfig, new: TrainConfig) -> tuple[dict, dict]:
     allowed)``, each field -> ``(old, new)``.
 
     ``allowed`` holds the :data:`RESUMABLE_FIELDS` that differ; ``max_steps`` is one of them
-    only under a constant schedule (another schedule's past learning rates depend on it).
+    only under a constant schedule with no ``warmup_ratio`` (otherwise past learning rates
+    depend on it).
     Everything else that differs (``output_dir`` and ``resume`` aside) is ``refused``.
     """
     old_d, new_d = run.to_dict(), new.to_dict()
@@ -368,7 +377,8 @@ def resume_changes(run: TrainConfig, new: TrainConfig) -> tuple[dict, dict]:
         if name in ("output_dir", "resume") or old_d.get(name) == value:
             continue
         resumable = name in RESUMABLE_FIELDS and not (
-            name == "max_steps" and new.lr_scheduler not in _STEP_FREE_SCHEDULERS)
+            name == "max_steps" and (new.lr_scheduler not in _STEP_FREE_SCHEDULERS
+                                     or new.warmup_ratio > 0))
         (allowed if resumable else refused)[name] = (old_d.get(name), value)
     return refused, allowed
 

@@ -172,7 +172,9 @@ def grpo_config(cfg: TrainConfig, num_processes: int, trl: dict | None = None):
         num_iterations=1, num_generations=cfg.num_generations,
         max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0,
         learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler,
-        warmup_steps=cfg.warmup_steps, beta=cfg.beta, epsilon=cfg.clip_low,
+        # transformers reads a warmup_steps below 1 as a share of max_steps
+        warmup_steps=cfg.warmup_ratio or cfg.warmup_steps, beta=cfg.beta,
+        epsilon=cfg.clip_low,
         epsilon_high=cfg.clip_high, loss_type=cfg.loss_type, bf16=cfg.bf16,
         use_cpu=not torch.cuda.is_available(), logging_steps=1, report_to="none",
         save_strategy="steps", save_steps=cfg.save_every or cfg.max_steps,
