@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", choices=sorted(PRESETS), default="quick",
         help=f"quick: |A| = {quick['actions']}, {quick['steps']} updates, lr {quick['lr']}, "
-             f"{quick['seeds']} seeds, methods {QUICK_METHODS} (about 1.4 CPU-minutes); "
+             f"{quick['seeds']} seeds, methods {QUICK_METHODS} (about 1.7 CPU-minutes); "
              f"paper: the TACO paper's |A| = {paper['actions']}, {paper['steps']} updates, "
              f"lr {paper['lr']}, {paper['seeds']} seeds, every method (about 29 CPU-hours "
              "on one thread, an estimate: see docs/simulate.md). Flags override it.")
