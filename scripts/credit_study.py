@@ -57,12 +57,16 @@ RESAMPLES = 2000
 # ------------------------------------------------------------------------ names
 
 
-def canonical_name(credit: str, ngram: int = 1) -> str:
+def canonical_name(credit: str, ngram: int = 1, options: dict | None = None) -> str:
     """One name per method across the three tools: ``none``/``broadcast`` -> ``grpo``;
-    KTAE over N-token spans -> ``ktae@ngram=N`` (``ktae+taco`` -> ``ktae+taco@ngram=N``)."""
+    KTAE over N-token spans -> ``ktae@ngram=N`` (``ktae+taco`` -> ``ktae+taco@ngram=N``);
+    a run's own estimator or calibration ``options`` follow as ``@key=value``, in key
+    order (``prefix-value@weight=0.5``), as the audit names a method given so."""
     name = {"none": GRPO, "broadcast": GRPO}.get(credit.strip(), credit.strip())
     if ngram and int(ngram) != 1 and "ktae" in name.split("+"):
         name += f"@ngram={int(ngram)}"
+    for key, value in sorted((options or {}).items()):
+        name += f"@{key}={value}"
     return name
 
 
@@ -102,7 +106,9 @@ def read_compare(dirs: list[Path], seeds: list[int] | None = None) -> dict:
             seed = int(cfg["seed"])
             if seeds is not None and seed not in seeds:
                 continue
-            name = canonical_name(str(cfg["credit"]), cfg.get("ktae_ngram") or 1)
+            options = {**(cfg.get("estimator_options") or {}),
+                       **(cfg.get("calibration_options") or {})}
+            name = canonical_name(str(cfg["credit"]), cfg.get("ktae_ngram") or 1, options)
             summary = run / "summary.json"
             if not summary.is_file():
                 unfinished.append(str(run))

@@ -130,6 +130,17 @@ def test_names_match_across_tools():
     assert cs.simulate_name("gtpo") is None
 
 
+def test_arms_of_one_rule_with_own_options_stay_apart(tmp_path):
+    """``prefix-value`` and ``prefix-value@weight=0.5`` are two methods, named as the
+    audit names them, not two runs of one method."""
+    assert cs.canonical_name("prefix-value", 1, {"weight": 0.5}) == "prefix-value@weight=0.5"
+    write_run(tmp_path, "prefix-value", 0, 0.7)
+    write_run(tmp_path, "prefix-value@weight=0.5", 0, 0.6)
+    runs = cs.read_compare([tmp_path])["runs"]
+    assert runs["prefix-value"][0]["heldout_after"] == 0.7
+    assert runs["prefix-value@weight=0.5"][0]["heldout_after"] == 0.6
+
+
 def test_audit_overlap():
     assert cs.audit_overlap(3, 100, [300]).startswith("disjoint (held-out problems 300..399")
     assert cs.audit_overlap(1, 200, [300]).startswith("OVERLAPPING in up to 100 problems")
