@@ -32,6 +32,11 @@ MAX_DIFFS = 80
 MODULES = {
     "src/ktae/eval/choice.py": ["tests/test_eval_choice.py"],
     "src/ktae/train/cli_compare.py": ["tests/test_wiring_compare.py"],
+    # not: the layer test (a fresh interpreter per import: slow, blind to mutants) and the
+    # docs example (docs/ is not in the scratch copy)
+    "src/ktae/core/methods.py": ["tests/test_methods.py", "tests/test_train_credit.py",
+                                 "tests/test_plugins.py", "-k",
+                                 "not sits_below and not doc_example"],
     "src/ktae/train/credit.py": [
         "tests/test_wiring_config.py", "tests/test_train_config.py", "-k",
         "credit or taco or ktae or estimator or calibration or advantage_base or algo or seed "

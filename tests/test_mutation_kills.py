@@ -1,0 +1,151 @@
+"""Tests written against mutants that survived ``scripts/mutation.sh mutmut`` (docs/mutation.md).
+
+Each test pins behaviour a surviving mutant changed: mostly which field or option an error
+message names (what a user reads to fix a config), and how ``credit_method`` carries a run's
+options to ``ktae explain`` / ``ktae audit``. Test names contain ``credit`` so the mutmut
+selection for ``train/credit.py`` (``-k credit or ...``) picks them up.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ktae.train.config import TrainConfig
+from ktae.train.credit import credit_method, credit_settings
+
+
+def _settings(**fields):
+    return credit_settings(TrainConfig(**fields).resolve())
+
+
+def _raises(match: str, **fields):
+    with pytest.raises(ValueError, match=match):
+        _settings(**fields)
+
+
+# ---- credit_settings: the field or option an error names --------------------------------
+
+def test_credit_ktae_mode_on_another_estimator_names_ktae_mode():
+    _raises(r"^ktae_mode: only used by the 'ktae' estimator, but credit is 'grpo'$",
+            credit="grpo", ktae_mode="reference")
+
+
+def test_credit_ktae_field_on_another_estimator_names_that_field():
+    _raises(r"^ktae_h2: only used by the 'ktae' estimator", credit="grpo", ktae_h2=0.5)
+
+
+def test_credit_trainer_option_error_says_where_it_comes_from():
+    _raises(re.escape("estimator_options: 'correct' is set by the trainer (from the "
+                      "accuracy reward)") + "$",
+            credit="ktae", estimator_options={"correct": [True]})
+
+
+def test_credit_estimator_option_given_twice_names_estimator_options():
+    _raises(re.escape("estimator_options: 'h1' is given twice (as a field and in "
+                      "estimator_options)") + "$",
+            credit="ktae", ktae_h1=0.5, estimator_options={"h1": 0.4})
+
+
+def test_credit_calibration_option_given_twice_names_calibration_options():
+    _raises(re.escape("calibration_options: 'alpha' is given twice (as a field and in "
+                      "calibration_options)") + "$",
+            credit="ktae+taco", taco_alpha=0.3, calibration_options={"alpha": 0.2})
+
+
+@pytest.mark.parametrize("fields, name", [
+    (dict(taco_alpha=0.3), "taco_alpha"),
+    (dict(taco_lambda=0.3), "taco_lambda"),
+    (dict(taco_alpha=0.3, taco_lambda=0.3), "taco_alpha"),
+    (dict(taco_lambda=0.3, calibration_options={"alpha": 0.1}), "calibration_options"),
+])
+def test_credit_without_calibration_names_the_orphan_option(fields, name):
+    _raises(rf"^{name}: credit 'ktae' has no calibration to pass it to$", credit="ktae",
+            **fields)
+
+
+@pytest.mark.parametrize("fields, name, key", [
+    (dict(taco_alpha=0.3), "taco_alpha", "alpha"),
+    (dict(taco_lambda=0.3), "taco_lambda", "lam"),
+])
+def test_credit_calibration_without_the_option_names_the_field(fields, name, key):
+    _raises(rf"^{name}: calibration 'stapo' takes no '{key}' option \(got 0.3\)$",
+            credit="ktae+stapo", **fields)
+
+
+def test_credit_taco_hard_takes_alpha_but_not_lambda():
+    assert _settings(credit="ktae+taco-hard", taco_alpha=0.3).calibration_options == {
+        "alpha": 0.3}
+    _raises(r"^taco_lambda: calibration 'taco-hard'", credit="ktae+taco-hard",
+            taco_lambda=0.3)
+
+
+# ---- credit_method: a run's options reach explain/audit only for the run's own parts ----
+
+RUN = dict(credit="ktae+taco", ktae_h1=0.5, ktae_mode="reference", taco_alpha=0.3,
+           taco_lambda=0.2)
+
+
+def _run(**fields):
+    return TrainConfig(**{**RUN, **fields}).resolve()
+
+
+def test_credit_method_default_is_trainconfig_default():
+    method = credit_method("ktae")
+    assert (method.estimator, method.calibration) == ("ktae", None)
+    assert method.estimator_options == {"base": "grpo", "mode": "exact"}
+    assert method.calibration_options == {}
+    assert method.ignore_token_ids == ()
+
+
+def test_credit_method_keeps_the_runs_own_estimator_and_calibration_options():
+    method = credit_method("ktae+taco", train_config=_run(), ignore_token_ids=[7, 9])
+    assert method.estimator_options == {"base": "grpo", "mode": "reference", "h1": 0.5}
+    assert method.calibration_options == {"alpha": 0.3, "lam": 0.2}
+    assert method.ignore_token_ids == (7, 9)
+
+
+def test_credit_method_drops_the_runs_options_for_another_estimator():
+    method = credit_method("grpo+taco", train_config=_run(ktae_ngram=2, ktae_mode="exact",
+                                                          ktae_ngram_reduce="maxabs"))
+    assert (method.estimator, method.estimator_options) == ("grpo", {})
+    assert method.calibration_options == {"alpha": 0.3, "lam": 0.2}
+
+
+def test_credit_method_drops_the_runs_estimator_options_dict_for_another_estimator():
+    run = _run(ktae_h1=None, ktae_mode="exact", estimator_options={"h2": 0.7})
+    assert credit_method("grpo", train_config=run).estimator_options == {}
+    assert credit_method("ktae", train_config=run).estimator_options["h2"] == 0.7
+
+
+def test_credit_method_drops_the_runs_calibration_options_for_another_calibration():
+    run = _run(taco_alpha=None, taco_lambda=None, calibration_options={"alpha": 0.4})
+    assert credit_method("ktae+taco", train_config=run).calibration_options == {"alpha": 0.4}
+    other = credit_method("ktae+stapo", train_config=run)
+    assert (other.calibration, other.calibration_options) == ("stapo", {})
+    none = credit_method("ktae", train_config=run)
+    assert (none.calibration, none.calibration_options) == (None, {})
+    assert none.estimator_options["h1"] == 0.5
+
+
+def test_credit_method_without_estimator_uses_the_runs_base():
+    run = _run(credit="taco", algo="drgrpo", ktae_h1=None, ktae_mode="exact")
+    method = credit_method("taco", train_config=run)
+    assert (method.estimator, method.calibration) == ("drgrpo", "taco")
+    assert method.calibration_options == {"alpha": 0.3, "lam": 0.2}
+
+
+def test_credit_method_settings_go_on_top_of_the_runs_options():
+    method = credit_method("ktae+taco@ngram=3@alpha=0.9", train_config=_run(ktae_mode="exact"),
+                           ignore_token_ids=(4,))
+    assert method.estimator_options == {"base": "grpo", "mode": "exact", "h1": 0.5,
+                                        "ngram": 3}
+    assert method.calibration_options == {"alpha": 0.9, "lam": 0.2}
+    assert method.ignore_token_ids == (4,)
+
+
+def test_credit_method_settings_on_another_estimator_start_from_its_defaults():
+    method = credit_method("grpo+taco@alpha=0.9", train_config=_run())
+    assert (method.estimator, method.estimator_options) == ("grpo", {})
+    assert method.calibration_options == {"alpha": 0.9, "lam": 0.2}
