@@ -38,7 +38,8 @@ MODULES = {
                                  "tests/test_plugins.py", "-k",
                                  "not sits_below and not doc_example"],
     "src/ktae/train/credit.py": [
-        "tests/test_wiring_config.py", "tests/test_train_config.py", "-k",
+        "tests/test_wiring_config.py", "tests/test_train_config.py",
+        "tests/test_mutation_kills.py", "-k",
         "credit or taco or ktae or estimator or calibration or advantage_base or algo or seed "
         "or dynamic_sampling or generation_rounds"],
     # every mutant of train() reruns the probes and the training steps: hours on 2 cores
