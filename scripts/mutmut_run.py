@@ -32,11 +32,10 @@ MAX_DIFFS = 80
 MODULES = {
     "src/ktae/eval/choice.py": ["tests/test_eval_choice.py"],
     "src/ktae/train/cli_compare.py": ["tests/test_wiring_compare.py"],
-    # not: the layer test (a fresh interpreter per import: slow, blind to mutants) and the
-    # docs example (docs/ is not in the scratch copy)
+    # not the layer test: a fresh interpreter per import, slow and blind to mutants
     "src/ktae/core/methods.py": ["tests/test_methods.py", "tests/test_train_credit.py",
                                  "tests/test_plugins.py", "-k",
-                                 "not sits_below and not doc_example"],
+                                 "not sits_below"],
     "src/ktae/train/credit.py": [
         "tests/test_wiring_config.py", "tests/test_train_config.py",
         "tests/test_mutation_kills.py", "-k",
@@ -49,7 +48,7 @@ MODULES = {
 
 
 def _scratch_copy(dest: Path) -> None:
-    for name in ("src", "tests"):
+    for name in ("src", "tests", "docs"):  # some tests read docs/ (the plugin example)
         shutil.copytree(ROOT / name, dest / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
@@ -65,6 +64,7 @@ def run_module(module: str, tests: list[str], out: Path, children: int) -> list[
             "[mutmut]\n"
             "source_paths = src\n"
             f"only_mutate = {module}\n"
+            "also_copy = docs\n"
             f"pytest_add_cli_args_test_selection =\n    {selection}\n"
             "pytest_add_cli_args = -p no:cacheprovider -q\n")
         env = {**os.environ, "PYTHONPATH": str(work / "src")}

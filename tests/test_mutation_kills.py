@@ -149,3 +149,17 @@ def test_credit_method_settings_on_another_estimator_start_from_its_defaults():
     method = credit_method("grpo+taco@alpha=0.9", train_config=_run())
     assert (method.estimator, method.estimator_options) == ("grpo", {})
     assert method.calibration_options == {"alpha": 0.9, "lam": 0.2}
+
+
+@pytest.mark.parametrize("field", ["ktae_h2", "ktae_h3"])
+def test_credit_method_drops_each_ktae_weight_for_another_estimator(field):
+    run = _run(ktae_h1=None, **{field: 0.7})
+    assert credit_method("ktae", train_config=run).estimator_options[field[-2:]] == 0.7
+    assert credit_method("grpo", train_config=run).estimator_options == {}
+
+
+def test_credit_method_settings_without_estimator_use_the_runs_base():
+    run = _run(credit="taco", algo="drgrpo", ktae_h1=None, ktae_mode="exact")
+    method = credit_method("taco@alpha=0.9", train_config=run)
+    assert (method.estimator, method.calibration) == ("drgrpo", "taco")
+    assert method.calibration_options == {"alpha": 0.9, "lam": 0.2}
