@@ -34,7 +34,7 @@ MODULES = {
     "src/ktae/train/cli_compare.py": ["tests/test_wiring_compare.py"],
     # not the layer test: a fresh interpreter per import, slow and blind to mutants
     "src/ktae/core/methods.py": ["tests/test_methods.py", "tests/test_train_credit.py",
-                                 "tests/test_plugins.py", "-k",
+                                 "tests/test_plugins.py", "tests/test_mutation_kills.py", "-k",
                                  "not sits_below"],
     "src/ktae/train/credit.py": [
         "tests/test_wiring_config.py", "tests/test_train_config.py",

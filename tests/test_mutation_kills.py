@@ -163,3 +163,34 @@ def test_credit_method_settings_without_estimator_use_the_runs_base():
     method = credit_method("taco@alpha=0.9", train_config=run)
     assert (method.estimator, method.calibration) == ("drgrpo", "taco")
     assert method.calibration_options == {"alpha": 0.9, "lam": 0.2}
+
+
+# ---- core/methods.py: Method's names in tables and page headers -----------------------------
+
+def test_method_describe_and_name_spell_every_part():
+    from ktae.core.methods import Method, parse_method
+
+    m = Method("ktae", {"base": "drgrpo", "ngram": 2}, "taco", {"alpha": 0.1})
+    assert m.describe() == "ktae (base=drgrpo, ngram=2) + taco (alpha=0.1)"
+    assert m.describe(kinds=True) == "ktae (base=drgrpo, ngram=2) + calibration taco (alpha=0.1)"
+    assert m.name == "ktae@base=drgrpo@ngram=2+taco@alpha=0.1"
+    assert parse_method(m.name) == m
+    assert Method("grpo").describe() == Method("grpo").describe(kinds=True) == "grpo"
+    assert Method("grpo", calibration="stapo").describe() == "grpo + stapo"
+    assert Method("grpo", calibration="stapo").describe(kinds=True) == "grpo + calibration stapo"
+
+
+@pytest.mark.parametrize("method, labels", [
+    (("ktae", {"base": "drgrpo"}, "taco"), ("Dr.GRPO", "KTAE", "KTAE+TACO",
+                                            "KTAE+TACO \u2212 Dr.GRPO")),
+    (("rloo", {}, None), ("RLOO", "RLOO", "RLOO", "RLOO \u2212 RLOO")),
+    (("gtpo", {}, None), ("GRPO", "GTPO", "GTPO", "GTPO \u2212 GRPO")),
+    (("grpo", {}, "stapo"), ("GRPO", "GRPO", "GRPO+STAPO", "GRPO+STAPO \u2212 GRPO")),
+    (("ktae", {"base": "my-base"}, None), ("MY-BASE", "KTAE", "KTAE", "KTAE \u2212 MY-BASE")),
+])
+def test_method_label_of_each_view(method, labels):
+    from ktae.core.methods import Method
+
+    estimator, options, calibration = method
+    m = Method(estimator, options, calibration)
+    assert tuple(m.label(p) for p in ("seq", "token", "final", "diff")) == labels
