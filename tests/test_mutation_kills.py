@@ -194,3 +194,39 @@ def test_method_label_of_each_view(method, labels):
     estimator, options, calibration = method
     m = Method(estimator, options, calibration)
     assert tuple(m.label(p) for p in ("seq", "token", "final", "diff")) == labels
+
+
+# ---- core/methods.py: which part a method string's setting belongs to ----------------------
+
+def test_method_option_without_estimator_goes_to_the_calibration():
+    from ktae.core.methods import resolve_option
+
+    # ktae compare resolves the settings of a credit naming only a calibration ("taco@...")
+    assert resolve_option(None, "taco", "alpha", where="taco@alpha=1") == ("calibration",
+                                                                          "alpha")
+    assert resolve_option(None, "taco", "taco_lambda", where="w") == ("calibration", "lam")
+    with pytest.raises(ValueError, match=r"^credit: 'x' in 'w' is not an option of a credit "
+                                         r"method$"):
+        resolve_option(None, None, "x", where="w")
+
+
+def test_method_option_of_an_estimator_taking_any_keyword():
+    import ktae
+    from ktae.core.methods import resolve_option
+
+    saved = dict(ktae.ADVANTAGE_ESTIMATORS._items)
+    try:
+        ktae.register_estimator("any-kw")(lambda batch, **options: batch.rewards)
+        assert resolve_option("any-kw", None, "anything", where="w") == ("estimator",
+                                                                         "anything")
+    finally:
+        ktae.ADVANTAGE_ESTIMATORS._items.clear()
+        ktae.ADVANTAGE_ESTIMATORS._items.update(saved)
+
+
+def test_method_option_set_twice_names_the_text():
+    from ktae.core.methods import parse_method
+
+    with pytest.raises(ValueError, match=re.escape(
+            "credit: lambda set twice in 'ktae@ngram=2+taco@lam=0.1@lambda=0.2'") + "$"):
+        parse_method(" ktae@ngram=2+taco@lam=0.1@lambda=0.2 ")
