@@ -230,3 +230,105 @@ def test_method_option_set_twice_names_the_text():
     with pytest.raises(ValueError, match=re.escape(
             "credit: lambda set twice in 'ktae@ngram=2+taco@lam=0.1@lambda=0.2'") + "$"):
         parse_method(" ktae@ngram=2+taco@lam=0.1@lambda=0.2 ")
+
+
+@pytest.fixture
+def restore_rules():
+    import ktae
+
+    saved = dict(ktae.ADVANTAGE_ESTIMATORS._items), dict(ktae.CALIBRATIONS._items)
+    yield ktae
+    for target, items in zip((ktae.ADVANTAGE_ESTIMATORS._items, ktae.CALIBRATIONS._items),
+                             saved, strict=True):
+        target.clear()
+        target.update(items)
+
+
+def test_method_option_error_lists_none_for_a_part_without_options(restore_rules):
+    from ktae.core.methods import resolve_option
+
+    restore_rules.register_calibration("no-options")(lambda batch: batch.advantages * 0 + 1)
+    with pytest.raises(ValueError, match=re.escape(
+            "credit: 'x' in 'w' is not an option of estimator 'grpo' (none) or an option of "
+            "calibration 'no-options' (none)") + "$"):
+        resolve_option("grpo", "no-options", "x", where="w")
+
+
+# ---- core/methods.py: method_credit, what explain, audit and the simulator show ------------
+
+def _batch():
+    import torch
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]],
+                        dtype=torch.bool)
+    return dict(rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), group=torch.tensor([0, 0, 0, 0]),
+                token_ids=torch.tensor([[5, 6, 7, 0], [5, 8, 0, 0], [6, 7, 8, 9], [9, 0, 0, 0]]),
+                mask=mask, correct=torch.tensor([True, False, True, False]))
+
+
+def test_method_credit_of_a_sequence_estimator_is_its_advantage_on_real_tokens():
+    import torch
+
+    from ktae.core.methods import Method, method_credit
+
+    b = _batch()
+    out = method_credit(Method("grpo"), **b)
+    assert out.token is None and out.calibration is None
+    expected = torch.where(b["mask"], out.seq[:, None], 0.0)
+    assert torch.equal(out.final, expected)
+    assert torch.equal(out.in_loss, b["mask"])
+    assert (out.final[~b["mask"]] == 0).all() and out.seq.abs().sum() > 0
+
+
+def test_method_credit_spreads_a_token_level_rule_returning_one_value_per_response(
+        restore_rules):
+    import torch
+
+    from ktae.core.methods import Method, method_credit
+
+    restore_rules.register_estimator("per-response")(lambda batch: batch.rewards - 0.25)
+    b = _batch()
+    out = method_credit(Method("per-response"), **b)
+    expected = torch.where(b["mask"], (b["rewards"] - 0.25)[:, None], 0.0)
+    assert torch.equal(out.token, expected) and torch.equal(out.final, expected)
+
+
+def test_method_credit_passes_the_verifiers_correct_not_the_reward(restore_rules):
+    import torch
+
+    from ktae.core.methods import Method, method_credit
+
+    seen = {}
+
+    def rule(batch):
+        seen["correct"] = batch.correct
+        return batch.rewards
+
+    restore_rules.register_estimator("reads-correct")(rule)
+    b = _batch()
+    b["correct"] = torch.tensor([False, True, True, False])
+    method_credit(Method("reads-correct"), **b)
+    assert torch.equal(seen["correct"], b["correct"])
+
+
+def test_method_credit_passes_logprobs_and_the_rollout_entropies(restore_rules):
+    import torch
+
+    from ktae.core.methods import Method, method_credit
+
+    seen = {}
+
+    def rule(batch):
+        seen["logprobs"], seen["entropies"] = batch.logprobs, batch.entropies
+        return batch.rewards
+
+    restore_rules.register_estimator("reads-scores", needs=("logprobs", "entropies"))(rule)
+    b = _batch()
+    logp = torch.full(b["mask"].shape, -0.5)
+    ent, old_ent = torch.full(b["mask"].shape, 0.3), torch.full(b["mask"].shape, 0.7)
+    method_credit(Method("reads-scores"), **b, logprobs=logp, entropies=ent,
+                  old_entropies=old_ent)
+    m = b["mask"]  # the rule sees its inputs on real tokens (padding zeroed)
+    assert (seen["logprobs"][m] == -0.5).all() and (seen["entropies"][m] == 0.7).all()
+    method_credit(Method("reads-scores"), **b, logprobs=logp, entropies=ent)
+    assert (seen["entropies"][m] == 0.3).all()
