@@ -332,3 +332,61 @@ def test_method_credit_passes_logprobs_and_the_rollout_entropies(restore_rules):
     assert (seen["logprobs"][m] == -0.5).all() and (seen["entropies"][m] == 0.7).all()
     method_credit(Method("reads-scores"), **b, logprobs=logp, entropies=ent)
     assert (seen["entropies"][m] == 0.3).all()
+
+
+def _scores(mask):
+    import torch
+
+    logp = torch.full(mask.shape, -0.1)
+    logp[0, 1] = -5.0
+    return logp, torch.rand(mask.shape, generator=torch.Generator().manual_seed(0))
+
+
+def test_method_credit_calibrated_final_and_loss_mask():
+    import torch
+
+    from ktae.core.methods import Method, calibrate, estimator_credit, method_credit
+
+    b = _batch()
+    logp, ent = _scores(b["mask"])
+    method = Method("ktae", calibration="forking-tokens")
+    out = method_credit(method, **b, logprobs=logp, entropies=ent)
+    token = estimator_credit(method, **b, logprobs=logp, entropies=ent)
+    expected = calibrate(method, token.double(), logprobs=logp, entropies=ent, mask=b["mask"])
+    assert torch.equal(out.token, token) and out.token.abs().sum() > 0
+    assert out.seq.shape == (4,) and out.seq.abs().sum() > 0
+    assert torch.equal(out.final, expected.advantages.double())
+    assert not torch.equal(out.final, out.token.double())
+    assert torch.equal(out.in_loss, expected.loss_mask.bool() & b["mask"])
+    assert not torch.equal(out.in_loss, b["mask"])  # forking-tokens removes tokens
+    assert torch.equal(out.calibration.flagged, expected.flagged)
+
+
+def test_method_credit_calibration_without_scores_is_an_error():
+    from ktae.core.methods import Method, method_credit
+
+    b = _batch()
+    logp, ent = _scores(b["mask"])
+    message = (r"^credit: calibration 'taco' needs per-token log-probs and entropies, which "
+               r"this caller does not have$")
+    for scores in (dict(logprobs=logp), dict(entropies=ent), {}):
+        with pytest.raises(ValueError, match=message):
+            method_credit(Method("ktae", calibration="taco"), **b, **scores)
+
+
+# ---- core/methods.py: split_method's KEY=VALUE settings -------------------------------------
+
+@pytest.mark.parametrize("text", ["ktae@ngram", "ktae@=3", "ktae@ngram=", "ktae@="])
+def test_method_setting_needs_key_and_value(text):
+    from ktae.core.methods import split_method
+
+    with pytest.raises(ValueError, match=re.escape(
+            f"credit: expected KEY=VALUE after '@' in {text!r}, got {text.split('@')[1]!r}")):
+        split_method(text)
+
+
+def test_method_setting_value_may_hold_an_equals_sign():
+    from ktae.core.methods import split_method
+
+    assert split_method("ktae@tag=a=b+taco@alpha=1") == ("ktae+taco", [("tag", "a=b"),
+                                                                      ("alpha", "1")])
