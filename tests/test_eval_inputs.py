@@ -136,6 +136,27 @@ def test_model_argument_that_is_not_a_model(tmp_path):
     assert resolve_model_path(str(adapters)) == str(adapters)
 
 
+def test_default_names_the_shipped_model_unless_a_directory_has_that_name(tmp_path,
+                                                                          monkeypatch):
+    from ktae.models.warmstart import default_model_path
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_path("default") == str(default_model_path())
+    (tmp_path / "default").mkdir()
+    (tmp_path / "default" / "config.json").write_text("{}")
+    assert resolve_model_path("default") == "default"
+
+
+@pytest.mark.slow
+def test_eval_prints_no_weight_loading_bar(tmp_path, capfd):
+    from ktae.cli import main
+
+    assert main(["eval", "default", "--benchmarks", "embedded", "--limit", "2",
+                 "-o", str(tmp_path / "out")]) == 0
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in out + err
+
+
 def _fake_hub_cache(root, repo_id: str, model_dir) -> str:
     """The hub cache layout for ``repo_id`` holding the files of ``model_dir``."""
     repo = root / f"models--{repo_id.replace('/', '--')}"

@@ -492,7 +492,9 @@ def _key_json(key: dict) -> str:
 def _load(model_path: str, name: str, backend: str, dtype: str):
     """Tokenizer and (hf backend) model; a load failure is one error line naming MODEL."""
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar before our own lines
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         if backend != "hf":

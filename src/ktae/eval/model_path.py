@@ -6,6 +6,8 @@ hub cache (loaded from the cached snapshot, no network); with ``HF_HUB_OFFLINE``
 ``TRANSFORMERS_OFFLINE``) set, nothing else; otherwise the hub, after one quick request
 that shows it is reachable, so that a machine without network gets a one-line error in
 seconds instead of a traceback after minutes of retries.
+``default`` (when no such directory exists) names the shipped tiny model, as
+``--model default`` does in ``ktae explain`` and ``ktae audit``.
 Every failure is a ``ValueError`` naming MODEL.
 """
 
@@ -19,6 +21,8 @@ HUB_PROBE_TIMEOUT = 10.0
 
 MODEL_FILES = ("config.json", "adapter_config.json")
 """A model directory holds one of these (a full model, or LoRA adapters)."""
+DEFAULT_MODEL = "default"
+"""The name of the shipped tiny model."""
 _TRUE = {"1", "on", "yes", "true"}
 
 
@@ -101,6 +105,10 @@ def resolve_model_path(name: str) -> str:
     path = Path(name).expanduser()
     if path.exists():
         return _local_model_dir(name, path)
+    if name == DEFAULT_MODEL:
+        from ktae.models.warmstart import default_model_path
+
+        return str(default_model_path())
     if not _is_hub_id(name):
         raise ValueError(f"MODEL: no such directory: {name}")
     cached = _cached_snapshot(name)
