@@ -390,3 +390,48 @@ def test_method_setting_value_may_hold_an_equals_sign():
 
     assert split_method("ktae@tag=a=b+taco@alpha=1") == ("ktae+taco", [("tag", "a=b"),
                                                                       ("alpha", "1")])
+
+
+# ---- core/methods.py: calibrate, the seed and the old policy -------------------------------
+
+def _calibration_inputs():
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    adv = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    logp = -torch.rand(4, 6, generator=g)
+    return adv, dict(logprobs=logp, entropies=torch.rand(4, 6, generator=g), mask=mask)
+
+
+def test_method_calibrate_random_rule_is_seeded_by_seed_default_zero():
+    import torch
+
+    import ktae
+    from ktae.core.methods import Method, calibrate
+
+    adv, scores = _calibration_inputs()
+    method = Method("grpo", calibration="taco-random", calibration_options={"alpha": 0.5})
+
+    def expected(seed):
+        return ktae.calibrate_advantages(
+            "taco-random", adv, old_logprobs=scores["logprobs"],
+            generator=torch.Generator().manual_seed(seed), alpha=0.5, **scores).advantages
+
+    assert torch.equal(calibrate(method, adv, **scores).advantages, expected(0))
+    assert torch.equal(calibrate(method, adv, **scores, seed=3).advantages, expected(3))
+    assert not torch.equal(expected(0), expected(3))
+
+
+def test_method_calibrate_reads_the_old_policy_when_given():
+    import torch
+
+    from ktae.core.methods import Method, calibrate
+
+    adv, scores = _calibration_inputs()
+    method = Method("grpo", calibration="adv-reweight")
+    on_policy = calibrate(method, adv, **scores).advantages
+    assert torch.equal(calibrate(method, adv, **scores, old_logprobs=scores["logprobs"])
+                       .advantages, on_policy)
+    off = calibrate(method, adv, **scores, old_logprobs=scores["logprobs"] - 1.0).advantages
+    assert not torch.equal(off, on_policy)
