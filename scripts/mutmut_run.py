@@ -31,7 +31,8 @@ MAX_DIFFS = 80
 #: Module -> pytest arguments selecting the fast tests that guard it.
 MODULES = {
     "src/ktae/eval/choice.py": ["tests/test_eval_choice.py"],
-    "src/ktae/train/cli_compare.py": ["tests/test_wiring_compare.py"],
+    "src/ktae/train/cli_compare.py": ["tests/test_wiring_compare.py", "tests/test_mutation_kills.py",
+                                      "-k", "not test_credit_ and not test_method_"],
     # not the layer test: a fresh interpreter per import, slow and blind to mutants
     "src/ktae/core/methods.py": ["tests/test_methods.py", "tests/test_train_credit.py",
                                  "tests/test_plugins.py", "tests/test_mutation_kills.py", "-k",

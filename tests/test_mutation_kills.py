@@ -435,3 +435,49 @@ def test_method_calibrate_reads_the_old_policy_when_given():
                        .advantages, on_policy)
     off = calibrate(method, adv, **scores, old_logprobs=scores["logprobs"] - 1.0).advantages
     assert not torch.equal(off, on_policy)
+
+
+# ---- train/cli_compare.py: what `ktae compare --help` says, and --credit's list errors ------
+
+def _compare_parser():
+    import argparse
+
+    from ktae.train import cli_compare
+
+    parser = argparse.ArgumentParser()
+    cli_compare.add_arguments(parser)
+    return parser, {a.dest: a for a in parser._actions}
+
+
+def test_compare_help_of_its_own_flags():
+    import argparse
+
+    parser, actions = _compare_parser()
+    assert actions["credit"].help == (
+        "comma list of credits, each optionally with its own settings: CREDIT@KEY=VALUE[@...], "
+        "e.g. none,ktae,ktae@ngram=3 (KEY: a ktae train setting, its name without the "
+        "credit's prefix, or an option of the credit's estimator, e.g. "
+        "prefix-value@weight=0.5) (default none,ktae,taco)")
+    assert actions["output_dir"].help == (
+        "folder of the runs ({credit}-seed{s}/), comparison.md and curves.png (default "
+        "runs/compare)")
+    assert actions["seeds"].help == ("seeds 0..N-1 per credit (default 3); finished runs are "
+                                     "reused and interrupted ones resumed")
+    assert actions["seed"].help == actions["resume"].help == argparse.SUPPRESS
+    assert actions["learning_rate"].help not in (None, argparse.SUPPRESS)
+    args = parser.parse_args([])
+    assert (args.credit, args.output_dir, args.seeds) == ("none,ktae,taco", "runs/compare", 3)
+    assert parser.parse_args(["--seeds", "5"]).seeds == 5
+    text = parser.format_help()
+    assert "--seeds SEEDS" in text and "--seed SEED" not in text and "--resume" not in text
+
+
+def test_compare_credit_list_errors():
+    from ktae.train.cli_compare import parse_arms
+
+    with pytest.raises(ValueError, match=r"^credit: expected a comma-separated list of names$"):
+        parse_arms(" , ,")
+    with pytest.raises(ValueError, match=re.escape(
+            "credit: 'ktae@ngram=2' and 'ktae@ngram=2' would share the run directory "
+            "ktae-ngram=2-seed*") + "$"):
+        parse_arms("none,ktae@ngram=2, ktae@ngram=2 ")
