@@ -3,9 +3,11 @@
 #
 #   scripts/mutation.sh hand     the seven recorded one-line mutations (scripts/hand_mutations.py);
 #                                each must fail at least one test (about 4 minutes on 2 cores)
-#   scripts/mutation.sh mutmut   mutmut over the modules the wiring tests guard, restricted to
-#                                their fast tests; prints the survivors per module (long: run it
-#                                on a quiet machine; needs `pip install mutmut`)
+#   scripts/mutation.sh mutmut [MODULE...]
+#                                mutmut over the modules the wiring tests guard (or only the
+#                                given ones, e.g. src/ktae/core/methods.py), restricted to their
+#                                fast tests; prints the survivors per module (long: run it on a
+#                                quiet machine; needs `pip install mutmut`; docs/mutation.md)
 #
 # Run from the repository root with the project's environment active.
 set -euo pipefail
@@ -17,10 +19,11 @@ hand)
     exec python scripts/hand_mutations.py "$@"
     ;;
 mutmut)
-    exec python scripts/mutmut_run.py
+    shift
+    exec python scripts/mutmut_run.py "$@"
     ;;
 *)
-    echo "usage: scripts/mutation.sh [hand [N...] | mutmut]" >&2
+    echo "usage: scripts/mutation.sh [hand [N...] | mutmut [MODULE...]]" >&2
     exit 2
     ;;
 esac

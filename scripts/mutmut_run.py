@@ -9,6 +9,12 @@ listed per module with their diffs under ``OUT/survivors-<module>.txt`` (``OUT``
     python scripts/mutmut_run.py                      # every module below
     python scripts/mutmut_run.py src/ktae/eval/choice.py
     KTAE_MUTMUT_OUT=DIR KTAE_MUTMUT_CHILDREN=2 python scripts/mutmut_run.py
+    KTAE_MUTMUT_ONLY='ktae.train.session.x_grpo_config__mutmut_*' \
+        python scripts/mutmut_run.py src/ktae/train/session.py
+
+``KTAE_MUTMUT_ONLY`` (space-separated mutant names or globs, as ``mutmut results`` prints
+them) runs only those mutants: one function of a slow module, or the survivors of a
+previous run; the others are reported "not checked".
 
 Needs ``pip install mutmut`` (3.x). Slow: every mutant reruns the module's tests (the
 choice module takes minutes, the trainer session much longer on a 2-core machine).
@@ -69,8 +75,9 @@ def run_module(module: str, tests: list[str], out: Path, children: int) -> list[
             f"pytest_add_cli_args_test_selection =\n    {selection}\n"
             "pytest_add_cli_args = -p no:cacheprovider -q\n")
         env = {**os.environ, "PYTHONPATH": str(work / "src")}
-        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(children)],
-                       cwd=work, env=env, check=False)
+        only = os.environ.get("KTAE_MUTMUT_ONLY", "").split()
+        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(children),
+                        *only], cwd=work, env=env, check=False)
         results = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work,
                                  env=env, capture_output=True, text=True, check=False).stdout
         survivors = [m for m, status in re.findall(r"^\s*(\S+): (\w[\w ]*)$", results, re.M)
