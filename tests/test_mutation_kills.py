@@ -481,3 +481,61 @@ def test_compare_credit_list_errors():
             "credit: 'ktae@ngram=2' and 'ktae@ngram=2' would share the run directory "
             "ktae-ngram=2-seed*") + "$"):
         parse_arms("none,ktae@ngram=2, ktae@ngram=2 ")
+
+
+def _plotted(monkeypatch, tmp_path, table, **kw):
+    """The figure ``plot_curves`` saves: per axis, its labels and (label, x, y) per line."""
+    import matplotlib.figure
+
+    from ktae.train.cli_compare import plot_curves
+
+    saved = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def capture(fig, path, **options):
+        saved["fig"] = fig
+        return real(fig, path, **options)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", capture)
+    plot_curves(table, tmp_path / "curves.png", **kw)
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    return [dict(xlabel=ax.get_xlabel(), ylabel=ax.get_ylabel(),
+                 legend=[t.get_text() for t in ax.get_legend().get_texts()],
+                 lines=[(ln.get_label(), list(ln.get_xdata()), [float(y) for y in ln.get_ydata()],
+                         ln.get_marker(), ln.get_color()) for ln in ax.get_lines()])
+            for ax in saved["fig"].axes]
+
+
+def _row(evals, metrics):
+    return {"evals": [{"step": s, "accuracy": a} for s, a in evals], "metrics": metrics}
+
+
+def test_compare_curves_plot_the_seed_means(monkeypatch, tmp_path):
+    table = {
+        "none": [_row([(0, 0.2), (4, 0.4)], [{"round1_accuracy": 0.0}, {"round1_accuracy": 1.0},
+                                             {"round1_accuracy": 1.0}]),
+                 _row([(4, 0.6), (0, 0.4)], [{"accuracy": 1.0}, {"accuracy": 0.0},
+                                             {"accuracy": 1.0}, {"accuracy": 1.0}])],
+        "ktae": [_row([(0, 0.5)], [{"round1_accuracy": 0.5, "accuracy": 0.0}])],
+    }
+    left, right = _plotted(monkeypatch, tmp_path, table, window=2)
+    assert (left["xlabel"], left["ylabel"]) == ("step", "held-out accuracy (greedy)")
+    assert left["legend"] == ["none", "ktae"]
+    (n1, x1, y1, m1, c1), (n2, x2, y2, m2, c2) = left["lines"]
+    assert (n1, x1, m1) == ("none", [0, 4], "o") and y1 == pytest.approx([0.3, 0.5])
+    assert (n2, x2, y2) == ("ktae", [0], [0.5])
+    # sampled accuracy: the first 3 steps both seeds have, mean over seeds (0.5, 0.5, 1.0),
+    # 2-step moving mean from step 2; the one-step run: a 1-step mean, one point (a marker)
+    assert (right["xlabel"], right["ylabel"]) == ("step", "sampled accuracy (1/2-step mean)")
+    assert right["legend"] == ["none", "ktae"]
+    (r1, rx1, ry1, rm1, rc1), (r2, rx2, ry2, rm2, rc2) = right["lines"]
+    assert (r1, rx1, rm1, rc1) == ("none", [2, 3], "None", c1) and ry1 == pytest.approx(
+        [0.5, 0.75])
+    assert (r2, rx2, ry2, rm2, rc2) == ("ktae", [1], [0.5], "o", c2)
+    assert c1 != c2
+
+
+def test_compare_curves_without_metrics_name_the_window(monkeypatch, tmp_path):
+    left, right = _plotted(monkeypatch, tmp_path, {"none": [_row([(0, 0.1)], [])]}, window=7)
+    assert right["ylabel"] == "sampled accuracy (7-step mean)" and right["lines"] == []
+    assert left["lines"][0][1:3] == ([0], [0.1])
