@@ -539,3 +539,25 @@ def test_compare_curves_without_metrics_name_the_window(monkeypatch, tmp_path):
     left, right = _plotted(monkeypatch, tmp_path, {"none": [_row([(0, 0.1)], [])]}, window=7)
     assert right["ylabel"] == "sampled accuracy (7-step mean)" and right["lines"] == []
     assert left["lines"][0][1:3] == ([0], [0.1])
+
+
+# ---- core/methods.py: check_method's probe ---------------------------------------------------
+
+def test_method_check_names_the_misspelled_estimator_option():
+    from ktae.core.methods import Method, check_method
+
+    with pytest.raises(ValueError, match=r"^estimator_options \(ktae\): scael: unknown option "
+                                         r"for advantage estimator 'ktae'; expected base, "):
+        check_method(Method("ktae", {"scael": 1}))
+
+
+def test_method_check_probe_has_padding(restore_rules):
+    import torch
+
+    from ktae.core.methods import Method, check_method
+
+    restore_rules.register_estimator("pad-ones")(lambda batch: torch.ones(batch.mask.shape))
+    with pytest.raises(ValueError, match=re.escape(
+            "estimator_options (pad-ones): advantage estimator 'pad-ones': returned 1 on "
+            "padding at [1, 2], expected 0 where mask is False")):
+        check_method(Method("pad-ones"))
