@@ -561,3 +561,46 @@ def test_method_check_probe_has_padding(restore_rules):
             "estimator_options (pad-ones): advantage estimator 'pad-ones': returned 1 on "
             "padding at [1, 2], expected 0 where mask is False")):
         check_method(Method("pad-ones"))
+
+
+# ---- core/methods.py: estimator_credit's inputs ------------------------------------------------
+
+def test_method_passes_correct_to_ktae_unless_graded():
+    from ktae.core.methods import passes_correct
+
+    assert passes_correct("ktae", {}) and passes_correct("ktae", {"split": "threshold"})
+    assert not passes_correct("ktae", {"split": "graded"})
+    assert passes_correct("gtpo", {}) and not passes_correct("grpo", {})
+    assert not passes_correct(None, {})
+
+
+def test_method_ktae_ignores_the_methods_and_the_options_token_ids():
+    import torch
+
+    import ktae
+    from ktae.core.methods import Method, estimator_credit
+
+    b = _batch()
+
+    def ktae_with(ids):
+        return ktae.compute_advantages("ktae", rewards=b["rewards"], group=b["group"],
+                                       token_ids=b["token_ids"], mask=b["mask"],
+                                       correct=b["correct"], ignore_token_ids=ids)
+
+    got = estimator_credit(Method("ktae", {"ignore_token_ids": [6]}, ignore_token_ids=(7,)), **b)
+    assert torch.equal(got, ktae_with([6, 7]))
+    assert not torch.equal(got, ktae_with([7])) and not torch.equal(got, ktae_with([6]))
+
+
+def test_method_estimator_without_its_scores_is_an_error(restore_rules):
+    from ktae.core.methods import Method, estimator_credit
+
+    restore_rules.register_estimator("needs-logp", needs=("logprobs",))(lambda b: b.rewards)
+    with pytest.raises(ValueError, match=re.escape(
+            "credit: estimator 'needs-logp' reads the sampling policy's log-probs "
+            "(needs=logprobs), which this caller does not have") + "$"):
+        estimator_credit(Method("needs-logp"), **_batch())
+    with pytest.raises(ValueError, match=re.escape(
+            "credit: estimator 'gtpo' reads the rollout policy's entropies, which this caller "
+            "does not have") + "$"):
+        estimator_credit(Method("gtpo"), **_batch())
