@@ -604,3 +604,27 @@ def test_method_estimator_without_its_scores_is_an_error(restore_rules):
             "credit: estimator 'gtpo' reads the rollout policy's entropies, which this caller "
             "does not have") + "$"):
         estimator_credit(Method("gtpo"), **_batch())
+
+
+# ---- train/cli_compare.py: run()'s refusals before anything trains ------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--credit", " , "], "ktae compare: credit: expected a comma-separated list of names"),
+    (["--seeds", "0"], "ktae compare: seeds: expected >= 1, got 0"),
+    (["--seed", "1"], "ktae compare: --seed: the grid sets it (seeds 0..N-1 with --seeds N; "
+                      "finished runs are reused, interrupted ones resumed)"),
+    (["--resume"], "ktae compare: --resume: the grid sets it (seeds 0..N-1 with --seeds N; "
+                   "finished runs are reused, interrupted ones resumed)"),
+    (["--credit", "ktae@no_such_key=1"], "ktae compare: credit: 'no_such_key' in "
+                                         "'ktae@no_such_key=1' is not an option of estimator"),
+])
+def test_compare_refusals_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, argv, message):
+    from ktae.cli import main
+    from ktae.train import session
+
+    monkeypatch.setattr(session, "train", lambda *a, **k: pytest.fail("trained"))
+    assert main(["compare", "--output-dir", str(tmp_path / "cmp"), *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(message) and captured.err.count("\n") == 1, captured.err
+    assert captured.out == ""
+    assert not (tmp_path / "cmp").exists()
