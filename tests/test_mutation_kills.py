@@ -628,3 +628,51 @@ def test_compare_refusals_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch,
     assert captured.err.startswith(message) and captured.err.count("\n") == 1, captured.err
     assert captured.out == ""
     assert not (tmp_path / "cmp").exists()
+
+
+# ---- train/cli_compare.py: parse_arm, an entry of --credit --------------------------------------
+
+@pytest.mark.parametrize("text, credit, overrides", [
+    ("ktae@ngram=3", "ktae", {"ktae_ngram": 3}),
+    (" ktae+taco@lambda=0.5@learning_rate=1e-5 ", "ktae+taco",
+     {"taco_lambda": 0.5, "learning_rate": 1e-5}),
+    ("prefix-value@weight=0.5", "prefix-value", {"estimator_options": {"weight": 0.5}}),
+    ("ktae+stapo@prob_threshold=0.1@top=3", "ktae+stapo",
+     {"calibration_options": {"prob_threshold": 0.1}, "estimator_options": {"top": 3}}),
+    ("none", "none", {}),
+])
+def test_compare_arm_settings(text, credit, overrides):
+    from ktae.train.cli_compare import Arm, parse_arm
+
+    assert parse_arm(text) == Arm(label=text.strip(), credit=credit, overrides=overrides)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("ktae@ngram=2@ktae_ngram=3", "credit: ktae_ngram set twice in 'ktae@ngram=2@ktae_ngram=3'"),
+    ("prefix-value@weight=0.5@weight=0.6",
+     "credit: weight set twice in 'prefix-value@weight=0.5@weight=0.6'"),
+    ("ktae@ngram=x", "credit: ngram='x' in 'ktae@ngram=x': expected int"),
+    ("ktae+stapo@nope=1", "credit: 'nope' in 'ktae+stapo@nope=1' is not an option of estimator "
+                          "'ktae' (base, "),
+])
+def test_compare_arm_errors(text, message):
+    from ktae.train.cli_compare import parse_arm
+
+    with pytest.raises(ValueError) as err:
+        parse_arm(text)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_compare_arm_may_not_change_the_grid():
+    from ktae.train.cli_compare import parse_arm
+
+    with pytest.raises(ValueError) as err:
+        parse_arm("ktae@seed=1")
+    text = str(err.value)
+    assert text.startswith("credit: 'seed' in 'ktae@seed=1' is not an option of estimator "
+                           "'ktae' (base, ")
+    assert ") or a setting an entry can change; expected one of ['advantage_base', " in text
+    assert "'seed'" not in text.split("expected one of")[1] and "'learning_rate'" in text
+    assert text.endswith("] (or without the credit's prefix)")
+    assert "or an option of calibration 'stapo' (prob_threshold, entropy_quantile)" in str(
+        pytest.raises(ValueError, parse_arm, "ktae+stapo@nope=1").value)
