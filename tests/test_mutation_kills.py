@@ -8,6 +8,7 @@ selection for ``train/credit.py`` (``-k credit or ...``) picks them up.
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -676,3 +677,16 @@ def test_compare_arm_may_not_change_the_grid():
     assert text.endswith("] (or without the credit's prefix)")
     assert "or an option of calibration 'stapo' (prob_threshold, entropy_quantile)" in str(
         pytest.raises(ValueError, parse_arm, "ktae+stapo@nope=1").value)
+
+
+def test_compare_curves_keep_each_arms_colour_and_skip_unknown_accuracy(monkeypatch, tmp_path):
+    table = {
+        "none": [_row([(0, 0.2)], [])],  # no training metrics: only on the left panel
+        "ktae": [_row([(0, 0.5)], [{"accuracy": 1.0}, {"loss": 0.3}, {"accuracy": 0.0}])],
+    }
+    left, right = _plotted(monkeypatch, tmp_path, table, window=1)
+    assert [ln[0] for ln in right["lines"]] == ["ktae"]
+    assert right["lines"][0][4] == left["lines"][1][4] != left["lines"][0][4]
+    assert right["lines"][0][1] == [1, 2, 3]
+    assert right["lines"][0][2][0] == 1.0 and right["lines"][0][2][2] == 0.0
+    assert math.isnan(right["lines"][0][2][1])  # a step without accuracy: a gap
