@@ -690,3 +690,9 @@ def test_compare_curves_keep_each_arms_colour_and_skip_unknown_accuracy(monkeypa
     assert right["lines"][0][1] == [1, 2, 3]
     assert right["lines"][0][2][0] == 1.0 and right["lines"][0][2][2] == 0.0
     assert math.isnan(right["lines"][0][2][1])  # a step without accuracy: a gap
+
+
+def test_method_label_of_a_sequence_estimator_uses_its_display_name():
+    from ktae.core.methods import Method
+
+    assert [Method("drgrpo").label(p) for p in ("seq", "token", "final")] == ["Dr.GRPO"] * 3
