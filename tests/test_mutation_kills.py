@@ -696,3 +696,12 @@ def test_method_label_of_a_sequence_estimator_uses_its_display_name():
     from ktae.core.methods import Method
 
     assert [Method("drgrpo").label(p) for p in ("seq", "token", "final")] == ["Dr.GRPO"] * 3
+
+
+def test_method_parse_credit_skips_none_and_needs_a_name():
+    from ktae.core.methods import parse_credit
+
+    assert parse_credit("none+ktae+taco") == ("ktae", "taco")
+    assert parse_credit("none") == (None, None)
+    with pytest.raises(ValueError, match=r"^credit: expected a name, got ' \+ '$"):
+        parse_credit(" + ")
