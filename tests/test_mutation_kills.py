@@ -705,3 +705,11 @@ def test_method_parse_credit_skips_none_and_needs_a_name():
     assert parse_credit("none") == (None, None)
     with pytest.raises(ValueError, match=r"^credit: expected a name, got ' \+ '$"):
         parse_credit(" + ")
+
+
+def test_compare_table_caption_is_its_own_paragraph():
+    from ktae.train.cli_compare import markdown_table
+
+    lines = markdown_table({}, algo="grpo", steps=3).splitlines()
+    assert lines[0].startswith("Held-out greedy accuracy on the embedded test split after 3")
+    assert lines[1] == "" and lines[2].startswith("| credit | seeds |")
