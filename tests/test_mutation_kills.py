@@ -713,3 +713,12 @@ def test_compare_table_caption_is_its_own_paragraph():
     lines = markdown_table({}, algo="grpo", steps=3).splitlines()
     assert lines[0].startswith("Held-out greedy accuracy on the embedded test split after 3")
     assert lines[1] == "" and lines[2].startswith("| credit | seeds |")
+
+
+def test_method_check_names_the_misspelled_calibration_option():
+    from ktae.core.methods import Method, check_method
+
+    with pytest.raises(ValueError, match=re.escape(
+            "calibration_options (taco): alhpa: unknown option for calibration 'taco'; "
+            "expected alpha, lam") + "$"):
+        check_method(Method("grpo", calibration="taco", calibration_options={"alhpa": 1}))
