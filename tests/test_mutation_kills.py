@@ -722,3 +722,10 @@ def test_method_check_names_the_misspelled_calibration_option():
             "calibration_options (taco): alhpa: unknown option for calibration 'taco'; "
             "expected alpha, lam") + "$"):
         check_method(Method("grpo", calibration="taco", calibration_options={"alhpa": 1}))
+
+
+def test_compare_curves_default_to_a_20_step_mean(monkeypatch, tmp_path):
+    metrics = [{"accuracy": float(i % 2)} for i in range(25)]
+    _, right = _plotted(monkeypatch, tmp_path, {"none": [_row([(0, 0.1)], metrics)]})
+    assert right["ylabel"] == "sampled accuracy (20-step mean)"
+    assert right["lines"][0][1] == list(range(20, 26))
