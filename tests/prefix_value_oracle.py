@@ -59,7 +59,8 @@ def slow_grpo(rewards, group) -> list[float]:
 
 def slow_prefix_value_advantages(rewards, group, token_ids, mask, correct, *,
                                  apply: str = "wrong", weight: float = 1.0,
-                                 unit: str = "token", word_starts=None) -> np.ndarray:
+                                 unit: str = "token", word_starts=None,
+                                 total: str = "keep") -> np.ndarray:
     """``[B, T]`` advantages: GRPO, with the prefix credit moved in for chosen responses."""
     ids, m = np.asarray(token_ids), np.asarray(mask).astype(bool)
     seqs = _real_tokens(ids, m)
@@ -99,5 +100,8 @@ def slow_prefix_value_advantages(rewards, group, token_ids, mask, correct, *,
                 for t in span:
                     d[t] = mean
         for t, c in enumerate(cols):
-            out[i, c] = (1 - weight) * a + weight * a * L * d[t] / D
+            if total == "keep":
+                out[i, c] = (1 - weight) * a + weight * a * L * d[t] / D
+            else:
+                out[i, c] = a + weight * a * d[t] / D
     return out

@@ -66,7 +66,7 @@ CASES = [
     # bad options of every subcommand: refused before trl, transformers, ...
     (["train", "--algo", "grpoo"], "ktae train: algo: expected one of"),
     (["compare", "--algo", "grpoo"], "ktae compare: algo: expected one of"),
-    (["compare", "--seed", "2"], "ktae compare: --seed: the grid sets it (seeds 0..N-1 with"),
+    (["compare", "--seed", "2"], "ktae compare: --seed: the grid sets it (seeds K..K+N-1 with"),
     (["compare", "--resume"], "ktae compare: --resume: the grid sets it"),
     (["eval", str(SHIPPED), "--batch-size", "0"], "ktae eval: --batch-size: expected a positive"),
     (["explain", "--groups", "0"], "ktae explain: groups: expected a positive integer"),

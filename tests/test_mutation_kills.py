@@ -612,9 +612,12 @@ def test_method_estimator_without_its_scores_is_an_error(restore_rules):
 @pytest.mark.parametrize("argv, message", [
     (["--credit", " , "], "ktae compare: credit: expected a comma-separated list of names"),
     (["--seeds", "0"], "ktae compare: seeds: expected >= 1, got 0"),
-    (["--seed", "1"], "ktae compare: --seed: the grid sets it (seeds 0..N-1 with --seeds N; "
+    (["--first-seed", "-1"], "ktae compare: first-seed: expected >= 0, got -1"),
+    (["--seed", "1"], "ktae compare: --seed: the grid sets it (seeds K..K+N-1 with --first-seed K "
+                      "--seeds N; "
                       "finished runs are reused, interrupted ones resumed)"),
-    (["--resume"], "ktae compare: --resume: the grid sets it (seeds 0..N-1 with --seeds N; "
+    (["--resume"], "ktae compare: --resume: the grid sets it (seeds K..K+N-1 with --first-seed K "
+                   "--seeds N; "
                    "finished runs are reused, interrupted ones resumed)"),
     (["--credit", "ktae@no_such_key=1"], "ktae compare: credit: 'no_such_key' in "
                                          "'ktae@no_such_key=1' is not an option of estimator"),

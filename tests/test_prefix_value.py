@@ -63,7 +63,8 @@ def test_values_and_credit_match_reference(seed, holes):
 @pytest.mark.parametrize("apply", ["wrong", "all", "right"])
 @pytest.mark.parametrize("weight", [1.0, 0.3, 0.0])
 @pytest.mark.parametrize("unit", ["token", "word", "span"])
-def test_advantages_match_reference(seed, apply, weight, unit):
+@pytest.mark.parametrize("total", ["keep", "add"])
+def test_advantages_match_reference(seed, apply, weight, unit, total):
     rewards, group, ids, mask, correct = random_groups(seed, holes=seed % 2 == 1)
     rng = np.random.default_rng(seed + 1000)
     starts = rng.random(mask.shape) < 0.4 if unit == "word" else None
@@ -71,9 +72,11 @@ def test_advantages_match_reference(seed, apply, weight, unit):
     adv = ktae.compute_advantages("prefix-value", rewards=torch.tensor(rewards),
                                   group=torch.tensor(group), token_ids=torch.tensor(ids),
                                   mask=torch.tensor(mask), correct=torch.tensor(correct),
-                                  apply=apply, weight=weight, unit=unit, **opts)
+                                  apply=apply, weight=weight, unit=unit, total=total,
+                                  **opts)
     ref = slow_prefix_value_advantages(rewards, group, ids, mask, correct, apply=apply,
-                                       weight=weight, unit=unit, word_starts=starts)
+                                       weight=weight, unit=unit, word_starts=starts,
+                                       total=total)
     np.testing.assert_allclose(adv.numpy(), ref, rtol=1e-9, atol=1e-9)
 
 
@@ -88,6 +91,30 @@ def test_keeps_grpo_total_per_response(seed):
         torch.testing.assert_close(adv.sum(dim=1), grpo.sum(dim=1), rtol=1e-9, atol=1e-9)
 
 
+def test_added_credit_moves_each_total_by_weight_times_the_advantage():
+    n_moved = 0
+    for seed in range(10):
+        rewards, group, ids, mask, correct = random_groups(seed)
+        kw = dict(rewards=torch.tensor(rewards), group=torch.tensor(group),
+                  token_ids=torch.tensor(ids), mask=torch.tensor(mask),
+                  correct=torch.tensor(correct))
+        grpo = ktae.compute_advantages("grpo", **{k: v for k, v in kw.items() if k != "correct"})
+        keep = ktae.compute_advantages("prefix-value", apply="all", **kw)
+        add = ktae.compute_advantages("prefix-value", apply="all", total="add", weight=0.5, **kw)
+        shift = add.sum(dim=1) - grpo.sum(dim=1)
+        moved = shift.abs() > 1e-9  # responses whose credit moved
+        n_moved += int(moved.sum())
+        m = torch.tensor(mask)
+        a_i = grpo.sum(dim=1) / m.sum(dim=1).clamp_min(1)  # A_i, on every real token
+        torch.testing.assert_close(shift[moved], 0.5 * a_i[moved], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(add[~moved], grpo[~moved], rtol=0, atol=1e-12)
+        # the same order of tokens within every response, only a smaller move
+        for i in torch.nonzero(moved).flatten().tolist():
+            a, b = add[i][m[i]], keep[i][m[i]]
+            assert torch.equal(torch.argsort(a, stable=True), torch.argsort(b, stable=True))
+    assert n_moved >= 10
+
+
 def test_wrong_response_credit_lands_where_it_leaves_the_right_ones():
     # one prompt: two right answers "1 2 3", "1 2 4"; a wrong one "1 5 6"
     ids = torch.tensor([[1, 2, 3], [1, 2, 4], [1, 5, 6]])
@@ -98,6 +125,9 @@ def test_wrong_response_credit_lands_where_it_leaves_the_right_ones():
     # the shared first token keeps no blame; the branching token "5" takes all of it
     assert adv[2, 0] == 0 and adv[2, 2] == 0
     torch.testing.assert_close(adv[2, 1], 3 * grpo[2, 0])
+    add = ktae.compute_advantages("prefix-value", rewards=rewards, group=[0, 0, 0],
+                                  token_ids=ids, total="add")
+    torch.testing.assert_close(add[2], grpo[2] * torch.tensor([1.0, 2.0, 1.0], dtype=torch.float64))
     torch.testing.assert_close(adv[:2], grpo[:2])  # right answers keep GRPO (apply="wrong")
 
 
@@ -160,6 +190,7 @@ def test_edge_batches():
     ({"unit": "word"}, "word_starts: required by unit='word'"),
     ({"word_starts": torch.ones(2, 2, dtype=torch.bool)}, "word_starts: only used by"),
     ({"base": "ppo"}, "base: expected one of"),
+    ({"total": "sum"}, "total: expected one of keep, add, got 'sum'"),
     ({"weigth": 0.5}, "weigth: unknown option for advantage estimator 'prefix-value'"),
 ])
 def test_bad_options_are_one_line_errors(opts, message):

@@ -26,7 +26,17 @@ tokens (``"word"``: the tokens from one ``word_starts`` flag to the next; ``"spa
 tokens from one branch point, where the number of responses sharing the prefix drops, to
 the next). Because ``sum_t u_i(t) = D_i``, every response keeps GRPO's total
 ``sum_t A[i,t] = A_i * L_i``: ``weight`` is the share of it that follows the prefix credit
-instead of being spread evenly. Other responses, and responses with ``D_i = 0`` (a group
+instead of being spread evenly (``total="keep"``, the default). That concentrates up to
+``L_i`` tokens' worth of advantage on the tokens where the response branches. With
+``total="add"`` the prefix credit comes on top of the base advantage instead::
+
+    A[i,t] = A_i + weight * A_i * u_i(t) / D_i
+
+so that a response's total grows by ``weight * A_i`` (one token's worth at weight 1):
+where V falls steadily along a wrong response, its branching tokens get at most
+``(1 + weight) * A_i`` and every other token keeps ``A_i``. Both forms have the slope
+``A_i / D_i`` in ``u`` up to a positive factor, so they rank a response's tokens the same
+way and differ only in how much credit moves. Other responses, and responses with ``D_i = 0`` (a group
 of one; duplicates as successful as the group; an all-correct or all-wrong group, where
 ``A_i = 0`` anyway), keep ``A_i`` on every token. ``D_i`` is a difference of fractions
 with denominators at most the group size G, so ``|D_i| >= 1/G^2`` when non-zero and the
@@ -76,6 +86,7 @@ from ktae.core.policy_loss import check_number
 
 APPLY = ("wrong", "all", "right")
 UNITS = ("token", "word", "span")
+TOTALS = ("keep", "add")
 
 #: Two prime moduli ``2**31 - c``, reduced with shifts and small products (no division).
 _MODULI_C = (1, 19)
@@ -220,7 +231,7 @@ def _unit_credit(d: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
 def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
                             reward_threshold: float = 0.0, apply: str = "wrong",
                             weight: float = 1.0, unit: str = "token", word_starts=None,
-                            base: str = "grpo") -> torch.Tensor:
+                            base: str = "grpo", total: str = "keep") -> torch.Tensor:
     """Prefix-value token advantages ``[B, T]`` (module docstring for the equations).
 
     Options:
@@ -228,13 +239,16 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
         reward_threshold: 0.0.
         apply: which responses get the prefix credit: ``"wrong"`` (default), ``"all"`` or
             ``"right"``; the others keep the base advantage on every token.
-        weight: in [0, 1], the share of each response's total advantage that follows the
-            prefix credit (1.0); the rest stays spread evenly.
+        weight: in [0, 1]; with ``total="keep"`` the share of each response's total
+            advantage that follows the prefix credit (1.0), the rest staying spread evenly;
+            with ``total="add"`` the prefix credit added on top, in units of ``|A_i|``.
         unit: ``"token"`` (default), ``"word"`` (needs ``word_starts``) or ``"span"``
             (from one branch point to the next).
         word_starts: ``[B, T]`` bool, True on the tokens that begin a word (``unit="word"``).
         base: the sequence advantage ``A_i``: ``"grpo"`` (default), ``"drgrpo"`` or
             ``"rloo"``.
+        total: ``"keep"`` (default: each response keeps the base total, the credit is
+            redistributed) or ``"add"`` (the credit is added to the base advantage).
     """
     if batch.mask is None:
         raise ValueError("token_ids: required by advantage estimator 'prefix-value' "
@@ -248,6 +262,8 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
         raise ValueError(f"unit: expected one of {', '.join(UNITS)}, got {unit!r}")
     if base not in SEQUENCE_BASELINES:
         raise ValueError(f"base: expected one of {', '.join(SEQUENCE_BASELINES)}, got {base!r}")
+    if total not in TOTALS:
+        raise ValueError(f"total: expected one of {', '.join(TOTALS)}, got {total!r}")
     weight = check_number(weight, "weight", low=0.0, high=1.0)
     mask, ids = batch.mask, batch.token_ids
     if unit == "word":
@@ -289,8 +305,13 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
               "all": torch.ones_like(is_correct)}[apply]
     moved = chosen & (num != 0) & (length > 0)
 
-    scale = torch.where(moved, weight * seq * length / torch.where(moved, D, 1.0), 0.0)
-    keep = torch.where(moved, (1.0 - weight) * seq, seq)
+    D = torch.where(moved, D, 1.0)
+    if total == "keep":
+        scale = torch.where(moved, weight * seq * length / D, 0.0)
+        keep = torch.where(moved, (1.0 - weight) * seq, seq)
+    else:
+        scale = torch.where(moved, weight * seq / D, 0.0)
+        keep = seq
     out.view(-1)[p["flat"]] = keep[rows] + scale[rows] * d
     return out.to(batch.rewards.dtype)
 

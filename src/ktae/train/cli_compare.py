@@ -128,6 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=3,
                         help="seeds 0..N-1 per credit (default 3); finished runs are reused "
                              "and interrupted ones resumed")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the grid's first seed: seeds K..K+N-1 with --seeds N (default "
+                             "0); e.g. seeds kept aside for a final table")
     parser.set_defaults(output_dir="runs/compare")
 
 
@@ -245,15 +248,18 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         print(f"ktae compare: seeds: expected >= 1, got {args.seeds}", file=sys.stderr)
         return 2
+    if args.first_seed < 0:
+        print(f"ktae compare: first-seed: expected >= 0, got {args.first_seed}", file=sys.stderr)
+        return 2
     for flag, dest in (("--seed", "seed"), ("--resume", "resume")):
         if getattr(args, dest, None) is not None:
-            print(f"ktae compare: {flag}: the grid sets it (seeds 0..N-1 with --seeds N; "
-                  "finished runs are reused, interrupted ones resumed)", file=sys.stderr)
+            print(f"ktae compare: {flag}: the grid sets it (seeds K..K+N-1 with --first-seed K "
+                  "--seeds N; finished runs are reused, interrupted ones resumed)", file=sys.stderr)
             return 2
     from ktae.cli_common import check_counts, check_output_dir, set_interrupt_hint
 
     root = Path(args.output_dir)
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     base_args = argparse.Namespace(**vars(args))
     configs = []
     try:
