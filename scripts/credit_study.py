@@ -62,10 +62,13 @@ def canonical_name(credit: str, ngram: int = 1, options: dict | None = None) -> 
     KTAE over N-token spans -> ``ktae@ngram=N`` (``ktae+taco`` -> ``ktae+taco@ngram=N``);
     a run's own estimator or calibration ``options`` follow as ``@key=value``, in key
     order (``prefix-value@weight=0.5``), as the audit names a method given so."""
-    name = {"none": GRPO, "broadcast": GRPO}.get(credit.strip(), credit.strip())
+    base, *settings = credit.strip().split("@")
+    name = {"none": GRPO, "broadcast": GRPO}.get(base, base)
+    pairs = dict(s.partition("=")[::2] for s in settings)
     if ngram and int(ngram) != 1 and "ktae" in name.split("+"):
-        name += f"@ngram={int(ngram)}"
-    for key, value in sorted((options or {}).items()):
+        pairs["ngram"] = int(ngram)
+    pairs.update(options or {})
+    for key, value in sorted(pairs.items()):
         name += f"@{key}={value}"
     return name
 
@@ -75,19 +78,21 @@ def simulate_name(method: str) -> tuple[str, int] | None:
     or None when the simulator has no such method (e.g. GTPO, or other settings)."""
     from ktae.sim.credit import parse_method
 
-    base, _, setting = method.partition("@")
+    base, *settings = method.split("@")
     ngram = 1
-    if setting:
-        key, _, value = setting.partition("=")
-        if key != "ngram" or "@" in value or not value.isdigit():
-            return None
-        ngram = int(value)
-    base = "broadcast" if base == GRPO else base
+    if base in ("ktae", "ktae+taco", GRPO):  # the simulator's own names: only spans set
+        for setting in settings:
+            key, _, value = setting.partition("=")
+            if key != "ngram" or not value.isdigit():
+                return None
+            ngram = int(value)
+        settings = []
+    name = "@".join(["broadcast" if base == GRPO else base, *settings])
     try:
-        parse_method(base)
+        parse_method(name)
     except ValueError:
         return None
-    return base, ngram
+    return name, ngram
 
 
 # ------------------------------------------------------------------------ readers

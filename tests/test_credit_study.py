@@ -127,7 +127,14 @@ def test_names_match_across_tools():
     assert cs.simulate_name("grpo") == ("broadcast", 1)
     assert cs.simulate_name("ktae@ngram=3") == ("ktae", 3)
     assert cs.simulate_name("ktae+taco") == ("ktae+taco", 1)
-    assert cs.simulate_name("gtpo") is None
+    # any registered estimator runs in the simulator, with its own options
+    assert cs.simulate_name("gtpo") == ("gtpo", 1)
+    assert cs.simulate_name("prefix-value@total=add") == ("prefix-value@total=add", 1)
+    assert cs.simulate_name("ktae@h1=0.5") is None  # the simulator's KTAE sets spans only
+    assert cs.simulate_name("prefix-value@nope=1") is None
+    # the same method however its options are written
+    assert cs.canonical_name("prefix-value@weight=0.5@total=add") == cs.canonical_name(
+        "prefix-value", 1, {"total": "add", "weight": 0.5}) == "prefix-value@total=add@weight=0.5"
 
 
 def test_arms_of_one_rule_with_own_options_stay_apart(tmp_path):

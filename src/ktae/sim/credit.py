@@ -22,6 +22,14 @@ trajectory ``i``, ``R_i = sum_t r[i,t] / H`` its normalised return):
     KTAE with ``split="graded"`` (docs/graded.md): no correct/incorrect split, every
     trajectory weighs in by its return's place in its group's range
     (``(R_i - min R) / (max R - min R)``); ``ktae_threshold`` does not apply, spans do.
+any other estimator (``prefix-value``, a user's ``ktae.register_estimator`` rule, ...)
+    ``ESTIMATOR[@KEY=VALUE...][+CALIBRATION[@KEY=VALUE...]]`` as ``ktae train --credit``
+    reads it (:func:`ktae.core.methods.parse_method`), computed as the trainer computes it
+    (:func:`ktae.core.methods.estimator_credit`) with tokens = (step, action) pairs as for
+    ``ktae``, ``correct`` = the return is above its group's mean, and the current policy's
+    log-probabilities and entropies for a rule that reads them; a per-trajectory result
+    is given to every step. The names above keep their meaning (``ktae`` is the
+    simulator's KTAE, with ``ktae_threshold`` and ``ktae_ngram``).
 ``+CALIBRATION``
     ``ktae.calibrate_advantages(CALIBRATION, A, logprobs, entropies, mask)`` on the base
     advantages, with the current per-step softmax's log-probability of the sampled action
@@ -36,7 +44,7 @@ result as one call per run).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -56,6 +64,9 @@ class Method:
     name: str
     base: str
     calibration: str | None = None
+    #: a registered estimator's method (:class:`ktae.core.methods.Method`, with its
+    #: options and its calibration's), for a base not in :data:`BASES`
+    rule: object = field(default=None, compare=False)
 
     @property
     def needs_generator(self) -> bool:
@@ -77,10 +88,25 @@ def parse_method(name: str) -> Method:
     base, plus, rule = name.partition("+")
     if plus and base in BASES and rule in calibrations:
         return Method(name, base, rule)
-    raise ValueError(
-        f"methods: unknown method {name!r}; expected one of {', '.join(BASES)}, a "
-        f"calibration ({', '.join(calibrations)}), BASE+CALIBRATION such as 'ktae+taco', "
-        f"or 'all'")
+    from ktae.core.methods import parse_method as parse_credit_method, split_method
+
+    estimator = split_method(name)[0].partition("+")[0]
+    if estimator not in ktae.ADVANTAGE_ESTIMATORS.names() or estimator in BASES:
+        raise ValueError(
+            f"methods: unknown method {name!r}; expected one of {', '.join(BASES)}, a "
+            f"calibration ({', '.join(calibrations)}), BASE+CALIBRATION such as 'ktae+taco', "
+            f"a registered estimator ({', '.join(_other_estimators())}) as "
+            f"ESTIMATOR[@KEY=VALUE][+CALIBRATION], or 'all'")
+    try:
+        method = parse_credit_method(name)
+    except ValueError as err:
+        raise ValueError(f"methods: {name!r}: {err}") from None
+    return Method(name, method.estimator, method.calibration, rule=method)
+
+
+def _other_estimators() -> list[str]:
+    """The registered estimators the simulator reaches through the trainer's path."""
+    return [n for n in ktae.ADVANTAGE_ESTIMATORS.names() if n not in BASES]
 
 
 def parse_methods(names) -> tuple[Method, ...]:
@@ -182,8 +208,24 @@ def _loss_mask(result: ktae.CalibrationResult, mask: torch.Tensor) -> torch.Tens
     return getattr(result, "loss_mask", mask)
 
 
+def rule_advantages(method, batch: CreditBatch) -> torch.Tensor:
+    """``[B, T]`` advantages of a registered estimator's :class:`ktae.core.methods.Method`
+    (0 on padding), one call over the block of runs (each run one group)."""
+    from ktae.core.methods import estimator_credit
+
+    adv = estimator_credit(method, rewards=batch.returns, group=batch.group,
+                           token_ids=batch.token_ids, mask=batch.mask,
+                           correct=batch.above_group_mean(), logprobs=batch.logprobs,
+                           entropies=batch.entropies)
+    adv = adv.to(batch.step_rewards.dtype)
+    if adv.dim() == 1:
+        adv = adv[:, None].expand_as(batch.step_rewards)
+    return torch.where(batch.mask, adv, 0.0)
+
+
 def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
-              generators: list[torch.Generator] | None = None) -> Credit:
+              generators: list[torch.Generator] | None = None,
+              options: dict | None = None) -> Credit:
     """A calibration rule on base advantages ``adv`` ``[B, T]``.
 
     Token-local rules run once on the whole batch; the others once per run (its group is
@@ -192,8 +234,9 @@ def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
     # on-policy (one update per sampled batch): the rollout policy is the current one
     kwargs = dict(logprobs=batch.logprobs, entropies=batch.entropies, mask=batch.mask,
                   old_logprobs=batch.logprobs)
+    options = dict(options or {})
     if rule in TOKEN_LOCAL_RULES:
-        result = ktae.calibrate_advantages(rule, adv, **kwargs)
+        result = ktae.calibrate_advantages(rule, adv, **kwargs, **options)
         return Credit(result.advantages, _loss_mask(result, batch.mask), result.flagged)
     out = torch.zeros_like(adv)
     loss_mask = torch.zeros_like(batch.mask)
@@ -201,7 +244,7 @@ def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
     for k, (s, e) in enumerate(batch.run_slices):
         part = {key: value[s:e] for key, value in kwargs.items()}
         gen = None if generators is None else generators[k]
-        result = ktae.calibrate_advantages(rule, adv[s:e], generator=gen, **part)
+        result = ktae.calibrate_advantages(rule, adv[s:e], generator=gen, **part, **options)
         out[s:e] = result.advantages
         loss_mask[s:e] = _loss_mask(result, part["mask"])
         flagged[s:e] = result.flagged
@@ -212,8 +255,13 @@ def method_advantages(method: Method, batch: CreditBatch, *,
                       ktae_threshold: float | None = None, ktae_ngram: int = 1,
                       generators: list[torch.Generator] | None = None) -> Credit:
     """A method's :class:`Credit` on a batch."""
-    adv = base_advantages(method.base, batch, ktae_threshold=ktae_threshold,
-                          ktae_ngram=ktae_ngram)
+    if method.rule is not None:
+        adv = rule_advantages(method.rule, batch)
+        options = method.rule.calibration_options
+    else:
+        adv = base_advantages(method.base, batch, ktae_threshold=ktae_threshold,
+                              ktae_ngram=ktae_ngram)
+        options = None
     if method.calibration is None:
         return Credit(adv, batch.mask, torch.zeros_like(batch.mask))
-    return calibrate(method.calibration, adv, batch, generators)
+    return calibrate(method.calibration, adv, batch, generators, options)
