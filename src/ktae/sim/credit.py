@@ -88,7 +88,8 @@ def parse_method(name: str) -> Method:
     base, plus, rule = name.partition("+")
     if plus and base in BASES and rule in calibrations:
         return Method(name, base, rule)
-    from ktae.core.methods import parse_method as parse_credit_method, split_method
+    from ktae.core.methods import parse_method as parse_credit_method
+    from ktae.core.methods import split_method
 
     estimator = split_method(name)[0].partition("+")[0]
     if estimator not in ktae.ADVANTAGE_ESTIMATORS.names() or estimator in BASES:
