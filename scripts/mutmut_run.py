@@ -37,8 +37,11 @@ MAX_DIFFS = 80
 #: Module -> pytest arguments selecting the fast tests that guard it.
 MODULES = {
     "src/ktae/eval/choice.py": ["tests/test_eval_choice.py"],
-    "src/ktae/train/cli_compare.py": ["tests/test_wiring_compare.py", "tests/test_mutation_kills.py",
-                                      "-k", "not test_credit_ and not test_method_"],
+    "src/ktae/train/cli_compare.py": [
+        "tests/test_wiring_compare.py", "tests/test_mutation_kills.py",
+        "tests/test_plugins.py::test_compare_arm_sets_the_rules_own_options",
+        "tests/test_plugins.py::test_compare_arm_options_reach_the_config",
+        "-k", "not test_credit_ and not test_method_"],
     # not the layer test: a fresh interpreter per import, slow and blind to mutants
     "src/ktae/core/methods.py": ["tests/test_methods.py", "tests/test_train_credit.py",
                                  "tests/test_plugins.py", "tests/test_mutation_kills.py", "-k",

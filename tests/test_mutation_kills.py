@@ -613,6 +613,7 @@ def test_method_estimator_without_its_scores_is_an_error(restore_rules):
     (["--credit", " , "], "ktae compare: credit: expected a comma-separated list of names"),
     (["--seeds", "0"], "ktae compare: seeds: expected >= 1, got 0"),
     (["--first-seed", "-1"], "ktae compare: first-seed: expected >= 0, got -1"),
+    (["--threads", "0"], "ktae compare: torch_threads: expected a positive integer, got 0"),
     (["--seed", "1"], "ktae compare: --seed: the grid sets it (seeds K..K+N-1 with --first-seed K "
                       "--seeds N; "
                       "finished runs are reused, interrupted ones resumed)"),

@@ -180,3 +180,123 @@ def test_two_seeds_have_their_sample_std_and_the_runs_curves(tmp_path):
     assert "on the embedded test split" in markdown_table(table, algo="grpo", steps=STEPS)
     assert [e["step"] for e in table["none"][1]["evals"]] == [0, STEPS]
     assert [m["step"] for m in table["none"][1]["metrics"]] == list(range(1, STEPS + 1))
+
+
+# ---- the whole command with a fake trainer that leaves real run directories ------------------
+
+def _finished_run(cfg) -> None:
+    """What ``ktae train`` leaves in a finished run directory, with ``VALUES``' numbers:
+    the run marker, the saved settings, a complete last checkpoint, the finished mark."""
+    import dataclasses
+
+    from ktae.train.rundir import claim_checkpoint, mark_checkpoint_complete, mark_run_finished
+
+    out = Path(cfg.output_dir)
+    _write_run(out, cfg.credit, cfg.seed)
+    dataclasses.replace(cfg, resume=False).save(out / "config.yaml")
+    ckpt = out / f"checkpoint-{cfg.max_steps}"
+    claim_checkpoint(ckpt)
+    (ckpt / "model.safetensors").write_text("weights")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": cfg.max_steps}))
+    mark_checkpoint_complete(ckpt, cfg.max_steps)
+    mark_run_finished(out, cfg.max_steps)
+
+
+@pytest.fixture
+def fake_session(monkeypatch):
+    """``train`` and ``preflight`` replaced: records what each was given."""
+    from ktae.train import session
+
+    calls = {"train": [], "preflight": []}
+
+    def fake_train(cfg, **kwargs):
+        assert cfg.resume is True  # a grid run resumes an interrupted run of its settings
+        calls["train"].append(cfg)
+        _finished_run(cfg)
+        return {"steps": cfg.max_steps}
+
+    monkeypatch.setattr(session, "train", fake_train)
+    monkeypatch.setattr(session, "preflight", lambda cfg: calls["preflight"].append(cfg))
+    return calls
+
+
+def _argv(root, *extra):
+    return ["compare", "--seeds", "2", "--max-steps", str(STEPS), "--num-prompts", "2",
+            "--num-generations", "4", "--max-new-tokens", "6", "--train-size", "32",
+            "--eval-size", "4", "--output-dir", str(root), "--no-progress", *extra]
+
+
+def test_compare_prints_progress_writes_json_and_reuses_finished_runs(tmp_path, capsys,
+                                                                       fake_session):
+    root = tmp_path / "cmp"
+    assert main(_argv(root, "--credit", "none,ktae")) == 0
+    captured = capsys.readouterr()
+    runs = [("none", 0), ("none", 1), ("ktae", 0), ("ktae", 1)]
+    assert [(c.credit, c.seed) for c in fake_session["train"]] == runs
+    assert len(fake_session["preflight"]) == 1  # one data setting: read once
+    progress = [line for line in captured.err.splitlines() if line.startswith("[")]
+    assert progress == [f"[{i + 1}/4] {arm} seed {seed} -> {root / f'{arm}-seed{seed}'}"
+                        for i, (arm, seed) in enumerate(runs)]
+    assert captured.out.rstrip().endswith(
+        f"ktae compare: wrote {root / 'comparison.md'} and {root / 'curves.png'}")
+    assert captured.out.startswith((root / "comparison.md").read_text())
+    data = json.loads((root / "comparison.json").read_text())
+    assert list(data) == ["none", "ktae"]
+    row = data["none"][1]
+    assert "evals" not in row and "metrics" not in row
+    assert row["heldout_after"] == pytest.approx(VALUES["none"]["heldout_after"][1])
+    assert (root / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+    # the same command again: every run is finished with these settings, none retrains
+    assert main(_argv(root, "--credit", "none,ktae")) == 0
+    err = capsys.readouterr().err
+    assert len(fake_session["train"]) == 4
+    assert [line for line in err.splitlines() if line.startswith("[")] == [
+        f"[{i + 1}/4] {root / f'{arm}-seed{seed}'} done, reused"
+        for i, (arm, seed) in enumerate(runs)]
+
+
+def test_compare_reads_each_data_setting_once(tmp_path, capsys, fake_session):
+    assert main(_argv(tmp_path / "cmp", "--credit", "none,none@eval_size=6,none@train_size=40"
+                      )) == 0
+    capsys.readouterr()
+    assert len(fake_session["train"]) == 6
+    assert len(fake_session["preflight"]) == 1  # sizes are not in the data key
+    assert main(_argv(tmp_path / "cmp2", "--credit", "none,none@reward=digits")) == 0
+    capsys.readouterr()
+    assert [c.reward for c in fake_session["preflight"][1:]] == ["boxed", "digits"]
+
+
+def test_compare_refuses_a_run_directory_of_other_settings(tmp_path, capsys, fake_session):
+    root = tmp_path / "cmp"
+    assert main(_argv(root, "--credit", "none", "--seeds", "1")) == 0
+    run = root / "none-seed0"
+    config = (run / "config.yaml").read_text()
+    capsys.readouterr()
+    assert main(_argv(root, "--credit", "none", "--seeds", "1", "--lr", "0.01")) == 2
+    assert capsys.readouterr().err == (f"ktae compare: {run}: settings differ from the run's: "
+                                       "lr 3e-05 -> 0.01\n")
+    assert (run / "config.yaml").read_text() == config and len(fake_session["train"]) == 1
+
+
+def test_compare_refuses_a_directory_or_checkpoint_it_did_not_write(tmp_path, capsys,
+                                                                     fake_session):
+    root = tmp_path / "cmp"
+    run = root / "none-seed0"
+    run.mkdir(parents=True)
+    (run / "notes.txt").write_text("someone else's")
+    assert main(_argv(root, "--credit", "none", "--seeds", "1")) == 2
+    assert capsys.readouterr().err == (
+        f"ktae compare: {run} is not empty and is not a ktae run directory (it has no "
+        "ktae_run.json; ktae writes only into its own runs): choose a new or empty "
+        "--output-dir\n")
+    (run / "notes.txt").unlink()
+    prepare_output_dir(run, resume=True, write=True)  # a run of ours, interrupted early
+    foreign = run / f"checkpoint-{STEPS}"
+    foreign.mkdir()
+    (foreign / "weights.bin").write_text("someone else's")
+    assert main(_argv(root, "--credit", "none", "--seeds", "1")) == 2
+    assert capsys.readouterr().err == (
+        f"ktae compare: {foreign} was not written by ktae, and the run would write its "
+        "checkpoint there; move it out of the run directory\n")  # names its run already
+    assert fake_session["train"] == []
