@@ -80,12 +80,14 @@ def simulate_name(method: str) -> tuple[str, int] | None:
 
     base, *settings = method.split("@")
     ngram = 1
-    if base in ("ktae", "ktae+taco", GRPO):  # the simulator's own names: only spans set
+    only_spans = all(s.partition("=")[0] == "ngram" and s.partition("=")[2].isdigit()
+                     for s in settings)
+    if base in ("ktae+taco", GRPO) or (base == "ktae" and only_spans):
+        # the simulator's own names, with spans from --ktae-ngram
+        if not only_spans:
+            return None
         for setting in settings:
-            key, _, value = setting.partition("=")
-            if key != "ngram" or not value.isdigit():
-                return None
-            ngram = int(value)
+            ngram = int(setting.partition("=")[2])
         settings = []
     name = "@".join(["broadcast" if base == GRPO else base, *settings])
     try:

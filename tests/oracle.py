@@ -361,8 +361,12 @@ def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=N
                reward_threshold: float = 0.0, h1: float = 1.0, h2: float = 1.0,
                h3: float = 1.0, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
                ignore_token_ids=(), variant: str = "runtime", ngram: int = 1,
-               ngram_reduce: str = "mean", split: str = "threshold") -> np.ndarray:
+               ngram_reduce: str = "mean", split: str = "threshold",
+               apply: str = "all") -> np.ndarray:
     """SPEC 2, Eq. 10: ``A[i, t] = A_base[i] + value(group(i), token_ids[i, t])`` on mask.
+
+    ``apply="wrong"`` (``"right"``): only the incorrect (correct) responses get values,
+    the others ``A_base[i]`` on every token.
 
     With ``ngram = n > 1`` a token's value comes from the spans covering it (those
     starting at columns t-n+1 .. t): ``ngram_reduce="maxabs"`` takes the value of largest
@@ -387,6 +391,10 @@ def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=N
     ignored = {int(t) for t in ignore_token_ids}
     out = np.zeros(tok.shape, dtype=np.float64)
     for i in range(tok.shape[0]):
+        is_correct = bool(correct[i]) if correct is not None else rewards_np[i] > reward_threshold
+        if apply != "all" and is_correct != (apply == "right"):
+            out[i] = np.where(m[i], adv[i], 0.0)
+            continue
         if ngram > 1:
             span_value = {t: stats[(labels[i], ids)]["value"]
                           for t, ids in response_spans(tok, m, i, ngram, ignored)}

@@ -130,7 +130,8 @@ def test_names_match_across_tools():
     # any registered estimator runs in the simulator, with its own options
     assert cs.simulate_name("gtpo") == ("gtpo", 1)
     assert cs.simulate_name("prefix-value@total=add") == ("prefix-value@total=add", 1)
-    assert cs.simulate_name("ktae@h1=0.5") is None  # the simulator's KTAE sets spans only
+    assert cs.simulate_name("ktae+taco@h1=0.5") is None  # the simulator's KTAE+TACO: spans only
+    assert cs.simulate_name("ktae@apply=wrong@ngram=3") == ("ktae@apply=wrong@ngram=3", 1)
     assert cs.simulate_name("prefix-value@nope=1") is None
     # the same method however its options are written
     assert cs.canonical_name("prefix-value@weight=0.5@total=add") == cs.canonical_name(

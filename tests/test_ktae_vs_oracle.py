@@ -49,6 +49,8 @@ def ktae_options(draw, batch_size: int):
                 b=draw(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0])),
                 top=draw(st.sampled_from([0.5, 1.0, 2.0])),
                 variant=draw(st.sampled_from(["runtime", "paper"])))
+    if draw(st.integers(0, 2)) == 0:
+        opts["apply"] = draw(st.sampled_from(["all", "wrong", "right"]))
     rule = draw(st.sampled_from(["default", "threshold", "explicit"]))
     if rule == "threshold":
         opts["reward_threshold"] = draw(st.sampled_from([-0.2, 0.3, 0.5]))
@@ -259,3 +261,37 @@ def test_reference_mode_matches_runtime_on_realistic_batches(spec, g):
     spec = {**spec, "sizes": [g] * len(spec["sizes"]), "empty_class": False,
             "pad_only_token": False}
     check_reference(random_batch(**spec, eos_id=QWEN_EOS_ID))
+
+
+@pytest.mark.parametrize("apply", ["wrong", "right"])
+@pytest.mark.parametrize("ngram", [1, 3])
+@pytest.mark.parametrize("seed", range(4))
+def test_apply_limits_the_values_to_one_class(apply, ngram, seed):
+    """``apply``: the chosen class's tokens get KTAE's values (spans too), the other
+    class keeps the base advantage on every token (checked against the oracle and against
+    the two estimators it mixes)."""
+    batch = random_batch(seed, sizes=[4, 6, 1, 5], vocab=6, max_len=7)
+    inputs = as_library_inputs(batch, 0)
+    got = ktae.compute_advantages("ktae", **inputs, apply=apply, ngram=ngram).numpy()
+    expect = exact_ktae(batch["rewards"], batch["group"], batch["token_ids"], batch["mask"],
+                        apply=apply, ngram=ngram)
+    np.testing.assert_allclose(got, expect, rtol=0, atol=1e-6)
+    every = ktae.compute_advantages("ktae", **inputs, ngram=ngram).numpy()
+    grpo = ktae.compute_advantages("grpo", **inputs).numpy()
+    chosen = (batch["rewards"] > 0) == (apply == "right")
+    np.testing.assert_array_equal(got[chosen], every[chosen])
+    np.testing.assert_allclose(got[~chosen], grpo[~chosen], rtol=0, atol=1e-12)
+
+
+def test_apply_in_reference_mode_and_bad_values():
+    batch = random_batch(0, sizes=[4, 6], vocab=6, max_len=5)
+    inputs = as_library_inputs(batch, 0)
+    ref = ktae.compute_advantages("ktae", **inputs, mode="reference").numpy()
+    wrong = ktae.compute_advantages("ktae", **inputs, mode="reference", apply="wrong").numpy()
+    right = batch["rewards"] > 0
+    np.testing.assert_array_equal(wrong[~right], ref[~right])
+    assert not np.array_equal(wrong[right], ref[right])
+    with pytest.raises(ValueError, match="^apply: expected one of all, wrong, right, got 'none'$"):
+        ktae.compute_advantages("ktae", **inputs, apply="none")
+    with pytest.raises(ValueError, match="^apply: split='graded' has no right and wrong "):
+        ktae.compute_advantages("ktae", **inputs, split="graded", apply="wrong")

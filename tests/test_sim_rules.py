@@ -130,3 +130,17 @@ def test_user_rule_from_a_plugin_runs_in_simulate(tmp_path):
     audited = results[min(results, key=int)]
     assert "late-steps@slope=2" in json.dumps(audited)
     assert "late-steps@slope=2" in (out / "results.md").read_text()
+
+
+def test_ktae_with_options_takes_the_trainers_path():
+    """``ktae@KEY=VALUE`` in the simulator is KTAE with those options and the simulator's
+    classes (return above the group's mean); plain ``ktae`` stays the simulator's own."""
+    b = _batch(3)
+    got = method_advantages(parse_method("ktae@apply=wrong@ngram=2"), b).advantages
+    want = ktae.compute_advantages("ktae", rewards=b.returns, group=b.group,
+                                   token_ids=b.token_ids, mask=b.mask,
+                                   correct=b.above_group_mean(), apply="wrong", ngram=2)
+    torch.testing.assert_close(got, want.to(got.dtype))
+    plain = method_advantages(parse_method("ktae"), b).advantages
+    every = method_advantages(parse_method("ktae@apply=all"), b).advantages
+    torch.testing.assert_close(plain, every)

@@ -331,6 +331,10 @@ def _prepare(batch: AdvantageBatch, correct, options: dict) -> tuple[KTAEOptions
     return opts, correct
 
 
+APPLY = ("all", "wrong", "right")
+"""``apply``: which responses get key-token values (the others keep their base advantage)."""
+
+
 def _check_base(base) -> None:
     if not isinstance(base, str) or base not in SEQUENCE_BASELINES:
         raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
@@ -344,7 +348,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
                     b: float = 0.5, top: float = 1.0, ignore_token_ids=None,
                     mode: str = "exact", variant: str = "runtime", ngram: int = 1,
                     ngram_reduce: str = "mean", chunk_tokens: int | None = None,
-                    split: str = "threshold") -> torch.Tensor:
+                    split: str = "threshold", apply: str = "all") -> torch.Tensor:
     """Token-level KTAE advantages ``[B, T]`` (Eq. 10), zero on padding.
 
     Options (see :func:`ktae.compute_advantages`): ``base`` ("grpo", "drgrpo", "rloo"),
@@ -364,7 +368,11 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     :mod:`ktae.core.tasks`), ``split`` ("threshold": correct = reward > threshold, SPEC 2;
     "graded": each response belongs to the correct class with weight
     ``(r - min_g r) / (max_g r - min_g r)`` and every statistic is its graded counterpart,
-    :mod:`ktae.core.ktae_graded`; exact mode, without ``correct``/``reward_threshold``).
+    :mod:`ktae.core.ktae_graded`; exact mode, without ``correct``/``reward_threshold``),
+    ``apply`` ("all", the default; "wrong": only the incorrect responses get key-token
+    values, the correct ones keep their base advantage on every token, so no positive
+    credit is moved onto a right answer's tokens; "right": the reverse; a response's class
+    is the one KTAE's statistics use, so ``split="graded"`` takes "all" only).
     Bounds: :mod:`ktae.core.ktae_options`.
 
     Degenerate input: a group of one gets its base advantage (GRPO: mean 0, std 1) and no
@@ -380,10 +388,15 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
         ValueError: an unknown option (the message lists the valid ones) or an invalid value.
     """
     _check_base(base)
+    if apply not in APPLY:
+        raise ValueError(f"apply: expected one of {', '.join(APPLY)}, got {apply!r}")
     opts, is_correct = _prepare(batch, correct, dict(
         reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top,
         ignore_token_ids=ignore_token_ids, mode=mode, variant=variant, ngram=ngram,
         ngram_reduce=ngram_reduce, split=split))
+    if apply != "all" and opts.split == "graded":
+        raise ValueError(f"apply: split='graded' has no right and wrong responses; "
+                         f"expected apply='all', got {apply!r}")
     chunk_tokens = check_chunk_tokens(chunk_tokens)
     rewards = batch.rewards.to(torch.float32) if opts.mode == "reference" else batch.rewards
     out_dtype = torch.float64 if batch.rewards.dtype == torch.float64 else torch.float32
@@ -418,6 +431,10 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
 
     run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens, keep, opts.ngram),
               device=batch.device)
+    if apply != "all":
+        chosen = ~is_correct if apply == "wrong" else is_correct
+        base_only = torch.where(batch.mask, seq[:, None], torch.zeros((), dtype=out_dtype))
+        out = torch.where(chosen[:, None], out, base_only)
     return out
 
 
@@ -435,12 +452,13 @@ def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = 
                     h3: float | None = None, k1: float = 2.0, b: float = 0.5,
                     top: float = 1.0, ignore_token_ids=None, mode: str = "exact",
                     variant: str = "runtime", ngram: int = 1, ngram_reduce: str = "mean",
-                    chunk_tokens: int | None = None, split: str = "threshold"
-                    ) -> KeyTokenTable:
+                    chunk_tokens: int | None = None, split: str = "threshold",
+                    apply: str = "all") -> KeyTokenTable:
     """Diagnostics: KTAE's statistics for every (group, distinct token) of a batch.
 
-    Takes the same arguments and options as ``compute_advantages("ktae", ...)`` (``base``
-    and ``ngram_reduce`` are checked and do not change the table) and returns a
+    Takes the same arguments and options as ``compute_advantages("ktae", ...)`` (``base``,
+    ``ngram_reduce`` and ``apply`` are checked and do not change the table: every class's
+    statistics are computed whichever responses receive the values) and returns a
     :class:`KeyTokenTable`: the counts a, b, c, d, the p-value, F, IG, TF_T, TF_F, D and
     the key-token value of each token in each group. With ``ngram = N > 1`` the rows are
     (group, distinct span of N tokens) and the table's ``span`` column holds the token
@@ -459,6 +477,8 @@ def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = 
     """
     if base is not None:
         _check_base(base)
+    if apply not in APPLY:
+        raise ValueError(f"apply: expected one of {', '.join(APPLY)}, got {apply!r}")
     batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask)
     opts, is_correct = _prepare(batch, correct, dict(
         reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top,

@@ -29,7 +29,8 @@ any other estimator (``prefix-value``, a user's ``ktae.register_estimator`` rule
     ``ktae``, ``correct`` = the return is above its group's mean, and the current policy's
     log-probabilities and entropies for a rule that reads them; a per-trajectory result
     is given to every step. The names above keep their meaning (``ktae`` is the
-    simulator's KTAE, with ``ktae_threshold`` and ``ktae_ngram``).
+    simulator's KTAE, with ``ktae_threshold`` and ``ktae_ngram``); ``ktae@KEY=VALUE``
+    takes this path, its options (``ngram`` too) given as written.
 ``+CALIBRATION``
     ``ktae.calibrate_advantages(CALIBRATION, A, logprobs, entropies, mask)`` on the base
     advantages, with the current per-step softmax's log-probability of the sampled action
@@ -92,7 +93,8 @@ def parse_method(name: str) -> Method:
     from ktae.core.methods import split_method
 
     estimator = split_method(name)[0].partition("+")[0]
-    if estimator not in ktae.ADVANTAGE_ESTIMATORS.names() or estimator in BASES:
+    if estimator not in ktae.ADVANTAGE_ESTIMATORS.names() or (estimator in BASES
+                                                             and "@" not in name):
         raise ValueError(
             f"methods: unknown method {name!r}; expected one of {', '.join(BASES)}, a "
             f"calibration ({', '.join(calibrations)}), BASE+CALIBRATION such as 'ktae+taco', "
