@@ -45,3 +45,23 @@ def test_bad_split_fails_the_startup_check_naming_the_option():
     reference = estimator_settings("ktae", {"ktae": {"split": "graded", "mode": "reference"}})
     with pytest.raises(ValueError, match="algorithm.ktae: split: the reference mode"):
         _check_estimator_values(reference)
+
+
+def test_every_ktae_option_is_an_algorithm_ktae_key():
+    """A new option of the estimator must reach verl's ``algorithm.ktae`` block too."""
+    import inspect
+
+    from ktae.core.ktae import ktae_advantages
+
+    own = {k for k, p in inspect.signature(ktae_advantages).parameters.items()
+           if p.kind is p.KEYWORD_ONLY and k != "correct"}  # correct: from correct_key
+    assert own <= set(KTAE_OPTIONS), own - set(KTAE_OPTIONS)
+
+
+def test_apply_is_forwarded_and_checked_at_start_up():
+    settings = estimator_settings("ktae", {"ktae": {"apply": "wrong", "ngram": 3}})
+    assert settings.options["apply"] == "wrong" and settings.correct_key == "acc"
+    _check_estimator_values(settings)
+    bad = estimator_settings("ktae", {"ktae": {"apply": "some"}})
+    with pytest.raises(ValueError, match="algorithm.ktae: apply: expected one of all, wrong, right"):
+        _check_estimator_values(bad)

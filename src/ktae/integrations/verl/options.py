@@ -25,7 +25,7 @@ from typing import Any
 #: Options of ``algorithm.ktae``. All but ``correct_key`` go to ``compute_advantages``.
 KTAE_OPTIONS = ("base", "h1", "h2", "h3", "k1", "b", "top", "mode", "variant", "ngram",
                 "ngram_reduce", "reward_threshold", "ignore_token_ids", "chunk_tokens",
-                "split", "correct_key")
+                "split", "apply", "correct_key")
 
 #: Options of ``algorithm.gtpo`` (registered when the installed ktae has the estimator).
 GTPO_OPTIONS = ("a1", "a2", "eps", "normalize", "reward_threshold", "correct_key")
