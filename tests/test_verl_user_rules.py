@@ -106,3 +106,27 @@ def test_a_rule_reading_logprobs_is_refused_at_start_up():
     with pytest.raises(ValueError, match="by-logprob: the rule reads the sampling policy's "
                                          "log-probs"):
         check_config({"algorithm": {"adv_estimator": "by-logprob"}})
+
+
+def test_prefix_value_is_a_plugin_estimator_with_the_verifiers_accuracy():
+    """``algorithm.adv_estimator=prefix-value``: its options from ``algorithm.prefix-value``,
+    ``acc`` as the verdict (the shaped reward would call row 2 wrong), ``base`` from verl's
+    Dr.GRPO switch."""
+    assert "prefix-value" in plugin_estimators()
+    config = {"adv_estimator": "prefix-value", "prefix-value": {"total": "add", "weight": 0.5}}
+    acc = [True, False, False, True]
+    adv, mask = _call("prefix-value", config, acc=acc)
+    responses = torch.tensor([[3, 4, 5], [3, 6, 0], [7, 8, 0], [7, 0, 0]])
+    want = ktae.compute_advantages("prefix-value", rewards=torch.tensor([0.5, 0.5, 0.2, 0.0]),
+                                   group=["a", "a", "b", "b"], token_ids=responses, mask=mask,
+                                   correct=torch.tensor(acc), total="add", weight=0.5)
+    torch.testing.assert_close(adv, want.to(adv.dtype))
+    settings = estimator_settings("prefix-value", {"norm_adv_by_std_in_grpo": False,
+                                                   "prefix-value": {}})
+    assert settings.options == {"base": "drgrpo"} and settings.correct_key == "acc"
+    check_config({"algorithm": config})
+    with pytest.raises(ValueError, match=r"^algorithm.prefix-value.units: unknown option"):
+        estimator_settings("prefix-value", {"prefix-value": {"units": "span"}})
+    with pytest.raises(ValueError, match=r"^algorithm.prefix-value: word_starts: required"):
+        check_config({"algorithm": {"adv_estimator": "prefix-value",
+                                    "prefix-value": {"unit": "word"}}})

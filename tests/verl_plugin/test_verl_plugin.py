@@ -125,3 +125,57 @@ def test_switched_off_and_an_unknown_verl_version_is_refused_at_startup():
     assert out.stdout.count("refused: ktae's verl plugin supports verl 0.9.1") == 3
     assert "this is verl 0.10.0" in out.stdout
     assert "supports verl 0.9.1" in out.stderr  # also logged as a warning at load
+
+
+USER_RULE = """
+    import ktae
+
+    @ktae.register_estimator("signed-length", needs=("mask",))
+    def signed_length(batch, *, scale: float = 1.0):
+        sign = 2.0 * batch.correct.double() - 1.0
+        return scale * sign[:, None] * batch.mask.double()
+"""
+
+
+def test_a_users_rule_from_ktae_plugins_runs_through_verls_compute_advantage(tmp_path):
+    """A fresh driver with ``KTAE_PLUGINS``: ``import verl`` registers the user's rule, and
+    verl's own ``compute_advantage`` runs it with its ``algorithm.<name>`` options and the
+    verifier's ``acc`` (prefix-value, built in, through the same call)."""
+    rule = tmp_path / "signed_length.py"
+    rule.write_text(textwrap.dedent(USER_RULE))
+    code = """
+        import numpy as np, torch
+        from omegaconf import OmegaConf
+        from verl import DataProto
+        from verl.trainer.ppo import ray_trainer
+        import ktae
+
+        responses = torch.tensor([[3, 4, 5], [3, 6, 11], [7, 8, 11], [7, 11, 11]])
+        mask = (responses != 11).long()
+        rewards = torch.zeros(4, 3)
+        rewards[torch.arange(4), mask.sum(1) - 1] = torch.tensor([1.0, -1.0, -0.25, -1.0])
+        acc = np.array([True, False, True, False])  # row 2: right, shaped below 0
+        for name, options in (("signed-length", {"scale": 2.0}),
+                              ("prefix-value", {"total": "add", "apply": "all"})):
+            data = DataProto.from_dict(
+                tensors={"responses": responses, "response_mask": mask,
+                         "token_level_rewards": rewards},
+                non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object), "acc": acc})
+            algorithm = OmegaConf.create({"adv_estimator": name, "gamma": 1.0, "lam": 1.0,
+                                          "norm_adv_by_std_in_grpo": True,
+                                          "use_kl_in_reward": False,
+                                          "rollout_correction": None, name: options})
+            out = ray_trainer.compute_advantage(
+                data, adv_estimator=name, gamma=1.0, lam=1.0, num_repeat=1,
+                norm_adv_by_std_in_grpo=True, config=algorithm)
+            want = ktae.compute_advantages(name, rewards=rewards.sum(-1),
+                                           group=["a", "a", "b", "b"], token_ids=responses,
+                                           mask=mask, correct=torch.tensor(acc), **options)
+            got = out.batch["advantages"]
+            print(name, torch.allclose(got, want.to(got.dtype)), bool(got.abs().sum() > 0))
+    """
+    out = run_python("import verl", code, KTAE_PLUGINS=str(rule))
+    assert out.returncode == 0, out.stderr
+    assert "did not load" not in out.stderr and "could not load" not in out.stderr
+    assert "signed-length True True" in out.stdout, out.stdout
+    assert "prefix-value True True" in out.stdout, out.stdout

@@ -30,7 +30,13 @@ KTAE_OPTIONS = ("base", "h1", "h2", "h3", "k1", "b", "top", "mode", "variant", "
 #: Options of ``algorithm.gtpo`` (registered when the installed ktae has the estimator).
 GTPO_OPTIONS = ("a1", "a2", "eps", "normalize", "reward_threshold", "correct_key")
 
-_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {"ktae": KTAE_OPTIONS, "gtpo": GTPO_OPTIONS}
+#: Options of ``algorithm.prefix-value`` (``unit: word`` needs word starts, which verl's
+#: batch does not carry: refused at start-up).
+PREFIX_VALUE_OPTIONS = ("apply", "weight", "unit", "total", "base", "reward_threshold",
+                        "correct_key")
+
+_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {
+    "ktae": KTAE_OPTIONS, "gtpo": GTPO_OPTIONS, "prefix-value": PREFIX_VALUE_OPTIONS}
 
 #: Options of a user rule's block besides its own: how correctness is read.
 RULE_CORRECTNESS_OPTIONS = ("reward_threshold", "correct_key")
@@ -40,7 +46,7 @@ def plugin_estimators() -> dict[str, tuple[str, ...] | None]:
     """Estimators the plugin registers in verl (those ktae has), with their options (None:
     any, a rule taking ``**kwargs``).
 
-    ``ktae`` and ``gtpo``, and every user rule (``ktae.register_estimator``) loaded in
+    ``ktae``, ``gtpo`` and ``prefix-value``, and every user rule (``ktae.register_estimator``) loaded in
     this process (:func:`load_user_rules`): its own options plus ``reward_threshold`` and
     ``correct_key``, which say how correctness is read. verl's own ``grpo`` and ``rloo``
     stay verl's; ``drgrpo`` is verl's ``grpo`` with
@@ -235,7 +241,7 @@ def estimator_settings(name: str, algorithm: Any) -> EstimatorSettings:
     if reference and threshold != 0:
         raise ValueError(f"{where}.reward_threshold: mode=reference uses the released "
                          "runtime's rule (reward > 0)")
-    if "base" in options or name == "ktae":
+    if "base" in options or name in ("ktae", "prefix-value"):
         norm_by_std = _get(algorithm, "norm_adv_by_std_in_grpo", True)
         implied = "grpo" if norm_by_std else "drgrpo"
         base = options.setdefault("base", implied)
