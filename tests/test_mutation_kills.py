@@ -464,6 +464,9 @@ def test_compare_help_of_its_own_flags():
         "runs/compare)")
     assert actions["seeds"].help == ("seeds 0..N-1 per credit (default 3); finished runs are "
                                      "reused and interrupted ones resumed")
+    assert actions["first_seed"].help == (
+        "the grid's first seed: seeds K..K+N-1 with --seeds N (default 0); e.g. seeds kept "
+        "aside for a final table")
     assert actions["seed"].help == actions["resume"].help == argparse.SUPPRESS
     assert actions["learning_rate"].help not in (None, argparse.SUPPRESS)
     args = parser.parse_args([])
@@ -614,6 +617,9 @@ def test_method_estimator_without_its_scores_is_an_error(restore_rules):
     (["--seeds", "0"], "ktae compare: seeds: expected >= 1, got 0"),
     (["--first-seed", "-1"], "ktae compare: first-seed: expected >= 0, got -1"),
     (["--threads", "0"], "ktae compare: torch_threads: expected a positive integer, got 0"),
+    # an arm's own thread count is checked as the flag would be
+    (["--credit", "none,none@torch_threads=100000"],
+     "ktae compare: --threads: expected at most 4,096 threads, got 100,000"),
     (["--seed", "1"], "ktae compare: --seed: the grid sets it (seeds K..K+N-1 with --first-seed K "
                       "--seeds N; "
                       "finished runs are reused, interrupted ones resumed)"),

@@ -136,6 +136,14 @@ def test_compare_arm_options_reach_the_config(doc_plugin, monkeypatch, tmp_path)
             "-o", str(tmp_path / "cmp"), "--estimator-option", "gamma=0.7"]
     assert cli_compare.run(build_parser(argv).parse_args(argv)) == 2
     assert [c.estimator_options for c in configs] == [{"gamma": 0.7}, {"gamma": 0.5}]
+    # a calibration's own option in an arm, after the common --calibration-option ones
+    configs.clear()
+    argv = ["compare", "--credit", "late-credit+damp-uncertain,"
+            "late-credit+damp-uncertain@lam=0.25", "--seeds", "1", "-o", str(tmp_path / "c2"),
+            "--calibration-option", "lam=0.75", "--estimator-option", "gamma=0.7"]
+    assert cli_compare.run(build_parser(argv).parse_args(argv)) == 2
+    assert [(c.estimator_options, c.calibration_options) for c in configs] == [
+        ({"gamma": 0.7}, {"lam": 0.75}), ({"gamma": 0.7}, {"lam": 0.25})]
 
 
 # ----------------------------------------------------------------- finding plugins

@@ -241,6 +241,7 @@ def test_compare_prints_progress_writes_json_and_reuses_finished_runs(tmp_path, 
         f"ktae compare: wrote {root / 'comparison.md'} and {root / 'curves.png'}")
     assert captured.out.startswith((root / "comparison.md").read_text())
     data = json.loads((root / "comparison.json").read_text())
+    assert (root / "comparison.json").read_text() == json.dumps(data, indent=2) + "\n"
     assert list(data) == ["none", "ktae"]
     row = data["none"][1]
     assert "evals" not in row and "metrics" not in row
@@ -254,6 +255,24 @@ def test_compare_prints_progress_writes_json_and_reuses_finished_runs(tmp_path, 
     assert [line for line in err.splitlines() if line.startswith("[")] == [
         f"[{i + 1}/4] {root / f'{arm}-seed{seed}'} done, reused"
         for i, (arm, seed) in enumerate(runs)]
+
+
+def test_compare_sets_how_to_continue_and_names_the_task(tmp_path, capsys, fake_session,
+                                                          monkeypatch):
+    """Ctrl-C during the grid says that finished runs are kept; a task other than the
+    embedded one is named in the table's caption."""
+    from ktae import cli_common
+
+    hints = []
+    monkeypatch.setattr(cli_common, "set_interrupt_hint", hints.append)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} + 1 =", "answer": str(i + 1)}) + "\n"
+                            for i in range(40)))
+    root = tmp_path / "cmp"
+    assert main(_argv(root, "--credit", "none", "--seeds", "1", "--task", f"jsonl:{data}")) == 0
+    capsys.readouterr()
+    assert hints == ["finished runs are kept; run the same command again to continue"]
+    assert f"on the held-out part of jsonl:{data} after" in (root / "comparison.md").read_text()
 
 
 def test_compare_reads_each_data_setting_once(tmp_path, capsys, fake_session):
