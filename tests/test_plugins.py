@@ -330,3 +330,27 @@ def test_doc_rule_in_explain_and_audit_credit_values(doc_plugin):
     torch.testing.assert_close(vals.final.double(), expected.double())
     pv = credit_values(groups, CreditSpec(estimator="prefix-value"))
     assert pv.final[1, 0] == 0 and pv.final[1, 1] < 0  # the shared first token: no blame
+
+
+def test_study_plugin_prefix_value_over_words():
+    """scripts/plugins/prefix_value_words.py: a word begins at each token whose text starts
+    with whitespace (the shipped tokenizer is character-level: at each space)."""
+    from transformers import AutoTokenizer
+
+    from ktae.models.warmstart import default_model_path
+
+    plugins.load_plugin(str(Path(__file__).resolve().parents[1] / "scripts" / "plugins"
+                            / "prefix_value_words.py"))
+    tok = AutoTokenizer.from_pretrained(str(default_model_path()))
+    texts = ["12 + 34 = 46", "12 + 34 = 47", "12 + 35 = 47", "12 - 34 = 46"]
+    ids = torch.tensor([tok.convert_tokens_to_ids(list(t)) for t in texts])
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    got = ktae.compute_advantages("prefix-value-words", rewards=rewards, group=[0] * 4,
+                                  token_ids=ids)
+    starts = torch.tensor([[c == " " for c in t] for t in texts])
+    want = ktae.compute_advantages("prefix-value", rewards=rewards, group=[0] * 4,
+                                   token_ids=ids, unit="word", word_starts=starts)
+    torch.testing.assert_close(got, want)
+    per_token = ktae.compute_advantages("prefix-value", rewards=rewards, group=[0] * 4,
+                                        token_ids=ids)
+    assert not torch.allclose(got, per_token)  # the credit is spread over the word
