@@ -51,9 +51,12 @@ MODULES = {
         "tests/test_mutation_kills.py", "-k",
         "credit or taco or ktae or estimator or calibration or advantage_base or algo or seed "
         "or dynamic_sampling or generation_rounds"],
-    # every mutant of train() reruns the probes and the training steps: hours on 2 cores
-    "src/ktae/train/session.py": ["tests/test_wiring_config.py",
-                                  "tests/test_wiring_train.py"],
+    # the settings-to-TRL functions and the run plan; train()'s body is guarded by
+    # tests/test_wiring_train.py and the hand mutations (every mutant of it would rerun
+    # the training steps: hours on 2 cores), so run this module with KTAE_MUTMUT_ONLY
+    # naming grpo_config, lora_config, plan_run and describe_changes
+    "src/ktae/train/session.py": ["tests/test_wiring_config.py", "tests/test_wiring_compare.py",
+                                  "tests/test_train_config.py"],
 }
 
 

@@ -16,6 +16,22 @@ def tiny_model(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
+@pytest.fixture
+def clean_registries():
+    """Users' rules registered by a test are gone after it: the estimator and calibration
+    registries and the loaded plugins are restored (modules that register rules use it
+    with ``autouse``)."""
+    import ktae
+    from ktae import plugins
+
+    targets = (ktae.ADVANTAGE_ESTIMATORS._items, ktae.CALIBRATIONS._items, plugins._loaded)
+    saved = [dict(t) for t in targets]
+    yield
+    for target, items in zip(targets, saved, strict=True):
+        target.clear()
+        target.update(items)
+
+
 def pytest_configure(config):
     """``KTAE_TEST_THREADS=N`` runs every test at N torch threads (the CI sweep's setting;
     modules with the ``single_thread`` fixture of ``oracle`` read it too)."""

@@ -18,15 +18,8 @@ from ktae.train.config import TrainConfig
 from ktae.train.credit import credit_settings
 from ktae.viz.report import GroupInput, credit_values
 
-
-@pytest.fixture(autouse=True)
-def clean_registries():
-    saved = dict(ktae.ADVANTAGE_ESTIMATORS._items), dict(ktae.CALIBRATIONS._items)
-    yield
-    for target, items in zip((ktae.ADVANTAGE_ESTIMATORS._items, ktae.CALIBRATIONS._items),
-                             saved, strict=True):
-        target.clear()
-        target.update(items)
+#: every test registers its rules afresh (conftest.py)
+pytestmark = pytest.mark.usefixtures("clean_registries")
 
 
 def groups(*, scored: bool = True, correct=None) -> list[GroupInput]:

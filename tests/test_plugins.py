@@ -21,17 +21,8 @@ from ktae.train.credit import credit_settings, passes_correct
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
 
-@pytest.fixture(autouse=True)
-def clean_registries():
-    """Every test registers its rules afresh: the registries and loaded plugins are
-    restored afterwards."""
-    saved = (dict(ktae.ADVANTAGE_ESTIMATORS._items), dict(ktae.CALIBRATIONS._items),
-             dict(plugins._loaded))
-    yield
-    for target, items in zip((ktae.ADVANTAGE_ESTIMATORS._items, ktae.CALIBRATIONS._items,
-                              plugins._loaded), saved, strict=True):
-        target.clear()
-        target.update(items)
+#: every test registers its rules afresh (conftest.py)
+pytestmark = pytest.mark.usefixtures("clean_registries")
 
 
 def doc_blocks() -> list[str]:

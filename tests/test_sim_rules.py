@@ -14,7 +14,6 @@ from oracle import single_thread  # noqa: F401  (one torch thread for this modul
 from prefix_value_oracle import slow_prefix_value_advantages
 
 import ktae
-from ktae import plugins
 from ktae.cli import main
 from ktae.sim.credit import CreditBatch, method_advantages, parse_method, parse_methods
 
@@ -23,15 +22,8 @@ TINY = ["--actions", "8", "--steps", "6", "--seeds", "1", "--eval-every", "3",
         "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def clean_registries():
-    saved = (dict(ktae.ADVANTAGE_ESTIMATORS._items), dict(ktae.CALIBRATIONS._items),
-             dict(plugins._loaded))
-    yield
-    for target, items in zip((ktae.ADVANTAGE_ESTIMATORS._items, ktae.CALIBRATIONS._items,
-                              plugins._loaded), saved, strict=True):
-        target.clear()
-        target.update(items)
+#: every test registers its rules afresh (conftest.py)
+pytestmark = pytest.mark.usefixtures("clean_registries")
 
 
 def _batch(seed: int, runs: int = 4, G: int = 5, H: int = 4, A: int = 2) -> CreditBatch:

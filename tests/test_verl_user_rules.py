@@ -30,15 +30,8 @@ RULE = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(autouse=True)
-def clean_registries():
-    saved = (dict(ktae.ADVANTAGE_ESTIMATORS._items), dict(ktae.CALIBRATIONS._items),
-             dict(plugins._loaded))
-    yield
-    for target, items in zip((ktae.ADVANTAGE_ESTIMATORS._items, ktae.CALIBRATIONS._items,
-                              plugins._loaded), saved, strict=True):
-        target.clear()
-        target.update(items)
+#: every test registers its rules afresh (conftest.py)
+pytestmark = pytest.mark.usefixtures("clean_registries")
 
 
 @pytest.fixture

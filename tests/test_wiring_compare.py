@@ -143,29 +143,12 @@ def test_compare_command_writes_the_table_of_its_runs(tmp_path, capsys, monkeypa
     assert re.search(r"after 2 steps of\s+dapo", text)
 
 
-def test_first_seed_moves_the_grid_to_seeds_kept_aside(tmp_path, capsys, monkeypatch):
+def test_first_seed_moves_the_grid_to_seeds_kept_aside(tmp_path, capsys, fake_session):
     """``--first-seed K --seeds N`` trains and tables seeds K..K+N-1 only."""
-    from ktae.train import session
-
     root = tmp_path / "cmp"
-    trained = []
-
-    def fake_train(cfg, **kwargs):
-        out = Path(cfg.output_dir)
-        arm, seed = out.name.rsplit("-seed", 1)
-        assert (cfg.credit, cfg.seed) == (arm, int(seed))
-        trained.append((arm, int(seed)))
-        _write_run(out, arm, int(seed))
-        return {"steps": STEPS}
-
-    monkeypatch.setattr(session, "train", fake_train)
-    argv = ["compare", "--credit", "none", "--first-seed", "1", "--seeds", "2", "--max-steps",
-            str(STEPS), "--num-prompts", "2", "--num-generations", "4", "--max-new-tokens", "6",
-            "--train-size", "32", "--eval-size", "4", "--output-dir", str(root),
-            "--no-progress"]
-    assert main(argv) == 0
+    assert main(_argv(root, "--credit", "none", "--first-seed", "1", "--seeds", "2")) == 0
     capsys.readouterr()
-    assert trained == [("none", 1), ("none", 2)]
+    assert [(c.credit, c.seed) for c in fake_session["train"]] == [("none", 1), ("none", 2)]
     data = json.loads((root / "comparison.json").read_text())
     assert [r["heldout_after"] for r in data["none"]] == pytest.approx([0.50, 0.55])
     assert _cells((root / "comparison.md").read_text())["none"]["seeds"] == "2"
