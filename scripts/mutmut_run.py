@@ -55,6 +55,13 @@ MODULES = {
     # tests/test_wiring_train.py and the hand mutations (every mutant of it would rerun
     # the training steps: hours on 2 cores), so run this module with KTAE_MUTMUT_ONLY
     # naming grpo_config, lora_config, plan_run and describe_changes
+    # the trainer's pure helpers (its methods run inside TRL's loop: tests/test_wiring_train.py
+    # and the hand mutations); run with KTAE_MUTMUT_ONLY naming derived_seed, is_disk_full,
+    # check_group_layout, warn_settings_without_effect and EpochRepeatSampler
+    "src/ktae/train/trainer.py": ["tests/test_trainer_helpers.py",
+                                  "tests/test_train_resume_epochs.py",
+                                  "tests/test_train_options.py", "-k",
+                                  "helpers or epoch or without_effect or layout"],
     "src/ktae/train/session.py": ["tests/test_wiring_config.py", "tests/test_wiring_compare.py",
                                   "tests/test_train_config.py"],
 }
