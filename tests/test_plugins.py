@@ -345,3 +345,24 @@ def test_study_plugin_prefix_value_over_words():
     per_token = ktae.compute_advantages("prefix-value", rewards=rewards, group=[0] * 4,
                                         token_ids=ids)
     assert not torch.allclose(got, per_token)  # the credit is spread over the word
+
+
+def test_compare_arm_option_adds_to_the_common_ones_of_the_same_rule(monkeypatch, tmp_path):
+    """``--estimator-option a=1`` with the arm ``two-options@b=2``: the run gets both."""
+    import ktae.train.session as session
+    from ktae.train import cli_compare, cli_train
+
+    @ktae.register_estimator("two-options")
+    def two_options(batch, *, a: float = 0.0, b: float = 0.0):
+        return (a + b) * (batch.correct.double() - 0.5)
+
+    configs = []
+    real = cli_train.config_from_args
+    monkeypatch.setattr(cli_train, "config_from_args",
+                        lambda ns: configs.append(real(ns)) or configs[-1])
+    monkeypatch.setattr(session, "preflight",
+                        lambda cfg: (_ for _ in ()).throw(ValueError("stopped")))
+    argv = ["compare", "--credit", "two-options,two-options@b=2", "--seeds", "1",
+            "-o", str(tmp_path / "cmp"), "--estimator-option", "a=1"]
+    assert cli_compare.run(build_parser(argv).parse_args(argv)) == 2
+    assert [c.estimator_options for c in configs] == [{"a": 1}, {"a": 1, "b": 2}]
