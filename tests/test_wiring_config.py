@@ -615,3 +615,46 @@ def test_credit_parts_reach_the_settings_in_any_order(credit, parts):
 def test_a_credit_names_one_estimator_and_one_calibration_at_most(credit):
     with pytest.raises(ValueError, match="credit: "):
         credit_settings(cfg_with(credit=credit))
+
+
+# ---- what ktae fixes in TRL's arguments, whatever the user sets ----------------------------------
+
+def test_grpo_config_fixed_settings():
+    """The settings ktae's runs rely on and no field changes: one policy update per
+    generated batch (``num_iterations=1``, a generation per accumulation step), full-vocabulary
+    sampling (``top_p=1``), a log line per step, checkpoints by steps, the dataset's columns
+    kept for the reward functions, shuffled prompts, no worker processes, no TRL bars."""
+    args = grpo_config(cfg_with(num_prompts=4, num_generations=4), 2,
+                       trl={"gradient_accumulation_steps": 2})
+    assert args.per_device_train_batch_size == 4  # 16 responses over 2 processes x 2 steps
+    assert args.gradient_accumulation_steps == 2 and args.steps_per_generation == 2
+    assert args.num_iterations == 1 and args.top_p == 1.0
+    assert args.logging_steps == 1 and args.report_to == []
+    assert str(args.save_strategy) in ("steps", "SaveStrategy.STEPS")
+    assert args.save_steps == 50  # the default save_every
+    assert args_with(save_every=0).save_steps == 2  # save_every 0: once, at max_steps
+    assert args.disable_tqdm is True and args.log_completions is False
+    assert args.remove_unused_columns is False and args.dataloader_num_workers == 0
+    assert args.shuffle_dataset is True
+    assert args.use_cpu is (not torch.cuda.is_available())
+    assert args_with(save_every=1).save_steps == 1
+    # extra TRL settings go on top of ktae's own
+    assert grpo_config(cfg_with(), 1, trl={"top_p": 0.9, "logging_steps": 5}).top_p == 0.9
+
+
+def test_grpo_config_refuses_a_batch_that_does_not_split():
+    with pytest.raises(ValueError) as err:
+        grpo_config(cfg_with(num_prompts=3, num_generations=2), 4)
+    assert str(err.value) == ("num_prompts: num_prompts * num_generations = 6 responses must "
+                              "split evenly over 4 process(es) x gradient_accumulation_steps=1")
+    with pytest.raises(ValueError, match="over 1 process\\(es\\) x gradient_accumulation_steps=4"):
+        grpo_config(cfg_with(num_prompts=3, num_generations=2), 1,
+                    trl={"gradient_accumulation_steps": 4})
+
+
+def test_lora_config_targets_and_task():
+    pytest.importorskip("peft")
+    every = lora_config(cfg_with(lora_r=4))
+    assert every.target_modules == "all-linear" and every.task_type == "CAUSAL_LM"
+    some = lora_config(cfg_with(lora_r=4, lora_target_modules=["q_proj", "v_proj"]))
+    assert set(some.target_modules) == {"q_proj", "v_proj"}
