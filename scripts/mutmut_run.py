@@ -63,7 +63,7 @@ MODULES = {
                                   "tests/test_train_options.py", "-k",
                                   "helpers or epoch or without_effect or layout"],
     "src/ktae/train/session.py": ["tests/test_wiring_config.py", "tests/test_wiring_compare.py",
-                                  "tests/test_train_config.py"],
+                                  "tests/test_train_config.py", "tests/test_plan_run.py"],
 }
 
 
