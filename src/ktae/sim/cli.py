@@ -63,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods", default=None,
         help="comma list: broadcast, step (the oracle), ktae, ktae-graded (KTAE on the "
              "returns themselves, docs/graded.md), a calibration on broadcast "
-             f"({', '.join(CALIBRATIONS.names())}), BASE+CALIBRATION (e.g. ktae+taco), or "
+             f"({', '.join(CALIBRATIONS.names())}), BASE+CALIBRATION (e.g. ktae+taco), any "
+             "other registered estimator as ESTIMATOR[@KEY=VALUE][+CALIBRATION] (e.g. "
+             "prefix-value@total=add, gtpo, ktae@apply=wrong, a --plugin rule), or "
              f"all (default: quick {QUICK_METHODS}; paper all)")
     parser.add_argument("--ktae-threshold", type=float, default=None,
                         help="KTAE correctness: return > this value (default: return above "
