@@ -60,8 +60,8 @@ MUTATIONS = (
              ("tests/test_wiring_compare.py",)),
     Mutation("beta=0.0 passed to TRL",
              "src/ktae/train/session.py",
-             "beta=cfg.beta, epsilon=cfg.clip_low,",
-             "beta=0.0, epsilon=cfg.clip_low,",
+             "warmup_steps=cfg.warmup_ratio or cfg.warmup_steps, beta=cfg.beta,",
+             "warmup_steps=cfg.warmup_ratio or cfg.warmup_steps, beta=0.0,",
              ("tests/test_wiring_config.py::test_field_reaches_what_it_controls",
               "tests/test_wiring_train.py::"
               "test_default_rewards_shape_overlong_responses_and_beta_and_clip_reach_trl")),
