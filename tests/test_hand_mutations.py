@@ -5,6 +5,7 @@ be skipped as "not applied" instead of being checked)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ def _mutations():
     spec = importlib.util.spec_from_file_location("hand_mutations",
                                                   ROOT / "scripts" / "hand_mutations.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("hand_mutations", module)  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module.MUTATIONS
 
