@@ -75,3 +75,34 @@ def test_group_layout_under_dynamic_sampling():
         "generation batch (per_device_train_batch_size * steps_per_generation = 6) must be "
         "a multiple of num_generations=4 (with 2 process(es)); adjust the batch size or the "
         "number of prompts, or turn dynamic sampling off")
+
+
+def test_epoch_sampler_without_a_seed_draws_as_seed_zero():
+    from ktae.train.trainer import EpochRepeatSampler
+
+    kw = dict(mini_repeat_count=2, batch_size=2, repeat_count=1)
+    none, zero = (EpochRepeatSampler(list(range(10)), seed=s, **kw) for s in (None, 0))
+    one = EpochRepeatSampler(list(range(10)), seed=1, **kw)
+    first = list(none)
+    assert first == list(zero) != list(one)
+    assert list(none) == list(zero)  # epoch 1 as well
+
+
+def test_settings_without_effect_warn_with_the_whole_reason_at_the_callers_caller():
+    import warnings
+
+    from test_wiring_config import cfg_with
+
+    from ktae.train.session import grpo_config
+    from ktae.train.trainer import warn_settings_without_effect
+
+    def build_trainer():  # stands for KTAEGRPOTrainer.__init__
+        warn_settings_without_effect(grpo_config(cfg_with(), 1, trl={"scale_rewards": "batch"}))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_trainer()
+    (w,) = [w for w in caught if "has no effect" in str(w.message)]
+    assert str(w.message) == ("scale_rewards='batch' has no effect: the advantages come from "
+                              "ktae.compute_advantages (credit settings)")
+    assert w.filename == __file__  # the line that built the trainer, not ktae's code
