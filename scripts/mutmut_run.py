@@ -41,6 +41,7 @@ MODULES = {
         "tests/test_wiring_compare.py", "tests/test_mutation_kills.py",
         "tests/test_plugins.py::test_compare_arm_sets_the_rules_own_options",
         "tests/test_plugins.py::test_compare_arm_options_reach_the_config",
+        "tests/test_plugins.py::test_compare_arm_option_adds_to_the_common_ones_of_the_same_rule",
         "-k", "not test_credit_ and not test_method_"],
     # not the layer test: a fresh interpreter per import, slow and blind to mutants
     "src/ktae/core/methods.py": ["tests/test_methods.py", "tests/test_train_credit.py",

@@ -60,6 +60,17 @@ def test_a_resume_continues_from_the_last_complete_checkpoint(tmp_path):
     assert (early.checkpoint, early.complete) == (None, False)
 
 
+def test_a_run_without_saved_settings_resumes_from_its_checkpoint(tmp_path):
+    """A run directory whose config.yaml is gone (written by hand, or an older run) is
+    resumed from its last complete checkpoint with nothing to compare."""
+    cfg = _cfg(tmp_path / "run")
+    _run(cfg, checkpoints=(2,))
+    (tmp_path / "run" / "config.yaml").unlink()
+    plan = plan_run(cfg)
+    assert plan.checkpoint == tmp_path / "run" / "checkpoint-2"
+    assert (plan.complete, plan.changes) == (False, {})
+
+
 def test_finished_means_marked_finished_and_checkpointed_at_max_steps(tmp_path):
     cfg = _cfg(tmp_path / "done")
     _run(cfg, checkpoints=(2, 4), finished=True)
@@ -90,6 +101,7 @@ def test_resume_below_the_trained_steps_is_refused(tmp_path):
     (2, 6, 4, True),    # a step the run will save
     (2, 6, 3, False),   # not one it saves
     (4, 6, 6, True),    # the final step is always saved
+    (2, 5, 4, True),    # the last multiple before an odd final step
     (1, 3, 4, False),   # past max_steps
     (0, 3, 3, True),    # save_every 0: only the final step
     (0, 3, 2, False),

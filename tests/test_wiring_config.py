@@ -627,6 +627,7 @@ def test_grpo_config_fixed_settings():
     args = grpo_config(cfg_with(num_prompts=4, num_generations=4), 2,
                        trl={"gradient_accumulation_steps": 2})
     assert args.per_device_train_batch_size == 4  # 16 responses over 2 processes x 2 steps
+    assert type(args.per_device_train_batch_size) is int
     assert args.gradient_accumulation_steps == 2 and args.steps_per_generation == 2
     assert args.num_iterations == 1 and args.top_p == 1.0
     assert args.logging_steps == 1 and args.report_to == []
