@@ -67,10 +67,18 @@ class _Reader:
         return "".join(ln for ln in self.lines if ln)
 
 
+def _interactive_signals() -> None:
+    """In the child: SIGINT as in an interactive shell. A suite started in the background
+    (``cmd &`` in a script, ``nohup``) runs with SIGINT ignored, the child would inherit
+    that, and ktae keeps an inherited ignore (as a background job should)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(args: list[str], cwd: Path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_interactive_signals)
     return proc, _Reader(proc.stdout), _Reader(proc.stderr)
 
 
