@@ -472,9 +472,23 @@ def conclusions(corrs: list[dict], target: str = "train_gain") -> list[str]:
     return lines or ["* No correlation could be computed."]
 
 
+MARKERS = "osD^vP*Xhp<>d"
+
+
+def method_styles(methods) -> dict[str, tuple[str, tuple]]:
+    """Method -> (marker, colour), the same in every panel and figure, distinct for up to
+    ``len(MARKERS) * 10`` methods (markers cycle within each group of ten colours)."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab10"].colors
+    return {m: (MARKERS[(i // len(colours) + i) % len(MARKERS)], colours[i % len(colours)])
+            for i, m in enumerate(sorted(methods))}
+
+
 def plot(study: dict, folder: Path) -> list[str]:
     """Per testbed: blame and contamination against the training gain (and, for the
-    MDP, against the MDP gain), error bars both ways. One PNG per testbed."""
+    MDP, against the MDP gain), error bars both ways; one marker and colour per method,
+    named in one legend. One PNG per testbed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -482,10 +496,12 @@ def plot(study: dict, folder: Path) -> list[str]:
 
     written = []
     rows = study["joined"]["methods"]
+    styles = method_styles(rows)
     for bed in TESTBEDS:
         targets = TARGETS if bed == "mdp" else ("train_gain",)
         fig, axes = plt.subplots(len(targets), 2, figsize=(10, 4.2 * len(targets)),
                                  squeeze=False)
+        handles: dict = {}
         for i, target in enumerate(targets):
             for k, figure in enumerate(("blame", "contamination")):
                 ax = axes[i][k]
@@ -497,17 +513,22 @@ def plot(study: dict, folder: Path) -> list[str]:
                             if s.get("low") is not None else None)
                     yerr = ([[g["diff"] - g["low"]], [g["high"] - g["diff"]]]
                             if g.get("low") is not None else None)
-                    ax.errorbar(s["mean"], g["diff"], xerr=xerr, yerr=yerr, fmt="o", capsize=3)
-                    ax.annotate(m, (s["mean"], g["diff"]), fontsize=7,
-                                xytext=(4, 4), textcoords="offset points")
+                    marker, colour = styles[m]
+                    handles[m] = ax.errorbar(s["mean"], g["diff"], xerr=xerr, yerr=yerr,
+                                             fmt=marker, color=colour, capsize=3,
+                                             markersize=6, alpha=0.85)
                 ax.axhline(0, color="black", linewidth=0.8, linestyle="--")
                 ax.set_xlabel(f"{bed} {figure} (95% interval)")
                 ax.set_ylabel(f"{target.replace('_', ' ')} over GRPO (95% interval)")
                 ax.grid(alpha=0.3)
         fig.suptitle(f"credit figures on the {bed} testbed vs gains over GRPO", fontsize=10)
         fig.tight_layout()
+        if handles:
+            fig.legend([handles[m] for m in sorted(handles)], sorted(handles),
+                       loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+                       title="method", title_fontsize=8)
         path = folder / f"scatter_{bed}.png"
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
         written.append(str(path))
     return written

@@ -396,3 +396,10 @@ def test_run_options_build_the_commands(compare_dir, audit_dir, sim_dirs, tmp_pa
     assert "| taco | 2 (partial) |" in (out / "credit_study.md").read_text()
     assert sorted(study["inputs"]["simulate"]) == sorted([str(out / "simulate"),
                                                           str(out / "simulate-ngram=2")])
+
+
+def test_every_method_keeps_one_distinct_style_across_figures():
+    names = [f"m{i}" for i in range(25)]
+    styles = cs.method_styles(names)
+    assert len(set(styles.values())) == 25  # marker and colour together tell them apart
+    assert cs.method_styles(reversed(names)) == styles  # by name, not by order of arrival
