@@ -24,7 +24,8 @@ QUICK_METHODS = ",".join(PRESETS["quick"]["methods"])
 DEFAULT_ROOT = "runs/simulate"
 RESULT_FILES = ("results.md", "curves.json")
 #: Flags that change the result, in the order they name the default folder.
-_NAMED = ("horizon", "n_opt", "group_size", "actions", "steps", "lr", "seeds", "eval_every",
+_NAMED = ("horizon", "n_opt", "group_size", "actions", "steps", "lr", "seeds", "first_seed",
+          "eval_every",
           "methods", "ktae_threshold", "ktae_ngram", "target", "audit_groups", "audit_at")
 
 
@@ -57,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="SGD updates per run")
     parser.add_argument("--lr", type=float, default=None, help="SGD learning rate")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per (method, setting)")
+    parser.add_argument("--first-seed", type=int, default=None,
+                        help="the first seed: seeds K..K+N-1 with --seeds N (default 0); e.g. "
+                             "seeds kept aside for a final table")
     parser.add_argument("--eval-every", type=int, default=None,
                         help="updates between evaluations")
     parser.add_argument(
@@ -101,6 +105,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     for flag, field in (("horizon", "horizons"), ("n_opt", "n_opts"),
                         ("group_size", "group_sizes"), ("actions", "actions"),
                         ("steps", "steps"), ("lr", "lr"), ("seeds", "seeds"),
+                        ("first_seed", "first_seed"),
                         ("eval_every", "eval_every")):
         value = getattr(args, flag)
         if value is not None:

@@ -52,7 +52,9 @@ class SimConfig:
     lr: float = PRESETS["quick"]["lr"]
     """SGD learning rate"""
     seeds: int = PRESETS["quick"]["seeds"]
-    """independent runs per (method, setting): seeds 0..seeds-1"""
+    """independent runs per (method, setting): seeds first_seed..first_seed+seeds-1"""
+    first_seed: int = 0
+    """the first seed (seeds kept aside for a final table start later)"""
     eval_every: int = PRESETS["quick"]["eval_every"]
     """updates between evaluations (also at step 0 and at the last step)"""
     methods: tuple[str, ...] = PRESETS["quick"]["methods"]
@@ -86,6 +88,9 @@ class SimConfig:
         _positive("actions", self.actions)
         _positive("steps", self.steps)
         _positive("seeds", self.seeds)
+        if isinstance(self.first_seed, bool) or not isinstance(self.first_seed, int) \
+                or self.first_seed < 0:
+            raise ValueError(f"first_seed: expected an integer >= 0, got {self.first_seed!r}")
         _positive("eval_every", self.eval_every)
         _positive("block_elements", self.block_elements)
         for h in self.horizons:

@@ -262,9 +262,12 @@ def summary_paragraph(result: SimResult) -> str:
 def markdown(result: SimResult) -> str:
     """The whole report: settings, one table set per axis, claims, landing."""
     cfg = result.config
+    seeds = f"{cfg.seeds} seeds"
+    if cfg.first_seed:
+        seeds += f" ({cfg.first_seed}..{cfg.first_seed + cfg.seeds - 1})"
     lines = [
         "# ktae simulate", "",
-        f"|A| = {cfg.actions}, {cfg.steps} updates, lr = {cfg.lr:g}, {cfg.seeds} seeds, "
+        f"|A| = {cfg.actions}, {cfg.steps} updates, lr = {cfg.lr:g}, {seeds}, "
         f"evaluation every {cfg.eval_every} updates; base setting "
         f"H = {cfg.base.horizon}, n_opt = {cfg.base.n_opt}, G = {cfg.base.group_size}. "
         "Returns are the exact expected normalised return of the policy, mean ± std "

@@ -288,7 +288,8 @@ def plan_blocks(config: SimConfig) -> list[list[Run]]:
     size = 0
     for setting in config.settings():
         for method in parse_methods(config.methods):
-            unit = [Run(method, setting, s) for s in range(config.seeds)]
+            unit = [Run(method, setting, s)
+                    for s in range(config.first_seed, config.first_seed + config.seeds)]
             unit_size = config.seeds * setting.horizon * config.actions
             if current and size + unit_size > config.block_elements:
                 blocks.append(current)
