@@ -236,15 +236,19 @@ LABELS = {"none": "GRPO", "ktae": "GRPO + KTAE",
           "taco": "GRPO + TACO", "gtpo": "GRPO + GTPO"}
 
 
+def _accuracy_cells(rows: list[dict]) -> str:
+    """Held-out accuracy and carry/borrow accuracy after training, mean ± std over seeds."""
+    return (f"{_ms([r.get('heldout_after') for r in rows], unit=' %')} | "
+            f"{_ms([r.get('heldout_carry_after') for r in rows], unit=' %')}")
+
+
 def compare_seeds(*folders: Path) -> str:
     """README: each arm's held-out accuracy after training, from ``comparison.json``."""
     lines = ["| credit | seeds | after 150 steps | carry/borrow problems |",
              "|---|---|---|---|"]
     for folder in folders:
         for arm, rows in _json(folder, "comparison.json").items():
-            lines.append(f"| {LABELS.get(arm, arm)} | {len(rows)} | "
-                         f"{_ms([r.get('heldout_after') for r in rows], unit=' %')} | "
-                         f"{_ms([r.get('heldout_carry_after') for r in rows], unit=' %')} |")
+            lines.append(f"| {LABELS.get(arm, arm)} | {len(rows)} | {_accuracy_cells(rows)} |")
     return "\n".join(lines)
 
 
@@ -252,9 +256,7 @@ def compare_accuracy(folder: Path) -> str:
     """docs/calibration.md: held-out accuracy after training, per arm."""
     lines = ["| credit | after 150 steps | carry/borrow problems |", "|---|---|---|"]
     for arm, rows in _json(folder, "comparison.json").items():
-        lines.append(f"| {LABELS.get(arm, arm)} | "
-                     f"{_ms([r.get('heldout_after') for r in rows], unit=' %')} | "
-                     f"{_ms([r.get('heldout_carry_after') for r in rows], unit=' %')} |")
+        lines.append(f"| {LABELS.get(arm, arm)} | {_accuracy_cells(rows)} |")
     return "\n".join(lines)
 
 

@@ -335,6 +335,11 @@ APPLY = ("all", "wrong", "right")
 """``apply``: which responses get key-token values (the others keep their base advantage)."""
 
 
+def _check_apply(apply) -> None:
+    if apply not in APPLY:
+        raise ValueError(f"apply: expected one of {', '.join(APPLY)}, got {apply!r}")
+
+
 def _check_base(base) -> None:
     if not isinstance(base, str) or base not in SEQUENCE_BASELINES:
         raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
@@ -388,8 +393,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
         ValueError: an unknown option (the message lists the valid ones) or an invalid value.
     """
     _check_base(base)
-    if apply not in APPLY:
-        raise ValueError(f"apply: expected one of {', '.join(APPLY)}, got {apply!r}")
+    _check_apply(apply)
     opts, is_correct = _prepare(batch, correct, dict(
         reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top,
         ignore_token_ids=ignore_token_ids, mode=mode, variant=variant, ngram=ngram,
@@ -477,8 +481,7 @@ def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = 
     """
     if base is not None:
         _check_base(base)
-    if apply not in APPLY:
-        raise ValueError(f"apply: expected one of {', '.join(APPLY)}, got {apply!r}")
+    _check_apply(apply)
     batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask)
     opts, is_correct = _prepare(batch, correct, dict(
         reward_threshold=reward_threshold, h1=h1, h2=h2, h3=h3, k1=k1, b=b, top=top,

@@ -213,17 +213,15 @@ def _loss_mask(result: ktae.CalibrationResult, mask: torch.Tensor) -> torch.Tens
 
 def rule_advantages(method, batch: CreditBatch) -> torch.Tensor:
     """``[B, T]`` advantages of a registered estimator's :class:`ktae.core.methods.Method`
-    (0 on padding), one call over the block of runs (each run one group)."""
+    (0 on padding), one call over the block of runs (each run one group). Given the mask,
+    ``compute_advantages`` spreads a per-trajectory result over the real steps."""
     from ktae.core.methods import estimator_credit
 
     adv = estimator_credit(method, rewards=batch.returns, group=batch.group,
                            token_ids=batch.token_ids, mask=batch.mask,
                            correct=batch.above_group_mean(), logprobs=batch.logprobs,
                            entropies=batch.entropies)
-    adv = adv.to(batch.step_rewards.dtype)
-    if adv.dim() == 1:
-        adv = adv[:, None].expand_as(batch.step_rewards)
-    return torch.where(batch.mask, adv, 0.0)
+    return adv.to(batch.step_rewards.dtype)
 
 
 def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
