@@ -67,6 +67,7 @@ from ktae.core.ktae_options import (
 from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.ngrams import Spans, find_spans, reduce_from_starts
+from ktae.core.scatter_counts import count_units_scatter
 from ktae.core.table_stats import TableStats, reference_table_stats, table_stats
 from ktae.core.tasks import one_thread_caller, run_tasks
 from ktae.core.token_counts import (
@@ -86,6 +87,13 @@ __all__ = ["PAPER_DEFAULTS", "QWEN_ENDOFTEXT_ID", "RUNTIME_DEFAULTS", "KeyTokenT
 CPU_CHUNK_TOKENS = 1 << 18
 CPU_SPAN_CHUNK_TOKENS = 1 << 17
 DEVICE_CHUNK_TOKENS = 1 << 23
+
+#: How the advantages count the tokens of a chunk: ``"scatter"`` (dense ids and scatters
+#: into per-chunk tables, :mod:`ktae.core.scatter_counts`; spans, huge groups and keys
+#: beyond 62 bits take the sort) or ``"sort"`` (one sort of the chunk's keys,
+#: :func:`ktae.core.token_counts.count_units`). Same values either way; the benchmark
+#: times both (``benchmarks/bench_advantages.py --counting``).
+COUNTING = "scatter"
 
 
 # ------------------------------------------------------------------ statistics per pair
@@ -216,13 +224,21 @@ class _Chunk:
     num_groups: int
     correct: torch.Tensor
 
-    def count(self, opts: KTAEOptions, flat: torch.Tensor, row: torch.Tensor
-              ) -> tuple[TokenCounts, Spans | None]:
+    def count(self, opts: KTAEOptions, flat: torch.Tensor, row: torch.Tensor,
+              counting: str = "sort") -> tuple[TokenCounts, Spans | None]:
         """Counts per (group, token), or per (group, span) with their spans; ``flat`` and
-        ``row`` from :func:`ktae.core.token_counts.real_positions` of the chunk."""
+        ``row`` from :func:`ktae.core.token_counts.real_positions` of the chunk;
+        ``counting``: see :data:`COUNTING` (``"sort"``: pairs sorted by group, then unit)."""
         if opts.ngram == 1:
-            return count_units(real_token_ids(self.token_ids, flat), row, self.row_len,
-                               self.gid, self.num_groups, self.correct), None
+            tok = real_token_ids(self.token_ids, flat)
+            cnt = None
+            if counting == "scatter" and tok.numel():
+                cnt = count_units_scatter(tok, int(tok.max()) + 1, row, self.row_len,
+                                          self.gid, self.num_groups, self.correct)
+            if cnt is None:
+                cnt = count_units(tok, row, self.row_len, self.gid, self.num_groups,
+                                  self.correct)
+            return cnt, None
         spans, key = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids,
                                 flat=flat, row=row)
         cnt = count_units(key, spans.row, spans.row_len, self.gid, self.num_groups,
@@ -419,7 +435,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
             per_token = graded_token_values(chunk.token_ids, chunk.mask, chunk.gid,
                                             chunk.num_groups, chunk.correct, opts, out_dtype)
         else:
-            cnt, spans = chunk.count(opts, flat, row)
+            cnt, spans = chunk.count(opts, flat, row, COUNTING)
             if spans is None:
                 per_token = cnt.spread(_values(cnt, opts, tables).to(out_dtype))
             else:

@@ -34,11 +34,14 @@ class TokenCounts:
         count_correct, count_incorrect: ``[U]`` occurrences in each class's responses.
         run_length: ``[U]`` occurrences of the pair (runs of the sorted keys, in order).
         order: ``[M]`` for the k-th real token in sorted order, its index among the real
-            tokens in row-major order (``token_ids[mask]``).
+            tokens in row-major order (``token_ids[mask]``); None when counted without a
+            sort (:mod:`ktae.core.scatter_counts`).
         group_n_correct, group_n_incorrect: ``[P]`` class sizes of each group; the
             properties ``n_correct``/``n_incorrect`` give them per pair (c = n_correct - a).
         group_len_correct, group_len_incorrect: ``[P]`` tokens in each class's responses
             (L_T, L_F); per pair as ``len_correct``/``len_incorrect``.
+        pair: ``[M]`` the pair of each real token (row-major order), when counted without
+            a sort; else None (``order`` and ``run_length`` map them).
     """
 
     group: torch.Tensor
@@ -48,11 +51,12 @@ class TokenCounts:
     count_correct: torch.Tensor
     count_incorrect: torch.Tensor
     run_length: torch.Tensor
-    order: torch.Tensor
+    order: torch.Tensor | None
     group_n_correct: torch.Tensor
     group_n_incorrect: torch.Tensor
     group_len_correct: torch.Tensor
     group_len_incorrect: torch.Tensor
+    pair: torch.Tensor | None = None
 
     @property
     def n_correct(self) -> torch.Tensor:
@@ -74,12 +78,16 @@ class TokenCounts:
                   ) -> torch.Tensor:
         """``[U] -> [size]``: unit k's pair value at ``positions[k]``, 0 elsewhere (one
         scatter, where :meth:`spread` then a scatter of its result would take two)."""
-        at = positions.index_select(0, self.order)
         out = torch.zeros(size, dtype=per_pair.dtype, device=per_pair.device)
+        if self.pair is not None:
+            return out.index_copy_(0, positions, per_pair.index_select(0, self.pair))
+        at = positions.index_select(0, self.order)
         return out.index_copy_(0, at, per_pair.repeat_interleave(self.run_length))
 
     def spread(self, per_pair: torch.Tensor) -> torch.Tensor:
         """``[U] -> [M]``: each real token (row-major order) gets its pair's value."""
+        if self.pair is not None:
+            return per_pair.index_select(0, self.pair)
         sorted_vals = per_pair.repeat_interleave(self.run_length)
         return torch.empty_like(sorted_vals).index_copy_(0, self.order, sorted_vals)
 

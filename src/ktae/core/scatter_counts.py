@@ -1,0 +1,155 @@
+"""Counts per (group, unit) by scatter and gather into per-chunk tables: no sort.
+
+KTAE needs, per (group, distinct token) of a chunk of groups, the number of correct and
+incorrect responses containing the token and its occurrences in each class
+(:class:`ktae.core.token_counts.TokenCounts`). A sort of the chunk's keys
+(:func:`ktae.core.token_counts.count_units`) finds them by putting equal keys next to
+each other; here each key gets a dense id instead, and the counts are scatters into
+tables indexed by that id:
+
+1. Dense ids of the units. Token ids below a bound near the chunk's size get theirs from
+   a presence bitmap over ``[0, bound)``: its non-zero positions, in order, and a lookup
+   table filled at those positions (:func:`dense_ids`). Larger ids (span codes) are
+   placed in an open-addressing hash table of twice the keys' number, probed in parallel
+   rounds (:func:`hash_ids`): the ids are then exact too, as the table stores the keys.
+2. The pair (group, unit) of each occurrence: a dense id the same way, from
+   ``group * units + unit``.
+3. Responses containing each pair, by class: a presence bitmap over (pair, rank of the
+   response in its group, class), summed over the ranks.
+4. Occurrences by class: one ``bincount`` over (pair, class).
+
+Every step is a pass over the chunk's units or over a table of a few times their number,
+on any device (pure torch). Which occurrence a parallel scatter keeps when several write
+one slot can differ between runs on an accelerator; the dense ids (the order of the
+pairs) can then differ, never a count, so each token's value cannot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ktae.core.token_counts import TokenCounts, _group_totals, _ranks_in_groups
+
+#: Largest group (responses) counted here; larger groups take the sort, whose cost does
+#: not grow with the group size (the presence table here holds ``2 G`` flags per pair).
+MAX_GROUP = 64
+
+#: A presence bitmap is used for keys below ``DENSE_FACTOR`` times their number (plus a
+#: small constant); sparser keys are hashed.
+DENSE_FACTOR = 8
+_DENSE_FLOOR = 1 << 16
+
+#: Multiplier of the hash (Knuth's 64-bit golden ratio constant, as a signed int64).
+_GOLDEN = -7046029254386353131
+
+_KEY_LIMIT = 1 << 62
+
+
+def dense_ids(key: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(key, return_inverse=True)`` for int64 keys in ``[0, bound)`` by a
+    presence bitmap: ``(uniq ascending [U], inverse [M])``."""
+    present = torch.zeros(bound, dtype=torch.bool, device=key.device)
+    present.index_fill_(0, key, True)
+    uniq = present.nonzero().squeeze(1)
+    del present
+    lookup = torch.empty(bound, dtype=torch.int64, device=key.device)
+    lookup.index_copy_(0, uniq, torch.arange(uniq.numel(), device=key.device))
+    return uniq, lookup.index_select(0, key)
+
+
+def hash_ids(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct keys and each key's dense id, ``(uniq [U], inverse [M])``, for any
+    non-negative int64 keys: an open-addressing table (linear probing, at most half
+    full) filled in rounds; a round places every pending key whose slot is free or holds
+    its key, and moves the others one slot on. ``uniq`` is in slot order, not sorted."""
+    m = key.numel()
+    device = key.device
+    size = 1 << max(4, (2 * m).bit_length())
+    bits = size.bit_length() - 1
+    mask = size - 1
+    table = torch.full((size,), -1, dtype=torch.int64, device=device)
+    slot = ((key * _GOLDEN) >> (64 - bits)) & mask  # the product's top bits
+    where = torch.empty(m, dtype=torch.int64, device=device)
+    pending = torch.arange(m, device=device)
+    pk = key
+    while pending.numel():
+        cur = table.index_select(0, slot)
+        free = cur < 0
+        # several keys may claim one free slot: one of them wins, the others probe on
+        table.index_put_((slot[free],), pk[free])
+        cur = torch.where(free, table.index_select(0, slot), cur)
+        hit = cur == pk
+        where.index_copy_(0, pending[hit], slot[hit])
+        miss = (~hit).nonzero().squeeze(1)
+        pending, pk = pending.index_select(0, miss), pk.index_select(0, miss)
+        slot = (slot.index_select(0, miss) + 1) & mask
+    used = (table >= 0).nonzero().squeeze(1)
+    lookup = torch.empty(size, dtype=torch.int64, device=device)
+    lookup.index_copy_(0, used, torch.arange(used.numel(), device=device))
+    return table.index_select(0, used), lookup.index_select(0, where)
+
+
+def _ids(key: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if bound <= DENSE_FACTOR * key.numel() + _DENSE_FLOOR:
+        return dense_ids(key, bound)
+    return hash_ids(key)
+
+
+def pair_ids(unit: torch.Tensor, bound: int, row: torch.Tensor, gid: torch.Tensor,
+             num_groups: int):
+    """Dense ids of the (group, unit) pairs of a chunk, or None when the keys do not fit in
+    62 bits.
+
+    Returns ``(inverse [M], group [U], unit [U])``: each occurrence's pair and each pair's
+    group and unit id.
+    """
+    if bound <= DENSE_FACTOR * unit.numel() + _DENSE_FLOOR:  # few ids: make them dense first
+        uniq, unit = dense_ids(unit, bound)
+        width = max(1, uniq.numel())
+    else:
+        uniq, width = None, bound
+    if num_groups * width >= _KEY_LIMIT:
+        return None
+    key = (gid * width).index_select(0, row).add_(unit)
+    pair, inverse = _ids(key, num_groups * width)
+    group = pair // width
+    token = pair - group * width
+    return inverse, group, token if uniq is None else uniq.index_select(0, token)
+
+
+def count_units_scatter(unit: torch.Tensor, bound: int, row: torch.Tensor,
+                        row_len: torch.Tensor, gid: torch.Tensor, num_groups: int,
+                        correct: torch.Tensor) -> TokenCounts | None:
+    """:func:`ktae.core.token_counts.count_units` without a sort, or None where the sort
+    is the one to use (groups over :data:`MAX_GROUP`, keys beyond 62 bits).
+
+    Args are those of ``count_units``, and ``bound``: the units lie in ``[0, bound)``.
+    ``unit`` is not modified. The result's ``pair`` maps each unit to its pair (``order``
+    and ``run_length`` are None); pairs are sorted by (group, unit) when the ids were
+    dense, in hash order otherwise.
+    """
+    sizes, rank = _ranks_in_groups(gid, num_groups)
+    g_max = int(sizes.max()) if sizes.numel() else 1
+    if g_max > MAX_GROUP:
+        return None
+    found = pair_ids(unit, bound, row, gid, num_groups)
+    if found is None:
+        return None
+    inverse, group, token = found
+    u = group.numel()
+    # presence of (class, rank, pair) laid out so that summing over the ranks adds whole
+    # rows of U flags (class-major); occurrences of (class, pair) likewise
+    incorrect = (~correct).long()
+    cell = (incorrect * g_max + rank).mul_(u).index_select(0, row).add_(inverse)
+    present = torch.zeros(2 * g_max * u, dtype=torch.bool, device=unit.device)
+    present.index_fill_(0, cell, True)
+    # byte sums (at most MAX_GROUP < 256): a bool sum would widen every flag first
+    ab = present.view(torch.uint8).view(2, g_max, u).sum(1, dtype=torch.uint8).long()
+    del present
+    occurrences = torch.bincount((incorrect * u).index_select(0, row).add_(inverse),
+                                 minlength=2 * u).view(2, u)
+    run_length = occurrences.sum(0)
+    return TokenCounts(group=group, token=token, a=ab[0], b=ab[1],
+                       count_correct=occurrences[0], count_incorrect=occurrences[1],
+                       run_length=run_length, order=None, pair=inverse,
+                       **_group_totals(gid, num_groups, sizes, correct, row_len))
