@@ -78,11 +78,13 @@ from __future__ import annotations
 
 import torch
 
+from ktae.core import prefix_lcp
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor, check_mask
 from ktae.core.gtpo import _correctness
 from ktae.core.policy_loss import check_number
+from ktae.core.token_counts import real_positions
 
 APPLY = ("wrong", "all", "right")
 UNITS = ("token", "word", "span")
@@ -123,20 +125,42 @@ def _powers(base: int, c: int, n: int, device: torch.device) -> torch.Tensor:
 
 def _prefix_keys(tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
                  start: torch.Tensor, gid: torch.Tensor, T: int, attempt) -> torch.Tensor:
-    """``[N]`` int64 key (< 2**62) of each real token's prefix, from its token (``< 2**31 -
-    19``), its count ``pos`` in the response and its row; ``start[B]`` is the flat index of
-    each response's first real token. The key is ``mult * (group + 1) + sum_{s <= pos}
-    (id_s + salt + 1) * base**s`` modulo each prime, the two residues side by side."""
-    keys, N = [], tokens.numel()
-    for c, (base, salt, mult) in zip(_MODULI_C, attempt, strict=True):
+    """``[2, N + 1]`` int64 running sums of the terms ``(id_s + salt + 1) * base**s`` (one
+    row per prime, reduced once, not fully; a leading 0), from each real token (``< 2**31 -
+    19``), its count ``pos`` in its response and its row (``rows``, ``start``, ``gid``:
+    used by :func:`_keys_at`, which turns the sums into prefix keys)."""
+    sums, N = [], tokens.numel()
+    for c, (base, salt, _) in zip(_MODULI_C, attempt, strict=True):
         pw = _powers(base, c, T, tokens.device)
-        terms = (tokens + (salt + 1)) * pw[pos]  # < 2**62
+        terms = (tokens + (salt + 1)).mul_(pw.index_select(0, pos))  # < 2**62
         # one fold leaves terms below 2**35.4: their sum fits in int64 up to 2**27 tokens
-        terms = (terms & _LOW31) + (terms >> 31) * c if N < 2**27 else _mod(terms, c)
-        total = torch.cat([terms.new_zeros(1), terms.cumsum(0)])
-        offset = _mod((gid + 1) * mult, c) - total[start]  # [B]; total[1:] + offset >= 0
-        keys.append(_mod(total[1:] + offset[rows], c))
-    return (keys[0] << 31) | keys[1]
+        terms = (terms & _LOW31).add_((terms >> 31).mul_(c)) if N < 2**27 else _mod(terms, c)
+        total = terms.new_zeros(N + 1)
+        torch.cumsum(terms, 0, out=total[1:])
+        sums.append(total)
+    return torch.stack(sums)
+
+
+def _keys_at(sums: torch.Tensor, at: torch.Tensor, first: torch.Tensor,
+             group: torch.Tensor | None, attempt) -> list[torch.Tensor]:
+    """Per prime, the key of the prefix ending at real token ``at`` of the response whose
+    first real token is ``first``: ``mult * (group + 1) + sum_{s <= pos}
+    (id_s + salt + 1) * base**s`` modulo the prime; without ``group`` (prefixes of one
+    group compared with each other) the group term is left out."""
+    keys = []
+    for row, c, (_, _, mult) in zip(sums, _MODULI_C, attempt, strict=True):
+        x = row.index_select(0, at + 1) - row.index_select(0, first)
+        if group is not None:
+            x += _mod((group + 1) * mult, c)
+        keys.append(_mod(x, c))
+    return keys
+
+
+#: How :func:`prefix_classes` turns prefix hashes into classes: ``"lcp"`` (the common
+#: prefix length of each pair of a group's responses, :mod:`ktae.core.prefix_lcp`; groups
+#: over its ``MAX_GROUP`` take the sort) or ``"unique"`` (one ``torch.unique`` of every
+#: token's prefix hash). Same classes either way; the benchmark times both.
+CLASSES = "lcp"
 
 
 def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
@@ -146,26 +170,46 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
     Returns ``(flat, rows, pos, cls, prev, count)``: for each real token its flat index in
     ``[B * T]``, its row and its count ``t`` in the response (``[N]``), its prefix class
     (``[N]`` in ``0..U-1``), the class of the prefix one token shorter (``U + group`` for
-    ``t = 0``: the group's root), and each class's number of responses (``[U]``).
+    ``t = 0``: the group's root), and each class's number of responses (``[U]``; classes
+    are numbered densely with ``CLASSES="unique"``; with ``"lcp"`` a class is the index of
+    its representative token, ``U = N``, and indices of no class count 0).
     """
     T = mask.shape[1]
-    rows, cols = mask.nonzero().unbind(1)
-    flat = rows * T + cols
-    length = mask.sum(dim=1)
+    flat, rows, length = real_positions(mask)
     start = length.cumsum(0) - length
-    row_start = start[rows]
+    row_start = start.index_select(0, rows)
     pos = torch.arange(rows.numel(), device=rows.device) - row_start
-    tokens = token_ids.flatten()[flat]
+    tokens = token_ids.reshape(-1).index_select(0, flat)
     if tokens.numel() and bool(tokens.min() < 0):
         raise ValueError("token_ids: expected non-negative ids on real tokens")
     large = tokens.numel() and bool(tokens.max() >= 2**31 - max(_MODULI_C))
-    group = gid[rows]
+    group = gid.index_select(0, rows)
     first = pos == 0
+    members = None
+    if CLASSES == "lcp":
+        members, rank = prefix_lcp.members_of_groups(gid, num_groups)
+        if members.shape[1] > prefix_lcp.MAX_GROUP:
+            members = None
     for i, attempt in enumerate(_BASES):
         # ids beyond 31 bits: a residue of the id scrambled differently at each attempt
         hashed = _mod(tokens ^ _LARGE_ID_SALTS[i], max(_MODULI_C)) if large else tokens
-        key = _prefix_keys(hashed, pos, rows, start, gid, T, attempt)
-        _, cls, count = torch.unique(key, return_inverse=True, return_counts=True)
+        sums = _prefix_keys(hashed, pos, rows, start, gid, T, attempt)
+        if members is not None:
+            def same(a, b, fa, fb, sums=sums, attempt=attempt):
+                ka, kb = _keys_at(sums, a, fa, None, attempt), _keys_at(sums, b, fb, None, attempt)
+                return (ka[0] == kb[0]) & (ka[1] == kb[1])
+
+            lcp = prefix_lcp.pair_lcp(same, start, length, members)
+            cls = prefix_lcp.representative_classes(lcp, members, rank, gid, rows, pos, start)
+            U = cls.numel()
+            if prefix_lcp.classes_are_exact(cls, tokens, pos):
+                count = torch.bincount(cls, minlength=U)
+                prev = torch.where(first, U + group, torch.roll(cls, 1))
+                return flat, rows, pos, cls, prev, count
+            continue
+        k0, k1 = _keys_at(sums, torch.arange(rows.numel(), device=rows.device), row_start,
+                          group, attempt)
+        _, cls, count = torch.unique((k0 << 31) | k1, return_inverse=True, return_counts=True)
         U = count.numel()
         prev = torch.where(first, U + group, torch.roll(cls, 1))
         if _classes_are_exact(cls, U, tokens, prev):
@@ -190,15 +234,16 @@ def _prefix_credit(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.T
     (float64); per class ``n`` and ``c``; per group ``n_g`` and ``c_g`` (int64)."""
     flat, rows, pos, cls, prev, count = prefix_classes(token_ids, mask, gid, num_groups)
     ok = correct.to(torch.long)
-    right = torch.zeros_like(count).index_add_(0, cls, ok[rows])
+    right = torch.zeros_like(count).index_add_(0, cls, ok.index_select(0, rows))
     n_g = torch.zeros(num_groups, dtype=torch.long, device=mask.device).index_add_(
         0, gid, torch.ones_like(gid))
     c_g = torch.zeros(num_groups, dtype=torch.long, device=mask.device).index_add_(0, gid, ok)
     # the values of the U classes, then of the P roots (the empty prefixes)
     table = (torch.cat([right, c_g]).to(torch.float64)
              / torch.cat([count, n_g.clamp_min(1)]).to(torch.float64))
-    v = table[cls]
-    return dict(flat=flat, rows=rows, pos=pos, cls=cls, prev=prev, v=v, d=v - table[prev], n=count,
+    v = table.index_select(0, cls)
+    return dict(flat=flat, rows=rows, pos=pos, cls=cls, prev=prev, v=v,
+                d=v - table.index_select(0, prev), n=count,
                 c=right, n_g=n_g, c_g=c_g)
 
 
@@ -283,7 +328,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     n_g = torch.zeros(batch.num_groups, dtype=torch.long, device=batch.device).index_add_(
         0, batch.gid, torch.ones_like(ok))
     c_g = torch.zeros_like(n_g).index_add_(0, batch.gid, ok)
-    mask = mask & ((c_g > 0) & (c_g < n_g))[batch.gid][:, None]
+    mask = mask & ((c_g > 0) & (c_g < n_g)).index_select(0, batch.gid)[:, None]
     if not bool(mask.any()):
         return out.to(batch.rewards.dtype)
     p = _prefix_credit(ids, mask, is_correct, batch.gid, batch.num_groups)
@@ -296,7 +341,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
         d = _unit_credit(d, shorter | first)
 
     # D_i from integers: c_end / n_end - c_g / n_g, zero exactly when its numerator is
-    length = mask.sum(dim=1)
+    length = mask.sum(dim=1, dtype=torch.int32).long()  # (a bool sum widens every flag)
     end = cls[(length.cumsum(0) - 1).clamp_min(0)]  # each row's last real token (row-major)
     g = batch.gid
     num = p["c"][end] * p["n_g"][g] - p["c_g"][g] * p["n"][end]
@@ -312,7 +357,8 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     else:
         scale = torch.where(moved, weight * seq / D, 0.0)
         keep = seq
-    out.view(-1)[p["flat"]] = keep[rows] + scale[rows] * d
+    out.view(-1).index_copy_(0, p["flat"], keep.index_select(0, rows)
+                             + scale.index_select(0, rows) * d)
     return out.to(batch.rewards.dtype)
 
 
