@@ -6,6 +6,7 @@ Usage:
     python benchmarks/bench_advantages.py --ngram 1,3         # KTAE over spans too
     python benchmarks/bench_advantages.py --contend 2         # with 2 busy processes
     python benchmarks/bench_advantages.py --rewards graded    # split="graded" side by side
+    python benchmarks/bench_advantages.py --prefix-value --compare   # and the old algorithms
 
 Prints the median of ``--repeats`` rounds (each function once per round, in rotation, in
 one process), the median ratio to a single ``torch.sort`` of the batch's int64 keys (one
@@ -21,7 +22,12 @@ rewards are graded (a correct response 1, a wrong one ``0.4 u`` with ``u`` unifo
 median ratio to thresholded KTAE (``ktae exact``) in the same round. ``--contend K``
 starts K busy-loop processes (one Python ``while True`` each, at the default priority)
 before the batch is built and stops them at the end, to measure under CPU contention as on
-a busy training machine.
+a busy training machine. ``--prefix-value`` also times the prefix-value credit
+(``unit="token"``, ``apply="all"``) on the same batch. ``--compare`` also times, in the
+same rounds, the algorithms the current ones replaced, in rows marked ``[sort]`` (KTAE
+counting each chunk's tokens with one sort, :func:`ktae.core.token_counts.count_units`)
+and ``[unique]`` (prefix-value's classes from one ``torch.unique`` of every token's
+prefix hash); their values are the same.
 """
 
 from __future__ import annotations
@@ -41,6 +47,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic import PRESETS, make_batch  # noqa: E402
 
 import ktae  # noqa: E402
+from ktae.core import ktae as ktae_module  # noqa: E402
+from ktae.core import prefix_value  # noqa: E402
+
+#: ``--compare``: the row suffix and the module switches of each algorithm.
+ALGORITHMS = {"": ("scatter", "lcp"), " [sort]": ("sort", "lcp"), " [unique]": ("scatter", "unique")}
+
+
+def with_algorithm(suffix: str, fn):
+    """``fn`` run with the counting and prefix-class algorithms of a row suffix."""
+    counting, classes = ALGORITHMS[suffix]
+
+    def run():
+        saved = ktae_module.COUNTING, prefix_value.CLASSES
+        ktae_module.COUNTING, prefix_value.CLASSES = counting, classes
+        try:
+            return fn()
+        finally:
+            ktae_module.COUNTING, prefix_value.CLASSES = saved
+
+    return run
 
 
 def _sync(device: str) -> None:
@@ -119,24 +145,30 @@ def _memory_probe(args) -> int:
     """Child process: peak extra memory of one call, relative to the input tensors."""
     _, kw = _inputs(args)
     input_bytes = sum(t.element_size() * t.numel() for t in kw.values())
-    mode, _, ngram = args.memory_probe.partition(":")
-    opts = {"ngram": int(ngram or 1), "ngram_reduce": args.ngram_reduce}
-    opts.update({"split": "graded"} if mode == "graded" else {"mode": mode})
-    if mode == "exact":
-        opts.update(_threshold(args))
+    mode, _, rest = args.memory_probe.partition(":")
+    ngram, _, suffix = rest.partition(":")
+    if mode == "prefix-value":
+        name, opts = "prefix-value", {"apply": "all"}
+    else:
+        name, opts = "ktae", {"ngram": int(ngram or 1), "ngram_reduce": args.ngram_reduce}
+        opts.update({"split": "graded"} if mode == "graded" else {"mode": mode})
+        if mode == "exact":
+            opts.update(_threshold(args))
     tiny = make_batch(4, 4, 16, 100, seed=1, device=args.device)  # load code pages first
-    ktae.compute_advantages("ktae", rewards=tiny.rewards, group=tiny.group,
-                            token_ids=tiny.token_ids, mask=tiny.mask, **opts)
-    if args.chunk_tokens:
+    with_algorithm(suffix, lambda: ktae.compute_advantages(
+        name, rewards=tiny.rewards, group=tiny.group, token_ids=tiny.token_ids,
+        mask=tiny.mask, **opts))()
+    if args.chunk_tokens and name == "ktae":
         opts["chunk_tokens"] = args.chunk_tokens
-    extra = peak_extra_memory(lambda: ktae.compute_advantages("ktae", **kw, **opts),
-                              args.device)
+    extra = peak_extra_memory(with_algorithm(suffix, lambda: ktae.compute_advantages(
+        name, **kw, **opts)), args.device)
     print(f"{extra / input_bytes:.3f}")
     return 0
 
 
 def _measure_memory(args, probe: str) -> float:
-    """Peak extra memory / input of one call in a fresh process (``probe``: mode[:ngram])."""
+    """Peak extra memory / input of one call in a fresh process (``probe``:
+    mode[:ngram[:row suffix]], mode ``prefix-value`` for that estimator)."""
     cmd = [sys.executable, __file__, "--preset", args.preset, "--device", args.device,
            "--seed", str(args.seed), "--memory-probe", probe,
            "--ngram-reduce", args.ngram_reduce, "--rewards", args.rewards]
@@ -190,6 +222,13 @@ def main(argv=None) -> int:
                     help="binary 0/1 rewards, or graded ones with split='graded' timed too")
     ap.add_argument("--contend", type=int, default=0, metavar="K",
                     help="run with K busy-loop processes competing for the CPU")
+    ap.add_argument("--prefix-value", action="store_true",
+                    help="also time the prefix-value credit (unit='token', apply='all')")
+    ap.add_argument("--compare", action="store_true",
+                    help="also time the algorithms the current ones replaced ([sort] and "
+                         "[unique] rows), in the same rounds")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="skip KTAE's reference mode (shorter rounds)")
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the peak-memory probes (fresh processes)")
     ap.add_argument("--memory-probe", help=argparse.SUPPRESS)
@@ -224,18 +263,31 @@ def _run(args, ngrams) -> int:
     runs = {
         "sort (floor)": lambda: torch.sort(keys),
         "grpo": lambda: ktae.compute_advantages("grpo", **kw),
-        "ktae exact": lambda: ktae.compute_advantages("ktae", **kw, **opts, **_threshold(args)),
-        "ktae reference": lambda: ktae.compute_advantages("ktae", mode="reference", **kw, **opts),
     }
-    probes = {"ktae exact": "exact", "ktae reference": "reference"}
+    probes = {}
+    ktae_suffixes = ["", " [sort]"] if args.compare else [""]
+    for sfx in ktae_suffixes:
+        runs["ktae exact" + sfx] = with_algorithm(sfx, lambda: ktae.compute_advantages(
+            "ktae", **kw, **opts, **_threshold(args)))
+        probes["ktae exact" + sfx] = f"exact:1:{sfx}"
+    for sfx in [] if args.no_reference else ktae_suffixes:
+        runs["ktae reference" + sfx] = with_algorithm(sfx, lambda: ktae.compute_advantages(
+            "ktae", mode="reference", **kw, **opts))
+        probes["ktae reference" + sfx] = f"reference:1:{sfx}"
     if args.rewards == "graded":
         runs["ktae graded"] = lambda: ktae.compute_advantages("ktae", **kw, **opts,
                                                               split="graded")
         probes["ktae graded"] = "graded"
     for n in ngrams[1:]:
-        runs[f"ktae ngram={n}"] = (lambda n=n: ktae.compute_advantages(
-            "ktae", **kw, **opts, ngram=n, ngram_reduce=args.ngram_reduce))
-        probes[f"ktae ngram={n}"] = f"exact:{n}"
+        for sfx in ktae_suffixes:
+            runs[f"ktae ngram={n}{sfx}"] = with_algorithm(sfx, lambda n=n: ktae.compute_advantages(
+                "ktae", **kw, **opts, ngram=n, ngram_reduce=args.ngram_reduce))
+            probes[f"ktae ngram={n}{sfx}"] = f"exact:{n}:{sfx}"
+    if args.prefix_value:
+        for sfx in ["", " [unique]"] if args.compare else [""]:
+            runs["prefix-value" + sfx] = with_algorithm(sfx, lambda: ktae.compute_advantages(
+                "prefix-value", **kw, apply="all"))
+            probes["prefix-value" + sfx] = f"prefix-value:1:{sfx}"
     for fn in runs.values():  # warm-up (allocator, lazy init)
         fn()
     times = paired_rounds(runs, args.repeats, args.device)
@@ -252,8 +304,10 @@ def _run(args, ngrams) -> int:
         ratio = statistics.median(t / f for t, f in zip(ts, floor, strict=True))
         m = f"{mem[name]:.2f}" if name in mem else ""
         line = f"{name:<{width}}{statistics.median(ts):>10.4f}{ratio:>15.2f}{m:>20}"
-        if extra_col and name.startswith("ktae"):
-            line += f"{statistics.median(t / u for t, u in zip(ts, unigram, strict=True)):>12.2f}"
+        if extra_col and name.startswith("ktae"):  # against the unigram of the same algorithm
+            ref = times.get("ktae exact" + name.partition(" [")[1] + name.partition(" [")[2],
+                            unigram)
+            line += f"{statistics.median(t / u for t, u in zip(ts, ref, strict=True)):>12.2f}"
         print(line)
     if args.loop_baseline:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -1,0 +1,221 @@
+"""Counting without a sort: KTAE's scatter counts (ktae.core.scatter_counts) against the
+sort they replace (ktae.core.token_counts.count_units), and prefix-value's classes from
+pair common prefixes (ktae.core.prefix_lcp) against one torch.unique and the slow
+reference. Both algorithms stay selectable; the values must be the same bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from prefix_value_oracle import slow_prefix_values
+from test_prefix_value import random_groups
+
+import ktae
+from ktae.core import ktae as ktae_module
+from ktae.core import prefix_lcp, prefix_value, scatter_counts
+from ktae.core.groups import group_index
+from ktae.core.token_counts import count_units, real_positions
+
+
+def _keys(seed: int, n: int, high: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randint(0, high, (max(1, n // 3),), generator=gen)
+    return pool[torch.randint(0, pool.numel(), (n,), generator=gen)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("high", [7, 5000, 1 << 62])
+def test_dense_and_hashed_ids_are_unique_with_its_inverse(seed, high):
+    key = _keys(seed, 3000, high)
+    uniq, inv = torch.unique(key, return_inverse=True)
+    if high < 1 << 20:
+        d_uniq, d_inv = scatter_counts.dense_ids(key, high)
+        assert torch.equal(d_uniq, uniq) and torch.equal(d_inv, inv)
+    h_uniq, h_inv = scatter_counts.hash_ids(key)
+    assert torch.equal(h_uniq.sort().values, uniq)  # each key once, in slot order
+    assert torch.equal(h_uniq[h_inv], key)
+
+
+def test_ids_of_no_keys():
+    empty = torch.zeros(0, dtype=torch.int64)
+    for uniq, inv in (scatter_counts.dense_ids(empty, 10), scatter_counts.hash_ids(empty)):
+        assert uniq.numel() == 0 and inv.numel() == 0
+
+
+def _batch(seed: int, vocab: int, max_group: int = 12):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, max_group + 1, (int(torch.randint(1, 6, (1,), generator=gen)),),
+                          generator=gen)
+    group = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
+    group = group[torch.randperm(group.numel(), generator=gen)]  # groups not contiguous
+    B, T = group.numel(), 9
+    ids = torch.randint(0, 6, (B, T), generator=gen)
+    ids = torch.where(torch.rand(B, T, generator=gen) < 0.3, ids * (vocab // 6) + 1, ids)
+    mask = torch.rand(B, T, generator=gen) < 0.8
+    mask[0] = False  # an empty response
+    correct = torch.rand(B, generator=gen) < 0.5
+    return group, ids, mask, correct
+
+
+def _rows(cnt) -> list[tuple]:
+    cols = (cnt.group, cnt.token, cnt.a, cnt.b, cnt.count_correct, cnt.count_incorrect,
+            cnt.run_length)
+    return sorted(zip(*(c.tolist() for c in cols), strict=True))
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("vocab", [6, 152_000, 1 << 40])  # bitmaps; hashed (group, id) keys
+def test_scatter_counts_equal_the_sorted_counts(seed, vocab):
+    group, ids, mask, correct = _batch(seed, vocab)
+    gid, P = group_index(group, group.numel(), torch.device("cpu"))
+    flat, row, row_len = real_positions(mask)
+    tok = ids.reshape(-1)[flat]
+    new = scatter_counts.count_units_scatter(tok, int(tok.max()) + 1, row, row_len, gid, P,
+                                             correct)
+    old = count_units(tok.clone(), row, row_len, gid, P, correct)
+    assert new.order is None and new.pair is not None
+    assert _rows(new) == _rows(old)
+    for name in ("group_n_correct", "group_n_incorrect", "group_len_correct",
+                 "group_len_incorrect"):
+        assert torch.equal(getattr(new, name), getattr(old, name))
+    # each token gets its own pair's value (here: a code of the pair)
+    code = lambda c: (c.group * 1000 + c.a * 100 + c.b * 10 + c.count_correct).double()  # noqa: E731
+    assert torch.equal(new.spread(code(new)), old.spread(code(old)))
+    positions = torch.arange(tok.numel()) * 2
+    assert torch.equal(new.spread_at(code(new), positions, 2 * tok.numel()),
+                       old.spread_at(code(old), positions, 2 * tok.numel()))
+
+
+def test_the_sort_takes_groups_over_the_limit_and_keys_beyond_62_bits(monkeypatch):
+    group, ids, mask, correct = _batch(0, 100, max_group=12)
+    gid, P = group_index(group, group.numel(), torch.device("cpu"))
+    flat, row, row_len = real_positions(mask)
+    tok = ids.reshape(-1)[flat]
+    monkeypatch.setattr(scatter_counts, "MAX_GROUP", 1)
+    assert scatter_counts.count_units_scatter(tok, 100, row, row_len, gid, P, correct) is None
+    monkeypatch.undo()
+    assert scatter_counts.pair_ids(tok, 1 << 61, row, gid, 4) is None  # 4 groups x 2**61
+    assert scatter_counts.pair_ids(tok, 1 << 61, row, gid, 1) is not None
+
+
+KTAE_CASES = [
+    {},
+    {"mode": "reference"},
+    {"ignore_token_ids": [3, 4]},
+    {"apply": "wrong", "base": "rloo"},
+    {"ngram": 2},
+    {"variant": "paper", "h3": 0.5, "chunk_tokens": 16},
+]
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("opts", KTAE_CASES)
+def test_ktae_values_are_the_same_bits_with_either_counting(monkeypatch, seed, opts):
+    group, ids, mask, correct = _batch(seed, 152_000)
+    rewards = correct.double()
+    out = {}
+    for counting in ("scatter", "sort"):
+        monkeypatch.setattr(ktae_module, "COUNTING", counting)
+        out[counting] = ktae.compute_advantages("ktae", rewards=rewards, group=group,
+                                                token_ids=ids, mask=mask, **opts)
+    assert torch.equal(out["scatter"], out["sort"])
+
+
+def test_the_counting_switch_picks_the_algorithm(monkeypatch):
+    group, ids, mask, correct = _batch(1, 50)
+    kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask)
+    calls = []
+    real = ktae_module.count_units_scatter
+    monkeypatch.setattr(ktae_module, "count_units_scatter",
+                        lambda *a: calls.append(1) or real(*a))
+    ktae.compute_advantages("ktae", **kw)
+    assert calls
+    calls.clear()
+    monkeypatch.setattr(ktae_module, "COUNTING", "sort")
+    ktae.compute_advantages("ktae", **kw)
+    assert not calls
+
+
+def _exact_prefix_ids(ids, mask):
+    """Per real token (row-major), an id shared exactly by the tokens whose responses have
+    the same real tokens up to it (groups ignored: the lcp search compares within one)."""
+    seen, out = {}, []
+    for row, m in zip(ids.tolist(), mask.tolist(), strict=True):
+        prefix = ()
+        for x, keep in zip(row, m, strict=True):
+            if keep:
+                prefix += (x,)
+                out.append(seen.setdefault(prefix, len(seen)))
+    return torch.tensor(out, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pair_lcp_is_the_common_prefix_length(seed):
+    _, group, ids, mask, _ = random_groups(seed, holes=seed % 2 == 1)
+    ids, mask = torch.tensor(ids), torch.tensor(mask)
+    gid, P = group_index(torch.tensor(group), len(group), torch.device("cpu"))
+    _, _, length = real_positions(mask)
+    start = length.cumsum(0) - length
+    prefix_id = _exact_prefix_ids(ids, mask)
+    members, _ = prefix_lcp.members_of_groups(gid, P)
+    lcp = prefix_lcp.pair_lcp(lambda a, b, fa, fb: prefix_id[a] == prefix_id[b], start,
+                              length, members)
+    real = [[x for x, k in zip(r, m, strict=True) if k] for r, m in
+            zip(ids.tolist(), mask.tolist(), strict=True)]
+    for g in range(P):
+        for a, i in enumerate(members[g].tolist()):
+            for b, j in enumerate(members[g].tolist()):
+                if i < 0 or j < 0:
+                    assert lcp[g, a, b] == 0
+                    continue
+                n = 0
+                while n < min(len(real[i]), len(real[j])) and real[i][n] == real[j][n]:
+                    n += 1
+                assert lcp[g, a, b] == n
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("unit", ["token", "span"])
+def test_prefix_value_is_the_same_bits_with_either_classes(monkeypatch, seed, unit):
+    rewards, group, ids, mask, correct = random_groups(seed, holes=seed % 3 == 0)
+    kw = dict(rewards=torch.tensor(rewards), group=torch.tensor(group),
+              token_ids=torch.tensor(ids), mask=torch.tensor(mask))
+    out = {}
+    for classes in ("lcp", "unique"):
+        monkeypatch.setattr(prefix_value, "CLASSES", classes)
+        out[classes] = ktae.compute_advantages("prefix-value", **kw, apply="all", unit=unit)
+    assert torch.equal(out["lcp"], out["unique"])
+
+
+def test_the_classes_switch_picks_the_algorithm(monkeypatch):
+    rewards, group, ids, mask, correct = random_groups(2)
+    gid, P = group_index(torch.tensor(group), len(group), torch.device("cpu"))
+    calls = []
+    real = prefix_lcp.pair_lcp
+    monkeypatch.setattr(prefix_lcp, "pair_lcp", lambda *a: calls.append(1) or real(*a))
+    args = (torch.tensor(ids), torch.tensor(mask), torch.tensor(correct), gid, P)
+    prefix_value.prefix_values(*args)
+    assert calls
+    calls.clear()
+    monkeypatch.setattr(prefix_value, "CLASSES", "unique")
+    prefix_value.prefix_values(*args)
+    assert not calls
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_groups_over_the_lcp_limit_take_the_unique_path_and_match_the_reference(
+        monkeypatch, seed):
+    monkeypatch.setattr(prefix_lcp, "MAX_GROUP", 2)
+    calls = []
+    real = prefix_lcp.pair_lcp
+    monkeypatch.setattr(prefix_lcp, "pair_lcp", lambda *a: calls.append(1) or real(*a))
+    rewards, group, ids, mask, correct = random_groups(seed)
+    gid, P = group_index(torch.tensor(group), len(group), torch.device("cpu"))
+    values, credit = prefix_value.prefix_values(torch.tensor(ids), torch.tensor(mask),
+                                                torch.tensor(correct), gid, P)
+    v_ref, d_ref = slow_prefix_values(ids, mask, correct, group)
+    m = torch.tensor(mask)
+    np.testing.assert_allclose(values[m].numpy(), [x for r in v_ref for x in r], atol=1e-12)
+    np.testing.assert_allclose(credit[m].numpy(), [x for r in d_ref for x in r], atol=1e-12)
+    assert bool(calls) == (max(np.bincount(group)) <= 2)  # lcp only for groups of <= 2
