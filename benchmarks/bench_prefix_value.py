@@ -11,7 +11,10 @@ branch at many depths, as real rollouts do). Prints the median of ``--repeats`` 
 (each function once per round, in rotation, in one process) and the median ratio to one
 ``torch.sort`` of the batch's int64 keys (one key per real token) timed in the same round,
 as ``bench_advantages.py`` does. Rows: GRPO, prefix-value with ``unit="token"`` (all
-responses) and ``unit="span"``. Runs on CUDA when available (``--device``).
+responses) and ``unit="span"``; with ``--compare`` also, in the same rounds, the same rows
+with the classes of the algorithm the current one replaced (``[unique]``: one
+``torch.unique`` of every token's prefix hash; the values are the same). Runs on CUDA when
+available (``--device``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_advantages import paired_rounds  # noqa: E402
+from bench_advantages import paired_rounds, with_algorithm  # noqa: E402
 from synthetic import PRESETS, make_batch  # noqa: E402
 
 import ktae  # noqa: E402
@@ -57,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shared", type=float, default=0.5,
                     help="most share of a response copied from its group's first one")
+    ap.add_argument("--compare", action="store_true",
+                    help="also time the classes by one torch.unique ([unique] rows)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -75,10 +80,12 @@ def main(argv=None) -> int:
     runs = {
         "sort (floor)": lambda: torch.sort(keys),
         "grpo": lambda: ktae.compute_advantages("grpo", **kw),
-        "prefix-value token": lambda: ktae.compute_advantages("prefix-value", **kw, apply="all"),
-        "prefix-value span": lambda: ktae.compute_advantages("prefix-value", **kw, apply="all",
-                                                             unit="span"),
     }
+    for sfx in ["", " [unique]"] if args.compare else [""]:
+        for unit in ("token", "span"):
+            runs[f"prefix-value {unit}{sfx}"] = with_algorithm(
+                sfx, lambda unit=unit: ktae.compute_advantages("prefix-value", **kw, apply="all",
+                                                               unit=unit))
     for fn in runs.values():  # warm-up (allocator, lazy init)
         fn()
     times = paired_rounds(runs, args.repeats, args.device)

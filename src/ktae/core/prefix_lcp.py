@@ -74,25 +74,24 @@ def pair_lcp(same, start: torch.Tensor, length: torch.Tensor,
 
 
 def representative_classes(lcp: torch.Tensor, members: torch.Tensor, rank: torch.Tensor,
-                           gid: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-                           start: torch.Tensor) -> torch.Tensor:
-    """``[N]`` class of each real token: the index (among the real tokens) of its
-    representative's token at the same position."""
+                           gid: torch.Tensor, start: torch.Tensor, n: int) -> torch.Tensor:
+    """``[n]`` class of each real token: the index (among the ``n`` real tokens, row-major)
+    of its representative's token at the same position."""
     g_max = members.shape[1]
     # l(i, k) for each response i (its group's row of the [P, G, G] table, by its rank)
     own = lcp.view(-1, g_max).index_select(0, gid * g_max + rank)  # [B, G]
     before = torch.cummax(own, dim=1).values  # max_{j <= k} l(i, j)
     before = torch.cat([torch.zeros_like(before[:, :1]), before[:, :-1]], dim=1)  # j < k
     takes_over = own > before  # k is the representative from t = before[i, k] on
-    i, k = takes_over.nonzero().unbind(1)
-    n = rows.numel()
-    code = torch.full((n,), -1, dtype=torch.int64, device=rows.device)
-    # codes grow along the flat order (row-major, then rank): one running maximum
-    code.index_copy_(0, start.index_select(0, i) + before[i, k], i * g_max + k)
-    code = torch.cummax(code, dim=0).values if n else code
-    rep_rank = code - rows * g_max
-    rep_row = members.view(-1).index_select(0, gid.index_select(0, rows) * g_max + rep_rank)
-    return start.index_select(0, rep_row) + pos
+    i, k = takes_over.nonzero().unbind(1)  # by response, then rank: along the flat order
+    # class - own index = start of the representative - start of the response: constant
+    # between takeovers, so a running sum of its jumps
+    shift = start.index_select(0, members.view(-1).index_select(
+        0, gid.index_select(0, i) * g_max + k)) - start.index_select(0, i)
+    jumps = torch.diff(shift, prepend=shift.new_zeros(1))
+    at = start.index_select(0, i) + before[i, k]
+    cls = torch.zeros(n, dtype=torch.int64, device=start.device).index_copy_(0, at, jumps)
+    return cls.cumsum_(0).add_(torch.arange(n, device=start.device))
 
 
 def classes_are_exact(cls: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor) -> bool:

@@ -129,16 +129,15 @@ def _prefix_keys(tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
     row per prime, reduced once, not fully; a leading 0), from each real token (``< 2**31 -
     19``), its count ``pos`` in its response and its row (``rows``, ``start``, ``gid``:
     used by :func:`_keys_at`, which turns the sums into prefix keys)."""
-    sums, N = [], tokens.numel()
-    for c, (base, salt, _) in zip(_MODULI_C, attempt, strict=True):
+    N = tokens.numel()
+    sums = tokens.new_zeros((len(_MODULI_C), N + 1))
+    for total, c, (base, salt, _) in zip(sums, _MODULI_C, attempt, strict=True):
         pw = _powers(base, c, T, tokens.device)
         terms = (tokens + (salt + 1)).mul_(pw.index_select(0, pos))  # < 2**62
         # one fold leaves terms below 2**35.4: their sum fits in int64 up to 2**27 tokens
         terms = (terms & _LOW31).add_((terms >> 31).mul_(c)) if N < 2**27 else _mod(terms, c)
-        total = terms.new_zeros(N + 1)
         torch.cumsum(terms, 0, out=total[1:])
-        sums.append(total)
-    return torch.stack(sums)
+    return sums
 
 
 def _keys_at(sums: torch.Tensor, at: torch.Tensor, first: torch.Tensor,
@@ -180,9 +179,10 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
     row_start = start.index_select(0, rows)
     pos = torch.arange(rows.numel(), device=rows.device) - row_start
     tokens = token_ids.reshape(-1).index_select(0, flat)
-    if tokens.numel() and bool(tokens.min() < 0):
+    low, high = torch.aminmax(tokens) if tokens.numel() else (0, 0)
+    if low < 0:
         raise ValueError("token_ids: expected non-negative ids on real tokens")
-    large = tokens.numel() and bool(tokens.max() >= 2**31 - max(_MODULI_C))
+    large = bool(high >= 2**31 - max(_MODULI_C))
     group = gid.index_select(0, rows)
     first = pos == 0
     members = None
@@ -200,7 +200,8 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
                 return (ka[0] == kb[0]) & (ka[1] == kb[1])
 
             lcp = prefix_lcp.pair_lcp(same, start, length, members)
-            cls = prefix_lcp.representative_classes(lcp, members, rank, gid, rows, pos, start)
+            cls = prefix_lcp.representative_classes(lcp, members, rank, gid, start,
+                                                       rows.numel())
             U = cls.numel()
             if prefix_lcp.classes_are_exact(cls, tokens, pos):
                 count = torch.bincount(cls, minlength=U)
@@ -322,7 +323,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     is_correct = _correctness(batch, correct, reward_threshold)
     seq = SEQUENCE_BASELINES[base](batch.rewards, batch.gid, batch.num_groups)
     seq = seq.to(torch.float64)
-    out = seq[:, None] * mask
+    out = seq.to(batch.rewards.dtype)[:, None] * mask  # the same bits as casting at the end
     # groups with one outcome get no prefix credit (D_i = 0): leave their tokens out
     ok = is_correct.long()
     n_g = torch.zeros(batch.num_groups, dtype=torch.long, device=batch.device).index_add_(
@@ -330,7 +331,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     c_g = torch.zeros_like(n_g).index_add_(0, batch.gid, ok)
     mask = mask & ((c_g > 0) & (c_g < n_g)).index_select(0, batch.gid)[:, None]
     if not bool(mask.any()):
-        return out.to(batch.rewards.dtype)
+        return out
     p = _prefix_credit(ids, mask, is_correct, batch.gid, batch.num_groups)
     rows, pos, cls, d = p["rows"], p["pos"], p["cls"], p["d"]
     first = pos == 0
@@ -357,9 +358,9 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     else:
         scale = torch.where(moved, weight * seq / D, 0.0)
         keep = seq
-    out.view(-1).index_copy_(0, p["flat"], keep.index_select(0, rows)
-                             + scale.index_select(0, rows) * d)
-    return out.to(batch.rewards.dtype)
+    moved_values = keep.index_select(0, rows) + scale.index_select(0, rows) * d
+    out.view(-1).index_copy_(0, p["flat"], moved_values.to(out.dtype))
+    return out
 
 
 prefix_value_advantages.takes_correct = True
