@@ -94,11 +94,21 @@ def representative_classes(lcp: torch.Tensor, members: torch.Tensor, rank: torch
     return cls.cumsum_(0).add_(torch.arange(n, device=start.device))
 
 
-def classes_are_exact(cls: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor) -> bool:
-    """Each token has its representative's token, and (after the first position) its
-    previous token has the representative's previous token's class."""
-    same = tokens.index_select(0, cls) == tokens
-    # the tokens of a response are consecutive: position t - 1 is one index back
-    prev_own = torch.roll(cls, 1)
-    prev_rep = cls.index_select(0, (cls - 1).clamp_min(0))
-    return bool((same & ((pos == 0) | (prev_own == prev_rep))).all())
+def classes_are_exact(cls: torch.Tensor, tokens: torch.Tensor, heads: torch.Tensor) -> bool:
+    """Whether every token has its representative's token and, one position earlier (not
+    at the ``heads``, each response's first token), its representative's class.
+
+    Checked as: each token has its representative's token; each representative is its
+    own (``cls[cls[x]] == cls[x]``); and, where the representative changes within a
+    response, the previous classes agree. Where it does not change, ``cls[x] - 1 ==
+    cls[x - 1]``, so the previous-class condition is the second check at ``x - 1``.
+    """
+    if not bool((tokens.index_select(0, cls) == tokens).all()):
+        return False
+    if not bool((cls.index_select(0, cls) == cls).all()):
+        return False
+    step = torch.diff(cls) != 1  # the representative changes at x + 1
+    step.index_fill_(0, (heads - 1)[heads > 0], False)  # a new response starts there
+    x = step.nonzero().squeeze(1) + 1
+    return bool((cls.index_select(0, x - 1) == cls.index_select(0, cls.index_select(0, x) - 1))
+                .all())

@@ -183,8 +183,13 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
     if low < 0:
         raise ValueError("token_ids: expected non-negative ids on real tokens")
     large = bool(high >= 2**31 - max(_MODULI_C))
-    group = gid.index_select(0, rows)
-    first = pos == 0
+    # the first real token of each non-empty response, and its group's root class
+    heads = (length > 0).nonzero().squeeze(1)
+    head_at, head_group = start.index_select(0, heads), gid.index_select(0, heads)
+
+    def previous(cls: torch.Tensor, U: int) -> torch.Tensor:
+        return torch.roll(cls, 1).index_copy_(0, head_at, U + head_group)
+
     members = None
     if CLASSES == "lcp":
         members, rank = prefix_lcp.members_of_groups(gid, num_groups)
@@ -203,16 +208,14 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
             cls = prefix_lcp.representative_classes(lcp, members, rank, gid, start,
                                                        rows.numel())
             U = cls.numel()
-            if prefix_lcp.classes_are_exact(cls, tokens, pos):
-                count = torch.bincount(cls, minlength=U)
-                prev = torch.where(first, U + group, torch.roll(cls, 1))
-                return flat, rows, pos, cls, prev, count
+            if prefix_lcp.classes_are_exact(cls, tokens, head_at):
+                return flat, rows, pos, cls, previous(cls, U), torch.bincount(cls, minlength=U)
             continue
         k0, k1 = _keys_at(sums, torch.arange(rows.numel(), device=rows.device), row_start,
-                          group, attempt)
+                          gid.index_select(0, rows), attempt)
         _, cls, count = torch.unique((k0 << 31) | k1, return_inverse=True, return_counts=True)
         U = count.numel()
-        prev = torch.where(first, U + group, torch.roll(cls, 1))
+        prev = previous(cls, U)
         if _classes_are_exact(cls, U, tokens, prev):
             return flat, rows, pos, cls, prev, count
     raise RuntimeError("prefix-value: prefix hash collision under every base; please report "
@@ -234,18 +237,20 @@ def _prefix_credit(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.T
     (:func:`prefix_classes`), ``v`` = ``V_i(t)`` and ``d`` = ``V_i(t) - V_i(t-1)``
     (float64); per class ``n`` and ``c``; per group ``n_g`` and ``c_g`` (int64)."""
     flat, rows, pos, cls, prev, count = prefix_classes(token_ids, mask, gid, num_groups)
+    U = count.numel()
     ok = correct.to(torch.long)
-    right = torch.zeros_like(count).index_add_(0, cls, ok.index_select(0, rows))
     n_g = torch.zeros(num_groups, dtype=torch.long, device=mask.device).index_add_(
         0, gid, torch.ones_like(gid))
     c_g = torch.zeros(num_groups, dtype=torch.long, device=mask.device).index_add_(0, gid, ok)
-    # the values of the U classes, then of the P roots (the empty prefixes)
-    table = (torch.cat([right, c_g]).to(torch.float64)
-             / torch.cat([count, n_g.clamp_min(1)]).to(torch.float64))
+    # sizes and correct members of the U classes, then of the P roots (the empty prefixes)
+    sizes = torch.cat([count, n_g.clamp_min(1)])
+    right = torch.zeros_like(sizes).index_add_(0, cls, ok.index_select(0, rows))
+    right[U:] = c_g
+    table = right.to(torch.float64).div_(sizes.to(torch.float64))
     v = table.index_select(0, cls)
     return dict(flat=flat, rows=rows, pos=pos, cls=cls, prev=prev, v=v,
                 d=v - table.index_select(0, prev), n=count,
-                c=right, n_g=n_g, c_g=c_g)
+                c=right[:U], n_g=n_g, c_g=c_g)
 
 
 def prefix_values(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
