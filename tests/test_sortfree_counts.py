@@ -219,3 +219,29 @@ def test_groups_over_the_lcp_limit_take_the_unique_path_and_match_the_reference(
     np.testing.assert_allclose(values[m].numpy(), [x for r in v_ref for x in r], atol=1e-12)
     np.testing.assert_allclose(credit[m].numpy(), [x for r in d_ref for x in r], atol=1e-12)
     assert bool(calls) == (max(np.bincount(group)) <= 2)  # lcp only for groups of <= 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("unit", ["token", "span", "word"])
+def test_prefix_value_is_the_same_bits_in_any_chunking(monkeypatch, seed, unit):
+    rewards, group, ids, mask, correct = random_groups(seed, holes=seed % 2 == 0)
+    kw = dict(rewards=torch.tensor(rewards), group=torch.tensor(group),
+              token_ids=torch.tensor(ids), mask=torch.tensor(mask), apply="all", unit=unit,
+              correct=torch.tensor(correct))
+    if unit == "word":
+        kw["word_starts"] = torch.tensor(ids) % 2 == 0
+    whole = ktae.compute_advantages("prefix-value", **kw)
+    monkeypatch.setattr(prefix_value, "CHUNK_TOKENS", 3)  # about a group per chunk
+    chunks = []
+    real = prefix_value.group_chunks
+    monkeypatch.setattr(prefix_value, "group_chunks",
+                        lambda *a, **k: chunks.extend(real(*a, **k)) or chunks)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        chunked = ktae.compute_advantages("prefix-value", **kw)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(whole, chunked)
+    mixed = {g for g in set(group.tolist()) if len(set(correct[group == g].tolist())) == 2}
+    assert len(chunks) == len(mixed)  # one task per group with both outcomes

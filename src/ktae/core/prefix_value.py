@@ -84,6 +84,7 @@ from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor, check_mask
 from ktae.core.gtpo import _correctness
 from ktae.core.policy_loss import check_number
+from ktae.core.tasks import group_chunks, run_tasks
 from ktae.core.token_counts import real_positions
 
 APPLY = ("wrong", "all", "right")
@@ -99,6 +100,11 @@ _BASES = (
     ((257_189_531, 1_013, 16_807), (482_711, 7_919, 1_103_515_245)),
     ((69_069, 104_729, 2_147_483_582), (1_664_525, 15_485_863, 39_916_801)),
 )
+
+#: Real tokens per task (whole groups; the tasks run in parallel on CPU,
+#: :mod:`ktae.core.tasks`); accelerators prefer fewer, larger launches.
+CHUNK_TOKENS = 1 << 19
+DEVICE_CHUNK_TOKENS = 1 << 23
 
 _LARGE_ID_SALTS = (0x2545F4914F6CDD1D, 0x1B873593CC9E2D51, 0x27D4EB2F165667C5)
 
@@ -334,10 +340,39 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     n_g = torch.zeros(batch.num_groups, dtype=torch.long, device=batch.device).index_add_(
         0, batch.gid, torch.ones_like(ok))
     c_g = torch.zeros_like(n_g).index_add_(0, batch.gid, ok)
-    mask = mask & ((c_g > 0) & (c_g < n_g)).index_select(0, batch.gid)[:, None]
-    if not bool(mask.any()):
-        return out
-    p = _prefix_credit(ids, mask, is_correct, batch.gid, batch.num_groups)
+    mixed = (c_g > 0) & (c_g < n_g)
+    row_len = mask.sum(dim=1, dtype=torch.int32).long()  # (a bool sum widens every flag)
+    chosen = {"wrong": ~is_correct, "right": is_correct,
+              "all": torch.ones_like(is_correct)}[apply]
+    chunk_tokens = CHUNK_TOKENS if batch.device.type == "cpu" else DEVICE_CHUNK_TOKENS
+
+    def one_chunk(item) -> None:  # a task: writes its own rows of ``out``
+        rows, first_group, num_groups = item
+        if not bool(row_len.index_select(0, rows).any()):
+            return
+        sub_mask = mask.index_select(0, rows)
+        flat, values = _credit_rows(
+            ids.index_select(0, rows), sub_mask, is_correct.index_select(0, rows),
+            batch.gid.index_select(0, rows) - first_group, num_groups,
+            seq.index_select(0, rows), chosen.index_select(0, rows),
+            None if word_starts is None else word_starts.index_select(0, rows),
+            unit, weight, total)
+        block = out.index_select(0, rows)
+        block.view(-1).index_copy_(0, flat, values.to(out.dtype))
+        out.index_copy_(0, rows, block)
+
+    run_tasks(one_chunk, group_chunks(batch.gid, batch.num_groups, row_len, chunk_tokens,
+                                      keep=mixed), device=batch.device)
+    return out
+
+
+def _credit_rows(ids: torch.Tensor, mask: torch.Tensor, is_correct: torch.Tensor,
+                 gid: torch.Tensor, num_groups: int, seq: torch.Tensor, chosen: torch.Tensor,
+                 word_starts: torch.Tensor | None, unit: str, weight: float, total: str
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The advantages of the real tokens of whole groups (all with both outcomes):
+    ``(flat [N] positions in the [B, T] rows, [N] float64 values)``."""
+    p = _prefix_credit(ids, mask, is_correct, gid, num_groups)
     rows, pos, cls, d = p["rows"], p["pos"], p["cls"], p["d"]
     first = pos == 0
     if unit == "word":
@@ -347,13 +382,11 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
         d = _unit_credit(d, shorter | first)
 
     # D_i from integers: c_end / n_end - c_g / n_g, zero exactly when its numerator is
-    length = mask.sum(dim=1, dtype=torch.int32).long()  # (a bool sum widens every flag)
+    length = mask.sum(dim=1, dtype=torch.int32).long()
     end = cls[(length.cumsum(0) - 1).clamp_min(0)]  # each row's last real token (row-major)
-    g = batch.gid
+    g = gid
     num = p["c"][end] * p["n_g"][g] - p["c_g"][g] * p["n"][end]
     D = num.to(torch.float64) / (p["n"][end] * p["n_g"][g]).to(torch.float64)
-    chosen = {"wrong": ~is_correct, "right": is_correct,
-              "all": torch.ones_like(is_correct)}[apply]
     moved = chosen & (num != 0) & (length > 0)
 
     D = torch.where(moved, D, 1.0)
@@ -363,9 +396,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     else:
         scale = torch.where(moved, weight * seq / D, 0.0)
         keep = seq
-    moved_values = keep.index_select(0, rows) + scale.index_select(0, rows) * d
-    out.view(-1).index_copy_(0, p["flat"], moved_values.to(out.dtype))
-    return out
+    return p["flat"], keep.index_select(0, rows) + scale.index_select(0, rows) * d
 
 
 prefix_value_advantages.takes_correct = True

@@ -130,3 +130,49 @@ def run_tasks(fn: Callable[[T], R], items: Iterable[T], *, device: torch.device)
         if e is not None:
             raise e
     return [f.result() for f in futures]
+
+
+def group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max_tokens: int,
+                  keep: torch.Tensor | None = None):
+    """Split the groups (those of ``keep`` when given) into consecutive ranges of about
+    ``max_tokens`` real tokens.
+
+    Yields ``(rows, first_group, num_groups_in_chunk)``, ``rows`` a slice when every
+    chunk's rows are contiguous in the batch (groups stored one after the other), else an
+    index tensor. Key-token statistics never cross groups, so chunks are independent; they
+    bound the memory of the sort and its companions (and shorter sorts are cheaper per
+    element), and are the tasks of :func:`run_tasks`. A handful of chunks
+    per batch: this is not a loop over groups.
+    """
+    dev = gid.device
+    if keep is not None:
+        row_len = row_len * keep.index_select(0, gid)
+    per_group = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(0, gid, row_len)
+    before = torch.cumsum(per_group, 0) - per_group
+    chunk_of_group = before // max(1, max_tokens)
+    if keep is not None:
+        chunk_of_group = torch.where(keep, chunk_of_group, -1)  # -1: in no chunk
+    chunk_of_row = chunk_of_group[gid]
+    ids = torch.unique(chunk_of_group)
+    ids = ids[ids >= 0]
+    group_ids = torch.arange(num_groups, device=dev)
+    in_chunk = chunk_of_group >= 0
+    first = torch.full((int(chunk_of_group.max()) + 1 if ids.numel() else 0,), num_groups,
+                       dtype=torch.int64, device=dev)
+    last = torch.full_like(first, -1)
+    first.scatter_reduce_(0, chunk_of_group[in_chunk], group_ids[in_chunk], reduce="amin")
+    last.scatter_reduce_(0, chunk_of_group[in_chunk], group_ids[in_chunk], reduce="amax")
+    spans = [(int(first[i]), int(last[i]) + 1) for i in ids.tolist()]
+    if keep is None and bool((chunk_of_row[1:] >= chunk_of_row[:-1]).all()):  # slices
+        bounds = torch.searchsorted(chunk_of_row, ids, right=True)
+        start = 0
+        for (g0, g1), end in zip(spans, bounds.tolist(), strict=True):
+            yield slice(start, end), g0, g1 - g0
+            start = end
+        return
+    order = torch.argsort(chunk_of_row, stable=True)
+    sorted_chunks = chunk_of_row[order]
+    starts = torch.searchsorted(sorted_chunks, ids).tolist()
+    ends = torch.searchsorted(sorted_chunks, ids, right=True).tolist()
+    for (g0, g1), a, b in zip(spans, starts, ends, strict=True):
+        yield order[a:b], g0, g1 - g0
