@@ -17,9 +17,9 @@ import torch
 
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor, check_float, check_mask
+from ktae.core.chunk_pool import one_thread_caller
 from ktae.core.groups import group_index
 from ktae.core.registry import Registry
-from ktae.core.tasks import one_thread_caller
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 

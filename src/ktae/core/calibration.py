@@ -52,8 +52,8 @@ from ktae.core import (
 )
 from ktae.core.calibration_rules import CALIBRATIONS, RULE_ARGS
 from ktae.core.checks import as_tensor, check_mask
+from ktae.core.chunk_pool import one_thread_caller
 from ktae.core.policy_loss import token_advantages, token_tensor
-from ktae.core.tasks import one_thread_caller
 
 __all__ = ["CALIBRATIONS", "CONSTANT_FLAG_RATE", "CalibrationResult", "calibrate_advantages",
            "calibration_options", "logged_metrics"]

@@ -24,7 +24,7 @@ docs/ngram.md).
 How the pass is organised (measured with ``benchmarks/bench_advantages.py``, README
 "Speed"): the batch is split into chunks of whole groups (about 2**18 real tokens on CPU:
 their sorts stay in cache), and the chunks run as coarse tasks, each on one torch thread,
-on a pool as large as the caller's thread count (:mod:`ktae.core.tasks`). There is no
+on a pool as large as the caller's thread count (:mod:`ktae.core.chunk_pool`). There is no
 barrier inside a chunk, so on a machine that other processes keep busy KTAE slows by the
 CPU share it loses, where torch's intra-op parallelism over many short operations made it
 wait a time slice at the end of each one. F, IG and Cohen's h of every 2x2 table the
@@ -49,6 +49,7 @@ from ktae.core import stats
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, make_batch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor
+from ktae.core.chunk_pool import one_thread_caller, run_tasks
 from ktae.core.ktae_graded import (
     graded_table,
     graded_token_values,
@@ -68,7 +69,6 @@ from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.ngrams import Spans, find_spans, reduce_from_starts
 from ktae.core.table_stats import TableStats, reference_table_stats, table_stats
-from ktae.core.tasks import one_thread_caller, run_tasks
 from ktae.core.token_counts import (
     TokenCounts,
     count_units,
@@ -239,7 +239,7 @@ def _group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max
     chunk's rows are contiguous in the batch (groups stored one after the other), else an
     index tensor. Key-token statistics never cross groups, so chunks are independent; they
     bound the memory of the sort and its companions (and shorter sorts are cheaper per
-    element), and are the tasks of :func:`ktae.core.tasks.run_tasks`. A handful of chunks
+    element), and are the tasks of :func:`ktae.core.chunk_pool.run_tasks`. A handful of chunks
     per batch: this is not a loop over groups.
     """
     dev = gid.device
@@ -370,7 +370,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     (groups are processed in chunks of about this many real tokens, which bounds memory and
     keeps sorts in cache; results do not depend on it, bit for bit; default 2**18 on CPU
     (2**17 for spans), 2**23 on accelerators; on CPU the chunks run as single-threaded tasks in parallel,
-    :mod:`ktae.core.tasks`), ``split`` ("threshold": correct = reward > threshold, SPEC 2;
+    :mod:`ktae.core.chunk_pool`), ``split`` ("threshold": correct = reward > threshold, SPEC 2;
     "graded": each response belongs to the correct class with weight
     ``(r - min_g r) / (max_g r - min_g r)`` and every statistic is its graded counterpart,
     :mod:`ktae.core.ktae_graded`; exact mode, without ``correct``/``reward_threshold``),

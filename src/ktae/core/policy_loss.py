@@ -32,7 +32,7 @@ import math
 import torch
 
 from ktae.core.checks import as_tensor, check_float, check_mask
-from ktae.core.tasks import one_thread_caller, spreads_over_threads
+from ktae.core.chunk_pool import one_thread_caller, spreads_over_threads
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -260,7 +260,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float = 0
         return one_thread_caller(_policy_loss)(logprobs, old_logprobs, advantages, mask,
                                                entropies=entropies, **settings)
     # On a multi-threaded CPU: the loss and its gradients in one pass on one intra-op thread
-    # (ktae.core.tasks: a busy machine would make each of the backward pass's operations
+    # (ktae.core.chunk_pool: a busy machine would make each of the backward pass's operations
     # wait a time slice), joined to the caller's graph by one product per input.
     inputs = [t for t, g in zip((logprobs, entropies), with_grad, strict=True) if g]
 
