@@ -42,12 +42,11 @@ import time
 from pathlib import Path
 
 # the reading side of the checkpoint protocol lives below the trainer (eval and explain
-# read it too); re-exported here for the trainer's own callers
-from ktae.checkpoints import (  # noqa: F401
+# read it too)
+from ktae.checkpoints import (
     CHECKPOINT_NAME,
     COMPLETE_MARKER,
     checkpoint_step,
-    is_complete_checkpoint,
     latest_complete_checkpoint,
 )
 

@@ -26,7 +26,7 @@ import torch
 
 from ktae.core import methods
 from ktae.core.advantages import estimator_needs_entropies
-from ktae.core.methods import SEQUENCE_LABELS, Method  # noqa: F401  (read here by callers)
+from ktae.core.methods import Method
 from ktae.viz.tokens import TokenPiece, token_label, token_pieces
 
 STAT_KEYS = ("a", "b", "c", "d", "p_value", "fisher", "info_gain", "tf_correct",
@@ -39,11 +39,6 @@ _TABLE_OPTIONS = ("correct", "reward_threshold", "h1", "h2", "h3", "k1", "b", "t
 
 
 # --------------------------------------------------------------------------- inputs
-
-
-CreditSpec = Method
-"""Which credit to explain: a :class:`ktae.core.methods.Method` (estimator, calibration and
-their options)."""
 
 
 @dataclass
@@ -231,7 +226,7 @@ class CreditValues:
     notes: list
 
 
-def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
+def credit_values(groups: Sequence[GroupInput], credit: Method, *,
                   use_recorded: bool = False) -> CreditValues:
     """Compute ``credit`` on ``groups`` in one vectorised call: pad the groups into a
     batch and compute it with :mod:`ktae.core.methods` as the trainer does (the
@@ -305,7 +300,7 @@ def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
                         in_loss=in_loss, calibration=cal, notes=notes)
 
 
-def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
+def build_report(groups: Sequence[GroupInput], *, credit: Method, tokenizer,
                  title: str = "Token credit", meta: Sequence[str] = (),
                  use_recorded: bool = False, top_rows: int = 10) -> Report:
     """Compute every view and statistic of ``groups`` (see the module docstring).
@@ -423,7 +418,7 @@ def _rollout_entropies(groups, estimator: str, T: int) -> torch.Tensor:
                      "otherwise pass --model to score the responses)")
 
 
-def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tensor, T: int,
+def _calibration(groups, credit: Method, adv: torch.Tensor, mask: torch.Tensor, T: int,
                  use_recorded: bool, notes: list) -> dict | None:
     """The calibration's advantages and per-token data ([B, T] tensors as row lists)."""
     if credit.calibration is None:
