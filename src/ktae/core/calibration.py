@@ -1,4 +1,4 @@
-"""Loss-time token credit: calibrate advantages from the current policy (SPEC section 5).
+"""Loss-time token credit: calibrate advantages from the current policy (docs/method.md §8).
 
 At each policy forward pass, a calibration rule turns the advantages (``[B]`` broadcast
 or ``[B, T]``) into token-level advantages ``[B, T]`` from the current policy's
@@ -9,7 +9,7 @@ the calibration. A rule may also remove tokens from the loss: the result's ``los
 is what the caller passes as the ``mask`` of :func:`ktae.policy_loss`, so that the
 token-mean runs over the surviving tokens only.
 
-TACO follows the authors' released code (SPEC section 5)::
+TACO follows the authors' released code (docs/method.md §8)::
 
     r = -logp - H + log(alpha)                         (tail risk; r > 0: p < alpha e^-H)
     w = 1 if r <= 0 else 1 - lam * (1 - exp(-r))
@@ -25,7 +25,7 @@ Registered rules (:data:`CALIBRATIONS`):
 ``taco-entropy-only``  TACO's count and weights on the lowest-entropy positive tokens
                        (TACO's own entropy term: lower ``H``, higher ``r``; ablation)
 ``taco-entropy-high``  TACO's count and weights on the highest-entropy positive tokens
-                       (SPEC section 5's earlier reading of the entropy ablation)
+                       (an earlier reading of the entropy ablation, docs/method.md §8)
 ``taco-random``        TACO's count and weights on random positive tokens (ablation)
 ``taco-hard``          TACO's flagged tokens get ``A <- 0`` (ablation)
 ``taco-step``          TACO's flagged tokens get ``A <- (1 - lam) A`` (extra variant)

@@ -1,4 +1,4 @@
-"""The TACO paper's baselines (Table 1) as calibration rules (SPEC section 5).
+"""The TACO paper's baselines (Table 1) as calibration rules (docs/method.md §9).
 
 Each is written from its own authors' description and, where released, their code:
 

@@ -1,4 +1,4 @@
-"""The calibration registry and the pieces every rule shares (SPEC section 5).
+"""The calibration registry and the pieces every rule shares (docs/method.md §8 and §9).
 
 A rule is a pure function of validated, detached ``[B, T]`` tensors::
 

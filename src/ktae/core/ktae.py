@@ -1,4 +1,4 @@
-"""KTAE: Key-token Advantage Estimation (SPEC section 2; paper section 3, Eq. 4-10).
+"""KTAE: Key-token Advantage Estimation (docs/method.md §3; paper section 3, Eq. 4-10).
 
 For every distinct token ``v`` of a group, the correct (T) and incorrect (F) responses
 give a 2x2 table ``[[a, b], [c, d]]`` (responses containing ``v`` or not). Then
@@ -12,7 +12,7 @@ give a 2x2 table ``[[a, b], [c, d]]`` (responses containing ``v`` or not). Then
     A_KTAE[i, t] = A_base[i] + value(token_ids[i, t])                  (Eq. 10)
 
 ``mode="exact"`` (default) computes these exactly (float64); ``mode="reference"``
-reproduces the authors' released runtime including its float32 quirks (SPEC 2b, see
+reproduces the authors' released runtime including its float32 quirks (docs/method.md §4, see
 :mod:`ktae.core.ktae_reference`). Both run as one vectorised pass over the batch
 (:func:`ktae.core.token_counts.count_units`): no Python loop over groups or tokens.
 
@@ -370,7 +370,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     (groups are processed in chunks of about this many real tokens, which bounds memory and
     keeps sorts in cache; results do not depend on it, bit for bit; default 2**18 on CPU
     (2**17 for spans), 2**23 on accelerators; on CPU the chunks run as single-threaded tasks in parallel,
-    :mod:`ktae.core.chunk_pool`), ``split`` ("threshold": correct = reward > threshold, SPEC 2;
+    :mod:`ktae.core.chunk_pool`), ``split`` ("threshold": correct = reward > threshold, docs/method.md §3;
     "graded": each response belongs to the correct class with weight
     ``(r - min_g r) / (max_g r - min_g r)`` and every statistic is its graded counterpart,
     :mod:`ktae.core.ktae_graded`; exact mode, without ``correct``/``reward_threshold``),

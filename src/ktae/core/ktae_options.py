@@ -1,4 +1,4 @@
-"""KTAE's options: defaults, validation and bounds, shared by both modes (SPEC 2, 2b).
+"""KTAE's options: defaults, validation and bounds, shared by both modes (docs/method.md §3 and §4).
 
 Every check raises ``ValueError`` naming the option and what it expects. Numeric options
 must be finite and within bounds that keep every intermediate finite:
@@ -25,7 +25,7 @@ import torch
 #: Qwen2.5's ``<|endoftext|>`` (its EOS and pad), ignored by the released runtime.
 QWEN_ENDOFTEXT_ID = 151643
 
-#: Default hyper-parameters of the released runtime (SPEC 2) and of the paper variant.
+#: Default hyper-parameters of the released runtime (docs/method.md §3) and of the paper variant.
 RUNTIME_DEFAULTS = {"h1": 1.0, "h2": 1.0, "h3": 1.0}
 PAPER_DEFAULTS = {"h1": 1.0, "h2": 2.0, "h3": 1.0}
 
@@ -37,7 +37,7 @@ NGRAM_REDUCES = ("maxabs", "mean")
 
 MODES = ("exact", "reference")
 #: How a group's responses become the two classes KTAE compares: a hard split at a reward
-#: threshold (SPEC 2), or graded membership from the rewards (:mod:`ktae.core.ktae_graded`).
+#: threshold (docs/method.md §3), or graded membership from the rewards (:mod:`ktae.core.ktae_graded`).
 SPLITS = ("threshold", "graded")
 VARIANTS = ("runtime", "paper")
 

@@ -1,7 +1,7 @@
 """Credit settings of the trainer, parsed from ``TrainConfig.credit`` (no TRL import).
 
-``none`` keeps the algo's sequence-level advantage; ``ktae`` (SPEC 2) or any registered
-advantage estimator replaces it; ``taco`` (SPEC 5) or any registered calibration is applied
+``none`` keeps the algo's sequence-level advantage; ``ktae`` (docs/method.md §3) or any registered
+advantage estimator replaces it; ``taco`` (docs/method.md §8) or any registered calibration is applied
 at loss time; ``estimator+calibration`` combines one of each (e.g. ``ktae+taco``).
 
 Options have one namespace per part: ``estimator_options`` go to the estimator and

@@ -3,9 +3,9 @@
 :func:`build_report` takes groups of tokenised responses with rewards and computes, in one
 vectorised pass over all groups:
 
-* the sequence-level advantage (the ``seq`` view: GRPO, Dr.GRPO or RLOO, SPEC 1);
-* the token-level credit of the chosen estimator (the ``token`` view: KTAE, SPEC 2, Eq. 10);
-* a loss-time calibration of it (the ``final`` view: e.g. TACO, SPEC 5), from per-token
+* the sequence-level advantage (the ``seq`` view: GRPO, Dr.GRPO or RLOO, docs/method.md §2);
+* the token-level credit of the chosen estimator (the ``token`` view: KTAE, docs/method.md §3, Eq. 10);
+* a loss-time calibration of it (the ``final`` view: e.g. TACO, docs/method.md §8), from per-token
   log-probs and entropies, with each token's weight and flag;
 * ``diff``: the final credit minus the sequence advantage (what token credit changes);
 * for every real token, its row of :func:`ktae.key_token_table` (a, b, c, d, p, F, IG,
