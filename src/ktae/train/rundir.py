@@ -42,11 +42,12 @@ import time
 from pathlib import Path
 
 # the reading side of the checkpoint protocol lives below the trainer (eval and explain
-# read it too)
-from ktae.checkpoints import (
+# read it too); the run directory's module names all of it
+from ktae.checkpoints import (  # noqa: F401  (is_complete_checkpoint)
     CHECKPOINT_NAME,
     COMPLETE_MARKER,
     checkpoint_step,
+    is_complete_checkpoint,
     latest_complete_checkpoint,
 )
 
