@@ -255,8 +255,7 @@ def test_needs_are_checked_and_passed():
     lp = torch.full((4, 4), -0.5)
     ktae.compute_advantages("wants-logprobs", **kw, entropies=torch.ones(4, 4), logprobs=lp)
     assert torch.equal(got["logprobs"], torch.where(kw["mask"], lp, 0))
-    from ktae.core.advantages import estimator_needs_entropies
-    from ktae.core.user_rules import estimator_needs_logprobs
+    from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
     assert estimator_needs_entropies("wants-logprobs")
     assert estimator_needs_logprobs("wants-logprobs")
 

@@ -41,7 +41,6 @@ The rules live in :mod:`ktae.core.calibration_taco` and
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -50,7 +49,7 @@ from ktae.core import (
     calibration_baselines,  # noqa: F401  (registers the baselines)
     calibration_taco,  # noqa: F401  (registers the TACO family)
 )
-from ktae.core.calibration_rules import CALIBRATIONS, RULE_ARGS
+from ktae.core.calibration_rules import CALIBRATIONS
 from ktae.core.checks import as_tensor, check_mask
 from ktae.core.chunk_pool import one_thread_caller
 from ktae.core.policy_loss import token_advantages, token_tensor
@@ -103,10 +102,11 @@ def logged_metrics(name: str, result: CalibrationResult) -> dict[str, float]:
     return out
 
 
-def calibration_options(name: str) -> list[str]:
-    """The user options calibration ``name`` accepts (e.g. ``["alpha", "lam"]``)."""
-    rule = CALIBRATIONS.get(name)
-    return [p for p in inspect.signature(rule).parameters if p not in RULE_ARGS and p != "adv"]
+def calibration_options(name: str) -> list[str] | None:
+    """The user options calibration ``name`` accepts (e.g. ``["alpha", "lam"]``; None: any,
+    a rule taking ``**options``)."""
+    options = CALIBRATIONS.record(name).options
+    return None if options is None else list(options)
 
 
 def _rule_options(name: str, options: dict) -> dict:
@@ -116,12 +116,7 @@ def _rule_options(name: str, options: dict) -> dict:
         if "lam" in options:
             raise ValueError("lam: given twice (as 'lam' and as 'lambda_')")
         options["lam"] = options.pop("lambda_")
-    accepted = calibration_options(name)
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        expected = ", ".join(accepted) or "no options"
-        raise ValueError(f"{unknown[0]}: unknown option for calibration {name!r}; "
-                         f"expected {expected}")
+    CALIBRATIONS.record(name).check(options)
     return options
 
 

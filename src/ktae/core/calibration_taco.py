@@ -83,10 +83,11 @@ TACO_METRIC_NAMES = {"mean_weight": "weight_mean", "mean_tail_risk": "tail_risk_
 _FAMILY: list[str] = []
 
 
-def _register(name: str):
-    """Register a rule of the TACO family (all of them report the four metrics above)."""
+def _register(name: str, needs=("entropies",)):
+    """Register a rule of the TACO family (all of them report the four metrics above; all
+    but ``taco-prob-only`` read the current policy's entropies)."""
     _FAMILY.append(name)
-    return CALIBRATIONS.register(name)
+    return CALIBRATIONS.register(name, needs=needs)
 
 
 def _alpha(alpha) -> float:
@@ -172,7 +173,7 @@ def taco(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
     return _soft(adv, risk, mask, lam)
 
 
-@_register("taco-prob-only")
+@_register("taco-prob-only", needs=())
 def taco_prob_only(adv, *, logprobs, entropies=None, old_logprobs=None, mask,
                    generator=None, alpha: float = TACO_ALPHA,
                    lam: float = TACO_LAMBDA) -> RuleResult:

@@ -138,7 +138,7 @@ def polarity_zscore(token_rewards: torch.Tensor, correct: torch.Tensor, gid: tor
     return dev / (std[key][:, None] + ZSCORE_EPS)
 
 
-@ADVANTAGE_ESTIMATORS.register("gtpo")
+@ADVANTAGE_ESTIMATORS.register("gtpo", needs=("mask", "entropies"))
 def gtpo_advantages(batch: AdvantageBatch, *, correct=None, reward_threshold: float = 0.0,
                     a1: float = GTPO_A1, a2: float = GTPO_A2, eps: float = GTPO_EPS,
                     normalize: str = "group") -> torch.Tensor:
@@ -171,6 +171,3 @@ def gtpo_advantages(batch: AdvantageBatch, *, correct=None, reward_threshold: fl
     adv = polarity_zscore(shaped, is_correct, batch.gid, batch.num_groups, batch.mask,
                           normalize=normalize)
     return adv.to(batch.rewards.dtype)
-
-
-gtpo_advantages.needs_entropies = True

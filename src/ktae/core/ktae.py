@@ -62,12 +62,12 @@ from ktae.core.ktae_options import (
     RUNTIME_DEFAULTS,
     KTAEOptions,
     check_chunk_tokens,
-    keyword_options,
     resolve_options,
 )
 from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.ngrams import Spans, find_spans, reduce_from_starts
+from ktae.core.registry import checked_keywords
 from ktae.core.table_stats import TableStats, reference_table_stats, table_stats
 from ktae.core.token_counts import (
     TokenCounts,
@@ -345,8 +345,7 @@ def _check_base(base) -> None:
         raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
 
 
-@ADVANTAGE_ESTIMATORS.register("ktae")
-@keyword_options("the 'ktae' estimator")
+@ADVANTAGE_ESTIMATORS.register("ktae", needs=("token_ids",), correct_unless={"split": "graded"})
 def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
                     reward_threshold: float | None = None, h1: float | None = None,
                     h2: float | None = None, h3: float | None = None, k1: float = 2.0,
@@ -449,7 +448,7 @@ def _span_columns(table: KeyTokenTable, cnt: TokenCounts, spans: Spans) -> KeyTo
 
 
 @one_thread_caller
-@keyword_options("key_token_table")
+@checked_keywords("key_token_table")
 def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = None,
                     correct=None, reward_threshold: float | None = None,
                     h1: float | None = None, h2: float | None = None,

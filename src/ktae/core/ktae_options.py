@@ -13,8 +13,6 @@ must be finite and within bounds that keep every intermediate finite:
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import numbers
 from dataclasses import dataclass
@@ -64,29 +62,6 @@ class KTAEOptions:
         """The options the statistics take (both modes)."""
         return dict(h1=self.h1, h2=self.h2, h3=self.h3, k1=self.k1, b=self.b, top=self.top,
                     variant=self.variant)
-
-
-def keyword_options(what: str):
-    """Decorator: unknown keyword options raise ``ValueError`` listing the valid ones.
-
-    The decorated function keeps its signature (``inspect.signature`` sees its explicit
-    keyword-only parameters).
-    """
-    def deco(fn):
-        params = inspect.signature(fn).parameters
-        valid = [p.name for p in params.values() if p.kind is p.KEYWORD_ONLY]
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            unknown = [k for k in kwargs if k not in params]
-            if unknown:
-                raise ValueError(f"{unknown[0]}: unknown option for {what}; expected one of "
-                                 f"{', '.join(valid)}")
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    return deco
 
 
 def _number(name: str, value, lo: float, hi: float, expected: str) -> float:

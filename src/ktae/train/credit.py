@@ -21,10 +21,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ktae.core.calibration import calibration_options
 from ktae.core.methods import (
     CALLER_INPUTS,
     Method,
-    calibration_option_names,
     check_method,
     parse_credit,
     split_method,
@@ -107,7 +107,7 @@ def credit_settings(cfg: TrainConfig) -> CreditSettings:
             raise ValueError(f"{name}: credit {cfg.credit!r} has no calibration to pass it to")
         cal_opts: dict = {}
     else:
-        accepted = calibration_option_names(calibration)
+        accepted = calibration_options(calibration)
         for key, value in taco_fields.items():
             if accepted is not None and key not in accepted:
                 field_name = "taco_alpha" if key == "alpha" else "taco_lambda"

@@ -56,10 +56,9 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 import ktae
-from ktae.core.advantages import estimator_needs_entropies
+from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
 from ktae.core.calibration import logged_metrics
 from ktae.core.methods import estimator_credit
-from ktae.core.user_rules import estimator_needs_logprobs
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
 from ktae.train.credit import CreditSettings
 from ktae.train.dynamic_sampling import (
@@ -397,10 +396,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
             raise ValueError(f"global batch of {rewards.numel()} responses is not a whole number "
                              f"of groups of num_generations={G}")
         group = torch.arange(rewards.numel(), device=rewards.device) // G
-        # one computation for every command: correct, logprobs, KTAE's ignored ids
+        # one computation for every command: correct, logprobs, KTAE's ignored ids; through
+        # the public ktae.compute_advantages, as the trainer's docstring promises
         adv = estimator_credit(self._method, rewards=rewards, group=group, token_ids=ids,
                                mask=mask.bool(), correct=correct, logprobs=logprobs,
-                               entropies=entropies)
+                               entropies=entropies, compute=ktae.compute_advantages)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
         batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
         seconds = time.perf_counter() - start
