@@ -393,8 +393,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
 
             methods = parse_methods(credit, train_config=TrainConfig.from_file(path / "config.yaml"))
     elif path is not None:
-        tok_dir = tokenizer or (None if model in (None, DEFAULT_MODEL) else model)
-        tok = sources.load_tokenizer(tok_dir or sources.default_tokenizer_path())
+        tok = sources.load_tokenizer(tokenizer or sources.model_tokenizer_path(model))
         data = jsonl_input(path, tok)
     else:
         loaded = sources.load_model(model or DEFAULT_MODEL)

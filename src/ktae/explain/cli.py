@@ -106,9 +106,7 @@ def load_source(args):
                                     credit=args.credit)
         if args.step is not None:
             raise ValueError("step: only a run directory has recorded steps")
-        tok_path = args.tokenizer or (None if args.model in (None, sources.DEFAULT_MODEL)
-                                      else args.model)
-        tok_path = tok_path or sources.default_tokenizer_path()
+        tok_path = args.tokenizer or sources.model_tokenizer_path(args.model)
         tok = sources.load_tokenizer(tok_path)
         ignore = sources.ignore_ids(tok)
         name = args.credit or "ktae"

@@ -60,6 +60,14 @@ def default_tokenizer_path() -> Path:
     return default_model_path(progress=False)
 
 
+def model_tokenizer_path(model: str | None) -> str:
+    """Where MODEL's tokenizer is: a named model's directory (None: ``default``), else MODEL."""
+    from ktae.models.named import is_named, named_model_path
+
+    name = DEFAULT_MODEL if model is None else model
+    return str(named_model_path(name, progress=False)) if is_named(name) else name
+
+
 def ignore_ids(tokenizer) -> tuple[int, ...]:
     """Pad and EOS ids: no key-token value, as in training."""
     ids = {getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)}
@@ -248,11 +256,14 @@ def load_jsonl(path: Path, *, tokenizer) -> list[tuple[str, GroupInput]]:
 
 
 def load_model(name: str):
-    """``(model, tokenizer, path)``; ``"default"`` is the shipped tiny model."""
+    """``(model, tokenizer, path)``; a name of :mod:`ktae.models.named` (``default``, the
+    shipped tiny model; ``smollm2-135m``) is that model."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    path = str(default_tokenizer_path()) if name == DEFAULT_MODEL else name
+    from ktae.models.named import is_named, named_model_path
+
+    path = str(named_model_path(name, progress=False)) if is_named(name) else name
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar between our own lines
     try:
