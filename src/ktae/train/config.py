@@ -274,14 +274,18 @@ class TrainConfig:
         from ktae.data import FIELDS, parse_source
         from ktae.eval.prompts import TEMPLATES
         from ktae.rewards.registry import get_reward
+        from ktae.tasks.arith import parse_task_name
         from ktae.train.data import EMBEDDED_TEMPLATES
 
         for name in ("task", "eval_task"):
             value = getattr(self, name)
-            if value is not None and value not in ("embedded", "math500"):
+            if value is not None and value not in ("embedded", "math500") and (
+                    parse_task_name(value) is None):
                 parse_source(value, name=name)
-        if self.eval_task == "embedded":
-            raise ValueError("eval_task: the embedded held-out split goes with --task embedded")
+        if self.eval_task == "embedded" or (self.eval_task is not None
+                                            and parse_task_name(self.eval_task) is not None):
+            raise ValueError(f"eval_task: the {self.eval_task} held-out split goes with "
+                             f"--task {self.eval_task}")
         get_reward(self.reward)
         for key, column in self.task_fields.items():
             if key not in FIELDS or not isinstance(column, str) or not column:
