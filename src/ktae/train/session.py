@@ -99,9 +99,9 @@ class RunPlan:
 
 def describe_changes(changes: dict) -> str:
     """``{"learning_rate": (3e-05, 0.01)}`` -> ``"lr 3e-05 -> 0.01"`` (flag names)."""
-    from ktae.train.cli_train import _FLAGS
+    from ktae.train.flags import flag_names
 
-    names = {dest: flag.lstrip("-") for flag, dest, *_ in _FLAGS}
+    names = flag_names()
     return ", ".join(f"{names.get(k, k)} {old} -> {new}" for k, (old, new) in changes.items())
 
 
