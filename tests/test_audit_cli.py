@@ -164,7 +164,7 @@ def test_a_runs_own_methods_keep_its_settings():
     """Auditing a run directory scores the run's estimator with the run's settings (here the
     graded split), as ktae explain does; other methods keep their defaults."""
     from ktae.credit_audit.run import parse_methods
-    from ktae.train.config import TrainConfig
+    from ktae.runs.config import TrainConfig
 
     cfg = TrainConfig(credit="ktae", estimator_options={"split": "graded"})
     methods = parse_methods("grpo,ktae,ktae@ngram=3", train_config=cfg)

@@ -169,7 +169,7 @@ def test_train_help_shows_every_default(capsys):
 
 
 def test_train_help_follows_the_algo_presets(capsys, monkeypatch):
-    from ktae.train import config
+    from ktae.runs import config
 
     monkeypatch.setitem(config._ALGO_DEFAULTS, "grpo",
                         {**config._ALGO_DEFAULTS["grpo"], "clip_high": 0.25})

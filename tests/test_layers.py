@@ -62,7 +62,7 @@ def test_no_eval_source_names_the_trainer():
 def test_checkpoint_helpers_are_one_definition_below_the_trainer():
     from ktae import checkpoints
     from ktae.eval import sweep
-    from ktae.train import rundir
+    from ktae.runs import rundir
 
     for name in ("COMPLETE_MARKER", "is_complete_checkpoint", "latest_complete_checkpoint",
                  "checkpoint_step", "CHECKPOINT_NAME"):
@@ -78,4 +78,4 @@ def test_the_explainers_and_the_audit_read_the_held_out_seed_from_the_task():
     for path in (SRC / "credit_audit" / "run.py", SRC / "explain" / "sources.py",
                  SRC / "eval" / "sweep.py"):
         text = path.read_text(encoding="utf-8")
-        assert "ktae.train.data" not in text and "ktae.train.rundir" not in text, path
+        assert "ktae.train.data" not in text and "ktae.runs.rundir" not in text, path

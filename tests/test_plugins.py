@@ -14,9 +14,9 @@ import torch
 import ktae
 from ktae import plugins
 from ktae.cli import build_parser, main
+from ktae.runs.credit import credit_settings, passes_correct
 from ktae.train.cli_compare import parse_arm
 from ktae.train.cli_train import config_from_args
-from ktae.train.credit import credit_settings, passes_correct
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from ktae.runs.config import TrainConfig
+from ktae.runs.fields import flag
 from ktae.train.cli_train import add_arguments, config_from_args
-from ktae.train.config import TrainConfig
-from ktae.train.fields import flag
 from ktae.train.flags import TRAIN_FLAGS, VALUE_FLAGS, flag_names
 from ktae.train.session import describe_changes
 

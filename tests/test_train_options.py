@@ -156,7 +156,7 @@ def test_report_to_needs_a_known_installed_integration(monkeypatch):
 def test_layout_is_checked_before_trl_builds_anything(tiny_model, tmp_path, monkeypatch):
     from trl import GRPOTrainer
 
-    from ktae.train.credit import CreditSettings
+    from ktae.runs.credit import CreditSettings
     from ktae.train.session import grpo_config
 
     def never(*a, **kw):
@@ -235,7 +235,7 @@ def test_full_disk_is_reported_in_words(tiny_model, tmp_path, capsys, monkeypatc
     import transformers.modeling_utils as mu
 
     from ktae.cli import main
-    from ktae.train.rundir import latest_complete_checkpoint
+    from ktae.runs.rundir import latest_complete_checkpoint
 
     real = mu.safe_save_file
     calls = []

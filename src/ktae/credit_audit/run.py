@@ -14,7 +14,7 @@ Groups come with per-token local-error labels (:mod:`ktae.credit_audit.metrics`)
 
 Every method is named, parsed and computed by :mod:`ktae.core.methods`, as ``ktae
 explain``, ``ktae compare`` and ``ktae train`` do (``CREDIT[@KEY=VALUE...]``, with a run's
-own settings through :func:`ktae.train.credit.credit_method`; the credit through
+own settings through :func:`ktae.runs.credit.credit_method`; the credit through
 :func:`ktae.viz.report.credit_values`, which pads the groups for
 :func:`ktae.core.methods.method_credit`, from the scoring policy's log-probs and
 entropies). A token a calibration's loss mask removes receives no credit.
@@ -73,7 +73,7 @@ def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=(),
     ``{name: CreditSpec}``; an unknown name is a ValueError naming ``credit``. With a run's
     ``train_config``, a method that is the run's own estimator or calibration keeps its
     settings (h1, alpha, the graded split, ...), as ``ktae explain`` does."""
-    from ktae.train.credit import credit_method
+    from ktae.runs.credit import credit_method
 
     names = default_methods() if spec is None else (
         [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec))
@@ -186,8 +186,8 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
 def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
     """The recorded rollouts of a ``ktae train`` run directory, every recorded step."""
     from ktae.explain.sources import _run_tokenizer, read_run_rollouts
+    from ktae.runs.rollouts import ROLLOUTS_FILE
     from ktae.tasks import level_of, question_of
-    from ktae.train.rollouts import ROLLOUTS_FILE
     from ktae.viz.report import GroupInput
 
     header, records = read_run_rollouts(run)
@@ -390,7 +390,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     if path is not None and path.is_dir():
         data = run_input(path, tokenizer=tokenizer)
         if (path / "config.yaml").is_file():  # the run's own settings for its methods
-            from ktae.train.config import TrainConfig
+            from ktae.runs.config import TrainConfig
 
             methods = parse_methods(credit, train_config=TrainConfig.from_file(path / "config.yaml"))
     elif path is not None:

@@ -76,8 +76,8 @@ def ignore_ids(tokenizer) -> tuple[int, ...]:
 def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditSpec:
     """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ``ktae@ngram=3``,
     ...) the way ``ktae train`` does, with that run's hyper-parameters when
-    ``train_config`` is given: :func:`ktae.train.credit.credit_method`."""
-    from ktae.train.credit import credit_method
+    ``train_config`` is given: :func:`ktae.runs.credit.credit_method`."""
+    from ktae.runs.credit import credit_method
 
     return credit_method(name, train_config=train_config, ignore_token_ids=ignore_token_ids)
 
@@ -107,7 +107,7 @@ def _run_tokenizer(run: Path, header: dict, tokenizer: str | None):
 def read_run_rollouts(run: Path) -> tuple[dict, list[dict]]:
     """The header and records of a run directory's rollouts file; a one-line error (naming
     ``INPUT``) when there is none or it is empty."""
-    from ktae.train.rollouts import ROLLOUTS_FILE, read_rollouts
+    from ktae.runs.rollouts import ROLLOUTS_FILE, read_rollouts
 
     path = run / ROLLOUTS_FILE
     if not path.is_file():
@@ -121,9 +121,9 @@ def read_run_rollouts(run: Path) -> tuple[dict, list[dict]]:
 
 def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None,
              credit: str | None = None) -> Source:
-    """The rollouts a ``ktae train`` run kept (:mod:`ktae.train.rollouts`), of one step
+    """The rollouts a ``ktae train`` run kept (:mod:`ktae.runs.rollouts`), of one step
     (default: the latest recorded)."""
-    from ktae.train.config import TrainConfig
+    from ktae.runs.config import TrainConfig
 
     header, records = read_run_rollouts(run)
     steps = sorted({r["step"] for r in records})

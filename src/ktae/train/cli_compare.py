@@ -33,9 +33,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ktae.runs.rundir import RunDir
 from ktae.train import cli_train
 from ktae.train.flags import VALUE_FLAGS
-from ktae.train.rundir import RunDir
 
 #: Settings an arm may not change: they define the grid itself.
 _GRID_FIELDS = ("credit", "seed", "output_dir", "resume")

@@ -3,7 +3,7 @@
 With no arguments: the embedded arithmetic task, the warm-started tiny model that ships
 inside the package, DAPO with KTAE credit, on CPU in fp32. Command-line
 flags override a ``--config`` YAML, which overrides the defaults of
-:class:`ktae.train.config.TrainConfig`. Multi-GPU: ``accelerate launch -m ktae train ...``
+:class:`ktae.runs.config.TrainConfig`. Multi-GPU: ``accelerate launch -m ktae train ...``
 (see docs/training.md).
 """
 
@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from ktae.train.config import ALGOS, TrainConfig
-from ktae.train.credit import credit_settings
+from ktae.runs.config import ALGOS, TrainConfig
+from ktae.runs.credit import credit_settings
 from ktae.train.flags import TRAIN_FLAGS
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ktae.tasks.embedded import EVAL_SEED
+from ktae.tasks.embedded import TEMPLATES as EMBEDDED_TEMPLATES
 
 MIN_EXTERNAL_PROBLEMS = 5
 """An external task needs this many problems: a fifth (at least one) is held out."""
@@ -28,8 +29,6 @@ MIN_EXTERNAL_PROBLEMS = 5
 MATH500_SOURCE = "hf:HuggingFaceH4/MATH-500@test"
 """What ``math500`` reads."""
 
-EMBEDDED_TEMPLATES = ("compact", "qwen-math")
-"""Templates of the embedded task (:func:`ktae.tasks.format_prompt`)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The ``ktae train`` flags, read from the metadata of :class:`ktae.train.config.TrainConfig`'s
-fields (:func:`ktae.train.fields.flag`): a field's flag name, help text and type are
+"""The ``ktae train`` flags, read from the metadata of :class:`ktae.runs.config.TrainConfig`'s
+fields (:func:`ktae.runs.fields.flag`): a field's flag name, help text and type are
 written once, next to the field, and ``ktae train``, ``ktae compare`` and the resume
 messages read them here.
 """
@@ -10,7 +10,7 @@ import dataclasses
 import typing
 from typing import NamedTuple
 
-from ktae.train.config import TrainConfig
+from ktae.runs.config import TrainConfig
 
 
 class Flag(NamedTuple):
@@ -26,7 +26,7 @@ class Flag(NamedTuple):
     help: str
     """The help text (without the default, which ``ktae train --help`` adds)."""
     kind: str = "value"
-    """How it sets the field (:data:`ktae.train.fields.FLAG_KINDS`)."""
+    """How it sets the field (:data:`ktae.runs.fields.FLAG_KINDS`)."""
     short: str | None = None
     """A short alias (``-o``), or None."""
     metavar: str | None = None

@@ -18,11 +18,10 @@ from pathlib import Path
 import torch
 
 from ktae.eval.defaults import save_generation_defaults
-from ktae.train.config import TrainConfig, resume_changes
-from ktae.train.credit import CreditSettings, credit_settings
-from ktae.train.data import TaskRows, default_template, format_task, read_task
-from ktae.train.rollouts import ROLLOUTS_FILE, RolloutRecorder
-from ktae.train.rundir import (
+from ktae.runs.config import TrainConfig, resume_changes
+from ktae.runs.credit import CreditSettings, credit_settings
+from ktae.runs.rollouts import ROLLOUTS_FILE, RolloutRecorder
+from ktae.runs.rundir import (
     RunDir,
     checkpoint_step,
     finished_steps,
@@ -32,6 +31,7 @@ from ktae.train.rundir import (
     prepare_output_dir,
     start_segment,
 )
+from ktae.train.data import TaskRows, default_template, format_task, read_task
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
 
 
@@ -94,7 +94,7 @@ class RunPlan:
     """The run already finished at ``max_steps``: nothing is left to do."""
     changes: dict
     """Settings a resume changes (field -> (run's, new)); only ones that cannot change
-    the steps already trained (:data:`ktae.train.config.RESUMABLE_FIELDS`)."""
+    the steps already trained (:data:`ktae.runs.config.RESUMABLE_FIELDS`)."""
 
 
 def describe_changes(changes: dict) -> str:

@@ -17,10 +17,10 @@ drgrpo     dr_grpo     drgrpo (mean)  0.2 / 0.2      off               off
 advantage), ``ktae`` (SPEC section 2), ``taco`` (SPEC section 5), any registered advantage
 estimator or calibration name, or ``estimator+calibration`` (e.g. ``ktae+taco``).
 
-Every field is type-checked (:mod:`ktae.train.fields`) wherever it comes from: a YAML
+Every field is type-checked (:mod:`ktae.runs.fields`) wherever it comes from: a YAML
 file, a flag, or Python. ``trl`` holds extra ``trl.GRPOConfig`` settings, checked against
 TRL's own field types by :mod:`ktae.train.trl_args`. Each field declares its ``ktae train``
-flag and help text in its metadata (:func:`ktae.train.fields.flag`, read by
+flag and help text in its metadata (:func:`ktae.runs.fields.flag`, read by
 :mod:`ktae.train.flags`).
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ktae.rewards.registry import REWARDS
-from ktae.train.fields import FieldError, check_value, closest, flag
+from ktae.runs.fields import FieldError, check_value, closest, flag
 
 ALGOS = ("grpo", "dapo", "drgrpo")
 """Algorithms accepted by ``TrainConfig.algo``."""
@@ -311,7 +311,7 @@ class TrainConfig:
         from ktae.data import FIELDS, parse_source
         from ktae.eval.prompts import TEMPLATES
         from ktae.rewards.registry import get_reward
-        from ktae.train.data import EMBEDDED_TEMPLATES
+        from ktae.tasks import TEMPLATES as EMBEDDED_TEMPLATES
 
         for name in ("task", "eval_task"):
             value = getattr(self, name)
@@ -342,7 +342,7 @@ class TrainConfig:
 
     def save(self, path: str | Path) -> None:
         """Write the config as YAML (``.yaml``/``.yml``) or JSON (anything else), atomically."""
-        from ktae.train.rundir import atomic_write
+        from ktae.runs.rundir import atomic_write
 
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):

@@ -31,12 +31,12 @@ from ktae.core.methods import (  # noqa: F401  (parse_credit, passes_correct: re
     passes_correct,
     split_method,
 )
-from ktae.train.config import TrainConfig
+from ktae.runs.config import TrainConfig
 
 
 @dataclass(frozen=True)
 class CreditSettings:
-    """How the trainer assigns credit (built from :class:`ktae.train.config.TrainConfig`)."""
+    """How the trainer assigns credit (built from :class:`ktae.runs.config.TrainConfig`)."""
 
     estimator: str = "grpo"
     """Registered advantage estimator (``grpo``, ``drgrpo``, ``rloo``, ``ktae``, ...)."""
