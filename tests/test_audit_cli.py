@@ -146,7 +146,7 @@ def test_bad_labels_are_one_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_sampling_options_and_a_tokenizer_directory(tmp_path):
-    from ktae.explain.sources import default_tokenizer_path
+    from ktae.runs.reader import default_tokenizer_path
 
     out = tmp_path / "audit"
     assert main(["audit", "--model", "default", "--prompts", "8", "--samples", "4", "--seed",

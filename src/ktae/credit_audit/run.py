@@ -185,13 +185,13 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
 
 def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
     """The recorded rollouts of a ``ktae train`` run directory, every recorded step."""
-    from ktae.explain.sources import _run_tokenizer, read_run_rollouts
+    from ktae.runs.reader import read_run_rollouts, recorded_credit_name, run_tokenizer
     from ktae.runs.rollouts import ROLLOUTS_FILE
     from ktae.tasks import level_of, question_of
     from ktae.viz.report import GroupInput
 
     header, records = read_run_rollouts(run)
-    tok, tok_path = _run_tokenizer(run, header, tokenizer)
+    tok, tok_path = run_tokenizer(run, header, tokenizer)
     groups = []
     for r in records:
         question = question_of(r["prompt"])
@@ -207,8 +207,7 @@ def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
         groups.append(AuditGroup(g, embedded_labels(g, tok, question), level=level_of(question),
                                  step=int(r["step"]), key=f"{r['step']}:{r['group']}"))
     steps = sorted({g.step for g in groups})
-    trained = header["estimator"] + (f"+{header['calibration']}" if header.get("calibration")
-                                     else "")
+    trained = recorded_credit_name(header)
     final = run / "final"
     scorer = str(final) if (final / "config.json").is_file() else None
     desc = (f"run {run} (trained with {trained}): {len(groups)} recorded groups at steps "
@@ -389,10 +388,11 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     path = None if input is None else Path(input)
     if path is not None and path.is_dir():
         data = run_input(path, tokenizer=tokenizer)
-        if (path / "config.yaml").is_file():  # the run's own settings for its methods
-            from ktae.runs.config import TrainConfig
+        from ktae.runs.reader import run_config
 
-            methods = parse_methods(credit, train_config=TrainConfig.from_file(path / "config.yaml"))
+        run_settings = run_config(path)
+        if run_settings is not None:  # the run's own settings for its methods
+            methods = parse_methods(credit, train_config=run_settings)
     elif path is not None:
         tok = sources.load_tokenizer(tokenizer or sources.model_tokenizer_path(model))
         data = jsonl_input(path, tok)

@@ -20,6 +20,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ktae.runs.reader import (
+    load_tokenizer,
+    read_run_rollouts,
+    recorded_credit_name,
+    recorded_method,
+    run_config,
+    run_tokenizer,
+)
 from ktae.viz.report import CreditSpec, GroupInput
 
 DEFAULT_MODEL = "default"
@@ -41,22 +49,6 @@ class Source:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def load_tokenizer(path: str | Path):
-    """A ``transformers`` tokenizer from a local directory or file."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as err:  # transformers raises OSError, ValueError, ...
-        raise ValueError(f"tokenizer: cannot load a tokenizer from {path} ({err})") from err
-
-
-def default_tokenizer_path() -> Path:
-    from ktae.models.warmstart import default_model_path
-
-    return default_model_path(progress=False)
 
 
 def model_tokenizer_path(model: str | None) -> str:
@@ -85,65 +77,23 @@ def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditS
 # --------------------------------------------------------------------------- run directory
 
 
-def _run_tokenizer(run: Path, header: dict, tokenizer: str | None):
-    if tokenizer:
-        return load_tokenizer(tokenizer), tokenizer
-    from ktae.checkpoints import latest_complete_checkpoint
-
-    for c in (run / "final", latest_complete_checkpoint(run)):
-        if c and (Path(c) / "tokenizer_config.json").is_file():
-            return load_tokenizer(c), str(c)
-    recorded = header.get("tokenizer")
-    if recorded:  # the run's model: a local directory or a hub id in the local cache
-        try:
-            return load_tokenizer(recorded), str(recorded)
-        except ValueError as err:
-            raise ValueError(f"tokenizer: the run's tokenizer {recorded!r} cannot be loaded; "
-                             "pass --tokenizer PATH") from err
-    path = default_tokenizer_path()
-    return load_tokenizer(path), str(path)
-
-
-def read_run_rollouts(run: Path) -> tuple[dict, list[dict]]:
-    """The header and records of a run directory's rollouts file; a one-line error (naming
-    ``INPUT``) when there is none or it is empty."""
-    from ktae.runs.rollouts import ROLLOUTS_FILE, read_rollouts
-
-    path = run / ROLLOUTS_FILE
-    if not path.is_file():
-        raise ValueError(f"INPUT: {run} holds no {ROLLOUTS_FILE} (run directories of ktae train "
-                         "keep one unless --rollout-every 0)")
-    header, records = read_rollouts(path)
-    if not records:
-        raise ValueError(f"INPUT: {path} holds no recorded groups yet")
-    return header, records
-
-
 def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None,
              credit: str | None = None) -> Source:
     """The rollouts a ``ktae train`` run kept (:mod:`ktae.runs.rollouts`), of one step
-    (default: the latest recorded)."""
-    from ktae.runs.config import TrainConfig
-
+    (default: the latest recorded), read through :mod:`ktae.runs.reader`."""
     header, records = read_run_rollouts(run)
     steps = sorted({r["step"] for r in records})
     if step is None:
         step = steps[-1]
     elif step not in steps:
         raise ValueError(f"step: {step} was not recorded; recorded steps: {steps}")
-    tok, tok_path = _run_tokenizer(run, header, tokenizer)
+    tok, tok_path = run_tokenizer(run, header, tokenizer)
     ignore = tuple(header.get("ignore_token_ids", ignore_ids(tok)))
-    recorded = CreditSpec(estimator=header["estimator"],
-                          estimator_options=dict(header.get("estimator_options") or {}),
-                          calibration=header.get("calibration"),
-                          calibration_options=dict(header.get("calibration_options") or {}),
-                          ignore_token_ids=ignore)
-    run_name = (header["estimator"] + (f"+{header['calibration']}" if header.get("calibration")
-                                       else ""))
+    recorded = recorded_method(header, ignore_token_ids=ignore)
+    run_name = recorded_credit_name(header)
     spec, use_recorded, cfg = recorded, True, None
     if credit is not None:
-        if (run / "config.yaml").is_file():  # the run's hyper-parameters (h1, alpha, ...)
-            cfg = TrainConfig.from_file(run / "config.yaml")
+        cfg = run_config(run)  # the run's hyper-parameters (h1, alpha, ...)
         spec = credit_spec(credit, train_config=cfg, ignore_token_ids=ignore)
         use_recorded = (spec.estimator, spec.calibration) == (recorded.estimator,
                                                               recorded.calibration)
