@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_explain_helpers import byte_level_tokenizer, colours, token_spans
 
-from ktae.viz.report import CreditSpec, GroupInput, build_report
+from ktae.explain.report import CreditSpec, GroupInput, build_report
 from ktae.viz.report_html import report_html
 
 WINDOW = (1000, 1800)

@@ -10,7 +10,7 @@ from oracle import random_batch, response_spans
 from test_explain_helpers import byte_level_tokenizer, token_spans
 
 import ktae
-from ktae.viz.report import CreditSpec, GroupInput, build_report
+from ktae.explain.report import CreditSpec, GroupInput, build_report
 from ktae.viz.report_html import report_html
 
 

@@ -12,7 +12,7 @@ import torch
 from test_explain_helpers import byte_level_tokenizer, colours, token_spans, tooltip_numbers
 
 import ktae
-from ktae.viz.report import CreditSpec, GroupInput, build_report
+from ktae.explain.report import CreditSpec, GroupInput, build_report
 from ktae.viz.report_html import report_html
 
 STAT_NAMES = {"a": "a", "b": "b", "c": "c", "d": "d", "p": "p_value", "F": "fisher",

@@ -310,7 +310,7 @@ def test_trainer_passes_correct_logprobs_and_entropies(tiny_model, tmp_path):
 def test_doc_rule_in_explain_and_audit_credit_values(doc_plugin):
     """``ktae explain`` / ``audit`` compute credit through credit_values: a user rule and
     its options work there, and so does prefix-value."""
-    from ktae.viz.report import CreditSpec, GroupInput, credit_values
+    from ktae.explain.report import CreditSpec, GroupInput, credit_values
 
     plugins.load_plugin(str(doc_plugin))
     groups = [GroupInput(prompt="p", responses=[[5, 6, 7], [5, 8]], rewards=[1.0, 0.0])]

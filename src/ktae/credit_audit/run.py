@@ -15,7 +15,7 @@ Groups come with per-token local-error labels (:mod:`ktae.credit_audit.metrics`)
 Every method is named, parsed and computed by :mod:`ktae.core.methods`, as ``ktae
 explain``, ``ktae compare`` and ``ktae train`` do (``CREDIT[@KEY=VALUE...]``, with a run's
 own settings through :func:`ktae.runs.credit.credit_method`; the credit through
-:func:`ktae.viz.report.credit_values`, which pads the groups for
+:func:`ktae.explain.report.credit_values`, which pads the groups for
 :func:`ktae.core.methods.method_credit`, from the scoring policy's log-probs and
 entropies). A token a calibration's loss mask removes receives no credit.
 """
@@ -105,7 +105,7 @@ class AuditGroup:
     """One group and its labels: ``labels[i]`` holds one of ``"w"``, ``"r"``, ``"."``
     per token of response ``i``; ``level`` and ``step`` break the figures down."""
 
-    group: object  # ktae.viz.report.GroupInput
+    group: object  # ktae.explain.report.GroupInput
     labels: list[str]
     level: object = None
     step: int | None = None
@@ -185,10 +185,10 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
 
 def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
     """The recorded rollouts of a ``ktae train`` run directory, every recorded step."""
+    from ktae.explain.report import GroupInput
     from ktae.runs.reader import read_run_rollouts, recorded_credit_name, run_tokenizer
     from ktae.runs.rollouts import ROLLOUTS_FILE
     from ktae.tasks import level_of, question_of
-    from ktae.viz.report import GroupInput
 
     header, records = read_run_rollouts(run)
     tok, tok_path = run_tokenizer(run, header, tokenizer)
@@ -267,7 +267,7 @@ def per_response(groups: list[AuditGroup], spec, reference=None) -> dict[str, np
     each response's group index, level and step; with ``reference`` (a method's spec,
     GRPO in the audit) also the terms of the mass figures against its credit
     (:func:`ktae.credit_audit.metrics.mass_metrics`)."""
-    from ktae.viz.report import credit_values
+    from ktae.explain.report import credit_values
 
     def credit_of(chosen, s):
         values = credit_values([g.group for g in chosen], s)

@@ -150,7 +150,7 @@ def build(args):
     from ktae.core.advantages import estimator_needs_entropies
     from ktae.core.user_rules import estimator_needs_logprobs
     from ktae.explain import sources
-    from ktae.viz.report import build_report
+    from ktae.explain.report import build_report
 
     source = load_source(args)
     model = None

@@ -1,6 +1,6 @@
 """Where ``ktae explain`` gets its groups: a run directory, a JSONL file, or a model.
 
-Each loader returns a :class:`Source`: the groups (:class:`ktae.viz.report.GroupInput`,
+Each loader returns a :class:`Source`: the groups (:class:`ktae.explain.report.GroupInput`,
 keyed by an id the user can pick with ``--group``), the tokenizer that made their
 token ids, and the credit the source implies (a run's own credit; KTAE otherwise).
 
@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ktae.explain.report import CreditSpec, GroupInput
 from ktae.runs.reader import (
     load_tokenizer,
     read_run_rollouts,
@@ -28,7 +29,6 @@ from ktae.runs.reader import (
     run_config,
     run_tokenizer,
 )
-from ktae.viz.report import CreditSpec, GroupInput
 
 DEFAULT_MODEL = "default"
 """``--model default``: the shipped warm-started tiny model."""

@@ -5,8 +5,8 @@
 pages of ``ktae explain``, several groups with their views and statistics.
 """
 
+from ktae.explain.report import CreditSpec, GroupInput, Report, build_report
 from ktae.viz.credit import colour, credit_html, credit_png, group_credit
-from ktae.viz.report import CreditSpec, GroupInput, Report, build_report
 from ktae.viz.report_html import report_html
 from ktae.viz.tokens import token_pieces
 
