@@ -38,7 +38,7 @@ import time
 import torch
 
 import ktae
-from ktae.eval.generate import SamplingConfig, generate_hf
+from ktae.models.generate import SamplingConfig, generate_hf
 from ktae.models.warmstart import default_model_path
 from ktae.rewards import math_reward
 from ktae.tasks.embedded import format_prompt, generate, worked_solution

@@ -265,7 +265,7 @@ def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
                   ) -> list[tuple[str, GroupInput]]:
     """``num_generations`` sampled responses per prompt, scored by ``math_reward``; groups
     are keyed and labelled by prompt index (``first_index`` for ``rows[0]``)."""
-    from ktae.eval.generate import SamplingConfig, generate_hf
+    from ktae.models.generate import SamplingConfig, generate_hf
     from ktae.rewards import math_reward
 
     sampling = SamplingConfig(k=num_generations, temperature=temperature,

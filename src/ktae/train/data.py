@@ -148,7 +148,7 @@ def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "bo
         warn_unknown_characters([r["prompt"] for r in (*train, *held)], tokenizer)
     if model is None or tokenizer is None or max_new_tokens is None:
         return train, held
-    from ktae.eval.generate import context_length
+    from ktae.models.generate import context_length
 
     context = context_length(model)
     return (check_context(train, tokenizer, context, max_new_tokens, long_prompts, "training"),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ktae.eval.defaults import save_generation_defaults
+from ktae.models.generation_defaults import save_generation_defaults
 from ktae.runs.config import TrainConfig, resume_changes
 from ktae.runs.credit import CreditSettings, credit_settings
 from ktae.runs.rollouts import ROLLOUTS_FILE, RolloutRecorder

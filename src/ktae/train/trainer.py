@@ -598,7 +598,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 self.args.save_total_limit = keep
             if self.args.should_save:
                 if self.generation_defaults is not None:
-                    from ktae.eval.defaults import save_generation_defaults
+                    from ktae.models.generation_defaults import save_generation_defaults
 
                     save_generation_defaults(folder, **self.generation_defaults)
                 follow_umask(folder)
