@@ -87,9 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*names, dest=f.dest, type=f.type, default=None,
                                 help=f.help + shown)
         elif f.kind == "switch":  # the flag alone sets the opposite of the default
-            default = next(x.default for x in dataclasses.fields(TrainConfig) if x.name == f.dest)
             parser.add_argument(*names, dest=f.dest, default=None, help=f.help,
-                                action="store_false" if default else "store_true")
+                                action="store_false" if getattr(TrainConfig, f.dest) else "store_true")
         elif f.kind == "on_off":
             group = parser.add_mutually_exclusive_group()
             group.add_argument(*names, dest=f.dest, action="store_true", default=None,
