@@ -312,13 +312,17 @@ class TrainConfig:
         from ktae.eval.prompts import TEMPLATES
         from ktae.rewards.registry import get_reward
         from ktae.tasks import TEMPLATES as EMBEDDED_TEMPLATES
+        from ktae.tasks.arith import parse_task_name
 
         for name in ("task", "eval_task"):
             value = getattr(self, name)
-            if value is not None and value not in ("embedded", "math500"):
+            if value is not None and value not in ("embedded", "math500") and (
+                    parse_task_name(value) is None):
                 parse_source(value, name=name)
-        if self.eval_task == "embedded":
-            raise ValueError("eval_task: the embedded held-out split goes with --task embedded")
+        if self.eval_task == "embedded" or (self.eval_task is not None
+                                            and parse_task_name(self.eval_task) is not None):
+            raise ValueError(f"eval_task: the {self.eval_task} held-out split goes with "
+                             f"--task {self.eval_task}")
         get_reward(self.reward)
         for key, column in self.task_fields.items():
             if key not in FIELDS or not isinstance(column, str) or not column:
