@@ -22,8 +22,8 @@ LAYERS = (
     ("models",),  # the named and shipped models, their prompting and generation
     ("eval",),
     ("runs",),  # the run directory's format, below its writer and its readers
+    ("explain", "sim", "credit_audit"),  # they read runs, never the trainer
     ("train",),
-    ("explain", "sim", "credit_audit"),
     ("cli",),  # ktae.cli and ktae.__main__
 )
 """Every package and top-level module of ``ktae``, lowest layer first (``ktae``: the root
@@ -179,6 +179,13 @@ def test_every_eval_module_imports_without_the_trainer(tmp_path):
     assert "ktae.eval.sweep" in loaded and "ktae.checkpoints" in loaded
     assert not _train(loaded)
 
+
+def test_the_run_readers_import_without_the_trainer():
+    """ktae.runs, the explainers and the audit, every module imported in a fresh interpreter."""
+    modules = [*_modules("ktae.runs"), *_modules("ktae.explain"), *_modules("ktae.credit_audit")]
+    assert "ktae.runs.reader" in modules and "ktae.credit_audit.run" in modules
+    loaded = _imported_after(modules)
+    assert "ktae.runs.config" in loaded and not _train(loaded)
 
 def test_no_eval_source_names_the_trainer():
     """At the top or inside a function: a lazy import is still an upward dependency."""
