@@ -30,9 +30,6 @@ LAYERS = (
 ``__init__``). A package may import the packages of its own layer and of the layers below."""
 
 ALLOWED_UPWARD = {
-    ("core", "ktae"): "core.methods calls compute_advantages and calibrate_advantages through "
-                      "the package root, so that a spy on ktae.compute_advantages sees the "
-                      "trainer's calls",
     ("ktae", "credit_audit"): "ktae.audit(), the public entry to the audit, imports it when "
                               "called",
 }

@@ -1,4 +1,4 @@
-"""Math benchmarks as one normalised record type (SPEC section 7).
+"""Math benchmarks as one normalised record type (docs/method.md §13).
 
 Each benchmark is read from its usual hub dataset through ``datasets.load_dataset``, or
 from local data in the same schema: a JSONL/JSON/Parquet file, a directory holding

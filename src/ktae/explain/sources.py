@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ktae.explain.report import CreditSpec, GroupInput
+from ktae.core.methods import Method
+from ktae.explain.report import GroupInput
 from ktae.runs.reader import (
     load_tokenizer,
     read_run_rollouts,
@@ -40,7 +41,7 @@ class Source:
 
     groups: list[tuple[str, GroupInput]]
     tokenizer: object
-    credit: CreditSpec
+    credit: Method
     title: str
     meta: list[str] = field(default_factory=list)
     credit_name: str = "ktae"
@@ -65,7 +66,7 @@ def ignore_ids(tokenizer) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in ids if i is not None))
 
 
-def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditSpec:
+def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> Method:
     """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ``ktae@ngram=3``,
     ...) the way ``ktae train`` does, with that run's hyper-parameters when
     ``train_config`` is given: :func:`ktae.runs.credit.credit_method`."""

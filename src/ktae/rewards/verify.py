@@ -1,4 +1,4 @@
-"""The rule-based math reward (SPEC section 7): strict boxed extraction, then equivalence.
+"""The rule-based math reward (docs/method.md §12): strict boxed extraction, then equivalence.
 
 Equivalence of the extracted answer and the reference, in order:
 

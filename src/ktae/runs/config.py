@@ -3,7 +3,7 @@
 Names follow TRL's ``GRPOConfig`` where one exists (``num_generations``, ``beta``,
 ``loss_type``, ``temperature``); TRL's ``epsilon``/``epsilon_high`` are called
 ``clip_low``/``clip_high`` here, as in the DAPO paper. Fields left as ``None`` are filled
-by :meth:`TrainConfig.resolve` from the chosen ``algo`` (SPEC sections 1, 3 and 4):
+by :meth:`TrainConfig.resolve` from the chosen ``algo`` (docs/method.md §2, §10 and §11):
 
 =========  ==========  =============  =============  ================  ===============
 algo       loss_type   advantage      clip low/high  dynamic sampling  overlong buffer
@@ -14,7 +14,7 @@ drgrpo     dr_grpo     drgrpo (mean)  0.2 / 0.2      off               off
 =========  ==========  =============  =============  ================  ===============
 
 ``credit`` picks the token-level credit on top: ``none`` (the algo's own sequence-level
-advantage), ``ktae`` (SPEC section 2), ``taco`` (SPEC section 5), any registered advantage
+advantage), ``ktae`` (docs/method.md §3), ``taco`` (docs/method.md §8), any registered advantage
 estimator or calibration name, or ``estimator+calibration`` (e.g. ``ktae+taco``).
 
 Every field is type-checked (:mod:`ktae.runs.fields`) wherever it comes from: a YAML
@@ -149,7 +149,7 @@ class TrainConfig:
     overlong_factor: float = field(default=1.0, metadata=flag("overlong penalty factor"))
     """Overlong penalty factor."""
     ktae_h1: float | None = field(default=None, metadata=flag("KTAE Fisher weight h1"))
-    """KTAE weight of the Fisher score (SPEC 2); None = the estimator's default (1)."""
+    """KTAE weight of the Fisher score (docs/method.md §3); None = the estimator's default (1)."""
     ktae_h2: float | None = field(default=None, metadata=flag("KTAE information-gain weight h2"))
     """KTAE weight of the information gain; None = the estimator's default (1)."""
     ktae_h3: float | None = field(default=None, metadata=flag("KTAE term-frequency weight h3"))
@@ -163,7 +163,7 @@ class TrainConfig:
         "span values -> token value: mean | maxabs"))
     """How a token's value comes from its spans' (N > 1): ``mean`` or ``maxabs``."""
     taco_alpha: float | None = field(default=None, metadata=flag("TACO tail threshold alpha"))
-    """Tail-risk threshold alpha of the TACO family (SPEC 5); None = its default (0.01)."""
+    """Tail-risk threshold alpha of the TACO family (docs/method.md §8); None = its default (0.01)."""
     taco_lambda: float | None = field(default=None, metadata=flag("TACO damping lambda"))
     """TACO damping lambda; None = its default (0.9). Only calibrations taking ``lam``."""
     estimator_options: dict[str, Any] = field(default_factory=dict, metadata=flag(

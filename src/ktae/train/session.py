@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
+from ktae.checkpoints import checkpoint_step
 from ktae.models.generation_defaults import save_generation_defaults
 from ktae.runs.config import TrainConfig, resume_changes
 from ktae.runs.credit import CreditSettings, credit_settings
 from ktae.runs.rollouts import ROLLOUTS_FILE, RolloutRecorder
 from ktae.runs.rundir import (
     RunDir,
-    checkpoint_step,
     finished_steps,
     follow_umask,
     foreign_checkpoints,
