@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 METHOD = ROOT / "docs" / "method.md"
-CITED_FROM = ("src", "tests", "benchmarks", "scripts", "docs", "examples", "configs")
+CITED_FROM = ("README.md", "src", "tests", "benchmarks", "scripts", "docs", "examples", "configs")
 SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".sh"}
 
 SECTION = re.compile(r"^#{2,3} §(\d+(?:\.\d+)?) ", re.M)
@@ -21,6 +21,9 @@ OLD_NAME = "SP" + "EC"  # the name of the document method.md replaced, spelt so 
 
 def _sources():
     for top in CITED_FROM:
+        if (ROOT / top).is_file():
+            yield ROOT / top
+            continue
         for path in sorted((ROOT / top).rglob("*")):
             if path.is_file() and path.suffix in SUFFIXES and "__pycache__" not in path.parts:
                 yield path
