@@ -36,6 +36,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("ktae.explain.cli", "show which tokens of sampled responses get which credit"),
     "audit": ("ktae.credit_audit.cli", "measure whether each credit method's token credit "
               "lands on locally wrong tokens (exact labels)"),
+    "models": ("ktae.models.cli", "list the models --model knows by name; prepare one for "
+               "offline use (smollm2-135m)"),
     "simulate": ("ktae.sim.cli", "credit methods on the TACO paper's synthetic MDP, "
                  "against the step-level oracle"),
 }

@@ -82,9 +82,9 @@ from ktae.core import prefix_lcp
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor, check_mask
+from ktae.core.chunk_pool import group_chunks, run_tasks
 from ktae.core.gtpo import _correctness
 from ktae.core.policy_loss import check_number
-from ktae.core.tasks import group_chunks, run_tasks
 from ktae.core.token_counts import real_positions
 
 APPLY = ("wrong", "all", "right")
@@ -102,7 +102,7 @@ _BASES = (
 )
 
 #: Real tokens per task (whole groups; the tasks run in parallel on CPU,
-#: :mod:`ktae.core.tasks`); accelerators prefer fewer, larger launches.
+#: :mod:`ktae.core.chunk_pool`); accelerators prefer fewer, larger launches.
 CHUNK_TOKENS = 1 << 19
 DEVICE_CHUNK_TOKENS = 1 << 23
 
@@ -284,7 +284,7 @@ def _unit_credit(d: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     return (total / size)[unit]
 
 
-@ADVANTAGE_ESTIMATORS.register("prefix-value")
+@ADVANTAGE_ESTIMATORS.register("prefix-value", needs=("token_ids",), inputs=("word_starts",))
 def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
                             reward_threshold: float = 0.0, apply: str = "wrong",
                             weight: float = 1.0, unit: str = "token", word_starts=None,
@@ -397,6 +397,3 @@ def _credit_rows(ids: torch.Tensor, mask: torch.Tensor, is_correct: torch.Tensor
         scale = torch.where(moved, weight * seq / D, 0.0)
         keep = seq
     return p["flat"], keep.index_select(0, rows) + scale.index_select(0, rows) * d
-
-
-prefix_value_advantages.takes_correct = True

@@ -6,8 +6,8 @@ hub cache (loaded from the cached snapshot, no network); with ``HF_HUB_OFFLINE``
 ``TRANSFORMERS_OFFLINE``) set, nothing else; otherwise the hub, after one quick request
 that shows it is reachable, so that a machine without network gets a one-line error in
 seconds instead of a traceback after minutes of retries.
-``default`` (when no such directory exists) names the shipped tiny model, as
-``--model default`` does in ``ktae explain`` and ``ktae audit``.
+A name of :mod:`ktae.models.named` (when no such directory exists) is that model:
+``default``, the shipped tiny model, or ``smollm2-135m``, prepared once from PyPI.
 Every failure is a ``ValueError`` naming MODEL.
 """
 
@@ -105,10 +105,10 @@ def resolve_model_path(name: str) -> str:
     path = Path(name).expanduser()
     if path.exists():
         return _local_model_dir(name, path)
-    if name == DEFAULT_MODEL:
-        from ktae.models.warmstart import default_model_path
+    from ktae.models.named import NAMES, named_model_path
 
-        return str(default_model_path())
+    if name in NAMES:
+        return str(named_model_path(name))
     if not _is_hub_id(name):
         raise ValueError(f"MODEL: no such directory: {name}")
     cached = _cached_snapshot(name)

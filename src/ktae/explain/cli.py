@@ -106,9 +106,7 @@ def load_source(args):
                                     credit=args.credit)
         if args.step is not None:
             raise ValueError("step: only a run directory has recorded steps")
-        tok_path = args.tokenizer or (None if args.model in (None, sources.DEFAULT_MODEL)
-                                      else args.model)
-        tok_path = tok_path or sources.default_tokenizer_path()
+        tok_path = args.tokenizer or sources.model_tokenizer_path(args.model)
         tok = sources.load_tokenizer(tok_path)
         ignore = sources.ignore_ids(tok)
         name = args.credit or "ktae"
@@ -149,10 +147,9 @@ def _sampled_source(args, model, tok, path):
 
 def build(args):
     """``(report, selected groups)`` for the arguments (raises ValueError on bad input)."""
-    from ktae.core.advantages import estimator_needs_entropies
-    from ktae.core.user_rules import estimator_needs_logprobs
+    from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
     from ktae.explain import sources
-    from ktae.viz.report import build_report
+    from ktae.explain.report import build_report
 
     source = load_source(args)
     model = None
