@@ -14,7 +14,9 @@ give a 2x2 table ``[[a, b], [c, d]]`` (responses containing ``v`` or not). Then
 ``mode="exact"`` (default) computes these exactly (float64); ``mode="reference"``
 reproduces the authors' released runtime including its float32 quirks (docs/method.md §4, see
 :mod:`ktae.core.ktae_reference`). Both run as one vectorised pass over the batch
-(:func:`ktae.core.token_counts.count_units`): no Python loop over groups or tokens.
+(:func:`ktae.core.token_counts.count_units`, one sort of each chunk's keys; single tokens
+are counted by scatters into per-chunk tables instead, :mod:`ktae.core.scatter_counts`,
+see :data:`COUNTING`): no Python loop over groups or tokens.
 
 ``ngram=N > 1`` (exact mode) scores spans of N consecutive tokens instead of single
 tokens, with the same formulas per (group, distinct span); each token then gets the

@@ -47,27 +47,32 @@ Words. The core has no tokenizer, so ``unit="word"`` needs ``word_starts`` ``[B,
 bool, True on each token that begins a word (a caller with a tokenizer sets it on tokens
 whose text starts with whitespace); the first real token of a response always begins one.
 
-Computation: one vectorised pass over the real tokens, no Python loop over groups,
-responses or positions. Each prefix gets a 62-bit key: two polynomial rolling hashes,
-``sum_s (id_s + salt + 1) * base**s`` (a cumulative sum over the flattened real tokens,
-minus the sum before the response) modulo the primes ``2**31 - 1`` and ``2**31 - 19``
-(reduced with shifts, no division), each offset by a multiple of the group id, side by
-side (ids of 31 bits or more are first replaced by a residue). One ``torch.unique`` over
-the keys gives the prefix classes and their sizes ``n``; an ``index_add`` their correct
-counts ``c``. The result is exact, not only exact with high probability: a class is
-genuine when all its members have the same token and the same previous class (the
-group's root for the first token), which by induction over the prefix length means the
-same group, length and prefix. That is checked on every call (each token against one member of its class);
-on a collision the keys are recomputed with other bases and salts, and a collision under
-every attempt raises (never observed: it needs two prefixes equal modulo both primes
-three times over). The estimator leaves out the groups with one outcome (all correct or
-all wrong: ``D_i = 0``, their tokens keep ``A_i``) before hashing.
+Computation: vectorised passes over the real tokens, no Python loop over groups,
+responses or positions; the groups with both outcomes, in chunks of whole groups that run
+as tasks on the caller's threads (:mod:`ktae.core.chunk_pool`). Prefixes are hashed by two
+polynomial rolling hashes, ``sum_s (id_s + salt + 1) * base**s`` (a cumulative sum over
+the flattened real tokens, minus the sum before the response) modulo the primes ``2**31 -
+1`` and ``2**31 - 19`` (reduced with shifts, no division; ids of 31 bits or more are
+first replaced by a residue). Within a group, the common prefix length of each pair of
+responses is found by a binary search over those hashes, and the class of a token is
+named by its lowest-ranked member's token at the same position (:mod:`ktae.core.prefix_lcp`;
+groups of more than its ``MAX_GROUP`` responses, or ``CLASSES = "unique"``, take one
+``torch.unique`` of every token's 62-bit key instead); ``bincount`` gives the class sizes
+``n`` and an ``index_add`` their correct counts ``c``. The result is exact, not only
+exact with high probability: a class is genuine when all its members have the same token
+and the same previous class (the group's root for the first token), which by induction
+over the prefix length means the same group, length and prefix. That is checked on every
+call (each token against its class's representative); on a collision the keys are
+recomputed with other bases and salts, and a collision under every attempt raises (never
+observed: it needs two prefixes equal modulo both primes three times over). The estimator
+leaves out the groups with one outcome (all correct or all wrong: ``D_i = 0``, their
+tokens keep ``A_i``) before hashing.
 
-Cost (``benchmarks/bench_prefix_value.py --preset paper``: 1024 x 16 x 3072, 29.4M real
-tokens, 45% of groups mixed, prefixes shared up to half a response; CPU, 1 thread, a
-shared 2-core machine at load 8, 3 paired rounds): ``unit="token"`` 25.1 s, 4.0x one
-``torch.sort`` of the batch's 29.4M int64 keys (6.4 s) in the same rounds; ``"span"``
-4.5x; GRPO 0.1x.
+Cost (``benchmarks/bench_advantages.py --preset paper --prefix-value --compare``, the
+Zipf batch without shared prefixes, 29.4M real tokens, 45% of groups mixed; a shared
+2-core machine at load 14 to 20, 3 paired rounds; docs/speed.md): ``unit="token"`` 2.9x
+one ``torch.sort`` of the batch's int64 keys at 1 thread and 1.9x at 2, against 6.8x and
+6.0x for the classes by one ``torch.unique`` in the same rounds.
 
 References: "prefix value" is the Monte-Carlo value of a partial response estimated from
 the group's own samples, as in VinePPO (Kazemnejad et al. 2024) and tree-structured
