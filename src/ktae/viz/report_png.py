@@ -48,11 +48,12 @@ def response_runs(resp: ResponseReport, width: int, max_lines: int, *,
 
 def _prompt_header(label: str, prompt: str, columns: int, lines: int = 2) -> list[str]:
     """``label: prompt`` on at most ``lines`` lines of ``columns``, newlines as ``↵``;
-    a longer one keeps its start and end around ``…``."""
+    a longer one keeps its start and, at twice the length, its end (where a chat
+    template puts the question) around ``…``."""
     text = f"{label}: " + prompt.replace("\r", "").replace("\n", "\u21b5 ")
     room = columns * lines
     if len(text) > room:
-        head = room // 2 - 1
+        head = room // 3
         text = text[:head] + " \u2026 " + text[len(text) - (room - head - 3):]
     return [text[i:i + columns] for i in range(0, len(text), columns)]
 

@@ -67,9 +67,9 @@ def is_byte_level(tokenizer) -> bool:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return False
-    try:
-        decoder = json.loads(backend.to_str()).get("decoder") or {}
-    except (AttributeError, ValueError):
+    try:  # the decoder alone: serialising the whole tokenizer takes a second on a real one
+        decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder else {}
+    except (AttributeError, TypeError, ValueError):
         return False
     parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
     return any(isinstance(p, dict) and p.get("type") == "ByteLevel" for p in parts)
