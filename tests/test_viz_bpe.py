@@ -26,7 +26,7 @@ TEXTS = [STEP,
          "naïve résumé:\tdone\r\n<|im_start|>assistant\nOK"]
 
 
-UNMARK = {NEWLINE_MARK: "\n", "\u2192": "\t", "\u240d": "\r"}
+UNMARK = {NEWLINE_MARK: "\n", "\u2192": "\t", "\u2190": "\r"}
 
 
 def smollm2_tokenizer(directory: Path):
@@ -263,10 +263,35 @@ def test_png_draws_the_runs_on_a_grid_the_font_fills(tok, tmp_path, monkeypatch)
     layouts = [response_runs(r, 40, 3) for r in group.responses]
     assert layouts[0][1]  # the first response is cut at 3 lines of 40
     for ax, (key, _) in zip(panels, [v for v in report.views if v[0] != "diff"], strict=True):
-        drawn = [t for t in ax.texts if t.get_position()[0] >= 0 and t.get_text() != "\u2026"]
-        want = [(r.text, r.x + (r.width / 2 if r.kind == "special" else 0))
-                for runs, _ in layouts for r in runs]
-        assert [(t.get_text(), t.get_position()[0]) for t in drawn] == want
+        # the characters drawn on each line, column by column, with their ink, are the
+        # runs' (a line's characters go out as one text per ink; specials alone, centred)
+        drawn: dict[float, dict] = {}
+        for t in ax.texts:
+            (x, y), text = t.get_position(), t.get_text()
+            if x < 0 or text == "\u2026":
+                continue
+            line = drawn.setdefault(round(y, 6), {})
+            if t.get_fontsize() < FONT:
+                line[("special", x)] = (text, t.get_color())
+            else:
+                for i, ch in enumerate(text):
+                    if ch != " ":
+                        line[round(x) + i] = (ch, t.get_color(), t.get_alpha())
+        want = []
+        for resp, (runs, _) in zip(group.responses, layouts, strict=True):
+            for line in lines_of(runs):
+                cols: dict = {}
+                for r in line:
+                    value = resp.values[key][r.tokens[-1]]
+                    ink = "white" if abs(value) / group.scale > 0.6 else "black"
+                    if r.kind == "special":
+                        cols[("special", r.x + r.width / 2)] = (r.text, ink)
+                        continue
+                    for i, ch in enumerate(r.text):
+                        if ch != " ":
+                            cols[r.x + i] = (ch, ink, 1.0 if r.kind == "text" else 0.6)
+                want.append(cols)
+        assert [drawn[y] for y in sorted(drawn)] == [cols for cols in want if cols]
         # one cell per token of each run, in its token's colour
         cells = ax.collections[0]
         expected = [tuple(c / 255 for c in colour(resp.values[key][p], group.scale))

@@ -58,55 +58,86 @@ def _prompt_header(label: str, prompt: str, columns: int, lines: int = 2) -> lis
     return [text[i:i + columns] for i in range(0, len(text), columns)]
 
 
+@lru_cache(maxsize=4096)
+def on_grid(ch: str) -> bool:
+    """True when matplotlib's monospace font draws ``ch`` one column wide (it has the glyph
+    and ``ch`` is not a combining mark or a format character): such characters are drawn
+    as whole lines of text; any other is drawn alone at its column."""
+    import unicodedata
+
+    from matplotlib.font_manager import FontProperties, findfont, get_font
+
+    font = get_font(findfont(FontProperties(family="monospace")))
+    return font.get_char_index(ord(ch)) != 0 and unicodedata.category(ch) not in ("Mn", "Me",
+                                                                                 "Cf")
+
+
 class _Panel:
-    """What one panel draws: coloured cells, boundary lines and outlines (added as three
-    collections, so long responses stay fast), and texts."""
+    """What one panel draws, gathered so that long responses stay fast: coloured cells,
+    boundary lines and outlines as three collections, and the characters of each line as
+    one text per ink (black or white, plain or muted), on the column grid."""
+
+    _HEIGHT = 0.85  # a cell's height, in lines
 
     def __init__(self, ax):
         self.ax, self.cells, self.colours, self.lines, self.outlines = ax, [], [], [], []
+        self.layers: dict[tuple[float, str, float], dict[int, str]] = {}
+
+    def _text(self, x: float, y: float, text: str, ink: str, alpha: float, **kw) -> None:
+        self.ax.text(x, y + self._HEIGHT / 2, text, va="center", family="monospace", color=ink,
+                     alpha=alpha, parse_math=False, **({"ha": "left", "fontsize": FONT} | kw))
 
     def run(self, run: TextRun, y: float, resp: ResponseReport, key: str, scale: float,
             flagged: bool, boundary: bool) -> None:
-        from matplotlib.patches import Rectangle
-
-        height = 0.85
+        h = self._HEIGHT
         n = len(run.tokens)
         for i, pos in enumerate(run.tokens):  # a split character: one strip per token
-            x0 = run.x + run.width * i / n
-            self.cells.append(Rectangle((x0, y), run.width / n, height))
+            x0, x1 = run.x + run.width * i / n, run.x + run.width * (i + 1) / n
+            self.cells.append([(x0, y), (x1, y), (x1, y + h), (x0, y + h)])
             self.colours.append(tuple(c / 255 for c in colour(resp.values[key][pos], scale)))
             if i or boundary:
-                self.lines.append([(x0, y), (x0, y + height)])
+                self.lines.append([(x0, y), (x0, y + h)])
         if flagged:
-            self.outlines.append(Rectangle((run.x, y), run.width, height))
+            x0, x1 = run.x, run.x + run.width
+            self.outlines.append([(x0, y), (x1, y), (x1, y + h), (x0, y + h)])
         value = resp.values[key][run.tokens[-1]]
         ink = "white" if abs(value) / scale > 0.6 else "black"
         if run.kind == "special":
-            self.ax.text(run.x + run.width / 2, y + height / 2, run.text, ha="center",
-                         va="center", fontsize=FONT * 0.8, family="monospace", style="italic",
-                         color=ink, alpha=_MUTED, parse_math=False)
-        else:
-            self.ax.text(run.x, y + height / 2, run.text, ha="left", va="center", fontsize=FONT,
-                         family="monospace", color=ink,
-                         alpha=1.0 if run.kind == "text" else _MUTED, parse_math=False)
+            self._text(run.x + run.width / 2, y, run.text, ink, _MUTED, ha="center",
+                       fontsize=FONT * 0.8, style="italic")
+            return
+        alpha = 1.0 if run.kind == "text" else _MUTED
+        layer = self.layers.setdefault((y, ink, alpha), {})
+        for i, ch in enumerate(run.text):
+            if ch == " ":
+                continue
+            if on_grid(ch):
+                layer[run.x + i] = ch
+            else:
+                self._text(run.x + i, y, ch, ink, alpha)
 
     def finish(self) -> None:
-        from matplotlib.collections import LineCollection, PatchCollection
+        from matplotlib.collections import LineCollection, PolyCollection
 
-        self.ax.add_collection(PatchCollection(self.cells, facecolors=self.colours,
-                                               edgecolors="none", zorder=1))
+        self.ax.add_collection(PolyCollection(self.cells, facecolors=self.colours,
+                                              edgecolors="none", zorder=1))
         self.ax.add_collection(LineCollection(self.lines, colors=[_BOUNDARY], linewidths=0.5,
                                               zorder=2))
-        self.ax.add_collection(PatchCollection(self.outlines, facecolors="none",
-                                               edgecolors="#111", linewidths=1.0, zorder=2))
+        self.ax.add_collection(PolyCollection(self.outlines, facecolors="none",
+                                              edgecolors="#111", linewidths=1.0, zorder=2))
+        for (y, ink, alpha), chars in self.layers.items():
+            if chars:
+                first, last = min(chars), max(chars)
+                line = "".join(chars.get(c, " ") for c in range(first, last + 1))
+                self._text(first, y, line, ink, alpha)
 
 
 def group_png(report: Report, group: GroupReport, path, *, width: int = 96,
               max_lines: int = 6, dpi: int = 130) -> None:
-    """Write the picture of ``group`` to ``path``.
+    """Write the picture of ``group`` to ``path`` (see the module docstring).
 
-    ``width``: characters per text line; ``max_lines``: lines per response and panel
-    (longer responses are cut, marked ``…``).
+    ``width``: characters per text line (at most; narrower when every response is);
+    ``max_lines``: lines per response and panel (longer responses are cut, marked ``…``).
     """
     for name, value in (("width", width), ("max_lines", max_lines), ("dpi", dpi)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -133,7 +164,7 @@ def group_png(report: Report, group: GroupReport, path, *, width: int = 96,
     fig_w = columns * col_in + 0.2
     header = _prompt_header(group.label, group.prompt, int(fig_w / (9 * 0.6 / 72)) - 4)
     head_in = 0.15 + 0.17 * len(header)
-    bar_in = 0.75
+    bar_in = 0.95 if report.calibrated else 0.75  # the colour bar, and a note above it
     fig_h = head_in + len(views) * (panel_rows * row_in + 0.1) + bar_in
     fig = plt.figure(figsize=(fig_w, fig_h), dpi=dpi)
     try:
@@ -173,7 +204,7 @@ def group_png(report: Report, group: GroupReport, path, *, width: int = 96,
         cb.ax.tick_params(labelsize=7)
         cax.set_title("advantage", fontsize=7)
         if report.calibrated:
-            fig.text(0.1 / fig_w, 0.62 / fig_h, "outlined: flagged by the calibration", fontsize=7)
+            fig.text(0.1 / fig_w, 0.78 / fig_h, "outlined: flagged by the calibration", fontsize=7)
         with warnings.catch_warnings():  # characters missing from the font show as boxes
             warnings.filterwarnings("ignore", message="Glyph .* missing from font")
             fig.savefig(path, dpi=dpi)

@@ -8,7 +8,7 @@
 * a character whose bytes are split over several tokens is drawn once, as a run that
   names all those tokens (``TokenPiece.lead``);
 * a newline ends the line after a visible mark (``↵``); a tab and a carriage return are
-  drawn as marks (``→``, ``␍``);
+  drawn as marks (``→``, ``←``);
 * a special token (``<|im_end|>``, ``<eos>``) is one run of kind ``"special"``, never
   split, and a token with no text of its own is drawn as ``∅``;
 * with ``mark_spaces`` (one character per token, as the shipped character-level
@@ -28,7 +28,7 @@ from ktae.viz.tokens import TokenPiece
 NEWLINE_MARK = "\u21b5"
 EMPTY_MARK = "\u2205"
 SPACE_MARK = "\u00b7"
-_MARKS = {"\t": "\u2192", "\r": "\u240d"}
+_MARKS = {"\t": "\u2192", "\r": "\u2190"}
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class TextRun:
 
     ``tokens``: the positions of the tokens it draws (several for one character whose
     bytes are split over tokens). ``kind``: ``"text"``; ``"mark"`` (a drawn stand-in:
-    ``↵`` before a line break, ``→``, ``␍``, and ``·`` for spaces with ``mark_spaces``);
+    ``↵`` before a line break, ``→``, ``←``, and ``·`` for spaces with ``mark_spaces``);
     ``"special"`` (a special token's text); ``"empty"`` (``∅``, a token with no text).
     """
 
