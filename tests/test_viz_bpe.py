@@ -7,6 +7,7 @@ prefix decoding. The character-level rendering is kept."""
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -101,7 +102,10 @@ def test_fixture_matches_the_prepared_model(tok):
     from ktae.models import smollm2
 
     if not smollm2.is_prepared():
-        pytest.skip("smollm2-135m is not prepared here (ktae models)")
+        if os.environ.get("KTAE_REQUIRE_REAL_MODEL") == "1":  # CI prepares it
+            pytest.fail("KTAE_REQUIRE_REAL_MODEL=1 but smollm2-135m is not prepared "
+                        "(`ktae models prepare smollm2-135m`)")
+        pytest.skip("smollm2-135m is not prepared (`ktae models prepare smollm2-135m`)")
     from transformers import AutoTokenizer
 
     prepared = AutoTokenizer.from_pretrained(smollm2.cache_dir())
@@ -214,7 +218,8 @@ def test_wrapping_keeps_tokens_whole_and_cuts_at_max_lines(tok):
 
 
 def _report(tok, *, calibrated: bool = False):
-    from ktae.viz.report import CreditSpec, GroupInput, build_report
+    from ktae.core.methods import Method
+    from ktae.explain.report import GroupInput, build_report
 
     ids = [encode(tok, t) for t in TEXTS[:4]]
     group = GroupInput(prompt="<|im_start|>user\nWhat is 27 + 15?<|im_end|>\n"
@@ -223,7 +228,7 @@ def _report(tok, *, calibrated: bool = False):
         # TACO flags positive-credit tokens with log p + H < log(alpha) (alpha 0.01)
         group.logprobs = [[-6.0 if t % 5 == 0 else -0.2 for t in range(len(r))] for r in ids]
         group.entropies = [[0.2 + 0.3 * (t % 3) for t in range(len(r))] for r in ids]
-    credit = CreditSpec(calibration="taco") if calibrated else CreditSpec()
+    credit = Method(calibration="taco") if calibrated else Method()
     return build_report([group], credit=credit, tokenizer=tok)
 
 
@@ -358,8 +363,9 @@ def test_terminal_writes_the_decoded_text_with_alternating_underline(tok):
 def test_character_level_rendering_is_kept():
     from rich.console import Console
 
+    from ktae.core.methods import Method
+    from ktae.explain.report import GroupInput, build_report
     from ktae.models import build_char_tokenizer
-    from ktae.viz.report import CreditSpec, GroupInput, build_report
     from ktae.viz.report_html import VISIBLE
     from ktae.viz.report_terminal import print_report, response_text
 
@@ -367,7 +373,7 @@ def test_character_level_rendering_is_kept():
     texts = ["37+45=82. 82-18=64. \\boxed{64}", "37+45=72. 72-18=54. \\boxed{54}"]
     ids = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
     report = build_report([GroupInput(prompt="Q:37+45-18 A:", responses=ids, rewards=[1.0, 0.0])],
-                          credit=CreditSpec(), tokenizer=tok)
+                          credit=Method(), tokenizer=tok)
     group = report.groups[0]
     assert one_character_per_token(p for r in group.responses for p in r.pieces)
     for resp, text in zip(group.responses, texts, strict=True):

@@ -1,4 +1,4 @@
-"""PNG pictures of one group of a :class:`ktae.viz.report.Report` (matplotlib, Agg).
+"""PNG pictures of one group of a :class:`ktae.viz.page.Report` (matplotlib, Agg).
 
 One panel per view (sequence advantage, token credit, calibrated credit), each showing
 every response as the text its tokens decode to (:func:`ktae.viz.text_layout.text_runs`),
@@ -16,7 +16,7 @@ import warnings
 from functools import lru_cache
 
 from ktae.viz.credit import colour
-from ktae.viz.report import GroupReport, Report, ResponseReport
+from ktae.viz.page import GroupReport, Report, ResponseReport
 from ktae.viz.text_layout import TextRun, one_character_per_token, text_runs
 
 FONT = 8.0

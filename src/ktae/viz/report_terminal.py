@@ -1,4 +1,4 @@
-"""A terminal rendering of a :class:`ktae.viz.report.Report` with ``rich`` (quick looks over ssh).
+"""A terminal rendering of a :class:`ktae.viz.page.Report` with ``rich`` (quick looks over ssh).
 
 Per group: the prompt, a colour legend, each response on the diverging scale of the
 report's default view (the sequence advantage is in each response's header), and the
@@ -14,7 +14,7 @@ shipped model) spaces are written ``·`` instead. Flagged tokens are bold and un
 from __future__ import annotations
 
 from ktae.viz.credit import colour, count_text
-from ktae.viz.report import GroupReport, Report, ResponseReport
+from ktae.viz.page import GroupReport, Report, ResponseReport
 from ktae.viz.report_html import plain_visible
 from ktae.viz.text_layout import one_character_per_token, text_runs
 
