@@ -70,6 +70,8 @@ _FLAGS = [
     ("--threads", "torch_threads", int, "torch CPU threads"),
     ("--rollout-every", "rollout_every", int, "keep rollouts for ktae explain every N steps (0 = off)"),
     ("--rollout-groups", "rollout_groups", int, "groups kept per recorded step"),
+    ("--no-signal-steps", "no_signal_steps", int, "warn after this many steps with every group "
+     "all right or all wrong, or most responses truncated (0 = never)"),
     ("--lora-r", "lora_r", int, "LoRA rank (0 = full fine-tuning; needs the peft extra)"),
     ("--lora-alpha", "lora_alpha", float, "LoRA alpha (default 2 * r)"),
     ("--lora-dropout", "lora_dropout", float, "LoRA dropout"),

@@ -21,6 +21,7 @@ from ktae.eval.defaults import save_generation_defaults
 from ktae.train.config import TrainConfig, resume_changes
 from ktae.train.credit import CreditSettings, credit_settings
 from ktae.train.data import TaskRows, default_template, format_task, read_task
+from ktae.train.no_signal import find_no_signal
 from ktae.train.rollouts import ROLLOUTS_FILE, RolloutRecorder
 from ktae.train.rundir import (
     RunDir,
@@ -32,6 +33,7 @@ from ktae.train.rundir import (
     prepare_output_dir,
     start_segment,
 )
+from ktae.train.step_timing import mean_step_seconds
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
 
 
@@ -273,7 +275,12 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
 
-    from ktae.train.callbacks import EvalCallback, MetricsCallback, ProgressCallback
+    from ktae.train.callbacks import (
+        EvalCallback,
+        MetricsCallback,
+        NoSignalCallback,
+        ProgressCallback,
+    )
     from ktae.train.reward_funcs import make_reward_funcs
 
     _quiet()
@@ -317,7 +324,10 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     eval_cb = EvalCallback(rundir, eval_rows, every=cfg.eval_every,
                            max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer,
                            reward=cfg.reward)
-    callbacks = [metrics_cb, eval_cb, *extra_callbacks]
+    callbacks = [metrics_cb, eval_cb,
+                 NoSignalCallback(metrics_cb, steps=cfg.no_signal_steps,
+                                  max_new_tokens=cfg.max_new_tokens, reward=cfg.reward),
+                 *extra_callbacks]
     if cfg.progress:
         callbacks.append(ProgressCallback(metrics_cb, eval_cb))
     trainer = trainer_cls(model=model, reward_funcs=rewards, args=args,
@@ -364,6 +374,8 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
             evals = RunDir.read_jsonl(rundir.eval_path)
         metrics = RunDir.read_jsonl(rundir.metrics_path)
         step_times = [m["step_time"] for m in metrics if m.get("step_time") is not None]
+        no_signal = find_no_signal(metrics, steps=cfg.no_signal_steps,
+                                   max_new_tokens=cfg.max_new_tokens, reward=cfg.reward)
         adv = [m["advantage_seconds"] for m in metrics if m.get("advantage_seconds") is not None]
         by_step = {e["step"]: e for e in evals}
         summary.update({
@@ -376,6 +388,8 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
             "final_response_length": by_step.get(step, {}).get("response_length"),
             "mean_step_seconds": sum(step_times) / len(step_times) if step_times else None,
             "advantage_share": sum(adv) / sum(step_times) if adv and sum(step_times) else None,
+            "step_seconds": mean_step_seconds(metrics),
+            "no_signal": no_signal.to_dict() if no_signal is not None else None,
             "wall_seconds_this_invocation": time.perf_counter() - start,
             "resumed_from": str(resume_from) if resume_from else None,
         })
