@@ -29,6 +29,10 @@ PART_KEYS = {
 }
 
 
+TIMING_RECORD_KEYS = ("step_time", *PART_KEYS.values(), "advantage_share")
+"""metrics.jsonl keys that are measured times (they differ between identical runs)."""
+
+
 class StepClock:
     """Exclusive seconds per part of the step in progress.
 
