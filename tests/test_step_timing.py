@@ -120,3 +120,12 @@ def test_training_logs_each_part_and_they_sum_to_the_step(tiny_model, tmp_path, 
     assert saved["step_seconds"]["step"] == pytest.approx(
         sum(m["step_time"] for m in metrics) / 3)
     assert saved["no_signal"] is None  # 3 steps < the default window
+
+
+def test_no_gradient_checkpointing_unless_asked(tiny_model, tmp_path):
+    """TRL 1.16 turns it on by default, recomputing the forward pass in the backward one."""
+    from ktae.train.session import grpo_config
+
+    cfg = tiny_config(tiny_model, tmp_path / "run")
+    assert grpo_config(cfg, 1).gradient_checkpointing is False
+    assert grpo_config(cfg, 1, {"gradient_checkpointing": True}).gradient_checkpointing is True
