@@ -12,8 +12,8 @@ Four measurements, in one process, at one torch thread count (``--threads``):
    and of a log-prob pass) and at M = the batch (the shapes of one decoding step).
 2. **Generation backends.** The step's batch (``prompts x generations`` rows, left-padded)
    sampled with ``model.generate`` under each setting that works here: dynamic KV cache
-   (TRL 1.16's HF path), static cache, one thread, and with ``--compile`` a static cache
-   under ``torch.compile``. Every response is exactly ``--new-tokens`` long
+   (TRL 1.16's HF path), static cache, other thread counts (``--other-threads``), and with
+   ``--compile`` a static cache under ``torch.compile``. Every response is exactly ``--new-tokens`` long
    (``min_new_tokens``), so every setting and trainer does the same work.
 3. **ktae's step by part** (generation, scoring, log-probs, advantages, update;
    :mod:`ktae.train.step_timing`), each against its floor: ``6 N T`` FLOPs for the update
@@ -153,7 +153,7 @@ def generation_seconds(model, tokenizer, prompts: list[str], new_tokens: int, *,
 
 
 def generation_backends(model, tokenizer, prompts, new_tokens, threads, *, compile_: bool,
-                        repeats: int) -> dict[str, float]:
+                        repeats: int, other_threads: list[int]) -> dict[str, float]:
     out = {}
     say(f"  load {load()}: dynamic cache (TRL's HF path), {threads} thread(s)")
     out["dynamic cache"] = generation_seconds(model, tokenizer, prompts, new_tokens,
@@ -161,11 +161,11 @@ def generation_backends(model, tokenizer, prompts, new_tokens, threads, *, compi
     say(f"  load {load()}: static cache")
     out["static cache"] = generation_seconds(model, tokenizer, prompts, new_tokens,
                                              cache="static", repeats=repeats)
-    if threads > 1:
-        say(f"  load {load()}: dynamic cache, 1 thread")
-        torch.set_num_threads(1)
+    for other in other_threads:
+        say(f"  load {load()}: dynamic cache, {other} thread(s)")
+        torch.set_num_threads(other)
         try:
-            out["dynamic cache, 1 thread"] = generation_seconds(
+            out[f"dynamic cache, {other} thread(s)"] = generation_seconds(
                 model, tokenizer, prompts, new_tokens, repeats=repeats)
         finally:
             torch.set_num_threads(threads)
@@ -187,8 +187,27 @@ def generation_backends(model, tokenizer, prompts, new_tokens, threads, *, compi
 
 # ----------------------------------------------------------------------------- 3-4. steps
 
+#: TRL 1.16's own profiled sections (``trl.extras.profiling``), recorded for both trainers.
+PROFILED = ("_prepare_inputs", "transformers.generate", "_calculate_rewards",
+            "_get_per_token_logps_and_entropies", "compute_loss")
+_profiled: dict[str, float] = {}
+
+
+def record_trl_profiling() -> None:
+    """Make TRL's ``ProfilingContext`` (which reports only to wandb/mlflow/trackio) add
+    each section's seconds to :data:`_profiled`, keyed by the section's method name."""
+    from trl.extras.profiling import ProfilingContext
+
+    def log(self, duration):
+        key = self.name.split(".", 1)[1]
+        _profiled[key] = _profiled.get(key, 0.0) + duration
+
+    ProfilingContext._log_metrics = log
+
+
 class StepTimes:
-    """Same callback for both trainers: step wall time (begin to end) and ktae's parts."""
+    """Same callback for both trainers: step wall time (begin to end), TRL's profiled
+    sections of the step, and ktae's parts."""
 
     def __init__(self):
         from transformers import TrainerCallback
@@ -196,13 +215,16 @@ class StepTimes:
         outer = self
         self.steps: list[float] = []
         self.parts: list[dict] = []
+        self.profiled: list[dict] = []
 
         class _CB(TrainerCallback):
             def on_step_begin(self, args, state, control, **kw):
+                _profiled.clear()
                 outer._t0 = time.perf_counter()
 
             def on_step_end(self, args, state, control, **kw):
                 outer.steps.append(time.perf_counter() - outer._t0)
+                outer.profiled.append(dict(_profiled))
 
             def on_log(self, args, state, control, logs=None, **kw):
                 from ktae.train.step_timing import PART_KEYS
@@ -271,6 +293,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3, help="alternating ktae/TRL steps each")
     p.add_argument("--repeats", type=int, default=1, help="runs per generation setting")
     p.add_argument("--compile", action="store_true", help="also try torch.compile")
+    p.add_argument("--other-threads", type=lambda t: [int(x) for x in t.split(",")], default=[],
+                   help="also generate at these thread counts (comma-separated)")
     p.add_argument("--beta", type=float, default=0.0,
                    help="KL coefficient (> 0 adds the reference log-prob pass)")
     p.add_argument("--trl", action="append", default=[], metavar="KEY=VALUE",
@@ -322,7 +346,8 @@ def main(argv: list[str] | None = None) -> dict:
     if "generation" in only:
         say(f"\n2. generation backends ({batch} rows x {a.new_tokens} tokens, sampled)")
         gens = generation_backends(model, tokenizer, sample, a.new_tokens, a.threads,
-                                   compile_=a.compile, repeats=a.repeats)
+                                   compile_=a.compile, repeats=a.repeats,
+                                   other_threads=[t for t in a.other_threads if t != a.threads])
         result["generation"] = gens
         best = min(v for k, v in gens.items() if k != "compile time")
         for name, seconds in gens.items():
@@ -345,6 +370,7 @@ def main(argv: list[str] | None = None) -> dict:
             return m
 
         state = {"factory": factory}
+        record_trl_profiling()
         timers = {"ktae": StepTimes(), "trl": StepTimes()}
         with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
             args, credit = trainer_args(path, tmp, prompts=a.prompts, generations=a.generations,
@@ -357,6 +383,12 @@ def main(argv: list[str] | None = None) -> dict:
                     run_steps(kind, state, tokenizer, rows, args, credit, timers[kind])
                     say(f"    step {timers[kind].steps[-1]:.1f} s")
         med = {k: statistics.median(t.steps) for k, t in timers.items()}
+        say(f"\n  TRL's profiled sections, median seconds per step: {'ktae':>9} {'trl':>9}")
+        for section in PROFILED:
+            cells = [statistics.median(p.get(section, 0.0) for p in timers[k].profiled)
+                     for k in ("ktae", "trl")]
+            say(f"  {section:<48} {cells[0]:9.3g} {cells[1]:9.3g}")
+        result["trl_profiled"] = {k: t.profiled for k, t in timers.items()}
         parts = {p: statistics.median(x[p] for x in timers["ktae"].parts)
                  for p in (*PARTS, "other", "step")}
         result["steps"] = {k: t.steps for k, t in timers.items()}
@@ -364,12 +396,12 @@ def main(argv: list[str] | None = None) -> dict:
         result["ratio"] = med["ktae"] / med["trl"]
         say(f"\n  ktae step (median of {a.rounds}): {med['ktae']:.1f} s; TRL's: "
             f"{med['trl']:.1f} s; ktae/TRL = {result['ratio']:.3f}")
-        say("\n  part          seconds   floor   x floor")
+        say(f"\n  {'part':<12} {'seconds':>9} {'floor':>9} {'x floor':>9}")
         for part in (*PARTS, "other"):
             f = floor.get(part)
-            cells = f"{f:7.1f} {parts[part] / f:8.2f}" if f else f"{'':7} {'':8}"
-            say(f"  {part:<12} {parts[part]:8.1f} {cells}")
-        say(f"  {'step':<12} {parts['step']:8.1f}")
+            cells = f" {f:9.3g} {parts[part] / f:9.3g}" if f else ""
+            say(f"  {part:<12} {parts[part]:9.3g}{cells}")
+        say(f"  {'step':<12} {parts['step']:9.3g}")
         if "generation_best" in result:
             say(f"  generation in the step / best backend above: "
                 f"x{parts['generation'] / result['generation_best']:.2f}")
