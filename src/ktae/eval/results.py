@@ -154,8 +154,8 @@ def unformatted_notice(results: Mapping) -> str | None:
     where = " and ".join(names) if len(names) < 3 else ", ".join(names)
     files = ", ".join(f"samples_{b}.jsonl" for b in names)
     return (f"no response was formatted on {where}: none gave its answer in the form the "
-            f"grader reads (a final \\boxed{{}}), so every one scored as wrong; check "
-            f"--template and the responses in {files}")
+            f"benchmark is graded on (a final \\boxed{{}}; arith: a number), so every one "
+            f"scored as wrong; check --template and the responses in {files}")
 
 
 def results_table(results: Mapping):
