@@ -121,7 +121,7 @@ def test_bpe_chat_model_that_never_boxes_is_told_so(tmp_path):
     close a \\boxed{}, which the warning names."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ktae.train.config import TrainConfig
+    from ktae.runs.config import TrainConfig
     from ktae.train.session import train
 
     tok = _smollm2_tokenizer()

@@ -8,9 +8,9 @@ import sys
 from transformers import TrainerCallback
 
 from ktae.rewards.registry import DEFAULT_REWARD
+from ktae.runs.rundir import RunDir
 from ktae.train.evaluation import greedy_accuracy
 from ktae.train.no_signal import find_no_signal, warn_no_signal
-from ktae.train.rundir import RunDir
 from ktae.train.step_timing import describe_step
 
 
