@@ -70,7 +70,6 @@ def resolve_model(name: str) -> str:
 
 def load_model(path: str):
     from ktae.runs.config import TrainConfig
-
     from ktae.train.session import load_model as ktae_load
 
     model, tokenizer, _ = ktae_load(TrainConfig(model=path))
@@ -242,7 +241,6 @@ def trainer_args(path: str, out: str, *, prompts: int, generations: int, new_tok
                  threads: int, steps: int, trl: dict):
     from ktae.runs.config import TrainConfig
     from ktae.runs.credit import credit_settings
-
     from ktae.train.session import grpo_config
 
     cfg = TrainConfig(model=path, algo="grpo", credit="none", num_prompts=prompts,

@@ -119,9 +119,9 @@ def _smollm2_tokenizer():
 def test_bpe_chat_model_that_never_boxes_is_told_so(tmp_path):
     """SmolLM2's tokenizer and chat template on a tiny random Llama: its responses never
     close a \\boxed{}, which the warning names."""
-    from ktae.runs.config import TrainConfig
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from ktae.runs.config import TrainConfig
     from ktae.train.session import train
 
     tok = _smollm2_tokenizer()

@@ -37,7 +37,7 @@ def test_two_steps_of_smollm2(real_model, tmp_path):
                  "--template", "chat", "--reward", "boxed", "--algo", "grpo",
                  "--credit", "ktae", "--max-steps", "2", "--num-prompts", "2",
                  "--num-generations", "2", "--max-new-tokens", "16", "--eval-size", "2",
-                 "--eval-every", "0", "--save-every", "0", "--threads", "2",
+                 "--eval-every", "0", "--save-every", "0",
                  "--no-progress", "-o", str(out)])
     assert code == 0
     metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
