@@ -300,7 +300,7 @@ def test_verl_options_accept_the_new_losses():
                     "loss_mode": loss_mode, "ktae": block}}}}
 
     for name, block in (("entropy-adv", {"alpha": 0.2, "kappa": 3}),
-                        ("clip-cov", {"clip_cov_ratio": 0.001, "clip_low": 0.2, "clip_high": 0.28}),
+                        ("clip-cov", {"clip_cov_ratio": 0.001, "clip_low": 0.2}),
                         ("kl-cov", {"kl_cov_ratio": 0.002, "ppo_kl_coef": 1.0}),
                         ("spo-mask", {"prob_threshold": 0.8})):
         got = check_config(config(name, block))
@@ -309,4 +309,10 @@ def test_verl_options_accept_the_new_losses():
             check_config(config(name, {"typo": 1}))
     with pytest.raises(ValueError, match="calculate_entropy=true"):
         check_config(config("entropy-adv", {}, entropy=False))
+    # Clip-Cov's clip range must be the loss's: verl's clip_ratio_low/high (default 0.2)
+    cfg = config("clip-cov", {"clip_high": 0.28})
+    with pytest.raises(ValueError, match=r"clip_high=0.28 but the actor's clip_ratio_high is 0.2"):
+        check_config(cfg)
+    cfg["actor_rollout_ref"]["actor"]["clip_ratio_high"] = 0.28
+    assert check_config(cfg).calibration.options == {"clip_high": 0.28}
     assert check_config(config("spo-mask", {}, entropy=False)).calibration.name == "spo-mask"
