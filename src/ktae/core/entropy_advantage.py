@@ -1,7 +1,7 @@
 """Entropy advantage: the advantage plus a bounded, detached entropy bonus.
 
 Cheng et al. (2025), "Reasoning with Exploration: An Entropy Perspective on Reinforcement
-Learning for LLMs", arXiv 2506.14758, Section 3 (the entropy-based advantage)::
+Learning for LLMs", arXiv 2506.14758 (its entropy-based advantage)::
 
     psi(H_t) = min(alpha * H_t.detach(), |A_t| / kappa)
     A'_t     = A_t + psi(H_t)
@@ -11,9 +11,8 @@ Learning for LLMs", arXiv 2506.14758, Section 3 (the entropy-based advantage)::
 the direction of the update: the clip ``|A_t| / kappa`` keeps the bonus below a fraction of
 the advantage's magnitude, so a negative advantage stays negative for ``kappa > 1``, and a
 token with ``A_t = 0`` gets no bonus. The entropy is the current policy's at the update, as
-the paper's one-line change to the PPO/GRPO loss computes it. Defaults ``alpha = 0.4`` and
-``kappa = 2`` are those of the paper's experiments (no code was released; the source read
-is the paper's text).
+the paper's one-line change to the PPO/GRPO loss computes it. Defaults: ``alpha = 0.4``,
+``kappa = 2``. The paper released no code; its text is the only source.
 
 As a calibration (:data:`ktae.CALIBRATIONS`, name ``entropy-adv``) it applies to any
 estimator's advantages at loss time: ``grpo+entropy-adv``, ``ktae+entropy-adv``.

@@ -1,8 +1,8 @@
 """SPO's probability mask: only tokens the rollout policy found uncertain stay in the loss.
 
 Guo et al. (2025), "Segment Policy Optimization: Effective Segment-Level Credit Assignment
-in RL for Large Language Models", arXiv 2505.23564, Section 3.3 (policy optimization with
-a probability mask). The released code (github.com/AIFrameResearch/SPO, commit b9fc6a2,
+in RL for Large Language Models", arXiv 2505.23564 (its probability-mask policy
+optimization). The released code (github.com/AIFrameResearch/SPO, commit b9fc6a2,
 ``src/treetune/trainers/ppo_trainer.py``, ``use_prob_mask``) computes, per token::
 
     prob_mask   = exp(old_logprobs) < 0.9
