@@ -140,7 +140,7 @@ def incomplete_before(text: str, start: int) -> bool:
     if k < 0:
         return False
     c = text[k]
-    if c in "+-\u2212\u00d7\u00f7/^()[]":
+    if c in "+-\u2212\u00d7\u00f7/^)]":
         return True
     if c == "*":
         doubled = (k - 1 >= 0 and text[k - 1] == "*") or (k + 1 < len(text) and text[k + 1] == "*")
@@ -221,13 +221,27 @@ class Labeller:
             k = pos
             while k > 0 and text[k - 1] in SPACE:
                 k -= 1
+            wrapped = k > 0 and text[k - 1] == ")"
+            if wrapped:
+                k -= 1
+                while k > 0 and text[k - 1] in SPACE:
+                    k -= 1
             last = self.ending.get(k)
             if last is None:
                 continue
             first = last
             while first > 0 and self.op_after(first - 1) is not None:
                 first -= 1
-            if first == last or incomplete_before(text, self.numbers[first][0]):
+            if first == last:
+                continue
+            begin = self.numbers[first][0]
+            if wrapped:
+                while begin > 0 and text[begin - 1] in SPACE:
+                    begin -= 1
+                if begin == 0 or text[begin - 1] != "(":
+                    continue
+                begin -= 1
+            if incomplete_before(text, begin):
                 continue
             r = pos + 1
             while r < len(text) and text[r] in SPACE:

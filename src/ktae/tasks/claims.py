@@ -32,7 +32,7 @@ ADD, MUL = 1, 2
 OPERATORS = {"+": (ADD, "+"), "-": (ADD, "-"), "\u2212": (ADD, "-"), "*": (MUL, "*"),
              "\u00d7": (MUL, "*"), "x": (MUL, "*"), "/": (MUL, "/"), "\u00f7": (MUL, "/")}
 """Written operator -> (precedence, operation)."""
-BLOCKING = set("+-\u2212\u00d7\u00f7/^()[]")
+BLOCKING = set("+-\u2212\u00d7\u00f7/^)]")
 """Characters that, just before a chain, leave part of its expression unread."""
 
 _NUMBER = re.compile(r"\$?(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+"
@@ -62,7 +62,8 @@ class Claim:
 
     Attributes:
         kind: ``"equation"`` (``a op b ... = r``) or ``"answer"`` (an explicit final answer).
-        start, end: the claim's span in the text (from its first operand or its marker
+        start, end: the claim's span in the text (from its first operand, its opening
+            bracket or its marker
             through its result).
         result_start, result_end: the labelled span: the result's sign or first digit
             through its last digit.
@@ -187,6 +188,13 @@ class _Reader:
         return start, n.end, -n.value if sign else n.value, n.places
 
 
+def _skip_spaces_back(text: str, pos: int) -> int:
+    """The position after the last non-space character before ``pos``."""
+    while pos > 0 and text[pos - 1] in SPACES:
+        pos -= 1
+    return pos
+
+
 def _skip_spaces(text: str, pos: int) -> int:
     while pos < len(text) and text[pos] in SPACES:
         pos += 1
@@ -196,9 +204,10 @@ def _skip_spaces(text: str, pos: int) -> int:
 def _equation_claims(r: _Reader) -> list[Claim]:
     text, out = r.text, []
     for eq in (m.start() for m in re.finditer("=", text)):
-        k = eq
-        while k > 0 and text[k - 1] in SPACES:
-            k -= 1
+        k = _skip_spaces_back(text, eq)
+        bracketed = k > 0 and text[k - 1] == ")"
+        if bracketed:
+            k = _skip_spaces_back(text, k - 1)
         last = r.by_end.get(k)
         if last is None:
             continue
@@ -209,7 +218,13 @@ def _equation_claims(r: _Reader) -> list[Claim]:
                 break
             ops.insert(0, op)
             first -= 1
-        if not ops or _blocked(text, r.numbers[first].start):
+        front = r.numbers[first].start
+        if bracketed:
+            front = _skip_spaces_back(text, front)
+            if front == 0 or text[front - 1] != "(":
+                continue
+            front -= 1
+        if not ops or _blocked(text, front):
             continue
         result = r.result_at(_skip_spaces(text, eq + 1))
         if result is None:
@@ -218,7 +233,7 @@ def _equation_claims(r: _Reader) -> list[Claim]:
         if value is None:
             continue
         start, end, stated, places = result
-        out.append(Claim("equation", r.numbers[first].start, end, start, end, stated, value,
+        out.append(Claim("equation", front, end, start, end, stated, value,
                          _matches(value, stated, places)))
     return out
 
