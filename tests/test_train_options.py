@@ -234,8 +234,8 @@ def test_lora_trains_only_adapters_and_eval_loads_them(tiny_model, tmp_path):
 def test_full_disk_is_reported_in_words(tiny_model, tmp_path, capsys, monkeypatch):
     import transformers.modeling_utils as mu
 
+    from ktae.checkpoints import latest_complete_checkpoint
     from ktae.cli import main
-    from ktae.train.rundir import latest_complete_checkpoint
 
     real = mu.safe_save_file
     calls = []

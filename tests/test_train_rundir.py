@@ -6,15 +6,13 @@ import json
 
 import pytest
 
-from ktae.train.rundir import (
+from ktae.checkpoints import (
     COMPLETE_MARKER,
-    RUN_MARKER,
-    RunDir,
     checkpoint_step,
     is_complete_checkpoint,
     latest_complete_checkpoint,
-    mark_checkpoint_complete,
 )
+from ktae.train.rundir import RUN_MARKER, RunDir, mark_checkpoint_complete
 
 
 def _checkpoint(root, step, complete=True):

@@ -41,7 +41,6 @@ from ktae.credit_audit.metrics import (
     summarise,
     summarise_ratio,
 )
-from ktae.viz.labels import span_labels  # noqa: F401  (read here by earlier callers)
 
 DEFAULT_PROMPTS = 200
 DEFAULT_SAMPLES = 8
@@ -70,7 +69,7 @@ def default_methods() -> list[str]:
 def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=(),
                   train_config=None) -> dict:
     """``"grpo,ktae,ktae@ngram=3"`` (or a list; None: :func:`default_methods`) ->
-    ``{name: CreditSpec}``; an unknown name is a ValueError naming ``credit``. With a run's
+    ``{name: Method}``; an unknown name is a ValueError naming ``credit``. With a run's
     ``train_config``, a method that is the run's own estimator or calibration keeps its
     settings (h1, alpha, the graded split, ...), as ``ktae explain`` does."""
     from ktae.train.credit import credit_method

@@ -1,4 +1,4 @@
-"""``ktae eval MODEL --benchmarks math500,aime24,...``: benchmark a model (SPEC section 7).
+"""``ktae eval MODEL --benchmarks math500,aime24,...``: benchmark a model (docs/method.md §13).
 
 Writes ``results.json`` and ``samples_<bench>.jsonl`` to ``--output-dir`` and prints a
 table. ``--protocol ktae|taco`` sets a paper's template, decoding, budget and k per

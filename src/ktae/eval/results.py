@@ -1,4 +1,4 @@
-"""Scoring generations and writing evaluation results (SPEC section 7).
+"""Scoring generations and writing evaluation results (docs/method.md §13).
 
 Per benchmark (:mod:`ktae.eval.metrics` defines the estimators): ``accuracy`` (greedy
 pass@1, or avg@k: the mean over the k samples' accuracies) and ``accuracy_std`` (their

@@ -11,7 +11,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from ktae.eval import choice
-from ktae.eval.benchmarks import BenchmarkRecord, fixture_path, load_benchmark
+from ktae.eval.benchmarks import GENERATED, BenchmarkRecord, fixture_path, load_benchmark
 from ktae.eval.context import check_prompts, model_context
 from ktae.eval.defaults import resolve_generation
 from ktae.eval.generate import (
@@ -45,7 +45,7 @@ def load_records(names: Sequence[str], *, limit: int | None = None,
     """Records of each named benchmark: from ``data_dir`` (``<name>.jsonl`` etc.,
     ``<name>/test.jsonl``, or a split of a dataset saved there with ``save_to_disk``;
     :func:`ktae.eval.benchmarks.load_benchmark`), from the shipped fixtures
-    (``fixtures=True``), or from the hub. ``embedded`` is always generated;
+    (``fixtures=True``), or from the hub. ``embedded`` and ``arith`` are always generated;
     ``mmlu_pro`` and ``gpqa_diamond`` are read by :mod:`ktae.eval.choice`.
     ``hub_sources``: benchmark -> (hub dataset, split) read instead of ktae's own hub
     source when the records come from the hub (a protocol's, e.g. TACO's AIME sets)."""
@@ -53,7 +53,7 @@ def load_records(names: Sequence[str], *, limit: int | None = None,
     for name in names:
         path = None
         is_choice = name in choice.CHOICE_BENCHMARKS
-        if name != "embedded":
+        if name not in GENERATED:
             if fixtures:
                 path = choice.fixture_path(name) if is_choice else fixture_path(name)
             elif data_dir is not None:
@@ -99,6 +99,10 @@ def verify_responses(name: str, texts: list[str], answers: list, timeout: float,
 
     if name in choice.CHOICE_BENCHMARKS:
         return [choice.letter_reward(t, a) for t, a in zip(texts, answers, strict=True)]
+    if name == "arith":  # the task's own answer format, whatever the grader
+        from ktae.rewards.registry import get_reward
+
+        return get_reward("number").score(texts, answers, timeout=timeout)
     return get_grader(grader).grade(texts, answers, timeout=timeout)
 
 

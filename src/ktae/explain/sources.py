@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ktae.viz.report import CreditSpec, GroupInput
+from ktae.core.methods import Method
+from ktae.viz.report import GroupInput
 
 DEFAULT_MODEL = "default"
 """``--model default``: the shipped warm-started tiny model."""
@@ -32,7 +33,7 @@ class Source:
 
     groups: list[tuple[str, GroupInput]]
     tokenizer: object
-    credit: CreditSpec
+    credit: Method
     title: str
     meta: list[str] = field(default_factory=list)
     credit_name: str = "ktae"
@@ -73,7 +74,7 @@ def ignore_ids(tokenizer) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in ids if i is not None))
 
 
-def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditSpec:
+def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> Method:
     """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ``ktae@ngram=3``,
     ...) the way ``ktae train`` does, with that run's hyper-parameters when
     ``train_config`` is given: :func:`ktae.train.credit.credit_method`."""
@@ -133,7 +134,7 @@ def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None
         raise ValueError(f"step: {step} was not recorded; recorded steps: {steps}")
     tok, tok_path = _run_tokenizer(run, header, tokenizer)
     ignore = tuple(header.get("ignore_token_ids", ignore_ids(tok)))
-    recorded = CreditSpec(estimator=header["estimator"],
+    recorded = Method(estimator=header["estimator"],
                           estimator_options=dict(header.get("estimator_options") or {}),
                           calibration=header.get("calibration"),
                           calibration_options=dict(header.get("calibration_options") or {}),

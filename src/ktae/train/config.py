@@ -3,7 +3,7 @@
 Names follow TRL's ``GRPOConfig`` where one exists (``num_generations``, ``beta``,
 ``loss_type``, ``temperature``); TRL's ``epsilon``/``epsilon_high`` are called
 ``clip_low``/``clip_high`` here, as in the DAPO paper. Fields left as ``None`` are filled
-by :meth:`TrainConfig.resolve` from the chosen ``algo`` (SPEC sections 1, 3 and 4):
+by :meth:`TrainConfig.resolve` from the chosen ``algo`` (docs/method.md §2, §10 and §11):
 
 =========  ==========  =============  =============  ================  ===============
 algo       loss_type   advantage      clip low/high  dynamic sampling  overlong buffer
@@ -14,7 +14,7 @@ drgrpo     dr_grpo     drgrpo (mean)  0.2 / 0.2      off               off
 =========  ==========  =============  =============  ================  ===============
 
 ``credit`` picks the token-level credit on top: ``none`` (the algo's own sequence-level
-advantage), ``ktae`` (SPEC section 2), ``taco`` (SPEC section 5), any registered advantage
+advantage), ``ktae`` (docs/method.md §3), ``taco`` (docs/method.md §8), any registered advantage
 estimator or calibration name, or ``estimator+calibration`` (e.g. ``ktae+taco``).
 
 Every field is type-checked (:mod:`ktae.train.fields`) wherever it comes from: a YAML
@@ -124,7 +124,7 @@ class TrainConfig:
     overlong_factor: float = 1.0
     """Overlong penalty factor."""
     ktae_h1: float | None = None
-    """KTAE weight of the Fisher score (SPEC 2); None = the estimator's default (1)."""
+    """KTAE weight of the Fisher score (docs/method.md §3); None = the estimator's default (1)."""
     ktae_h2: float | None = None
     """KTAE weight of the information gain; None = the estimator's default (1)."""
     ktae_h3: float | None = None
@@ -136,7 +136,7 @@ class TrainConfig:
     ktae_ngram_reduce: str = "mean"
     """How a token's value comes from its spans' (N > 1): ``mean`` or ``maxabs``."""
     taco_alpha: float | None = None
-    """Tail-risk threshold alpha of the TACO family (SPEC 5); None = its default (0.01)."""
+    """Tail-risk threshold alpha of the TACO family (docs/method.md §8); None = its default (0.01)."""
     taco_lambda: float | None = None
     """TACO damping lambda; None = its default (0.9). Only calibrations taking ``lam``."""
     estimator_options: dict[str, Any] = field(default_factory=dict)
@@ -274,14 +274,18 @@ class TrainConfig:
         from ktae.data import FIELDS, parse_source
         from ktae.eval.prompts import TEMPLATES
         from ktae.rewards.registry import get_reward
+        from ktae.tasks.arith import parse_task_name
         from ktae.train.data import EMBEDDED_TEMPLATES
 
         for name in ("task", "eval_task"):
             value = getattr(self, name)
-            if value is not None and value not in ("embedded", "math500"):
+            if value is not None and value not in ("embedded", "math500") and (
+                    parse_task_name(value) is None):
                 parse_source(value, name=name)
-        if self.eval_task == "embedded":
-            raise ValueError("eval_task: the embedded held-out split goes with --task embedded")
+        if self.eval_task == "embedded" or (self.eval_task is not None
+                                            and parse_task_name(self.eval_task) is not None):
+            raise ValueError(f"eval_task: the {self.eval_task} held-out split goes with "
+                             f"--task {self.eval_task}")
         get_reward(self.reward)
         for key, column in self.task_fields.items():
             if key not in FIELDS or not isinstance(column, str) or not column:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ktae.checkpoints import checkpoint_step
 from ktae.eval.defaults import save_generation_defaults
 from ktae.train.config import TrainConfig, resume_changes
 from ktae.train.credit import CreditSettings, credit_settings
@@ -24,7 +25,6 @@ from ktae.train.data import TaskRows, default_template, format_task, read_task
 from ktae.train.rollouts import ROLLOUTS_FILE, RolloutRecorder
 from ktae.train.rundir import (
     RunDir,
-    checkpoint_step,
     finished_steps,
     follow_umask,
     foreign_checkpoints,

@@ -8,7 +8,7 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    global batch, groups = contiguous blocks of ``num_generations`` rows (TRL's layout);
    the ``[B, T]`` token-level result replaces TRL's ``[B]`` advantages. Gathering the
    token ids makes the estimate correct however the global batch is split across
-   processes. With dynamic sampling (SPEC 4) extra rounds are generated first and only
+   processes. With dynamic sampling (docs/method.md §11) extra rounds are generated first and only
    informative groups are kept (:mod:`ktae.train.dynamic_sampling`); this needs every
    group on one process, and other layouts are refused before TRL builds anything.
    TRL's per-pass metrics move to ``generation/<key>``; the standard keys describe the
@@ -19,7 +19,7 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    from one extra no-grad forward pass right after generation, made only for such
    estimators.
 2. ``_compute_loss`` / ``_get_per_token_logps_and_entropies``: when a calibration (TACO,
-   SPEC 5) is configured, the current policy's per-token log-probs and entropies computed
+   docs/method.md §8) is configured, the current policy's per-token log-probs and entropies computed
    inside ``_compute_loss`` (``compute_entropy=True``) calibrate a copy of the advantages,
    detached, before TRL's loss reads them, and the calibration's loss mask (STAPO and
    forking tokens remove tokens) becomes TRL's loss mask (see :meth:`_loss_inputs`).
@@ -56,10 +56,9 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 import ktae
-from ktae.core.advantages import estimator_needs_entropies
+from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
 from ktae.core.calibration import logged_metrics
 from ktae.core.methods import estimator_credit
-from ktae.core.user_rules import estimator_needs_logprobs
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
 from ktae.train.credit import CreditSettings
 from ktae.train.dynamic_sampling import (
@@ -397,10 +396,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
             raise ValueError(f"global batch of {rewards.numel()} responses is not a whole number "
                              f"of groups of num_generations={G}")
         group = torch.arange(rewards.numel(), device=rewards.device) // G
-        # one computation for every command: correct, logprobs, KTAE's ignored ids
+        # one computation for every command: correct, logprobs, KTAE's ignored ids; through
+        # the public ktae.compute_advantages, as the trainer's docstring promises
         adv = estimator_credit(self._method, rewards=rewards, group=group, token_ids=ids,
                                mask=mask.bool(), correct=correct, logprobs=logprobs,
-                               entropies=entropies)
+                               entropies=entropies, compute=ktae.compute_advantages)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
         batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
         seconds = time.perf_counter() - start

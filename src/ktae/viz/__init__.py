@@ -6,9 +6,9 @@ pages of ``ktae explain``, several groups with their views and statistics.
 """
 
 from ktae.viz.credit import colour, credit_html, credit_png, group_credit
-from ktae.viz.report import CreditSpec, GroupInput, Report, build_report
+from ktae.viz.report import GroupInput, Report, build_report
 from ktae.viz.report_html import report_html
 from ktae.viz.tokens import token_pieces
 
-__all__ = ["CreditSpec", "GroupInput", "Report", "build_report", "colour", "credit_html",
-           "credit_png", "group_credit", "report_html", "token_pieces"]
+__all__ = ["GroupInput", "Report", "build_report", "colour", "credit_html", "credit_png",
+           "group_credit", "report_html", "token_pieces"]

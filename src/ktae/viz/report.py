@@ -3,9 +3,9 @@
 :func:`build_report` takes groups of tokenised responses with rewards and computes, in one
 vectorised pass over all groups:
 
-* the sequence-level advantage (the ``seq`` view: GRPO, Dr.GRPO or RLOO, SPEC 1);
-* the token-level credit of the chosen estimator (the ``token`` view: KTAE, SPEC 2, Eq. 10);
-* a loss-time calibration of it (the ``final`` view: e.g. TACO, SPEC 5), from per-token
+* the sequence-level advantage (the ``seq`` view: GRPO, Dr.GRPO or RLOO, docs/method.md §2);
+* the token-level credit of the chosen estimator (the ``token`` view: KTAE, docs/method.md §3, Eq. 10);
+* a loss-time calibration of it (the ``final`` view: e.g. TACO, docs/method.md §8), from per-token
   log-probs and entropies, with each token's weight and flag;
 * ``diff``: the final credit minus the sequence advantage (what token credit changes);
 * for every real token, its row of :func:`ktae.key_token_table` (a, b, c, d, p, F, IG,
@@ -26,7 +26,7 @@ import torch
 
 from ktae.core import methods
 from ktae.core.advantages import estimator_needs_entropies
-from ktae.core.methods import SEQUENCE_LABELS, Method  # noqa: F401  (read here by callers)
+from ktae.core.methods import Method
 from ktae.viz.tokens import TokenPiece, token_label, token_pieces
 
 STAT_KEYS = ("a", "b", "c", "d", "p_value", "fisher", "info_gain", "tf_correct",
@@ -39,11 +39,6 @@ _TABLE_OPTIONS = ("correct", "reward_threshold", "h1", "h2", "h3", "k1", "b", "t
 
 
 # --------------------------------------------------------------------------- inputs
-
-
-CreditSpec = Method
-"""Which credit to explain: a :class:`ktae.core.methods.Method` (estimator, calibration and
-their options)."""
 
 
 @dataclass
@@ -231,7 +226,7 @@ class CreditValues:
     notes: list
 
 
-def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
+def credit_values(groups: Sequence[GroupInput], credit: Method, *,
                   use_recorded: bool = False) -> CreditValues:
     """Compute ``credit`` on ``groups`` in one vectorised call: pad the groups into a
     batch and compute it with :mod:`ktae.core.methods` as the trainer does (the
@@ -305,7 +300,7 @@ def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
                         in_loss=in_loss, calibration=cal, notes=notes)
 
 
-def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
+def build_report(groups: Sequence[GroupInput], *, credit: Method, tokenizer,
                  title: str = "Token credit", meta: Sequence[str] = (),
                  use_recorded: bool = False, top_rows: int = 10) -> Report:
     """Compute every view and statistic of ``groups`` (see the module docstring).
@@ -423,7 +418,7 @@ def _rollout_entropies(groups, estimator: str, T: int) -> torch.Tensor:
                      "otherwise pass --model to score the responses)")
 
 
-def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tensor, T: int,
+def _calibration(groups, credit: Method, adv: torch.Tensor, mask: torch.Tensor, T: int,
                  use_recorded: bool, notes: list) -> dict | None:
     """The calibration's advantages and per-token data ([B, T] tensors as row lists)."""
     if credit.calibration is None:
