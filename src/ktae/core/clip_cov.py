@@ -57,7 +57,7 @@ def clipped_by_ratio(adv, logprobs, old_logprobs, mask, clip_low: float, clip_hi
     return mask & (-adv * ratio.clamp(1 - clip_low, 1 + clip_high) > -adv * ratio)
 
 
-@CALIBRATIONS.register("clip-cov")
+@CALIBRATIONS.register("clip-cov", needs=("old_logprobs",))
 def clip_cov(adv, *, logprobs, entropies=None, old_logprobs, mask, generator=None,
              clip_cov_ratio: float = CLIP_COV_RATIO, clip_cov_lb: float = CLIP_COV_LB,
              clip_cov_ub: float = CLIP_COV_UB, clip_low: float = CLIP_RANGE,

@@ -35,7 +35,7 @@ def entropy_bonus(adv: torch.Tensor, entropies: torch.Tensor, *, alpha: float,
     return torch.minimum(alpha * entropies.to(adv.dtype), adv.abs() / kappa)
 
 
-@CALIBRATIONS.register("entropy-adv")
+@CALIBRATIONS.register("entropy-adv", needs=("entropies",))
 def entropy_advantage(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
                       alpha: float = ENTROPY_ADV_ALPHA,
                       kappa: float = ENTROPY_ADV_KAPPA) -> RuleResult:

@@ -44,7 +44,7 @@ KL_COV_RATIO = 0.0002
 PPO_KL_COEF = 1.0
 
 
-@CALIBRATIONS.register("kl-cov")
+@CALIBRATIONS.register("kl-cov", needs=("old_logprobs",))
 def kl_cov(adv, *, logprobs, entropies=None, old_logprobs, mask, generator=None,
            kl_cov_ratio: float = KL_COV_RATIO, ppo_kl_coef: float = PPO_KL_COEF) -> RuleResult:
     """KL-Cov (see the module docstring): the ``k`` highest-covariance tokens get the

@@ -25,7 +25,7 @@ from ktae.core.policy_loss import check_number
 SPO_PROB_THRESHOLD = 0.9
 
 
-@CALIBRATIONS.register("spo-mask")
+@CALIBRATIONS.register("spo-mask", needs=("old_logprobs",))
 def spo_mask(adv, *, logprobs, entropies=None, old_logprobs, mask, generator=None,
              prob_threshold: float = SPO_PROB_THRESHOLD) -> RuleResult:
     """Keep only the real tokens with ``p_old < prob_threshold`` in the loss (0.9, in
