@@ -6,8 +6,9 @@ Reads a JSONL (optionally gzipped) of ``{"response": ..., "answer": ...}`` recor
 
 * ``explicit``: the response's last answer claim (``answer is N``, ``Answer: N``,
   ``\\boxed{N}``) is true;
-* ``last number``: the last number the response writes equals the answer (the usual
-  lenient grader for free text),
+* ``number reward``: the project's ``number`` reward (the last number of the response
+  equals the answer, :func:`ktae.rewards.answer_line.number_check`), the reward of the
+  ``arith`` task,
 
 how many right-answer responses make at least one false claim, with a 95% Wilson interval.
 
@@ -21,7 +22,8 @@ import gzip
 import json
 import math
 
-from ktae.tasks.claims import final_answer, find_claims, find_numbers, parse_answer
+from ktae.rewards.answer_line import number_check
+from ktae.tasks.claims import final_answer, find_claims
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -34,11 +36,6 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-def last_number_right(text: str, answer) -> bool:
-    numbers = find_numbers(text)
-    return bool(numbers) and numbers[-1].value == parse_answer(answer)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", help="JSONL or JSONL.gz of {response, answer} records")
@@ -47,7 +44,7 @@ def main() -> None:
     with opener(args.path, "rt", encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
     n_claims = n_false = with_claim = 0
-    readings = {"explicit": [0, 0], "last number": [0, 0]}  # [right, right with a false claim]
+    readings = {"explicit": [0, 0], "number reward": [0, 0]}  # [right, right with a false claim]
     for rec in records:
         text, answer = rec["response"], rec["answer"]
         claims = find_claims(text, answer)
@@ -57,7 +54,7 @@ def main() -> None:
         with_claim += bool(claims)
         final = final_answer(text, answer)
         for name, right in (("explicit", final is not None and final.correct),
-                            ("last number", last_number_right(text, answer))):
+                            ("number reward", number_check(text, str(answer))[0])):
             readings[name][0] += right
             readings[name][1] += right and false
     print(f"{len(records)} responses, {with_claim} with a claim; {n_claims} claims, "
