@@ -110,7 +110,7 @@ def test_train_reads_arith_as_chat_rows_with_a_fixed_held_out_set():
 
 
 def test_config_accepts_arith_and_refuses_bad_names():
-    from ktae.train.config import TrainConfig
+    from ktae.runs.config import TrainConfig
 
     TrainConfig(task="arith@difficulty=1", reward="number").resolve()
     with pytest.raises(ValueError, match="task: arith takes"):

@@ -17,7 +17,7 @@ import pytest
 from test_explain_helpers import byte_level_tokenizer, colours, token_spans
 
 from ktae.core.methods import Method
-from ktae.viz.report import GroupInput, build_report
+from ktae.explain.report import GroupInput, build_report
 from ktae.viz.report_html import report_html
 
 WINDOW = (1000, 1800)
@@ -147,7 +147,7 @@ pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
 
 def test_screenshot_outlines_the_locally_wrong_characters(tmp_path):
     from ktae.explain.cli import _add_labels
-    from ktae.explain.sources import default_tokenizer_path, load_tokenizer
+    from ktae.runs.reader import default_tokenizer_path, load_tokenizer
 
     tok = load_tokenizer(default_tokenizer_path())
     texts = ["37+45=82. 82-18=64. \\boxed{64}", "37+45=72. 72-18=54. \\boxed{54}"]

@@ -11,7 +11,7 @@ from test_explain_helpers import byte_level_tokenizer, token_spans
 
 import ktae
 from ktae.core.methods import Method
-from ktae.viz.report import GroupInput, build_report
+from ktae.explain.report import GroupInput, build_report
 from ktae.viz.report_html import report_html
 
 

@@ -13,7 +13,7 @@ from test_explain_helpers import byte_level_tokenizer, colours, token_spans, too
 
 import ktae
 from ktae.core.methods import Method
-from ktae.viz.report import GroupInput, build_report
+from ktae.explain.report import GroupInput, build_report
 from ktae.viz.report_html import report_html
 
 STAT_NAMES = {"a": "a", "b": "b", "c": "c", "d": "d", "p": "p_value", "F": "fisher",

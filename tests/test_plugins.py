@@ -15,9 +15,9 @@ import ktae
 from ktae import plugins
 from ktae.cli import build_parser, main
 from ktae.core.methods import passes_correct
+from ktae.runs.credit import credit_settings
 from ktae.train.cli_compare import parse_arm
 from ktae.train.cli_train import config_from_args
-from ktae.train.credit import credit_settings
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
@@ -311,7 +311,7 @@ def test_doc_rule_in_explain_and_audit_credit_values(doc_plugin):
     """``ktae explain`` / ``audit`` compute credit through credit_values: a user rule and
     its options work there, and so does prefix-value."""
     from ktae.core.methods import Method
-    from ktae.viz.report import GroupInput, credit_values
+    from ktae.explain.report import GroupInput, credit_values
 
     plugins.load_plugin(str(doc_plugin))
     groups = [GroupInput(prompt="p", responses=[[5, 6, 7], [5, 8]], rewards=[1.0, 0.0])]

@@ -156,7 +156,7 @@ def test_report_to_needs_a_known_installed_integration(monkeypatch):
 def test_layout_is_checked_before_trl_builds_anything(tiny_model, tmp_path, monkeypatch):
     from trl import GRPOTrainer
 
-    from ktae.train.credit import CreditSettings
+    from ktae.runs.credit import CreditSettings
     from ktae.train.session import grpo_config
 
     def never(*a, **kw):

@@ -27,7 +27,7 @@ from test_train_helpers import read_jsonl
 from test_train_resume_epochs import TIMING_KEYS, assert_same_run
 
 from ktae.checkpoints import COMPLETE_MARKER
-from ktae.train.rundir import RUN_MARKER
+from ktae.runs.rundir import RUN_MARKER
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 from test_train_helpers import tiny_config
 
-from ktae.train.config import TrainConfig
-from ktae.train.credit import credit_settings
+from ktae.runs.config import TrainConfig
+from ktae.runs.credit import credit_settings
 from ktae.train.session import grpo_config, lora_config, preflight
 
 # --------------------------------------------------------------------------- helpers

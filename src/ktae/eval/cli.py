@@ -21,10 +21,10 @@ from pathlib import Path
 
 from ktae.eval.benchmarks import BENCHMARK_NAMES
 from ktae.eval.choice import CHOICE_BENCHMARKS
-from ktae.eval.defaults import GENERATION_FILE
 from ktae.eval.graders import GRADERS
 from ktae.eval.prompts import TEMPLATES
 from ktae.eval.protocols import PROTOCOLS
+from ktae.models.generation_defaults import GENERATION_FILE
 
 ALL_NAMES = (*BENCHMARK_NAMES, *CHOICE_BENCHMARKS)
 
@@ -178,9 +178,9 @@ def _settings(args: argparse.Namespace, names: list[str], model_path: str):
     benchmark's sampling validated (errors name the flag)."""
     from dataclasses import replace
 
-    from ktae.eval.defaults import resolve_generation
-    from ktae.eval.generate import SamplingConfig
     from ktae.eval.protocols import resolve_settings
+    from ktae.models.generate import SamplingConfig
+    from ktae.models.generation_defaults import resolve_generation
 
     settings = resolve_settings(names, protocol=args.protocol, template=args.template,
                                 temperature=args.temperature, top_p=args.top_p,
@@ -235,10 +235,10 @@ def _set_threads(threads: int) -> None:
 
 def _run(args: argparse.Namespace, console) -> int:
     from ktae.eval.cache import cache_key, cached_results, check_replace, default_output_dir
-    from ktae.eval.generate import vllm_available
     from ktae.eval.model_path import resolve_model_path
     from ktae.eval.results import prepare_output_dir, results_table
     from ktae.eval.runner import evaluate, load_records
+    from ktae.models.generate import vllm_available
 
     args.model = _one_or_many(args.model)
     if args.responses is not None:
@@ -408,10 +408,10 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
     """``--checkpoints``: everything checked first, then one evaluation per checkpoint
     not already cached (see :mod:`ktae.eval.sweep`)."""
     from ktae.eval.cache import cache_key, check_replace, default_output_dir
-    from ktae.eval.generate import vllm_available
     from ktae.eval.results import prepare_output_dir, results_table
     from ktae.eval.runner import evaluate, load_records
     from ktae.eval.sweep import AVG, incomplete_checkpoints, run_checkpoints, sweep
+    from ktae.models.generate import vllm_available
 
     checkpoints = run_checkpoints(args.model, args.checkpoints)
     incomplete = incomplete_checkpoints(args.model)

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from ktae.eval.benchmarks import BenchmarkRecord
-from ktae.eval.generate import Generation
 from ktae.eval.metrics import NO_ANSWER, avg_at_k, majority_at_k, pass_at_k
+from ktae.models.generate import Generation
 from ktae.rewards import RewardResult
 
 

@@ -13,16 +13,6 @@ from pathlib import Path
 from ktae.eval import choice
 from ktae.eval.benchmarks import GENERATED, BenchmarkRecord, fixture_path, load_benchmark
 from ktae.eval.context import check_prompts, model_context
-from ktae.eval.defaults import resolve_generation
-from ktae.eval.generate import (
-    Generation,
-    SamplingConfig,
-    generate_hf,
-    generate_vllm,
-    hf_generate_kwargs,
-    load_vllm,
-    vllm_sampling_kwargs,
-)
 from ktae.eval.metrics import answer_classes, candidate_pairs
 from ktae.eval.prompts import build_prompt, resolve_template, uses_chat_template
 from ktae.eval.provenance import records_sha256
@@ -34,6 +24,16 @@ from ktae.eval.results import (
     write_results,
     write_samples,
 )
+from ktae.models.generate import (
+    Generation,
+    SamplingConfig,
+    generate_hf,
+    generate_vllm,
+    hf_generate_kwargs,
+    load_vllm,
+    vllm_sampling_kwargs,
+)
+from ktae.models.generation_defaults import resolve_generation
 from ktae.rewards import RewardResult, batch_math_reward, reward_stats
 
 
@@ -166,7 +166,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             benchmark with k = 1, 0.6 otherwise).
         max_new_tokens, template: response budget and prompt template
             (:mod:`ktae.eval.prompts`); None (default) takes them from the model's
-            ``ktae_generation.json`` (:mod:`ktae.eval.defaults`: what ``ktae train`` and
+            ``ktae_generation.json`` (:mod:`ktae.models.generation_defaults`: what ``ktae train`` and
             the shipped default model save), else 1024 and ``"auto"``.
         limit: first ``limit`` records of each benchmark.
         output_dir: if given, writes ``results.json`` and ``samples_<bench>.jsonl`` there
@@ -193,8 +193,8 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         template and budget used and where each came from (``template_source``,
         ``max_new_tokens_source``: ``"given"``, the file, or ``"default"``), ``k`` per
         benchmark and ``backend_arguments``: per benchmark, the decoding arguments the
-        backend received (:func:`~ktae.eval.generate.hf_generate_kwargs` or
-        :func:`~ktae.eval.generate.vllm_sampling_kwargs`).
+        backend received (:func:`~ktae.models.generate.hf_generate_kwargs` or
+        :func:`~ktae.models.generate.vllm_sampling_kwargs`).
 
     Raises:
         ValueError: bad arguments, a benchmark with no records, prompts that do not fit

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ktae.tasks.embedded import EVAL_SEED
+from ktae.tasks.embedded import TEMPLATES as EMBEDDED_TEMPLATES
 
 MIN_EXTERNAL_PROBLEMS = 5
 """An external task needs this many problems: a fifth (at least one) is held out."""
@@ -30,8 +31,6 @@ MIN_EXTERNAL_PROBLEMS = 5
 MATH500_SOURCE = "hf:HuggingFaceH4/MATH-500@test"
 """What ``math500`` reads."""
 
-EMBEDDED_TEMPLATES = ("compact", "qwen-math")
-"""Templates of the embedded task (:func:`ktae.tasks.format_prompt`)."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +172,7 @@ def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "bo
         warn_unknown_characters([r["prompt"] for r in (*train, *held)], tokenizer)
     if model is None or tokenizer is None or max_new_tokens is None:
         return train, held
-    from ktae.eval.generate import context_length
+    from ktae.models.generate import context_length
 
     context = context_length(model)
     return (check_context(train, tokenizer, context, max_new_tokens, long_prompts, "training"),

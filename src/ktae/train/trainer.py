@@ -25,11 +25,11 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    forking tokens remove tokens) becomes TRL's loss mask (see :meth:`_loss_inputs`).
    The old/ref log-prob passes (no entropy, outside ``_compute_loss``) are untouched.
 3. ``_save_checkpoint``: writes the generation settings and a completion marker last, so a
-   checkpoint half-written by a kill is never resumed from (:mod:`ktae.train.rundir`); a
+   checkpoint half-written by a kill is never resumed from (:mod:`ktae.runs.rundir`); a
    full disk is reported in words; a ``checkpoint-N`` directory ktae did not start is
-   never written into (:func:`ktae.train.rundir.claim_checkpoint`). transformers' own
+   never written into (:func:`ktae.runs.rundir.claim_checkpoint`). transformers' own
    rotation is switched off for the call (it runs before the marker exists and deletes any
-   ``checkpoint-*`` directory); :func:`ktae.train.rundir.rotate_checkpoints` then deletes
+   ``checkpoint-*`` directory); :func:`ktae.runs.rundir.rotate_checkpoints` then deletes
    only complete ktae checkpoints. Model files get the umask's mode (safetensors: 0600).
    ``create_model_card``: TRL's auto-generated card is not written (``ktae train`` writes
    its own).
@@ -59,8 +59,14 @@ import ktae
 from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
 from ktae.core.calibration import logged_metrics
 from ktae.core.methods import estimator_credit
+from ktae.runs.credit import CreditSettings
+from ktae.runs.rundir import (
+    claim_checkpoint,
+    follow_umask,
+    mark_checkpoint_complete,
+    rotate_checkpoints,
+)
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
-from ktae.train.credit import CreditSettings
 from ktae.train.dynamic_sampling import (
     MERGEABLE_KEYS,
     OLD_ENTROPIES,
@@ -68,12 +74,6 @@ from ktae.train.dynamic_sampling import (
     informative_groups,
     merge_rows,
     select_groups,
-)
-from ktae.train.rundir import (
-    claim_checkpoint,
-    follow_umask,
-    mark_checkpoint_complete,
-    rotate_checkpoints,
 )
 
 #: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
@@ -174,7 +174,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     """
 
     rollouts = None
-    """A :class:`ktae.train.rollouts.RolloutRecorder` that keeps sampled rollouts, or None."""
+    """A :class:`ktae.runs.rollouts.RolloutRecorder` that keeps sampled rollouts, or None."""
 
     def __init__(self, *args, credit: CreditSettings, generation_defaults: dict | None = None,
                  **kwargs):
@@ -598,7 +598,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 self.args.save_total_limit = keep
             if self.args.should_save:
                 if self.generation_defaults is not None:
-                    from ktae.eval.defaults import save_generation_defaults
+                    from ktae.models.generation_defaults import save_generation_defaults
 
                     save_generation_defaults(folder, **self.generation_defaults)
                 follow_umask(folder)

@@ -29,12 +29,12 @@ from ktae.core.methods import (
     parse_credit,
     split_method,
 )
-from ktae.train.config import TrainConfig
+from ktae.runs.config import TrainConfig
 
 
 @dataclass(frozen=True)
 class CreditSettings:
-    """How the trainer assigns credit (built from :class:`ktae.train.config.TrainConfig`)."""
+    """How the trainer assigns credit (built from :class:`ktae.runs.config.TrainConfig`)."""
 
     estimator: str = "grpo"
     """Registered advantage estimator (``grpo``, ``drgrpo``, ``rloo``, ``ktae``, ...)."""
