@@ -235,8 +235,8 @@ def test_kl_cov_on_policy_changes_nothing():
 
 @pytest.mark.parametrize("name", NEW)
 def test_names_parse_as_credit(name):
-    from ktae.train.config import TrainConfig
-    from ktae.train.credit import credit_settings
+    from ktae.runs.config import TrainConfig
+    from ktae.runs.credit import credit_settings
 
     assert credit_settings(TrainConfig(credit=name).resolve()).calibration == name
     s = credit_settings(TrainConfig(credit=f"ktae+{name}").resolve())
