@@ -1,4 +1,4 @@
-"""The entropy advantage, Clip-Cov, KL-Cov and SPO's probability mask (docs/methods-2026.md):
+"""The entropy advantage, Clip-Cov, KL-Cov and SPO's probability mask (docs/method.md §16):
 each against a plain loop written from its paper's equations or verl's code, its options,
 its name in every command, and verl's option checks."""
 

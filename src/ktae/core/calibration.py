@@ -42,7 +42,7 @@ Registered rules (:data:`CALIBRATIONS`):
 
 The rules live in :mod:`ktae.core.calibration_taco`,
 :mod:`ktae.core.calibration_baselines` and one module each for the last four;
-``docs/calibration.md`` and ``docs/methods-2026.md`` give each one's source.
+``docs/calibration.md`` and ``docs/method.md §16`` give each one's source.
 """
 
 from __future__ import annotations
