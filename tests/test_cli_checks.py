@@ -159,7 +159,9 @@ def test_train_help_shows_every_default(capsys):
     assert "(default depends on --algo: grpo 0, dapo 8 (--max-new-tokens x 0.2), drgrpo 0)" in text
     assert "force DAPO dynamic sampling on (default depends on --algo: grpo off, dapo on" in text
     assert "--ktae-h1 KTAE_H1 KTAE Fisher weight h1 (default 1)" in text
-    assert "--taco-alpha TACO_ALPHA TACO tail threshold alpha (default 0.01)" in text
+    # every calibration taking ``alpha`` reads --taco-alpha; the entropy advantage's differs
+    assert ("--taco-alpha TACO_ALPHA TACO tail threshold alpha (default depends on the "
+            "calibration: 0.4 (entropy-adv); 0.01 (taco,") in text
     assert "--taco-lambda TACO_LAMBDA TACO damping lambda (default 0.9)" in text
     assert "cached" not in text and "shipped inside ktae" in text
     starts = [text.index(f" {flag} {dest.upper()} ") for flag, dest, *_ in _FLAGS[1:]]
