@@ -33,6 +33,7 @@ from ktae.train.rundir import (
     start_segment,
 )
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
+from ktae.train.vllm_colocate import check_vllm_settings, colocated_engine_options
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ def preflight(cfg: TrainConfig) -> Preflight:
 
     Raises:
         ValueError: the first problem found, naming the field (credit options, ``trl``
-            settings, LoRA without peft, the task file, too few training problems).
+            settings, vLLM's among them (:mod:`ktae.train.vllm_colocate`), LoRA without
+            peft, the task file, too few training problems).
     """
     from ktae.eval.model_path import resolve_model_path
     from ktae.rewards.registry import get_reward
@@ -59,6 +61,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
 
     credit = credit_settings(cfg)
     trl = check_trl_settings(cfg.trl)
+    check_vllm_settings(trl)  # vLLM installed; server mode only with CUDA
     model = None
     if cfg.model is not None:
         try:
@@ -320,11 +323,12 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     callbacks = [metrics_cb, eval_cb, *extra_callbacks]
     if cfg.progress:
         callbacks.append(ProgressCallback(metrics_cb, eval_cb))
-    trainer = trainer_cls(model=model, reward_funcs=rewards, args=args,
-                          train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
-                          callbacks=callbacks, credit=checked.credit,
-                          generation_defaults=generation,
-                          peft_config=lora_config(cfg) if cfg.lora_r else None)
+    with colocated_engine_options(checked.trl, model.dtype):  # vLLM as the policy runs
+        trainer = trainer_cls(model=model, reward_funcs=rewards, args=args,
+                              train_dataset=Dataset.from_list(train_rows),
+                              processing_class=tokenizer, callbacks=callbacks,
+                              credit=checked.credit, generation_defaults=generation,
+                              peft_config=lora_config(cfg) if cfg.lora_r else None)
     trainer.remove_callback(PrinterCallback)
     if is_main and cfg.rollout_every:
         trainer.rollouts = RolloutRecorder(
