@@ -47,6 +47,18 @@ def top2_gap(model, prompt_ids, prefix, hf_token, vllm_token) -> dict:
     return out
 
 
+def _hf_cached(file, path, prompts, max_new_tokens):
+    """transformers' token ids and seconds from ``file`` when it is for these prompts."""
+    if not file or not os.path.exists(file):
+        return None, None
+    with open(file, encoding="utf-8") as f:
+        saved = json.load(f)
+    if (saved["model"], saved["prompts"], saved["max_new_tokens"]) != (path, prompts,
+                                                                       max_new_tokens):
+        return None, None
+    return saved["token_ids"], saved["seconds"]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -56,6 +68,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=16, help="transformers' batch")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--hf-cache", default=None,
+                        help="JSON file of transformers' completions: read when it holds these "
+                             "prompts and budget, else written (compare several vLLM dtypes "
+                             "against one transformers run)")
     args = parser.parse_args(argv)
 
     import torch
@@ -82,14 +98,21 @@ def main(argv=None) -> int:
     vllm_seconds = time.perf_counter() - started
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    started = time.perf_counter()
-    hgens = generate_hf(model, tokenizer, prompts, sampling, batch_size=args.batch_size,
-                        add_special_tokens=False)
-    hf_seconds = time.perf_counter() - started
+    hf_ids, hf_seconds = _hf_cached(args.hf_cache, path, prompts, args.max_new_tokens)
+    if hf_ids is None:
+        started = time.perf_counter()
+        hgens = generate_hf(model, tokenizer, prompts, sampling, batch_size=args.batch_size,
+                            add_special_tokens=False)
+        hf_seconds = time.perf_counter() - started
+        hf_ids = [list(g[0].token_ids) for g in hgens]
+        if args.hf_cache:
+            with open(args.hf_cache, "w", encoding="utf-8") as f:
+                json.dump({"model": path, "prompts": prompts, "max_new_tokens":
+                           args.max_new_tokens, "seconds": hf_seconds, "token_ids": hf_ids}, f)
 
     differ = []
-    for i, (h, v) in enumerate(zip(hgens, vgens, strict=True)):
-        a, b = list(h[0].token_ids), list(v[0].token_ids)
+    for i, (a, v) in enumerate(zip(hf_ids, vgens, strict=True)):
+        b = list(v[0].token_ids)
         at = first_difference(a, b)
         if at is None:
             continue
