@@ -242,7 +242,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
     to_backend = hf_generate_kwargs
     timeouts_before = reward_stats()["timeouts"]
     llm, engine = None, {}
-    if backend == "vllm":  # tests/vllm, in an environment with vLLM
+    if backend == "vllm":  # tests/vllm_backend, in an environment with vLLM
         from ktae.eval import vllm_engine
 
         llm = vllm_engine.load_vllm(model_path, dtype=dtype, seed=seed, verbose=verbose)

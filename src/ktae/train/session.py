@@ -323,12 +323,13 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     callbacks = [metrics_cb, eval_cb, *extra_callbacks]
     if cfg.progress:
         callbacks.append(ProgressCallback(metrics_cb, eval_cb))
-    with colocated_engine_options(checked.trl, model.dtype):  # vLLM as the policy runs
+    with colocated_engine_options(checked.trl, model.dtype) as attach:  # vLLM as the policy
         trainer = trainer_cls(model=model, reward_funcs=rewards, args=args,
                               train_dataset=Dataset.from_list(train_rows),
                               processing_class=tokenizer, callbacks=callbacks,
                               credit=checked.credit, generation_defaults=generation,
                               peft_config=lora_config(cfg) if cfg.lora_r else None)
+        attach(trainer)
     trainer.remove_callback(PrinterCallback)
     if is_main and cfg.rollout_every:
         trainer.rollouts = RolloutRecorder(

