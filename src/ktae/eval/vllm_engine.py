@@ -87,7 +87,6 @@ def prepare_environment(*, verbose: bool = False, say: Callable[[str], None] | N
                 f"{DEFAULT_CPU_KVCACHE_GIB} GiB (set it to change)")
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", QUIET_LOG_LEVEL)
-        os.environ.setdefault("TQDM_DISABLE", "1")  # the engine's weight-loading bar
 
 
 def resolve_dtype(model_path: str, dtype: str) -> str:
@@ -103,13 +102,13 @@ def load_vllm(model_path: str, *, dtype: str = "auto", seed: int = 0, verbose: b
     """A vLLM engine on ``model_path`` in the dtype :func:`resolve_dtype` names (load it
     once, generate for every benchmark). The CPU build runs eagerly: compiling the graph
     costs minutes at start-up on a small machine, more than a 135M model generates in an
-    evaluation."""
+    evaluation. Quiet unless ``verbose`` (no weight-loading bar either)."""
     prepare_environment(verbose=verbose)
     from vllm import LLM
 
     distribution, _ = vllm_distribution()
     return LLM(model=model_path, dtype=resolve_dtype(model_path, dtype), seed=seed,
-               enforce_eager=is_cpu_build(distribution))
+               enforce_eager=is_cpu_build(distribution), use_tqdm_on_load=verbose)
 
 
 def engine_settings(llm, *, requested_dtype: str) -> dict:
