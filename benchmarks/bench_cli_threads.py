@@ -58,7 +58,7 @@ def default_threads(command: str) -> int | None:
     parser = build_parser([command]).chosen
     value = next(a.default for a in parser._actions if a.option_strings == ["--threads"])
     if value is None and command == "train":
-        from ktae.train.config import TrainConfig
+        from ktae.runs.config import TrainConfig
 
         value = TrainConfig().torch_threads
     return value

@@ -41,8 +41,8 @@ def _prompts(tokenizer, n: int) -> list[str]:
 
 def _run(engine, workload, args, model, llm, tokenizer) -> tuple[int, float]:
     """(generated tokens, seconds) of one batch of ``workload`` on ``engine``."""
-    from ktae.eval.generate import SamplingConfig, generate_hf
     from ktae.eval.vllm_engine import generate_vllm
+    from ktae.models.generate import SamplingConfig, generate_hf
 
     prompts, k, temperature = workload
     sampling = SamplingConfig(k=k, temperature=temperature, max_new_tokens=args.new_tokens,

@@ -6,7 +6,7 @@ Usage:
 
 Samples ``--samples`` responses to each of ``--prompts`` held-out problems of the
 embedded task (test split, seed 0) from the shipped warm-started model, as the trainer
-does (compact prompt, temperature 1, 40 new tokens; ``ktae.eval.generate_hf``), scores
+does (compact prompt, temperature 1, 40 new tokens; ``ktae.models.generate.generate_hf``), scores
 them with the strict boxed reward, then computes KTAE on these same groups for every
 span length N and both ``ngram_reduce`` rules (exact mode, GRPO base, the trainer's
 ignored ids: EOS and pad). Per row, over the real tokens (EOS included) of the groups
@@ -38,7 +38,7 @@ import time
 import torch
 
 import ktae
-from ktae.eval.generate import SamplingConfig, generate_hf
+from ktae.models.generate import SamplingConfig, generate_hf
 from ktae.models.warmstart import default_model_path
 from ktae.rewards import math_reward
 from ktae.tasks.embedded import format_prompt, generate, worked_solution

@@ -47,7 +47,7 @@ MUTATIONS = (
               "tests/test_wiring_train.py::"
               "test_default_rewards_shape_overlong_responses_and_beta_and_clip_reach_trl")),
     Mutation("taco_lambda dropped from the calibration options",
-             "src/ktae/train/credit.py",
+             "src/ktae/runs/credit.py",
              '(("alpha", cfg.taco_alpha), ("lam", cfg.taco_lambda))',
              '(("alpha", cfg.taco_alpha),)',
              ("tests/test_wiring_config.py::test_field_reaches_what_it_controls",

@@ -47,7 +47,7 @@ MODULES = {
     "src/ktae/core/methods.py": ["tests/test_methods.py", "tests/test_train_credit.py",
                                  "tests/test_plugins.py", "tests/test_mutation_kills.py", "-k",
                                  "not sits_below"],
-    "src/ktae/train/credit.py": [
+    "src/ktae/runs/credit.py": [
         "tests/test_wiring_config.py", "tests/test_train_config.py",
         "tests/test_mutation_kills.py", "-k",
         "credit or taco or ktae or estimator or calibration or advantage_base or algo or seed "

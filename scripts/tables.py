@@ -108,6 +108,10 @@ RUNS = {
     # --reward digits, 50 steps: about 3.5 min per run
     "compare-digits-none-ktae": Run(_compare("none,ktae", 5, 50, DIGITS), 10 * 200),
     "compare-digits-ngram": Run(_compare("ktae@ngram=3", 5, 50, DIGITS), 5 * 200),
+    # SmolLM2-135M-Instruct's starting point on the arith task (24 problems x 8 samples and
+    # one greedy answer per difficulty): about 40 min per difficulty at a load of 12
+    "arith-baseline": Run("python scripts/arith_baseline.py --model smollm2-135m "
+                          "--difficulty 2,1,3 --problems 24 --json {out}/baseline.json", 3 * 900),
     "compare-digits-graded": Run(_compare("ktae,ktae@ngram=3", 5, 50,
                                           DIGITS + " --estimator-option split=graded"), 10 * 200),
 }
@@ -539,6 +543,21 @@ def simulate_shares(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def arith_baseline(folder: Path) -> str:
+    """docs/real-model.md: pass rates of the model before training, per difficulty."""
+    data = _json(folder, "baseline.json")
+    rows = ["| difficulty | sampled pass rate (T = 0.7) | mixed groups | greedy accuracy | "
+            "truncated at 96 tokens | mean response tokens | sampled pass by kind |",
+            "|---|---|---|---|---|---|---|"]
+    for d in sorted(data["results"], key=int):
+        r = data["results"][d]
+        kinds = ", ".join(f"{k} {v:.0%}" for k, v in sorted(r["pass_by_kind"].items()))
+        rows.append(f"| {d} | {r['sampled_pass']:.1%} | {r['mixed_groups']:.0%} | "
+                    f"{r['greedy_accuracy']:.0%} | {r['truncated']:.0%} | "
+                    f"{r['mean_tokens']:.0f} | {kinds} |")
+    return "\n".join(rows)
+
+
 TABLES = {
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
     "audit-default-seed0": Table(("audit-seed0",), audit_intervals),
@@ -562,6 +581,7 @@ TABLES = {
     "ngram-coverage": Table(("ngram-coverage",), ngram_coverage),
     "simulate-ngram": Table(("simulate-ktae-tokens", "simulate-ktae-spans"), simulate_ngram),
     "simulate-all-h": Table(("simulate-all-h",), simulate_calibrations),
+    "arith-baseline": Table(("arith-baseline",), arith_baseline),
     "compare-grpo-150": Table(("compare-150-5seeds", "compare-150-3seeds"), compare_seeds),
     "compare-grpo-150-taco-gtpo": Table(("compare-150-3seeds",), compare_accuracy),
     "compare-grpo-150-ngram": Table(("compare-150-5seeds",), compare_share),

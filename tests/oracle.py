@@ -1,14 +1,14 @@
-"""Slow, plain reference implementations of SPEC sections 1, 2 and 2b, for tests.
+"""Slow, plain reference implementations of docs/method.md §2, §3 and §4, for tests.
 
 Nothing here is vectorised: every function loops in Python over groups and distinct
-tokens and writes each equation the way SPEC states it, so that the library's
+tokens and writes each equation the way docs/method.md states it, so that the library's
 vectorised code can be checked against an implementation that is easy to read.
 
-- :func:`exact_ktae` / :func:`exact_token_stats`: SPEC 1 and 2 in float64, with the
+- :func:`exact_ktae` / :func:`exact_token_stats`: docs/method.md §2 and §3 in float64, with the
   two-sided Fisher p-value taken from ``scipy.stats.fisher_exact``.
 - :func:`graded_token_stats`: KTAE's graded split (ktae.core.ktae_graded), the
   module docstring's equations one by one, Fisher's p from scipy at each integer corner.
-- :func:`runtime_ktae`: SPEC 2b, an emulation of the authors' released runtime with its
+- :func:`runtime_ktae`: docs/method.md §4, an emulation of the authors' released runtime with its
   float32 quirks, in the per-group loop style of that runtime.
 """
 
@@ -129,7 +129,7 @@ def _entropy_bits(counts: list[float]) -> float:
 
 
 def information_gain_bits(a: int, b: int, c: int, d: int) -> float:
-    """SPEC 2, Eq. 6-7: ``IG = H(Y) - H(Y|X)`` in bits, Y = correct, X = token present."""
+    """docs/method.md §3, Eq. 6-7: ``IG = H(Y) - H(Y|X)`` in bits, Y = correct, X = token present."""
     n = a + b + c + d
     if n == 0:
         return 0.0
@@ -145,12 +145,12 @@ def fisher_pvalue(a: int, b: int, c: int, d: int) -> float:
 
 
 def fisher_score(p: float) -> float:
-    """SPEC 2, Eq. 4-5: ``F = exp(-2p)``; 0 when ``p >= 1 - 1e-9`` (no evidence)."""
+    """docs/method.md §3, Eq. 4-5: ``F = exp(-2p)``; 0 when ``p >= 1 - 1e-9`` (no evidence)."""
     return math.exp(-2.0 * p) if p < 1.0 - P_ONE_TOL else 0.0
 
 
 def bm25_tf(count: int, length: int, other_length: int, k1: float, b: float) -> float:
-    """SPEC 2, Eq. 8 (released-runtime form) for one class; 0 for a class with no tokens."""
+    """docs/method.md §3, Eq. 8 (released-runtime form) for one class; 0 for a class with no tokens."""
     if length == 0:
         return 0.0
     f = count / length
@@ -167,7 +167,7 @@ def rewards_equal(r: list[float]) -> bool:
 
 
 def base_advantages(rewards: np.ndarray, groups: dict, base: str) -> np.ndarray:
-    """SPEC 1: sequence-level advantages ``[B]`` in float64, one group at a time; 0 in a
+    """docs/method.md §2: sequence-level advantages ``[B]`` in float64, one group at a time; 0 in a
     group of two or more whose rewards are equal up to rounding."""
     adv = np.zeros(len(rewards), dtype=np.float64)
     for rows in groups.values():
@@ -196,7 +196,7 @@ def base_advantages(rewards: np.ndarray, groups: dict, base: str) -> np.ndarray:
     return adv
 
 
-# --------------------------------------------------------------------- exact (SPEC 2)
+# --------------------------------------------------------------------- exact (docs/method.md §3)
 
 
 def _correctness(rewards: np.ndarray, correct, reward_threshold: float) -> np.ndarray:
@@ -210,7 +210,7 @@ def exact_token_stats(rewards, group, token_ids, mask, *, correct=None,
                       h3: float = 1.0, k1: float = 2.0, b: float = 0.5, top: float = 1.0,
                       ignore_token_ids=(), variant: str = "runtime", ngram: int = 1,
                       **_unused) -> dict:
-    """Per (group label, token id) statistics of SPEC 2, float64.
+    """Per (group label, token id) statistics of docs/method.md §3, float64.
 
     Returns:
         ``{(label, token): {a, b, c, d, p_value, fisher, info_gain, tf_correct,
@@ -363,7 +363,7 @@ def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=N
                ignore_token_ids=(), variant: str = "runtime", ngram: int = 1,
                ngram_reduce: str = "mean", split: str = "threshold",
                apply: str = "all") -> np.ndarray:
-    """SPEC 2, Eq. 10: ``A[i, t] = A_base[i] + value(group(i), token_ids[i, t])`` on mask.
+    """docs/method.md §3, Eq. 10: ``A[i, t] = A_base[i] + value(group(i), token_ids[i, t])`` on mask.
 
     ``apply="wrong"`` (``"right"``): only the incorrect (correct) responses get values,
     the others ``A_base[i]`` on every token.
@@ -418,7 +418,7 @@ def exact_ktae(rewards, group, token_ids, mask, *, base: str = "grpo", correct=N
     return out
 
 
-# ------------------------------------------------------------ released runtime (SPEC 2b)
+# ------------------------------------------------------------ released runtime (docs/method.md §4)
 
 
 def _lgamma_comb(n: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -430,7 +430,7 @@ def _runtime_fisher_p(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
                       d: torch.Tensor) -> torch.Tensor:
     """Two-sided Fisher p of the runtime: float32 ``[tokens, K]`` grid summed along K.
 
-    Decisions (unspecified by SPEC 2b, taken as a float32 torch code writes them):
+    Decisions (unspecified by docs/method.md §4, taken as a float32 torch code writes them):
     the support grid is ``arange(K)`` in float32 broadcast against ``[tokens, 1]``
     margins; entries outside a token's support are replaced by 0 with ``torch.where``
     (their lgamma terms may be inf there); the observed probability ``p_obs`` is the
@@ -468,9 +468,9 @@ def _runtime_entropy(p: torch.Tensor) -> torch.Tensor:
 def runtime_ktae(rewards, group, token_ids, mask, *, ignore_token_id: int = QWEN_EOS_ID,
                  h1: float = 1.0, h2: float = 1.0, h3: float = 1.0, k1: float = 2.0,
                  b: float = 0.5, top: float = 1.0) -> np.ndarray:
-    """Emulation of the released KTAE runtime (SPEC 2b), float32, one group at a time.
+    """Emulation of the released KTAE runtime (docs/method.md §4), float32, one group at a time.
 
-    Decisions where SPEC 2b is silent (how a float32 torch implementation would go):
+    Decisions where docs/method.md §4 is silent (how a float32 torch implementation would go):
     - scores are the rewards cast to float32; a response is correct when score > 0;
     - GRPO statistics: ``torch.mean`` and ``torch.std`` (unbiased) of the group's float32
       scores, advantage ``(score - mean) / (std + 1e-6)``; a singleton uses mean 0, std 1;
@@ -479,7 +479,7 @@ def runtime_ktae(rewards, group, token_ids, mask, *, ignore_token_id: int = QWEN
     - IG: float32 binary entropies ``H(Y) - P(X=1) H(Y|X=1) - P(X=0) H(Y|X=0)`` with
       0 log 0 = 0 (``torch.log2``);
     - TF: ``f = count / L`` in float32 with f = 0 when the class has no tokens (L = 0;
-      never happens in the runtime, whose responses end with EOS), then SPEC 2 Eq. 8;
+      never happens in the runtime, whose responses end with EOS), then docs/method.md §3 Eq. 8;
     - Cohen's h: ``asin(sqrt(clamp(a / (a + c + 1e-10), 0, 1)))`` (float32; the 1e-10 is
       below float32 resolution for a + c >= 1 and only matters for an empty class);
     - value: ``top * (2 * sigmoid(k) - 1)``; id 151643 forced to 0 after the fact.
@@ -694,7 +694,7 @@ def audit_response_metrics(credit, labels, mask, correct, group) -> list[dict]:
 
 def budgeted_ablation_slow(adv, logprobs, entropies, mask, *, lowest_entropy: bool,
                            alpha: float = 0.01, lam: float = 0.9):
-    """TACO's entropy ablations (SPEC 5 and the ``taco-entropy-only`` /
+    """TACO's entropy ablations (docs/method.md §8 and the ``taco-entropy-only`` /
     ``taco-entropy-high`` rules), one token at a time: ``k`` = the number of positive-
     advantage tokens with TACO's ``r = -logp - H + log(alpha) > 0``; the chosen tokens are
     the ``k`` positive-advantage tokens of lowest (``lowest_entropy``) or highest entropy,

@@ -42,7 +42,7 @@ def slow_prefix_values(token_ids, mask, correct, group) -> tuple[list[list[float
 
 
 def slow_grpo(rewards, group) -> list[float]:
-    """GRPO (SPEC 1): (R - mean) / (std + 1e-6), unbiased std; size 1: R / (1 + 1e-6);
+    """GRPO (docs/method.md §2): (R - mean) / (std + 1e-6), unbiased std; size 1: R / (1 + 1e-6);
     equal rewards: 0."""
     rewards = [float(r) for r in rewards]
     out = []

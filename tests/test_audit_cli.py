@@ -146,7 +146,7 @@ def test_bad_labels_are_one_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_sampling_options_and_a_tokenizer_directory(tmp_path):
-    from ktae.explain.sources import default_tokenizer_path
+    from ktae.runs.reader import default_tokenizer_path
 
     out = tmp_path / "audit"
     assert main(["audit", "--model", "default", "--prompts", "8", "--samples", "4", "--seed",
@@ -164,7 +164,7 @@ def test_a_runs_own_methods_keep_its_settings():
     """Auditing a run directory scores the run's estimator with the run's settings (here the
     graded split), as ktae explain does; other methods keep their defaults."""
     from ktae.credit_audit.run import parse_methods
-    from ktae.train.config import TrainConfig
+    from ktae.runs.config import TrainConfig
 
     cfg = TrainConfig(credit="ktae", estimator_options={"split": "graded"})
     methods = parse_methods("grpo,ktae,ktae@ngram=3", train_config=cfg)

@@ -19,7 +19,7 @@ from ktae.credit_audit.metrics import (
     summarise_ratio,
 )
 from ktae.credit_audit.run import AuditGroup, audit_groups, parse_methods
-from ktae.viz.report import GroupInput
+from ktae.explain.report import GroupInput
 
 W, R, O = WRONG, RIGHT, OTHER
 

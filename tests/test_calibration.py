@@ -1,4 +1,4 @@
-"""Loss-time calibration (SPEC section 5): TACO, its ablations and its baselines."""
+"""Loss-time calibration (docs/method.md §8 and §9): TACO, its ablations and its baselines."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def call(name, adv, lp, H, mask, **kw):
 
 
 def soft_weight_oracle(logp: float, H: float, alpha=0.01, lam=0.9) -> float:
-    """SPEC 5 read literally, one token at a time."""
+    """docs/method.md §8 read literally, one token at a time."""
     r = -logp - H + math.log(alpha)
     return 1.0 if r <= 0 else 1.0 - lam * (1.0 - math.exp(-r))
 

@@ -150,7 +150,7 @@ def _train_help(capsys) -> str:
 
 
 def test_train_help_shows_every_default(capsys):
-    from ktae.train.cli_train import _FLAGS
+    from ktae.train.flags import VALUE_FLAGS as _FLAGS
 
     text = _train_help(capsys)
     assert ("--clip-high CLIP_HIGH upper clip epsilon (DAPO clip-higher) (default depends on "
@@ -169,7 +169,7 @@ def test_train_help_shows_every_default(capsys):
 
 
 def test_train_help_follows_the_algo_presets(capsys, monkeypatch):
-    from ktae.train import config
+    from ktae.runs import config
 
     monkeypatch.setitem(config._ALGO_DEFAULTS, "grpo",
                         {**config._ALGO_DEFAULTS["grpo"], "clip_high": 0.25})

@@ -36,8 +36,8 @@ ACC = {("none", 0): 0.70, ("none", 1): 0.72, ("none", 2): 0.71,
 
 
 def write_run(root: Path, label: str, seed: int, acc: float | None) -> Path:
+    from ktae.runs.config import TrainConfig
     from ktae.train.cli_compare import parse_arm
-    from ktae.train.config import TrainConfig
 
     arm = parse_arm(label)
     run = root / f"{arm.dirname}-seed{seed}"
@@ -323,7 +323,7 @@ def test_command_writes_report_with_the_numbers(compare_dir, audit_dir, sim_dirs
     assert "prompt set 3" in md and study["inputs"]["prompt_set"] == 3
     assert study["inputs"]["seeds"] == [0, 1]
     assert "Training settings (max_steps, learning_rate, eval_size): the same for every method" in md
-    from ktae.train.config import TrainConfig
+    from ktae.runs.config import TrainConfig
 
     overlap = cs.audit_overlap(3, 50, [TrainConfig().eval_size])
     assert study["inputs"]["overlap"] == overlap and overlap in md

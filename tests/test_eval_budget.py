@@ -7,8 +7,8 @@ import warnings
 import pytest
 import torch
 
-from ktae.eval.generate import SamplingConfig, context_length, generate_hf
 from ktae.models import build_char_tokenizer, build_tiny_model
+from ktae.models.generate import SamplingConfig, context_length, generate_hf
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ LONG = "Q:" + "+".join(["1"] * 15) + " A:"  # 35 tokens with BOS: 5 left in a co
 
 
 def test_prompt_budget_is_what_the_context_leaves():
-    from ktae.eval.generate import prompt_budget
+    from ktae.models.generate import prompt_budget
 
     assert prompt_budget(10, 8, None) == 8
     assert prompt_budget(10, 8, 40) == 8

@@ -10,7 +10,7 @@ from test_train_helpers import save_tiny_model
 
 from ktae.cli import main
 from ktae.eval import runner as runner_mod
-from ktae.train.rundir import mark_checkpoint_complete
+from ktae.runs.rundir import mark_checkpoint_complete
 
 SHORT = ["--template", "compact", "--max-new-tokens", "4", "--no-progress"]
 

@@ -18,9 +18,9 @@ from ktae.eval.choice import (
     letter_reward,
     load_choice_benchmark,
 )
-from ktae.eval.generate import Generation
 from ktae.eval.runner import evaluate, load_records
 from ktae.models import build_char_tokenizer, build_tiny_model
+from ktae.models.generate import Generation
 
 
 def _rows(name):

@@ -11,8 +11,8 @@ from ktae.cli import main
 from ktae.eval import BenchmarkRecord, evaluate, load_benchmark
 from ktae.eval import runner as runner_mod
 from ktae.eval.benchmarks import BENCHMARKS, fixture_path
-from ktae.eval.generate import Generation, SamplingConfig, generate_hf
 from ktae.models import build_char_tokenizer, build_tiny_model
+from ktae.models.generate import Generation, SamplingConfig, generate_hf
 from ktae.rewards import math_reward
 
 AUTHOR_FIELDS = ("results", "avg", "avg_lens", "max_lens", "formatted")
@@ -187,7 +187,7 @@ def test_generation_leaves_the_global_rng_alone():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ktae.eval.generate import SamplingConfig, generate_hf
+    from ktae.models.generate import SamplingConfig, generate_hf
     from ktae.models.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()

@@ -11,7 +11,6 @@ import torch
 
 from ktae.eval import BenchmarkRecord, evaluate
 from ktae.eval import runner as runner_mod
-from ktae.eval.generate import Generation
 from ktae.eval.metrics import (
     NO_ANSWER,
     answer_classes,
@@ -22,6 +21,7 @@ from ktae.eval.metrics import (
 )
 from ktae.eval.results import benchmark_metrics
 from ktae.models import build_char_tokenizer, build_tiny_model
+from ktae.models.generate import Generation
 
 
 def closed_form_pass_at(n: int, c: int, k: int) -> float:

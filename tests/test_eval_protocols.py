@@ -11,10 +11,10 @@ from test_train_helpers import save_tiny_model
 
 from ktae.cli import main
 from ktae.eval.benchmarks import BenchmarkRecord
-from ktae.eval.generate import SamplingConfig, hf_generate_kwargs, vllm_sampling_kwargs
 from ktae.eval.prompts import QWEN_MATH_INSTRUCTION, build_prompt
 from ktae.eval.protocols import PROTOCOLS, parse_k, resolve_settings
 from ktae.models import build_char_tokenizer, build_tiny_model
+from ktae.models.generate import SamplingConfig, hf_generate_kwargs, vllm_sampling_kwargs
 
 MATH = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
 SCIENCE = ["mmlu_pro", "gpqa_diamond"]
@@ -231,7 +231,7 @@ def test_backend_vllm_without_vllm_is_one_error_line(model_dir, tmp_path, capsys
 def test_evaluate_takes_k_per_benchmark_and_names_a_missing_one(monkeypatch):
     from ktae.eval import evaluate
     from ktae.eval import runner as runner_mod
-    from ktae.eval.generate import Generation
+    from ktae.models.generate import Generation
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=16, num_layers=1, intermediate_size=32,

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from test_explain_helpers import byte_level_tokenizer, colours, token_spans
 
-from ktae.viz.report import CreditSpec, GroupInput, build_report
+from ktae.core.methods import Method
+from ktae.explain.report import GroupInput, build_report
 from ktae.viz.report_html import report_html
 
 WINDOW = (1000, 1800)
@@ -97,7 +98,7 @@ def _page():
         GroupInput(prompt="Q: sum", label="second", rewards=[1.0, 1.0, 0.0],
                    responses=enc(["the sum is 42", "the answer is \\boxed{42}", "the sum é"])),
     ]
-    report = build_report(groups, credit=CreditSpec(ignore_token_ids=(0, 1)), tokenizer=tok)
+    report = build_report(groups, credit=Method(ignore_token_ids=(0, 1)), tokenizer=tok)
     return report, report_html(report)
 
 
@@ -146,14 +147,14 @@ pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
 
 def test_screenshot_outlines_the_locally_wrong_characters(tmp_path):
     from ktae.explain.cli import _add_labels
-    from ktae.explain.sources import default_tokenizer_path, load_tokenizer
+    from ktae.runs.reader import default_tokenizer_path, load_tokenizer
 
     tok = load_tokenizer(default_tokenizer_path())
     texts = ["37+45=82. 82-18=64. \\boxed{64}", "37+45=72. 72-18=54. \\boxed{54}"]
     groups = [GroupInput(prompt="Q:37+45-18 A:", rewards=[1.0, 0.0],
                          responses=[tok(t, add_special_tokens=False)["input_ids"] for t in texts])]
     _add_labels(groups, tok)
-    report = build_report(groups, credit=CreditSpec(), tokenizer=tok)
+    report = build_report(groups, credit=Method(), tokenizer=tok)
     page = report_html(report)
     probe = tmp_path / "probe.html"
     probe.write_text(page.replace("</body>", LW_RECTS + "</body>"), encoding="utf-8")

@@ -11,7 +11,7 @@ from test_explain_helpers import byte_level_tokenizer, token_spans, tooltip_numb
 
 import ktae
 from ktae.cli import main
-from ktae.train.rollouts import read_rollouts
+from ktae.runs.rollouts import read_rollouts
 
 
 def _write_jsonl(path, records):

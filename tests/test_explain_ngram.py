@@ -10,7 +10,8 @@ from oracle import random_batch, response_spans
 from test_explain_helpers import byte_level_tokenizer, token_spans
 
 import ktae
-from ktae.viz.report import CreditSpec, GroupInput, build_report
+from ktae.core.methods import Method
+from ktae.explain.report import GroupInput, build_report
 from ktae.viz.report_html import report_html
 
 
@@ -61,7 +62,7 @@ def test_explain_page_of_a_span_run():
     groups = [GroupInput(prompt="Q", label="g", rewards=[1.0, 1.0, 0.0, 0.0],
                          responses=enc(["the sum is 42", "the answer is 42", "the sum is 24",
                                         "é"]))]
-    credit = CreditSpec(estimator_options={"ngram": 2},
+    credit = Method(estimator_options={"ngram": 2},
                         ignore_token_ids=(tok.pad_token_id, tok.eos_token_id))
     report = build_report(groups, credit=credit, tokenizer=tok)
     resp = report.groups[0].responses
@@ -100,7 +101,7 @@ def test_explain_page_of_a_graded_run():
     groups = [GroupInput(prompt="Q", label="g", rewards=rewards,
                          responses=enc(["the sum is 42", "the sum is 24", "no", "sum 42"]))]
     ignored = (tok.pad_token_id, tok.eos_token_id)
-    credit = CreditSpec(estimator_options={"split": "graded"}, ignore_token_ids=ignored)
+    credit = Method(estimator_options={"split": "graded"}, ignore_token_ids=ignored)
     report = build_report(groups, credit=credit, tokenizer=tok)
     ids = [r for g in groups for r in g.responses]
     T = max(map(len, ids))

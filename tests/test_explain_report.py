@@ -12,7 +12,8 @@ import torch
 from test_explain_helpers import byte_level_tokenizer, colours, token_spans, tooltip_numbers
 
 import ktae
-from ktae.viz.report import CreditSpec, GroupInput, build_report
+from ktae.core.methods import Method
+from ktae.explain.report import GroupInput, build_report
 from ktae.viz.report_html import report_html
 
 STAT_NAMES = {"a": "a", "b": "b", "c": "c", "d": "d", "p": "p_value", "F": "fisher",
@@ -57,7 +58,7 @@ def _flat(groups):
 
 def test_one_element_per_token_signed_colours_and_tooltips_match_key_token_table(bpe):
     groups = _groups(bpe)
-    credit = CreditSpec(ignore_token_ids=(bpe.pad_token_id, bpe.eos_token_id))
+    credit = Method(ignore_token_ids=(bpe.pad_token_id, bpe.eos_token_id))
     report = build_report(groups, credit=credit, tokenizer=bpe, title="t")
     page = report_html(report)
     spans = token_spans(page)
@@ -106,7 +107,7 @@ def test_one_element_per_token_signed_colours_and_tooltips_match_key_token_table
 
 
 def test_key_token_rows_index_and_self_contained_page(bpe):
-    report = build_report(_groups(bpe), credit=CreditSpec(ignore_token_ids=(0, 1)),
+    report = build_report(_groups(bpe), credit=Method(ignore_token_ids=(0, 1)),
                           tokenizer=bpe, title="<t>", top_rows=3)
     first = report.groups[0]
     assert first.positive and first.negative
@@ -128,7 +129,7 @@ def test_key_token_rows_index_and_self_contained_page(bpe):
     for bad in ("<script", "src=", "<link", "url(", "@import", "http://", "https://"):
         assert bad not in page
     assert "&lt;t&gt;" in page and "<h1><t>" not in page
-    one = build_report(_groups(bpe)[:1], credit=CreditSpec(), tokenizer=bpe)
+    one = build_report(_groups(bpe)[:1], credit=Method(), tokenizer=bpe)
     assert '<nav class="index">' not in report_html(one)
 
 
@@ -137,7 +138,7 @@ def test_calibration_outlines_flagged_tokens_with_logprob_entropy_weight(bpe):
     for g in groups:
         g.logprobs = [[-0.05 * (t % 9) - 0.5 * (t % 2) for t in range(len(r))] for r in g.responses]
         g.entropies = [[0.3 + 0.01 * t for t in range(len(r))] for r in g.responses]
-    credit = CreditSpec(calibration="taco", calibration_options={"alpha": 0.7, "lam": 0.9})
+    credit = Method(calibration="taco", calibration_options={"alpha": 0.7, "lam": 0.9})
     report = build_report(groups, credit=credit, tokenizer=bpe)
     assert [k for k, _ in report.views] == ["seq", "token", "final", "diff"]
     assert report.default_view == "final"
@@ -183,7 +184,7 @@ def test_recorded_run_values_and_loss_mask(bpe):
     g.loss_mask[1][0] = 0
     g.logprobs = [[-1.0] * len(r) for r in g.responses]
     g.entropies = [[0.5] * len(r) for r in g.responses]
-    credit = CreditSpec(calibration="taco")
+    credit = Method(calibration="taco")
     report = build_report(groups, credit=credit, tokenizer=bpe, use_recorded=True)
     resp = report.groups[0].responses
     assert resp[0].values["token"][0] == 0.5 and resp[0].values["final"][0] == pytest.approx(0.05)
@@ -199,7 +200,7 @@ def test_recorded_loss_mask_without_calibration(bpe):
     g = _groups(bpe)[0]
     g.trained = [[0.25] * len(r) for r in g.responses]
     g.loss_mask = [None, [0] * len(g.responses[1]), None, None]
-    report = build_report([g], credit=CreditSpec(), tokenizer=bpe, use_recorded=True)
+    report = build_report([g], credit=Method(), tokenizer=bpe, use_recorded=True)
     assert report.partial_loss and not report.calibrated
     page = report_html(report)
     spans = token_spans(page)
@@ -211,19 +212,19 @@ def test_recorded_loss_mask_without_calibration(bpe):
 def test_bad_groups_and_missing_calibration_inputs(bpe):
     one = GroupInput(prompt="p", responses=[[5, 6]], rewards=[1.0], label="lonely")
     with pytest.raises(ValueError, match="^lonely: expected at least 2 responses"):
-        build_report([one], credit=CreditSpec(), tokenizer=bpe)
+        build_report([one], credit=Method(), tokenizer=bpe)
     two = GroupInput(prompt="p", responses=[[5, 6], [7]], rewards=[1.0, 0.0])
     with pytest.raises(ValueError, match="log-probs and entropies"):
-        build_report([two], credit=CreditSpec(calibration="taco"), tokenizer=bpe)
+        build_report([two], credit=Method(calibration="taco"), tokenizer=bpe)
     with pytest.raises(ValueError, match="one reward per response"):
         build_report([GroupInput(prompt="p", responses=[[5], [6]], rewards=[1.0])],
-                     credit=CreditSpec(), tokenizer=bpe)
+                     credit=Method(), tokenizer=bpe)
     with pytest.raises(ValueError, match="unknown advantage estimator 'nope'"):
-        CreditSpec(estimator="nope")
+        Method(estimator="nope")
 
 
 def test_sequence_level_credit_has_one_view(bpe):
-    report = build_report(_groups(bpe)[:2], credit=CreditSpec(estimator="grpo"), tokenizer=bpe)
+    report = build_report(_groups(bpe)[:2], credit=Method(estimator="grpo"), tokenizer=bpe)
     assert report.views == [("seq", "GRPO")] and report.default_view == "seq"
     assert all(g.divergence == 0 for g in report.groups)
 
@@ -234,7 +235,7 @@ def test_terminal_and_png(bpe, tmp_path):
     from ktae.viz.report_png import group_png
     from ktae.viz.report_terminal import print_report
 
-    report = build_report(_groups(bpe), credit=CreditSpec(), tokenizer=bpe, title="T")
+    report = build_report(_groups(bpe), credit=Method(), tokenizer=bpe, title="T")
     console = Console(record=True, width=120, color_system="truecolor")
     print_report(report, console)
     text = console.export_text()
@@ -262,7 +263,7 @@ def test_adv_reweight_uses_the_scored_log_probs_as_the_rollout_policy(bpe):
     for g in groups:
         g.logprobs = [[-0.1 * (t % 5) for t in range(len(r))] for r in g.responses]
         g.entropies = [[0.5] * len(r) for r in g.responses]
-    report = build_report(groups, credit=CreditSpec(calibration="adv-reweight"), tokenizer=bpe)
+    report = build_report(groups, credit=Method(calibration="adv-reweight"), tokenizer=bpe)
     spans = token_spans(report_html(report))
     rows = [t for g in groups for r in g.logprobs for t in r]
     assert len(spans) == len(rows)
@@ -278,7 +279,7 @@ def test_gtpo_reads_the_rollout_entropies_and_correctness(bpe):
     for g in groups:
         g.old_entropies = [[0.1 + 0.05 * (t % 7) for t in range(len(r))] for r in g.responses]
         g.entropies = [[9.0] * len(r) for r in g.responses]  # current policy: not GTPO's
-    report = build_report(groups, credit=CreditSpec(estimator="gtpo"), tokenizer=bpe)
+    report = build_report(groups, credit=Method(estimator="gtpo"), tokenizer=bpe)
     rows, _, mask, rewards, group = _flat(groups)
     T = mask.shape[1]
     H = torch.tensor([e + [0.0] * (T - len(e)) for g in groups for e in g.old_entropies])
@@ -292,4 +293,4 @@ def test_gtpo_reads_the_rollout_entropies_and_correctness(bpe):
     for g in groups:
         g.entropies = None
     with pytest.raises(ValueError, match="estimator 'gtpo' needs the rollout policy's"):
-        build_report(groups, credit=CreditSpec(estimator="gtpo"), tokenizer=bpe)
+        build_report(groups, credit=Method(estimator="gtpo"), tokenizer=bpe)

@@ -1,4 +1,4 @@
-"""Contingency statistics of KTAE (SPEC 2, Eq. 4-7) against scipy on every small table.
+"""Contingency statistics of KTAE (docs/method.md §3, Eq. 4-7) against scipy on every small table.
 
 ``fisher_exact_pvalue`` is checked on every 2x2 table with N = a+b+c+d <= 32 (58,905
 tables, one vectorised call). scipy is called once per orbit of the table's symmetry group

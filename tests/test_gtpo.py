@@ -1,4 +1,4 @@
-"""GTPO token advantages (SPEC section 5) against a slow per-group loop, degenerate
+"""GTPO token advantages (docs/method.md §6) against a slow per-group loop, degenerate
 groups, and the estimator interface it extends (``entropies``, option validation)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ktae.core.gtpo import gtpo_token_rewards
 
 def gtpo_oracle(rewards, correct, group, H, mask, *, a1=1.0, a2=0.1, eps=1e-8,
                 normalize="group"):
-    """SPEC 5 read literally: loops over groups, positions and responses (Python floats)."""
+    """docs/method.md §6 read literally: loops over groups, positions and responses (Python floats)."""
     B, T = len(rewards), len(mask[0])
     shaped = [[0.0] * T for _ in range(B)]
     members: dict = {}

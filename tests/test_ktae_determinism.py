@@ -1,5 +1,5 @@
 """KTAE's values do not depend on chunking, thread count or where a value sits in an array:
-bit for bit, both sides computed live on this machine (``ktae.core.tasks``,
+bit for bit, both sides computed live on this machine (``ktae.core.chunk_pool``,
 ``ktae.core.pointwise``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from oracle import random_batch
 
 import ktae
 from ktae.core import pointwise
-from ktae.core.tasks import one_thread_caller, run_tasks
+from ktae.core.chunk_pool import one_thread_caller, run_tasks
 
 CHUNKS = (None, 1, 7, 50, 333, 10**9)
 OPTIONS = (dict(), dict(mode="reference"), dict(ngram=3), dict(ngram=2, ngram_reduce="maxabs"),

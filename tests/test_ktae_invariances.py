@@ -1,4 +1,4 @@
-"""Symmetries of KTAE (SPEC 2) that any correct implementation must respect.
+"""Symmetries of KTAE (docs/method.md §3) that any correct implementation must respect.
 
 Permuting responses within a group, moving whole groups around the batch, relabelling
 token ids injectively and changing the padding length leave every advantage unchanged

@@ -1,4 +1,4 @@
-"""``mode="reference"``: one test per quirk of the released runtime (SPEC 2b).
+"""``mode="reference"``: one test per quirk of the released runtime (docs/method.md §4).
 
 Each test builds a batch whose key-token table is known by construction and checks the
 library's reference mode against numbers computed here, independently: exact rationals

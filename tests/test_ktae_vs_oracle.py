@@ -1,8 +1,8 @@
 """Vectorised KTAE against the slow reference implementations of tests/oracle.py.
 
-- exact mode (SPEC 2) vs :func:`oracle.exact_ktae`: max abs difference <= 1e-6, and the
+- exact mode (docs/method.md §3) vs :func:`oracle.exact_ktae`: max abs difference <= 1e-6, and the
   diagnostic table row by row vs :func:`oracle.exact_token_stats`;
-- reference mode (SPEC 2b) vs :func:`oracle.runtime_ktae`: max abs difference <= 1e-5,
+- reference mode (docs/method.md §4) vs :func:`oracle.runtime_ktae`: max abs difference <= 1e-5,
   on small adversarial batches and on bigger realistic ones.
 
 Batches (tests/oracle.py ``random_batch``): small vocabularies so tokens are shared,
@@ -155,7 +155,7 @@ def test_exact_mode_float32_rewards(spec):
 
 
 def test_paper_variant_defaults_follow_spec():
-    """``variant="paper"`` without h's uses the paper's h1 = 1, h2 = 2, h3 = 1 (SPEC 2)."""
+    """``variant="paper"`` without h's uses the paper's h1 = 1, h2 = 2, h3 = 1 (docs/method.md §3)."""
     batch = random_batch(3, sizes=[6, 5], vocab=6, max_len=8)
     got = ktae.compute_advantages("ktae", **batch, variant="paper").numpy()
     expect = exact_ktae(**batch, variant="paper", h1=1.0, h2=2.0, h3=1.0)

@@ -12,11 +12,11 @@ import ktae
 from ktae.core import methods
 from ktae.core.methods import Method, parse_method
 from ktae.credit_audit.run import parse_methods
+from ktae.explain.report import GroupInput, credit_values
 from ktae.explain.sources import credit_spec
+from ktae.runs.config import TrainConfig
+from ktae.runs.credit import credit_settings
 from ktae.train.cli_compare import parse_arm
-from ktae.train.config import TrainConfig
-from ktae.train.credit import credit_settings
-from ktae.viz.report import GroupInput, credit_values
 
 #: every test registers its rules afresh (conftest.py)
 pytestmark = pytest.mark.usefixtures("clean_registries")

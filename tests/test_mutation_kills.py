@@ -3,7 +3,7 @@
 Each test pins behaviour a surviving mutant changed: mostly which field or option an error
 message names (what a user reads to fix a config), and how ``credit_method`` carries a run's
 options to ``ktae explain`` / ``ktae audit``. Test names contain ``credit`` so the mutmut
-selection for ``train/credit.py`` (``-k credit or ...``) picks them up.
+selection for ``runs/credit.py`` (``-k credit or ...``) picks them up.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from ktae.train.config import TrainConfig
-from ktae.train.credit import credit_method, credit_settings
+from ktae.runs.config import TrainConfig
+from ktae.runs.credit import credit_method, credit_settings
 
 
 def _settings(**fields):

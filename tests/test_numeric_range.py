@@ -18,7 +18,7 @@ F32_MAX = torch.finfo(torch.float32).max
 
 
 def _decimal_baseline(rewards, name: str) -> list[float]:
-    """One group's advantages from the SPEC 1 formulas in 60-digit decimal arithmetic."""
+    """One group's advantages from the docs/method.md §2 formulas in 60-digit decimal arithmetic."""
     with localcontext() as ctx:
         ctx.prec = 60
         r = [Decimal(float(x)) for x in rewards]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ktae.train.config import TrainConfig
-from ktae.train.rundir import (
+from ktae.runs.config import TrainConfig
+from ktae.runs.rundir import (
     claim_checkpoint,
     mark_checkpoint_complete,
     mark_run_finished,

@@ -14,9 +14,10 @@ import torch
 import ktae
 from ktae import plugins
 from ktae.cli import build_parser, main
+from ktae.core.methods import passes_correct
+from ktae.runs.credit import credit_settings
 from ktae.train.cli_compare import parse_arm
 from ktae.train.cli_train import config_from_args
-from ktae.train.credit import credit_settings, passes_correct
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
@@ -254,8 +255,7 @@ def test_needs_are_checked_and_passed():
     lp = torch.full((4, 4), -0.5)
     ktae.compute_advantages("wants-logprobs", **kw, entropies=torch.ones(4, 4), logprobs=lp)
     assert torch.equal(got["logprobs"], torch.where(kw["mask"], lp, 0))
-    from ktae.core.advantages import estimator_needs_entropies
-    from ktae.core.user_rules import estimator_needs_logprobs
+    from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
     assert estimator_needs_entropies("wants-logprobs")
     assert estimator_needs_logprobs("wants-logprobs")
 
@@ -310,16 +310,17 @@ def test_trainer_passes_correct_logprobs_and_entropies(tiny_model, tmp_path):
 def test_doc_rule_in_explain_and_audit_credit_values(doc_plugin):
     """``ktae explain`` / ``audit`` compute credit through credit_values: a user rule and
     its options work there, and so does prefix-value."""
-    from ktae.viz.report import CreditSpec, GroupInput, credit_values
+    from ktae.core.methods import Method
+    from ktae.explain.report import GroupInput, credit_values
 
     plugins.load_plugin(str(doc_plugin))
     groups = [GroupInput(prompt="p", responses=[[5, 6, 7], [5, 8]], rewards=[1.0, 0.0])]
-    vals = credit_values(groups, CreditSpec(estimator="late-credit",
-                                            estimator_options={"gamma": 0.5}))
+    vals = credit_values(groups, Method(estimator="late-credit",
+                                        estimator_options={"gamma": 0.5}))
     expected = ktae.compute_advantages("late-credit", rewards=[1.0, 0.0], group=[0, 0],
                                        token_ids=vals.token_ids, mask=vals.mask, gamma=0.5)
     torch.testing.assert_close(vals.final.double(), expected.double())
-    pv = credit_values(groups, CreditSpec(estimator="prefix-value"))
+    pv = credit_values(groups, Method(estimator="prefix-value"))
     assert pv.final[1, 0] == 0 and pv.final[1, 1] < 0  # the shared first token: no blame
 
 

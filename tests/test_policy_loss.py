@@ -1,4 +1,4 @@
-"""Policy loss (SPEC section 3): hand-computed cases, autograd vs analytic gradient."""
+"""Policy loss (docs/method.md §10): hand-computed cases, autograd vs analytic gradient."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ktae.train.config import TrainConfig
-from ktae.train.credit import credit_settings
+from ktae.runs.config import TrainConfig
+from ktae.runs.credit import credit_settings
 from ktae.train.trl_args import check_trl_settings
 
 ROOT = Path(__file__).resolve().parents[1]

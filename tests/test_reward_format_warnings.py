@@ -49,8 +49,8 @@ def test_evaluation_prompts_are_checked_too(monkeypatch):
 
     import ktae.eval.runner as runner_mod
     from ktae.eval.benchmarks import BenchmarkRecord
-    from ktae.eval.generate import Generation
     from ktae.models import build_tiny_model
+    from ktae.models.generate import Generation
 
     torch.set_num_threads(1)
     tok = build_char_tokenizer()

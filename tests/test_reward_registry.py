@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from ktae.rewards import REWARDS, get_reward, math_reward
+from ktae.runs.config import TrainConfig
 from ktae.train import cli_train
-from ktae.train.config import TrainConfig
 from ktae.train.reward_funcs import make_accuracy_reward, make_reward_funcs
 
 CASES = [("so $\\boxed{\\frac{1}{2}}$", "0.5"), ("\\boxed{7", "7"), ("7", "7"),

@@ -1,4 +1,4 @@
-"""DAPO overlong reward shaping (SPEC section 4)."""
+"""DAPO overlong reward shaping (docs/method.md §11)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from ktae.runs.config import TrainConfig
+from ktae.runs.credit import credit_settings
 from ktae.train.cli_train import add_arguments, config_from_args
-from ktae.train.config import TrainConfig
-from ktae.train.credit import credit_settings
 
 
 def test_algo_presets():
@@ -207,7 +207,7 @@ def test_warmup_under_the_constant_schedule_resolves_to_constant_with_warmup():
 
 
 def test_resume_changes_split_refused_and_allowed_settings():
-    from ktae.train.config import resume_changes
+    from ktae.runs.config import resume_changes
 
     run = TrainConfig(max_steps=30).resolve()
     refused, allowed = resume_changes(run, TrainConfig(

@@ -14,7 +14,7 @@ import torch
 from test_train_helpers import contains_digit, read_jsonl, tiny_config
 
 import ktae
-from ktae.train.credit import credit_settings
+from ktae.runs.credit import credit_settings
 from ktae.train.dynamic_sampling import OLD_ENTROPIES
 from ktae.train.session import train
 from ktae.train.trainer import KTAEGRPOTrainer
@@ -185,7 +185,7 @@ def test_adv_reweight_reads_the_old_policy(tiny_model, tmp_path):
 
 
 def test_every_registered_name_is_a_credit():
-    from ktae.train.config import TrainConfig
+    from ktae.runs.config import TrainConfig
 
     for est in ktae.ADVANTAGE_ESTIMATORS.names():
         assert credit_settings(TrainConfig(credit=est).resolve()).estimator == est

@@ -243,7 +243,7 @@ def test_the_gpu_recipes_parse_and_resolve():
     import re
     from pathlib import Path
 
-    from ktae.train.config import TrainConfig
+    from ktae.runs.config import TrainConfig
 
     root = Path(__file__).parents[1]
     text = (root / "docs" / "training.md").read_text()

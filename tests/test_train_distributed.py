@@ -105,7 +105,7 @@ def test_two_processes_split_groups(tmp_path):
                                                                      strict=True)]
         assert max(spread) > 0
     # the main process alone kept the first groups of the global batch (the split one too)
-    from ktae.train.rollouts import read_rollouts
+    from ktae.runs.rollouts import read_rollouts
 
     _, records = read_rollouts(tmp_path / "grpo" / "rollouts.jsonl")
     assert [(r["step"], r["group"]) for r in records] == [(1, 0), (1, 1)]

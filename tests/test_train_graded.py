@@ -11,8 +11,9 @@ import torch
 from test_train_helpers import Recorder, read_jsonl, tiny_config
 
 import ktae
+from ktae.core.methods import passes_correct
+from ktae.runs.credit import credit_settings
 from ktae.train import cli_train
-from ktae.train.credit import credit_settings, passes_correct
 from ktae.train.session import train
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ktae.train.config import TrainConfig
+from ktae.runs.config import TrainConfig
 from ktae.train.trainer import KTAEGRPOTrainer
 
 DETERMINISTIC_KEYS = ("reward", "accuracy", "response_length", "entropy", "loss", "grad_norm",

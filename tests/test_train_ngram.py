@@ -12,10 +12,10 @@ from test_train_helpers import save_tiny_model
 
 import ktae
 from ktae.cli import main
+from ktae.runs.config import TrainConfig
+from ktae.runs.credit import credit_settings
 from ktae.train import cli_train
 from ktae.train.cli_compare import parse_arm, parse_arms
-from ktae.train.config import TrainConfig
-from ktae.train.credit import credit_settings
 
 
 def test_config_fields_reach_the_estimator_options():

@@ -156,7 +156,7 @@ def test_report_to_needs_a_known_installed_integration(monkeypatch):
 def test_layout_is_checked_before_trl_builds_anything(tiny_model, tmp_path, monkeypatch):
     from trl import GRPOTrainer
 
-    from ktae.train.credit import CreditSettings
+    from ktae.runs.credit import CreditSettings
     from ktae.train.session import grpo_config
 
     def never(*a, **kw):
@@ -234,8 +234,8 @@ def test_lora_trains_only_adapters_and_eval_loads_them(tiny_model, tmp_path):
 def test_full_disk_is_reported_in_words(tiny_model, tmp_path, capsys, monkeypatch):
     import transformers.modeling_utils as mu
 
+    from ktae.checkpoints import latest_complete_checkpoint
     from ktae.cli import main
-    from ktae.train.rundir import latest_complete_checkpoint
 
     real = mu.safe_save_file
     calls = []

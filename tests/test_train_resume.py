@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_train_helpers import DETERMINISTIC_KEYS, read_jsonl, save_tiny_model
 
-from ktae.train.rundir import COMPLETE_MARKER, latest_complete_checkpoint
+from ktae.checkpoints import COMPLETE_MARKER, latest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
 

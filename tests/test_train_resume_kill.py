@@ -26,7 +26,8 @@ import pytest
 from test_train_helpers import read_jsonl
 from test_train_resume_epochs import TIMING_KEYS, assert_same_run
 
-from ktae.train.rundir import COMPLETE_MARKER, RUN_MARKER
+from ktae.checkpoints import COMPLETE_MARKER
+from ktae.runs.rundir import RUN_MARKER
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ktae.train.credit import CreditSettings
-from ktae.train.rollouts import RolloutRecorder, is_recorded_step, read_rollouts
+from ktae.runs.credit import CreditSettings
+from ktae.runs.rollouts import RolloutRecorder, is_recorded_step, read_rollouts
 
 
 class _Tok:

@@ -6,15 +6,13 @@ import json
 
 import pytest
 
-from ktae.train.rundir import (
+from ktae.checkpoints import (
     COMPLETE_MARKER,
-    RUN_MARKER,
-    RunDir,
     checkpoint_step,
     is_complete_checkpoint,
     latest_complete_checkpoint,
-    mark_checkpoint_complete,
 )
+from ktae.runs.rundir import RUN_MARKER, RunDir, mark_checkpoint_complete
 
 
 def _checkpoint(root, step, complete=True):
@@ -75,7 +73,7 @@ def test_plots_are_written(tmp_path):
 
 
 def test_output_dir_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
-    from ktae.train.rundir import prepare_output_dir
+    from ktae.runs.rundir import prepare_output_dir
 
     user = tmp_path / "mine"
     (user / "checkpoint-0").mkdir(parents=True)
@@ -97,7 +95,7 @@ def test_output_dir_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
 
 
 def test_resume_without_checkpoint_keeps_old_metrics(tmp_path, capsys):
-    from ktae.train.rundir import prepare_output_dir
+    from ktae.runs.rundir import prepare_output_dir
 
     run = tmp_path / "run"
     prepare_output_dir(run, resume=False)
@@ -117,7 +115,7 @@ def test_resume_without_checkpoint_keeps_old_metrics(tmp_path, capsys):
 
 
 def test_resume_truncates_to_the_checkpoint(tmp_path):
-    from ktae.train.rundir import prepare_output_dir
+    from ktae.runs.rundir import prepare_output_dir
 
     run = RunDir(tmp_path / "run")
     (run.path / RUN_MARKER).write_text("{}")
@@ -131,7 +129,7 @@ def test_resume_truncates_to_the_checkpoint(tmp_path):
 def test_atomic_write_uses_unique_temporaries(tmp_path):
     import threading
 
-    from ktae.train.rundir import atomic_write
+    from ktae.runs.rundir import atomic_write
 
     target = tmp_path / "config.yaml"
     errors = []
@@ -166,7 +164,7 @@ def _foreign_run(path):
 
 
 def test_a_foreign_run_with_config_and_metrics_is_not_a_ktae_run(tmp_path):
-    from ktae.train.rundir import prepare_output_dir
+    from ktae.runs.rundir import prepare_output_dir
 
     theirs = tmp_path / "theirs"
     files = _foreign_run(theirs)
@@ -191,7 +189,7 @@ def test_train_refuses_a_foreign_run_with_or_without_resume(tmp_path, capsys):
 
 
 def test_rotation_deletes_only_complete_ktae_checkpoints(tmp_path):
-    from ktae.train.rundir import rotate_checkpoints
+    from ktae.runs.rundir import rotate_checkpoints
 
     foreign = tmp_path / "checkpoint-7"  # no ktae marker: not ours, whatever its name
     foreign.mkdir()
@@ -214,7 +212,7 @@ def test_atomically_written_files_follow_the_umask(tmp_path):
     import os
     import stat
 
-    from ktae.train.rundir import atomic_write, follow_umask
+    from ktae.runs.rundir import atomic_write, follow_umask
 
     old = os.umask(0o022)
     try:
@@ -245,7 +243,7 @@ def test_a_line_cut_short_by_a_kill_is_dropped(tmp_path):
 
 
 def test_run_marker_records_segments_and_the_finish(tmp_path):
-    from ktae.train.rundir import (
+    from ktae.runs.rundir import (
         finished_steps,
         mark_run_finished,
         prepare_output_dir,
@@ -267,7 +265,7 @@ def test_run_marker_records_segments_and_the_finish(tmp_path):
 
 
 def test_a_checkpoint_directory_ktae_did_not_start_is_not_written_into(tmp_path):
-    from ktae.train.rundir import STARTED_MARKER, claim_checkpoint, foreign_checkpoints
+    from ktae.runs.rundir import STARTED_MARKER, claim_checkpoint, foreign_checkpoints
 
     theirs = tmp_path / "checkpoint-4"
     theirs.mkdir()
@@ -287,7 +285,7 @@ def test_a_checkpoint_directory_ktae_did_not_start_is_not_written_into(tmp_path)
 
 def test_train_refuses_to_save_over_a_foreign_checkpoint(tiny_model, tmp_path, capsys):
     from ktae.cli import main
-    from ktae.train.rundir import prepare_output_dir
+    from ktae.runs.rundir import prepare_output_dir
 
     run = tmp_path / "run"
     prepare_output_dir(run, resume=False)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from ktae.integrations.verl.options import (
-    KTAE_OPTIONS,
     _check_estimator_values,
+    block_options,
     estimator_settings,
 )
+
+KTAE_OPTIONS = block_options("ktae")
 
 
 @pytest.mark.parametrize("block", [{"split": "graded"}, {"split": "graded", "ngram": 2},

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from ktae.cli import main
+from ktae.runs.rundir import prepare_output_dir
 from ktae.train.cli_compare import markdown_table, summarize
-from ktae.train.rundir import prepare_output_dir
 
 SEEDS = 3
 STEPS = 2
@@ -172,7 +172,7 @@ def _finished_run(cfg) -> None:
     the run marker, the saved settings, a complete last checkpoint, the finished mark."""
     import dataclasses
 
-    from ktae.train.rundir import claim_checkpoint, mark_checkpoint_complete, mark_run_finished
+    from ktae.runs.rundir import claim_checkpoint, mark_checkpoint_complete, mark_run_finished
 
     out = Path(cfg.output_dir)
     _write_run(out, cfg.credit, cfg.seed)

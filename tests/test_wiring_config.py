@@ -19,8 +19,8 @@ import pytest
 import torch
 from test_train_helpers import tiny_config
 
-from ktae.train.config import TrainConfig
-from ktae.train.credit import credit_settings
+from ktae.runs.config import TrainConfig
+from ktae.runs.credit import credit_settings
 from ktae.train.session import grpo_config, lora_config, preflight
 
 # --------------------------------------------------------------------------- helpers
@@ -360,7 +360,7 @@ def check_overlong_buffer(ctx):
     _, p = ctx.probe(algo="grpo", max_new_tokens=8, overlong_buffer=4)
     assert len(p.kw["reward_funcs"]) == 2
     overlong = p.kw["reward_funcs"][1]
-    # DAPO (SPEC 4): 0 up to L_max - L_c = 4 tokens, then linear down to -1 at L_max = 8
+    # DAPO (docs/method.md §11): 0 up to L_max - L_c = 4 tokens, then linear down to -1 at L_max = 8
     assert overlong(completion_ids=[[7] * n for n in (3, 4, 6, 8)]) == [0.0, 0.0, -0.5, -1.0]
     _, off = ctx.probe(algo="grpo", max_new_tokens=8)
     assert len(off.kw["reward_funcs"]) == 1

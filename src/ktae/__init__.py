@@ -13,12 +13,10 @@ Core API (pure torch):
                                                           for its PNGs)
 """
 
-from ktae.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from ktae.core.calibration import CALIBRATIONS, CalibrationResult, calibrate_advantages
-from ktae.core.gtpo import gtpo_advantages as _gtpo  # noqa: F401  (registers "gtpo")
-from ktae.core.ktae import KeyTokenTable, key_token_table  # registers "ktae"
+from ktae.core.estimators import ADVANTAGE_ESTIMATORS, compute_advantages
+from ktae.core.ktae import KeyTokenTable, key_token_table
 from ktae.core.policy_loss import kl_penalty, policy_loss
-from ktae.core.prefix_value import prefix_value_advantages as _pv  # noqa: F401  (registers "prefix-value")
 from ktae.core.user_rules import (
     CalibrationBatch,
     RuleBatch,

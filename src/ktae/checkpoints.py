@@ -4,7 +4,7 @@ The reading side of the trainer's checkpoint protocol, shared by every command t
 a run directory (``ktae train --resume``, ``ktae eval --checkpoints``, ``ktae explain``):
 standard library only, so that evaluation and the explainers need not import the trainer.
 The writing side (claiming a directory, writing the marker last, rotation) is
-:mod:`ktae.train.rundir`.
+:mod:`ktae.runs.rundir`.
 
 A checkpoint is complete when it holds :data:`COMPLETE_MARKER`, which the trainer writes
 last (write-to-temp + fsync + rename), every file the marker lists, and

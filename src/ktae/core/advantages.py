@@ -3,23 +3,23 @@
 Estimators are pure functions ``fn(batch: AdvantageBatch, **options) -> Tensor``
 registered by name in :data:`ADVANTAGE_ESTIMATORS`; they return ``[B]`` (sequence level)
 or ``[B, T]`` (token level). :func:`compute_advantages` broadcasts sequence-level
-results over the mask, so every estimator is usable at token level. An estimator that
-reads per-token entropies (``batch.entropies``) is registered with
-``needs_entropies = True`` (see :func:`estimator_needs_entropies`).
+results over the mask, so every estimator is usable at token level. Each is registered
+with what it needs (``@ADVANTAGE_ESTIMATORS.register("gtpo", needs=("mask", "entropies"))``;
+:class:`ktae.core.registry.Record`); its options are its keyword parameters. The built-in
+estimators register in :mod:`ktae.core.estimators`.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor, check_float, check_mask
+from ktae.core.chunk_pool import one_thread_caller
 from ktae.core.groups import group_index
 from ktae.core.registry import Registry
-from ktae.core.tasks import one_thread_caller
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 
@@ -162,11 +162,11 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
         ...                         group=[0, 0, 1, 1])
         tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
     """
-    fn = ADVANTAGE_ESTIMATORS.get(name)
-    _check_options(name, fn, options)
+    record = ADVANTAGE_ESTIMATORS.record(name)
+    record.check(options)
     batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask,
                        entropies=entropies)
-    out = fn(batch, **options)
+    out = record.fn(batch, **options)
     if out.dim() == 1:
         out = broadcast(out, batch.mask)
     return out
@@ -175,25 +175,12 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
 def estimator_needs_entropies(name: str) -> bool:
     """Whether estimator ``name`` reads per-token entropies (``compute_advantages``'s
     ``entropies``), so that a trainer computes them only when needed."""
-    return bool(getattr(ADVANTAGE_ESTIMATORS.get(name), "needs_entropies", False))
+    return "entropies" in ADVANTAGE_ESTIMATORS.record(name).needs
 
 
-def _check_options(name: str, fn, options: dict) -> None:
-    """Reject options an estimator with explicit keyword options does not declare.
-
-    Estimators that take ``**options`` validate their own options.
-    """
-    params = list(inspect.signature(fn).parameters.values())[1:]  # after the batch
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return
-    accepted = [p.name for p in params
-                if p.kind in (inspect.Parameter.KEYWORD_ONLY,
-                              inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        expected = ", ".join(accepted) or "no options"
-        raise ValueError(f"{unknown[0]}: unknown option for advantage estimator {name!r}; "
-                         f"expected {expected}")
+def estimator_needs_logprobs(name: str) -> bool:
+    """Whether estimator ``name`` reads the sampling policy's ``logprobs``."""
+    return "logprobs" in ADVANTAGE_ESTIMATORS.record(name).needs
 
 
 def _register_baseline(name: str, fn) -> None:

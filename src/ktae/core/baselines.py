@@ -1,4 +1,4 @@
-"""Sequence-level baselines (SPEC section 1): one advantage per response.
+"""Sequence-level baselines (docs/method.md §2): one advantage per response.
 
 All functions take dense group ids ``gid[B]`` (see :func:`ktae.core.groups.group_index`)
 and rewards ``[B]`` and return ``[B]`` in the rewards' dtype; they are single vectorised

@@ -1,4 +1,4 @@
-"""Loss-time token credit: calibrate advantages from the current policy (SPEC section 5).
+"""Loss-time token credit: calibrate advantages from the current policy (docs/method.md §8).
 
 At each policy forward pass, a calibration rule turns the advantages (``[B]`` broadcast
 or ``[B, T]``) into token-level advantages ``[B, T]`` from the current policy's
@@ -9,7 +9,7 @@ the calibration. A rule may also remove tokens from the loss: the result's ``los
 is what the caller passes as the ``mask`` of :func:`ktae.policy_loss`, so that the
 token-mean runs over the surviving tokens only.
 
-TACO follows the authors' released code (SPEC section 5)::
+TACO follows the authors' released code (docs/method.md §8)::
 
     r = -logp - H + log(alpha)                         (tail risk; r > 0: p < alpha e^-H)
     w = 1 if r <= 0 else 1 - lam * (1 - exp(-r))
@@ -25,7 +25,7 @@ Registered rules (:data:`CALIBRATIONS`):
 ``taco-entropy-only``  TACO's count and weights on the lowest-entropy positive tokens
                        (TACO's own entropy term: lower ``H``, higher ``r``; ablation)
 ``taco-entropy-high``  TACO's count and weights on the highest-entropy positive tokens
-                       (SPEC section 5's earlier reading of the entropy ablation)
+                       (an earlier reading of the entropy ablation, docs/method.md §8)
 ``taco-random``        TACO's count and weights on random positive tokens (ablation)
 ``taco-hard``          TACO's flagged tokens get ``A <- 0`` (ablation)
 ``taco-step``          TACO's flagged tokens get ``A <- (1 - lam) A`` (extra variant)
@@ -41,7 +41,6 @@ The rules live in :mod:`ktae.core.calibration_taco` and
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -50,10 +49,10 @@ from ktae.core import (
     calibration_baselines,  # noqa: F401  (registers the baselines)
     calibration_taco,  # noqa: F401  (registers the TACO family)
 )
-from ktae.core.calibration_rules import CALIBRATIONS, RULE_ARGS
+from ktae.core.calibration_rules import CALIBRATIONS
 from ktae.core.checks import as_tensor, check_mask
+from ktae.core.chunk_pool import one_thread_caller
 from ktae.core.policy_loss import token_advantages, token_tensor
-from ktae.core.tasks import one_thread_caller
 
 __all__ = ["CALIBRATIONS", "CONSTANT_FLAG_RATE", "CalibrationResult", "calibrate_advantages",
            "calibration_options", "logged_metrics"]
@@ -103,10 +102,11 @@ def logged_metrics(name: str, result: CalibrationResult) -> dict[str, float]:
     return out
 
 
-def calibration_options(name: str) -> list[str]:
-    """The user options calibration ``name`` accepts (e.g. ``["alpha", "lam"]``)."""
-    rule = CALIBRATIONS.get(name)
-    return [p for p in inspect.signature(rule).parameters if p not in RULE_ARGS and p != "adv"]
+def calibration_options(name: str) -> list[str] | None:
+    """The user options calibration ``name`` accepts (e.g. ``["alpha", "lam"]``; None: any,
+    a rule taking ``**options``)."""
+    options = CALIBRATIONS.record(name).options
+    return None if options is None else list(options)
 
 
 def _rule_options(name: str, options: dict) -> dict:
@@ -116,12 +116,7 @@ def _rule_options(name: str, options: dict) -> dict:
         if "lam" in options:
             raise ValueError("lam: given twice (as 'lam' and as 'lambda_')")
         options["lam"] = options.pop("lambda_")
-    accepted = calibration_options(name)
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        expected = ", ".join(accepted) or "no options"
-        raise ValueError(f"{unknown[0]}: unknown option for calibration {name!r}; "
-                         f"expected {expected}")
+    CALIBRATIONS.record(name).check(options)
     return options
 
 

@@ -1,4 +1,4 @@
-"""The TACO paper's baselines (Table 1) as calibration rules (SPEC section 5).
+"""The TACO paper's baselines (Table 1) as calibration rules (docs/method.md §9).
 
 Each is written from its own authors' description and, where released, their code:
 
@@ -50,7 +50,7 @@ def _fraction(value, name: str, *, low_open: bool = False) -> float:
     return check_number(value, name, low=0, high=1, low_open=low_open)
 
 
-@CALIBRATIONS.register("adv-reweight")
+@CALIBRATIONS.register("adv-reweight", needs=("old_logprobs",))
 def adv_reweight(adv, *, logprobs, entropies=None, old_logprobs, mask, generator=None,
                  w: float = ADV_REWEIGHT_W) -> RuleResult:
     """Advantage reweighting: ``A <- (w * p_old + (1 - w)) * A`` for every real token.
@@ -67,7 +67,7 @@ def adv_reweight(adv, *, logprobs, entropies=None, old_logprobs, mask, generator
                       {"mean_weight": masked_mean(weights, mask)})
 
 
-@CALIBRATIONS.register("forking-tokens")
+@CALIBRATIONS.register("forking-tokens", needs=("entropies",))
 def forking_tokens(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
                    top_fraction: float = FORKING_TOP_FRACTION) -> RuleResult:
     """Forking tokens: only the ``max(1, ceil(top_fraction * n))`` highest-entropy real
@@ -85,7 +85,7 @@ def forking_tokens(adv, *, logprobs, entropies, old_logprobs=None, mask, generat
                       {"entropy_threshold": threshold.to(torch.float64)})
 
 
-@CALIBRATIONS.register("stapo")
+@CALIBRATIONS.register("stapo", needs=("entropies",))
 def stapo(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
           prob_threshold: float = STAPO_PROB_THRESHOLD,
           entropy_quantile: float = STAPO_ENTROPY_QUANTILE) -> RuleResult:

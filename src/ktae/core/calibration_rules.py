@@ -1,4 +1,4 @@
-"""The calibration registry and the pieces every rule shares (SPEC section 5).
+"""The calibration registry and the pieces every rule shares (docs/method.md §8 and §9).
 
 A rule is a pure function of validated, detached ``[B, T]`` tensors::
 
@@ -20,10 +20,12 @@ import torch
 
 from ktae.core.registry import Registry
 
-CALIBRATIONS: Registry = Registry("calibration")
-
 RULE_ARGS = frozenset({"logprobs", "entropies", "old_logprobs", "mask", "generator"})
 """Arguments every rule receives; anything else a rule declares is a user option."""
+
+CALIBRATIONS: Registry = Registry("calibration", reserved=RULE_ARGS)
+"""Each rule registers with what it needs beyond ``logprobs`` and ``mask``, which every
+caller has: ``needs=("entropies",)`` (the current policy's) or ``("old_logprobs",)``."""
 
 
 class RuleResult(NamedTuple):

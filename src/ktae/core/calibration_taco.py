@@ -1,8 +1,8 @@
-"""TACO (Tail-Aware Credit Calibration) and its ablations (SPEC section 5).
+"""TACO (Tail-Aware Credit Calibration) and its ablations (docs/method.md §8).
 
 TACO follows the authors' released code (a verl fork: ``core_algos.py:
 compute_taco_token_advantages``, applied in ``dp_actor.py`` before the clipped
-surrogate), as SPEC section 5 transcribes it. With ``logp[i,t]`` the current policy's
+surrogate), as docs/method.md §8 writes it. With ``logp[i,t]`` the current policy's
 log-probability of the sampled token and ``H[i,t]`` the entropy of its full next-token
 distribution (so that the policy's expected log-probability there is ``-H``), both
 detached::
@@ -26,8 +26,8 @@ only which tokens are hit:
   in a random order, so the multiset of weights is identical to TACO's. The chosen tokens
   are, for ``taco-entropy-only``, the lowest-entropy ones: TACO's own entropy term alone
   (``r`` grows as ``H`` falls, so with ``logp`` ignored the riskiest tokens are those of
-  lowest entropy); for ``taco-entropy-high``, the highest-entropy ones (SPEC section 5's
-  earlier reading of the ablation, "highest-entropy", kept under this name); for
+  lowest entropy); for ``taco-entropy-high``, the highest-entropy ones (an earlier
+  reading of the ablation, "highest-entropy", kept under this name; docs/method.md §8); for
   ``taco-random``, uniformly random ones. Ties are broken by position.
 * ``taco-hard``: TACO's flagged tokens get ``A <- 0`` (the paper's hard clipping).
 * ``taco-step``: TACO's flagged tokens get ``A <- (1 - lam) A`` (a step instead of the
@@ -71,7 +71,7 @@ TACO_LAMBDA = 0.9
 #: current, detached log-probs and entropies, and logs each metric it returns as
 #: ``taco/<name>`` (verl averages them over micro-batches). The body of that function was
 #: not in the source index this module was checked against (only ``dp_actor.py`` and the
-#: README, which states the formula), so the definitions are SPEC section 5's list read as
+#: README, which states the formula), so the definitions are docs/method.md §8's list read as
 #: means over every real token of the micro-batch: ``weight_mean`` the weight ``w(r)``
 #: (whatever the advantage's sign), ``tail_risk_mean`` the risk ``r``,
 #: ``tail_token_frac`` the share with ``r > 0``, ``positive_adv_token_frac`` the share
@@ -83,10 +83,11 @@ TACO_METRIC_NAMES = {"mean_weight": "weight_mean", "mean_tail_risk": "tail_risk_
 _FAMILY: list[str] = []
 
 
-def _register(name: str):
-    """Register a rule of the TACO family (all of them report the four metrics above)."""
+def _register(name: str, needs=("entropies",)):
+    """Register a rule of the TACO family (all of them report the four metrics above; all
+    but ``taco-prob-only`` read the current policy's entropies)."""
     _FAMILY.append(name)
-    return CALIBRATIONS.register(name)
+    return CALIBRATIONS.register(name, needs=needs)
 
 
 def _alpha(alpha) -> float:
@@ -161,7 +162,7 @@ def _budgeted(adv, risk, mask, lam, scores, generator, *, largest: bool = True) 
 @_register("taco")
 def taco(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
          alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
-    """TACO (the authors' soft weight, SPEC 5): ``A <- w(r) A`` where ``A > 0``, with
+    """TACO (the authors' soft weight, docs/method.md §8): ``A <- w(r) A`` where ``A > 0``, with
     ``r = -logp - H + log(alpha)`` and ``w = 1 - lam (1 - exp(-r))`` for ``r > 0``.
 
     Options: ``alpha`` > 0 (tail threshold, 0.01; larger flags more tokens),
@@ -172,7 +173,7 @@ def taco(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
     return _soft(adv, risk, mask, lam)
 
 
-@_register("taco-prob-only")
+@_register("taco-prob-only", needs=())
 def taco_prob_only(adv, *, logprobs, entropies=None, old_logprobs=None, mask,
                    generator=None, alpha: float = TACO_ALPHA,
                    lam: float = TACO_LAMBDA) -> RuleResult:
@@ -198,7 +199,7 @@ def taco_entropy_only(adv, *, logprobs, entropies, old_logprobs=None, mask, gene
 @_register("taco-entropy-high")
 def taco_entropy_high(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
                       alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
-    """Entropy ablation, highest-entropy reading (SPEC section 5's earlier one): the
+    """Entropy ablation, highest-entropy reading (an earlier one, docs/method.md §8): the
     highest-entropy positive-advantage tokens, as many as TACO flags in this batch, get
     TACO's weights in a random order (``generator``)."""
     alpha, lam = _alpha(alpha), _lam(lam)

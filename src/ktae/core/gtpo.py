@@ -1,10 +1,10 @@
-"""GTPO: entropy-shaped token rewards (Tan et al., arXiv 2508.04349; SPEC section 5).
+"""GTPO: entropy-shaped token rewards (Tan et al., arXiv 2508.04349; docs/method.md §6).
 
 GTPO ("Group Token Policy Optimization", the fifth baseline of the TACO paper) gives
 every token its own reward from the entropy ``H[i,t]`` of the old (rollout) policy's
 next-token distribution, detached. No official code exists: these are the paper's
-equations (its Eq. 3, 5 and 6) as independent reimplementations read them, as SPEC
-section 5 fixes them. Per group, with ``O+`` the correct and ``O-`` the incorrect
+equations (its Eq. 3, 5 and 6) as independent reimplementations read them, as
+docs/method.md §6 fixes them. Per group, with ``O+`` the correct and ``O-`` the incorrect
 responses, ``O+_t`` the correct responses holding a real token at position ``t``
 (length > t for right-padded responses), ``d_t = |O+_t|`` and ``h_t = |O-_t|``::
 
@@ -138,7 +138,7 @@ def polarity_zscore(token_rewards: torch.Tensor, correct: torch.Tensor, gid: tor
     return dev / (std[key][:, None] + ZSCORE_EPS)
 
 
-@ADVANTAGE_ESTIMATORS.register("gtpo")
+@ADVANTAGE_ESTIMATORS.register("gtpo", needs=("mask", "entropies"))
 def gtpo_advantages(batch: AdvantageBatch, *, correct=None, reward_threshold: float = 0.0,
                     a1: float = GTPO_A1, a2: float = GTPO_A2, eps: float = GTPO_EPS,
                     normalize: str = "group") -> torch.Tensor:
@@ -171,6 +171,3 @@ def gtpo_advantages(batch: AdvantageBatch, *, correct=None, reward_threshold: fl
     adv = polarity_zscore(shaped, is_correct, batch.gid, batch.num_groups, batch.mask,
                           normalize=normalize)
     return adv.to(batch.rewards.dtype)
-
-
-gtpo_advantages.needs_entropies = True

@@ -1,4 +1,4 @@
-"""KTAE: Key-token Advantage Estimation (SPEC section 2; paper section 3, Eq. 4-10).
+"""KTAE: Key-token Advantage Estimation (docs/method.md §3; paper section 3, Eq. 4-10).
 
 For every distinct token ``v`` of a group, the correct (T) and incorrect (F) responses
 give a 2x2 table ``[[a, b], [c, d]]`` (responses containing ``v`` or not). Then
@@ -12,7 +12,7 @@ give a 2x2 table ``[[a, b], [c, d]]`` (responses containing ``v`` or not). Then
     A_KTAE[i, t] = A_base[i] + value(token_ids[i, t])                  (Eq. 10)
 
 ``mode="exact"`` (default) computes these exactly (float64); ``mode="reference"``
-reproduces the authors' released runtime including its float32 quirks (SPEC 2b, see
+reproduces the authors' released runtime including its float32 quirks (docs/method.md §4, see
 :mod:`ktae.core.ktae_reference`). Both run as one vectorised pass over the batch
 (:func:`ktae.core.token_counts.count_units`): no Python loop over groups or tokens.
 
@@ -24,7 +24,7 @@ docs/ngram.md).
 How the pass is organised (measured with ``benchmarks/bench_advantages.py``, README
 "Speed"): the batch is split into chunks of whole groups (about 2**18 real tokens on CPU:
 their sorts stay in cache), and the chunks run as coarse tasks, each on one torch thread,
-on a pool as large as the caller's thread count (:mod:`ktae.core.tasks`). There is no
+on a pool as large as the caller's thread count (:mod:`ktae.core.chunk_pool`). There is no
 barrier inside a chunk, so on a machine that other processes keep busy KTAE slows by the
 CPU share it loses, where torch's intra-op parallelism over many short operations made it
 wait a time slice at the end of each one. F, IG and Cohen's h of every 2x2 table the
@@ -49,6 +49,7 @@ from ktae.core import stats
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, make_batch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor
+from ktae.core.chunk_pool import one_thread_caller, run_tasks
 from ktae.core.ktae_graded import (
     graded_table,
     graded_token_values,
@@ -61,14 +62,13 @@ from ktae.core.ktae_options import (
     RUNTIME_DEFAULTS,
     KTAEOptions,
     check_chunk_tokens,
-    keyword_options,
     resolve_options,
 )
 from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.ngrams import Spans, find_spans, reduce_from_starts
+from ktae.core.registry import checked_keywords
 from ktae.core.table_stats import TableStats, reference_table_stats, table_stats
-from ktae.core.tasks import one_thread_caller, run_tasks
 from ktae.core.token_counts import (
     TokenCounts,
     count_units,
@@ -239,7 +239,7 @@ def _group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max
     chunk's rows are contiguous in the batch (groups stored one after the other), else an
     index tensor. Key-token statistics never cross groups, so chunks are independent; they
     bound the memory of the sort and its companions (and shorter sorts are cheaper per
-    element), and are the tasks of :func:`ktae.core.tasks.run_tasks`. A handful of chunks
+    element), and are the tasks of :func:`ktae.core.chunk_pool.run_tasks`. A handful of chunks
     per batch: this is not a loop over groups.
     """
     dev = gid.device
@@ -345,8 +345,7 @@ def _check_base(base) -> None:
         raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
 
 
-@ADVANTAGE_ESTIMATORS.register("ktae")
-@keyword_options("the 'ktae' estimator")
+@ADVANTAGE_ESTIMATORS.register("ktae", needs=("token_ids",), correct_unless={"split": "graded"})
 def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
                     reward_threshold: float | None = None, h1: float | None = None,
                     h2: float | None = None, h3: float | None = None, k1: float = 2.0,
@@ -370,7 +369,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     (groups are processed in chunks of about this many real tokens, which bounds memory and
     keeps sorts in cache; results do not depend on it, bit for bit; default 2**18 on CPU
     (2**17 for spans), 2**23 on accelerators; on CPU the chunks run as single-threaded tasks in parallel,
-    :mod:`ktae.core.tasks`), ``split`` ("threshold": correct = reward > threshold, SPEC 2;
+    :mod:`ktae.core.chunk_pool`), ``split`` ("threshold": correct = reward > threshold, docs/method.md §3;
     "graded": each response belongs to the correct class with weight
     ``(r - min_g r) / (max_g r - min_g r)`` and every statistic is its graded counterpart,
     :mod:`ktae.core.ktae_graded`; exact mode, without ``correct``/``reward_threshold``),
@@ -449,7 +448,7 @@ def _span_columns(table: KeyTokenTable, cnt: TokenCounts, spans: Spans) -> KeyTo
 
 
 @one_thread_caller
-@keyword_options("key_token_table")
+@checked_keywords("key_token_table")
 def key_token_table(*, rewards, group, token_ids, mask=None, base: str | None = None,
                     correct=None, reward_threshold: float | None = None,
                     h1: float | None = None, h2: float | None = None,

@@ -1,6 +1,6 @@
 """KTAE's two classes from the rewards: the threshold split and the graded split.
 
-``split="threshold"`` (SPEC 2, the default) makes each response correct (T) or incorrect
+``split="threshold"`` (docs/method.md §3, the default) makes each response correct (T) or incorrect
 (F) by ``reward > reward_threshold``. ``split="graded"`` keeps how good each response was:
 a response belongs to T with a weight in [0, 1] and to F with the rest, and every
 statistic of KTAE is computed on those weights (docs/graded.md gives the reasons for each
@@ -40,7 +40,7 @@ Properties (tested in tests/test_ktae_graded.py):
   :func:`ktae.core.baselines.equal_reward_groups`), and BM25 settings that make TF itself
   a step (``k1 = 0``: TF = 1 for any f > 0; ``b = 1``: the saturation vanishes with L);
   the defaults k1 = 2, b = 0.5 are continuous.
-- h1 = 0 removes F~, h2 = 0 removes IG~ and h3 = 0 removes the TF contrast, as in SPEC 2.
+- h1 = 0 removes F~, h2 = 0 removes IG~ and h3 = 0 removes the TF contrast, as in docs/method.md §3.
 
 A group whose rewards are equal up to rounding has no membership (w = 0) and values 0,
 like a group with one class under the threshold split. The same rule makes the threshold
@@ -87,7 +87,7 @@ def soft_membership(rewards: torch.Tensor, gid: torch.Tensor, num_groups: int) -
 
 def threshold_membership(rewards: torch.Tensor, gid: torch.Tensor, num_groups: int,
                          threshold: float) -> torch.Tensor:
-    """``[B]`` bool ``reward > threshold`` (SPEC 2), a group whose rewards are equal up to
+    """``[B]`` bool ``reward > threshold`` (docs/method.md §3), a group whose rewards are equal up to
     rounding taken as one class (by its largest reward): rounding does not split it."""
     flat = equal_reward_groups(rewards, gid, num_groups)[gid]
     top = _group_extreme(rewards, gid, num_groups, "amax")[gid]
@@ -270,7 +270,7 @@ def _term_frequencies(s: _Graded, k1: float, b: float):
 
     ``f = count / max(L, 1)``: a soft class holding less than one token of text counts as
     one token long, so f -> 0 as L -> 0 (count <= L) instead of jumping from count / L to
-    the empty class's 0; on integer lengths it is SPEC 2's rule.
+    the empty class's 0; on integer lengths it is docs/method.md §3's rule.
     """
     def one(count, length, other):
         inv_len = torch.where(length > 0, 1.0 / length.clamp_min(1), 0.0)

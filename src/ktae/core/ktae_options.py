@@ -1,4 +1,4 @@
-"""KTAE's options: defaults, validation and bounds, shared by both modes (SPEC 2, 2b).
+"""KTAE's options: defaults, validation and bounds, shared by both modes (docs/method.md §3 and §4).
 
 Every check raises ``ValueError`` naming the option and what it expects. Numeric options
 must be finite and within bounds that keep every intermediate finite:
@@ -13,8 +13,6 @@ must be finite and within bounds that keep every intermediate finite:
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import numbers
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ import torch
 #: Qwen2.5's ``<|endoftext|>`` (its EOS and pad), ignored by the released runtime.
 QWEN_ENDOFTEXT_ID = 151643
 
-#: Default hyper-parameters of the released runtime (SPEC 2) and of the paper variant.
+#: Default hyper-parameters of the released runtime (docs/method.md §3) and of the paper variant.
 RUNTIME_DEFAULTS = {"h1": 1.0, "h2": 1.0, "h3": 1.0}
 PAPER_DEFAULTS = {"h1": 1.0, "h2": 2.0, "h3": 1.0}
 
@@ -37,7 +35,7 @@ NGRAM_REDUCES = ("maxabs", "mean")
 
 MODES = ("exact", "reference")
 #: How a group's responses become the two classes KTAE compares: a hard split at a reward
-#: threshold (SPEC 2), or graded membership from the rewards (:mod:`ktae.core.ktae_graded`).
+#: threshold (docs/method.md §3), or graded membership from the rewards (:mod:`ktae.core.ktae_graded`).
 SPLITS = ("threshold", "graded")
 VARIANTS = ("runtime", "paper")
 
@@ -64,29 +62,6 @@ class KTAEOptions:
         """The options the statistics take (both modes)."""
         return dict(h1=self.h1, h2=self.h2, h3=self.h3, k1=self.k1, b=self.b, top=self.top,
                     variant=self.variant)
-
-
-def keyword_options(what: str):
-    """Decorator: unknown keyword options raise ``ValueError`` listing the valid ones.
-
-    The decorated function keeps its signature (``inspect.signature`` sees its explicit
-    keyword-only parameters).
-    """
-    def deco(fn):
-        params = inspect.signature(fn).parameters
-        valid = [p.name for p in params.values() if p.kind is p.KEYWORD_ONLY]
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            unknown = [k for k in kwargs if k not in params]
-            if unknown:
-                raise ValueError(f"{unknown[0]}: unknown option for {what}; expected one of "
-                                 f"{', '.join(valid)}")
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    return deco
 
 
 def _number(name: str, value, lo: float, hi: float, expected: str) -> float:

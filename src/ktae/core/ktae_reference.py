@@ -1,4 +1,4 @@
-"""KTAE as the authors' released runtime computes it, quirks included (SPEC 2b).
+"""KTAE as the authors' released runtime computes it, quirks included (docs/method.md §4).
 
 Users reproducing the paper's numbers need the runtime's values, which differ from the
 exact statistics on 10-30% of tokens. Reproduced here, vectorised:

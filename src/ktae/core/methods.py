@@ -15,27 +15,26 @@ is read as YAML (``3``, ``0.5``, ``true``, ``[1, 2]``; anything else stays a str
 :func:`method_credit` computes a method's credit on a padded batch the way the trainer
 does: the verifier's ``correct`` goes to every estimator that takes it
 (:func:`passes_correct`), the batch's log-probs/entropies to a rule that reads them (one
-line when the caller has none). ``ktae train``, ``ktae compare``, ``ktae explain`` and
-``ktae audit`` go through this module. Pure torch: it imports the
-core and the registries only.
+line when the caller has none), each as the method's registry record says
+(:class:`ktae.core.registry.Record`). ``ktae train``, ``ktae compare``, ``ktae explain``
+and ``ktae audit`` go through this module. Pure torch: it imports the core and the
+registries only.
 """
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from ktae.core.advantages import ADVANTAGE_ESTIMATORS, estimator_needs_entropies
 from ktae.core.baselines import SEQUENCE_BASELINES
-from ktae.core.calibration import CALIBRATIONS
-from ktae.core.calibration_rules import RULE_ARGS
-from ktae.core.user_rules import (
-    check_options,
+from ktae.core.calibration import CALIBRATIONS, calibrate_advantages, calibration_options
+from ktae.core.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    estimator_needs_entropies,
     estimator_needs_logprobs,
-    estimator_option_names,
-    estimator_takes_correct,
 )
 
 CREDIT_NONE = "none"
@@ -48,7 +47,7 @@ keyword, so TACO's option is ``lam``)."""
 SEQUENCE_LABELS = {"grpo": "GRPO", "drgrpo": "Dr.GRPO", "rloo": "RLOO"}
 """Display names of the sequence-level estimators (the rest: upper case)."""
 CALLER_INPUTS = ("correct",)
-"""Estimator options the caller fills from the batch (the user cannot also set them)."""
+"""Estimator inputs the caller fills from the batch (the user cannot also set them)."""
 
 
 # --------------------------------------------------------------------------- naming
@@ -105,19 +104,11 @@ def option_value(raw: str):
         return raw
 
 
-def calibration_option_names(name: str) -> list[str] | None:
-    """The options calibration ``name`` takes from users (None: any, ``**kwargs``)."""
-    params = list(inspect.signature(CALIBRATIONS.get(name)).parameters.values())
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return [p.name for p in params if p.name not in RULE_ARGS and p.name != "adv"]
-
-
 def user_estimator_options(name: str) -> list[str] | None:
-    """The options of estimator ``name`` a method string may set (the caller's inputs,
-    ``correct``, excluded; None: any)."""
-    names = estimator_option_names(name)
-    return None if names is None else [n for n in names if n not in CALLER_INPUTS]
+    """The options of estimator ``name`` a method string may set (its record's options:
+    not the caller's inputs such as ``correct``; None: any)."""
+    options = ADVANTAGE_ESTIMATORS.record(name).options
+    return None if options is None else list(options)
 
 
 def resolve_option(estimator: str | None, calibration: str | None, key: str, *,
@@ -131,7 +122,7 @@ def resolve_option(estimator: str | None, calibration: str | None, key: str, *,
         return "estimator", key
     if own in est:
         return "estimator", own
-    cal = [] if calibration is None else calibration_option_names(calibration)
+    cal = [] if calibration is None else calibration_options(calibration)
     for cal_key in (key, key.removeprefix(f"{calibration}_")):  # taco_lambda: lam
         cal_key = CALIBRATION_ALIASES.get(cal_key, cal_key)
         if calibration is not None and (cal is None or cal_key in cal):
@@ -250,12 +241,10 @@ def parse_method(text: str, *, estimator_options: dict | None = None,
 
 
 def passes_correct(estimator: str | None, options: dict) -> bool:
-    """Whether the estimator gets the verifier's ``correct``: KTAE, GTPO, prefix-value and
-    users' rules (``ktae.register_estimator``) take it, except KTAE with ``split=graded``,
-    whose classes come from the reward values."""
-    if estimator == "ktae":
-        return options.get("split", "threshold") != "graded"
-    return estimator == "gtpo" or (estimator is not None and estimator_takes_correct(estimator))
+    """Whether the estimator gets the verifier's ``correct``: those whose record takes it
+    (KTAE, GTPO, prefix-value, users' rules), unless ``options`` turn that off (KTAE's
+    ``split=graded`` takes its classes from the reward values)."""
+    return estimator is not None and ADVANTAGE_ESTIMATORS.record(estimator).reads_correct(options)
 
 
 def check_method(method: Method, *, estimator_where: str = "estimator_options",
@@ -269,8 +258,8 @@ def check_method(method: Method, *, estimator_where: str = "estimator_options",
     ones = torch.ones(ids.shape)
     logp = torch.full(ids.shape, -1.0)
     try:
-        check_options(method.estimator_options, user_estimator_options(method.estimator),
-                      "advantage estimator", method.estimator)
+        ADVANTAGE_ESTIMATORS.record(method.estimator).check(method.estimator_options,
+                                                            inputs=False)
         adv = estimator_credit(method, rewards=rewards, group=torch.tensor([0, 0]),
                                token_ids=ids, mask=mask, correct=rewards > 0.5,
                                logprobs=logp, entropies=ones)
@@ -279,8 +268,7 @@ def check_method(method: Method, *, estimator_where: str = "estimator_options",
     if method.calibration is None:
         return
     try:
-        check_options(method.calibration_options, calibration_option_names(method.calibration),
-                      "calibration", method.calibration)
+        CALIBRATIONS.record(method.calibration).check(method.calibration_options)
         calibrate(method, adv, logprobs=logp, entropies=ones, mask=mask)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{calibration_where} ({method.calibration}): {err}") from None
@@ -292,15 +280,14 @@ def check_method(method: Method, *, estimator_where: str = "estimator_options",
 def sequence_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor
                     ) -> torch.Tensor:
     """``[B]``: the sequence-level advantage the method's token credit refines."""
-    import ktae  # the public functions, as users call them
-
-    return ktae.compute_advantages(method.base, rewards=rewards, group=group)
+    return compute_advantages(method.base, rewards=rewards, group=group)
 
 
 def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor,
                      token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
                      logprobs: torch.Tensor | None = None,
-                     entropies: torch.Tensor | None = None) -> torch.Tensor:
+                     entropies: torch.Tensor | None = None,
+                     compute: Callable = compute_advantages) -> torch.Tensor:
     """The estimator's advantages (``[B, T]`` token credit, or ``[B]`` for a sequence
     estimator), computed as the trainer does.
 
@@ -310,15 +297,18 @@ def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tens
             it (:func:`passes_correct`).
         logprobs: ``[B, T]`` sampling-policy log-probs, for a rule that declares them.
         entropies: ``[B, T]`` rollout-policy entropies, for an estimator that reads them.
+        compute: the function called, :func:`ktae.compute_advantages` (the trainer passes
+            the package's, so that a wrapper a user puts there sees its calls).
 
     Raises:
         ValueError: the estimator reads log-probs or entropies the caller does not have.
     """
     name = method.estimator
+    record = ADVANTAGE_ESTIMATORS.record(name)
     options = dict(method.estimator_options)
-    if passes_correct(name, options):
+    if record.reads_correct(options):
         options["correct"] = correct
-    if name == "ktae":
+    if "ignore_token_ids" in (record.options or ()):
         options["ignore_token_ids"] = sorted(
             set(method.ignore_token_ids) | {int(i) for i in options.get("ignore_token_ids") or ()})
     if estimator_needs_logprobs(name):
@@ -329,10 +319,8 @@ def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tens
     if estimator_needs_entropies(name) and entropies is None:
         raise ValueError(f"credit: estimator {name!r} reads the rollout policy's entropies, "
                          "which this caller does not have")
-    import ktae  # the public functions, as users call them
-
-    return ktae.compute_advantages(name, rewards=rewards, group=group, token_ids=token_ids,
-                              mask=mask, entropies=entropies, **options)
+    return compute(name, rewards=rewards, group=group, token_ids=token_ids, mask=mask,
+                   entropies=entropies, **options)
 
 
 def calibrate(method: Method, advantages: torch.Tensor, *, logprobs: torch.Tensor,
@@ -341,9 +329,7 @@ def calibrate(method: Method, advantages: torch.Tensor, *, logprobs: torch.Tenso
     """The method's calibration of ``advantages`` (``[B, T]``):
     :func:`ktae.calibrate_advantages` with the method's options (``old_logprobs``:
     ``logprobs`` when not given, as for an on-policy scorer; ``seed`` of a random rule)."""
-    import ktae  # the public functions, as users call them
-
-    return ktae.calibrate_advantages(
+    return calibrate_advantages(
         method.calibration, advantages, logprobs=logprobs, entropies=entropies, mask=mask,
         old_logprobs=logprobs if old_logprobs is None else old_logprobs,
         generator=torch.Generator().manual_seed(seed), **method.calibration_options)

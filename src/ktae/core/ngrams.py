@@ -3,7 +3,7 @@
 A *span* of length ``n`` starts at a real token of a response when the ``n`` positions
 from there are consecutive columns of that row, all real (mask 1) and none an ignored id:
 spans never cross padding, masked-out tokens or ignored tokens. The statistics of KTAE
-(SPEC 2) are then computed per (group, distinct span) exactly as per (group, distinct
+(docs/method.md §3) are then computed per (group, distinct span) exactly as per (group, distinct
 token), with the spans as the counted units (:func:`ktae.core.token_counts.count_units`):
 a response contains a span when those ``n`` tokens occur consecutively in it; ``L_T``
 and ``L_F`` count the spans of each class's responses.

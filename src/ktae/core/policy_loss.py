@@ -1,4 +1,4 @@
-"""The clipped policy-gradient loss shared by every method (SPEC section 3).
+"""The clipped policy-gradient loss shared by every method (docs/method.md §10).
 
 Per token, with ratio ``r = exp(logp - old_logp)`` and advantage ``A``::
 
@@ -32,7 +32,7 @@ import math
 import torch
 
 from ktae.core.checks import as_tensor, check_float, check_mask
-from ktae.core.tasks import one_thread_caller, spreads_over_threads
+from ktae.core.chunk_pool import one_thread_caller, spreads_over_threads
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -97,7 +97,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def aggregate_loss(per_token: torch.Tensor, mask, aggregation: str = "token-mean",
                    max_response_length: float | None = None) -> torch.Tensor:
-    """Aggregate a per-token loss ``[B, T]`` into a scalar (SPEC section 3).
+    """Aggregate a per-token loss ``[B, T]`` into a scalar (docs/method.md §10).
 
     Args:
         per_token: ``[B, T]`` per-token loss (values at padding are ignored, even NaN).
@@ -203,7 +203,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float = 0
                 ref_logprobs=None, kl_coef: float = 0.0, kl_estimator: str = "k3",
                 entropies=None, entropy_coef: float = 0.0
                 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate loss with optional dual clip, KL and entropy terms (SPEC 3).
+    """Clipped surrogate loss with optional dual clip, KL and entropy terms (docs/method.md §10).
 
     Args:
         logprobs: ``[B, T]`` log-probs of the sampled tokens under the current policy
@@ -260,7 +260,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float = 0
         return one_thread_caller(_policy_loss)(logprobs, old_logprobs, advantages, mask,
                                                entropies=entropies, **settings)
     # On a multi-threaded CPU: the loss and its gradients in one pass on one intra-op thread
-    # (ktae.core.tasks: a busy machine would make each of the backward pass's operations
+    # (ktae.core.chunk_pool: a busy machine would make each of the backward pass's operations
     # wait a time slice), joined to the caller's graph by one product per input.
     inputs = [t for t, g in zip((logprobs, entropies), with_grad, strict=True) if g]
 

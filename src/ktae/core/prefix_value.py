@@ -227,7 +227,7 @@ def _unit_credit(d: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     return (total / size)[unit]
 
 
-@ADVANTAGE_ESTIMATORS.register("prefix-value")
+@ADVANTAGE_ESTIMATORS.register("prefix-value", needs=("token_ids",), inputs=("word_starts",))
 def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
                             reward_threshold: float = 0.0, apply: str = "wrong",
                             weight: float = 1.0, unit: str = "token", word_starts=None,
@@ -314,6 +314,3 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
         keep = seq
     out.view(-1)[p["flat"]] = keep[rows] + scale[rows] * d
     return out.to(batch.rewards.dtype)
-
-
-prefix_value_advantages.takes_correct = True

@@ -1,38 +1,174 @@
-"""Name -> function registries, so that a trainer picks an estimator from a config string."""
+"""Name -> method registries, so that a trainer picks an estimator from a config string.
+
+Each registered method is one :class:`Record`: its function, the inputs a caller must
+give it, whether it reads the verifier's ``correct``, and the options a user may set,
+read from the function's signature. Every caller (``compute_advantages``,
+``calibrate_advantages``, the method strings of :mod:`ktae.core.methods`, the trainer,
+the verl plugin) reads these records; none keeps its own list of options or names.
+:func:`check_options` is the one check of option names.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
 
+def check_options(options, accepted, what: str, listed=None) -> None:
+    """A one-line ``ValueError`` for an option name ``accepted`` lacks, listing ``listed``
+    (default: ``accepted``), the ones a user may set. ``accepted`` None: any name."""
+    if accepted is None:
+        return
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        shown = accepted if listed is None else listed
+        raise ValueError(f"{unknown[0]}: unknown option for {what}; expected "
+                         f"{', '.join(shown) or 'no options'}")
+
+
+def checked_keywords(what: str) -> Callable[[F], F]:
+    """Decorator: a keyword the function does not declare is a :func:`check_options` error
+    (not Python's ``TypeError``). The function keeps its signature."""
+    def deco(fn: F) -> F:
+        names = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            check_options(kwargs, names, what)
+            return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+@dataclass(frozen=True)
+class Record:
+    """One registered estimator or calibration.
+
+    Attributes:
+        name: the registered name (``"ktae"``, ``"taco"``).
+        kind: ``"advantage estimator"`` or ``"calibration"``.
+        fn: the function the registry calls.
+        needs: the inputs a caller must have to call it: of an estimator, some of
+            ``token_ids``, ``mask``, ``logprobs`` (the sampling policy's), ``entropies``
+            (the rollout policy's); of a calibration, ``entropies`` and ``old_logprobs``.
+            A trainer computes log-probs and entropies only for methods that need them.
+        inputs: keyword arguments the caller fills from its batch rather than from the
+            user, in signature order: ``correct`` (the verifier's verdict, for an
+            estimator that reads it), and inputs derived from a model or tokenizer as they
+            come (``word_starts`` of ``prefix-value``).
+        options: what a user may set (``--estimator-option``, ``name@key=value``, verl's
+            ``algorithm.<name>`` block), in signature order; None: any (``**kwargs``).
+        keywords: what the function's own signature takes, options and inputs, in its
+            order (a user rule's: its options): the list an unknown keyword's error shows.
+        correct_unless: option values under which the estimator does not read
+            ``correct`` (KTAE's ``split="graded"`` takes its classes from the rewards).
+        user_rule: the user's function for a rule of ``ktae.register_estimator`` /
+            ``register_calibration``, else None.
+    """
+
+    name: str
+    kind: str
+    fn: Callable
+    needs: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    options: tuple[str, ...] | None = ()
+    keywords: tuple[str, ...] | None = ()
+    correct_unless: tuple[tuple[str, object], ...] = ()
+    user_rule: Callable | None = None
+
+    @property
+    def takes_correct(self) -> bool:
+        """Whether it reads the verifier's ``correct`` (under some option values)."""
+        return "correct" in self.inputs
+
+    def reads_correct(self, options: dict) -> bool:
+        """Whether a call with ``options`` gets the verifier's ``correct``."""
+        return self.takes_correct and not any(options.get(key) == value
+                                              for key, value in self.correct_unless)
+
+    def check(self, options: dict, *, inputs: bool = True) -> None:
+        """A one-line error for a keyword that is not an option (nor, with ``inputs``, an
+        input the caller fills), listing the options (with ``inputs``: the keywords)."""
+        if self.options is None:
+            return
+        if not inputs:
+            check_options(options, self.options, f"{self.kind} {self.name!r}")
+        else:
+            check_options(options, (*self.options, *self.inputs),
+                          f"{self.kind} {self.name!r}", self.keywords)
+
+
 class Registry(Generic[F]):
-    """A small named registry of pure functions (``@REGISTRY.register("name")``)."""
+    """Named :class:`Record` s (``@REGISTRY.register("name", needs=...)``).
 
-    def __init__(self, kind: str) -> None:
+    Every function takes one positional argument (the batch, or the advantages), then
+    keywords; ``reserved``: keywords every function receives from its caller (a
+    calibration's ``logprobs``, ``mask``, ...), which are neither options nor inputs.
+    """
+
+    def __init__(self, kind: str, *, reserved: frozenset[str] = frozenset()) -> None:
         self.kind = kind
-        self._items: dict[str, F] = {}
+        self.reserved = frozenset(reserved)
+        self._items: dict[str, Record] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(self, name: str, *, needs=(), inputs=(), options=None,
+                 correct_unless: dict | None = None,
+                 user_rule: Callable | None = None) -> Callable[[F], F]:
+        """Decorator registering ``fn`` as ``name``. ``inputs``: keywords the caller fills
+        besides ``correct`` (which a parameter of that name declares); ``options``: the
+        user's options when the signature cannot say (a wrapper taking ``**options``);
+        else every other keyword parameter after the first."""
         def deco(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._items[name] = fn
+            params = [p for p in list(inspect.signature(fn).parameters.values())[1:]
+                      if p.name not in self.reserved]
+            declared = [p.name for p in params
+                        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            taken = tuple(n for n in declared if n == "correct" or n in inputs)
+            taken += tuple(n for n in inputs if n not in taken)
+            if options is not None:
+                own: tuple[str, ...] | None = tuple(options)
+                keywords = own
+            elif any(p.kind is p.VAR_KEYWORD for p in params):
+                own = keywords = None
+            else:
+                own = tuple(n for n in declared if n not in taken)
+                keywords = tuple(declared)
+            self._items[name] = Record(
+                name=name, kind=self.kind, fn=fn, needs=tuple(needs), inputs=taken,
+                options=own, keywords=keywords,
+                correct_unless=tuple((correct_unless or {}).items()), user_rule=user_rule)
             return fn
 
         return deco
 
-    def get(self, name: str) -> F:
+    def record(self, name: str) -> Record:
+        """The record of ``name``; an unknown name is a ``ValueError`` listing the known."""
         try:
             return self._items[name]
         except KeyError:
             known = ", ".join(sorted(self._items))
             raise ValueError(f"unknown {self.kind} {name!r}; expected one of: {known}") from None
 
+    def get(self, name: str) -> F:
+        """The function registered as ``name`` (see :meth:`record`)."""
+        return self.record(name).fn
+
     def names(self) -> list[str]:
         return sorted(self._items)
+
+    def records(self) -> list[Record]:
+        """Every record, by name."""
+        return [self._items[n] for n in self.names()]
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

@@ -1,6 +1,6 @@
 """Reward shaping terms (pure torch).
 
-DAPO's overlong reward shaping (SPEC section 4; DAPO paper Eq. 13, "soft overlong
+DAPO's overlong reward shaping (docs/method.md §11; DAPO paper Eq. 13, "soft overlong
 punishment"): responses that run into the last ``cache_length`` tokens of the length
 budget get a linearly growing penalty, and truncated ones the full penalty.
 """
@@ -16,7 +16,7 @@ from ktae.core.checks import as_tensor
 
 def overlong_penalty(lengths, *, max_length: int, cache_length: int = 512,
                      factor: float = 1.0) -> torch.Tensor:
-    """Soft overlong penalty to add to each response's reward (SPEC 4).
+    """Soft overlong penalty to add to each response's reward (docs/method.md §11).
 
     With ``L_max = max_length`` and ``L_c = cache_length``::
 

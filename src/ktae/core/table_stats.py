@@ -30,7 +30,7 @@ class TableStats:
     """Statistics of every table of the compositions present. E = number of tables.
 
     Attributes:
-        p_value, fisher, info_gain, cohens_h: ``[E]`` float64 (SPEC 2, Eq. 4-7, 9).
+        p_value, fisher, info_gain, cohens_h: ``[E]`` float64 (docs/method.md §3, Eq. 4-7, 9).
         offset: ``[S, S]`` int64, the first row of composition ``(n_T, n_F)``; -1 where the
             batch has no such group (S = the largest class size + 1).
     """

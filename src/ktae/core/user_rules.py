@@ -125,16 +125,6 @@ def _check_needs(needs, allowed: tuple[str, ...], kind: str, name: str) -> tuple
     return needs
 
 
-def check_options(options: dict, accepted: list[str] | None, kind: str, name: str) -> None:
-    """A one-line error for an option the rule does not declare, listing the valid ones."""
-    if accepted is None:
-        return
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise ValueError(f"{unknown[0]}: unknown option for {kind} {name!r}; expected "
-                         f"{', '.join(accepted) or 'no options'}")
-
-
 def check_rule_output(out, kind: str, name: str, B: int, mask: torch.Tensor | None, *,
                       token_level_only: bool = False, zero_padding: bool = True
                       ) -> torch.Tensor:
@@ -187,7 +177,6 @@ def register_estimator(name: str, *, needs=()) -> Callable:
         accepted = _rule_options(fn, "advantage estimator", name, _CALLER_INPUTS)
 
         def estimator(batch: AdvantageBatch, *, correct=None, logprobs=None, **options):
-            check_options(options, accepted, "advantage estimator", name)
             mask = batch.mask
             if logprobs is not None:
                 if mask is None:
@@ -209,12 +198,8 @@ def register_estimator(name: str, *, needs=()) -> Callable:
 
         estimator.__name__ = getattr(fn, "__name__", name)
         estimator.__doc__ = fn.__doc__
-        estimator.needs_entropies = "entropies" in needs
-        estimator.needs_logprobs = "logprobs" in needs
-        estimator.takes_correct = True
-        estimator.rule_options = accepted
-        estimator.user_rule = fn
-        ADVANTAGE_ESTIMATORS.register(name)(estimator)
+        ADVANTAGE_ESTIMATORS.register(name, needs=needs, inputs=_CALLER_INPUTS,
+                                      options=accepted, user_rule=fn)(estimator)
         return fn
 
     return deco
@@ -235,7 +220,6 @@ def register_calibration(name: str, *, needs=()) -> Callable:
         accepted = _rule_options(fn, "calibration", name, RULE_ARGS | {"adv"})
 
         def rule(adv, *, logprobs, entropies, old_logprobs, mask, generator, **options):
-            check_options(options, accepted, "calibration", name)
             cb = CalibrationBatch(advantages=adv, logprobs=logprobs, entropies=entropies,
                                   old_logprobs=old_logprobs, mask=mask, generator=generator)
             for need in needs:
@@ -247,7 +231,7 @@ def register_calibration(name: str, *, needs=()) -> Callable:
             weights = torch.where(mask, weights.to(adv.dtype), 0)
             return RuleResult(weights=weights, flagged=mask & (weights != 1))
 
-        # calibration_options() reads the signature: show the rule's own options
+        # the rule's own options, with a default, for readers of the signature (--help)
         params = [inspect.Parameter("adv", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
         params += [inspect.Parameter(p, inspect.Parameter.KEYWORD_ONLY)
                    for p in ("logprobs", "entropies", "old_logprobs", "mask", "generator")]
@@ -258,30 +242,8 @@ def register_calibration(name: str, *, needs=()) -> Callable:
         rule.__signature__ = inspect.Signature(params)
         rule.__name__ = getattr(fn, "__name__", name)
         rule.__doc__ = fn.__doc__
-        rule.user_rule = fn
-        CALIBRATIONS.register(name)(rule)
+        CALIBRATIONS.register(name, needs=needs, options=accepted, user_rule=fn)(rule)
         return fn
 
     return deco
 
-
-def estimator_option_names(name: str) -> list[str] | None:
-    """The options estimator ``name`` takes from users (None: any, ``**kwargs``)."""
-    fn = ADVANTAGE_ESTIMATORS.get(name)
-    if hasattr(fn, "rule_options"):
-        return fn.rule_options
-    params = list(inspect.signature(fn).parameters.values())[1:]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return [p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY,
-                                                 inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-
-
-def estimator_needs_logprobs(name: str) -> bool:
-    """Whether estimator ``name`` reads the sampling policy's ``logprobs``."""
-    return bool(getattr(ADVANTAGE_ESTIMATORS.get(name), "needs_logprobs", False))
-
-
-def estimator_takes_correct(name: str) -> bool:
-    """Whether estimator ``name`` takes the verifier's ``correct`` ([B] bool) option."""
-    return bool(getattr(ADVANTAGE_ESTIMATORS.get(name), "takes_correct", False))

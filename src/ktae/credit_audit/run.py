@@ -14,8 +14,8 @@ Groups come with per-token local-error labels (:mod:`ktae.credit_audit.metrics`)
 
 Every method is named, parsed and computed by :mod:`ktae.core.methods`, as ``ktae
 explain``, ``ktae compare`` and ``ktae train`` do (``CREDIT[@KEY=VALUE...]``, with a run's
-own settings through :func:`ktae.train.credit.credit_method`; the credit through
-:func:`ktae.viz.report.credit_values`, which pads the groups for
+own settings through :func:`ktae.runs.credit.credit_method`; the credit through
+:func:`ktae.explain.report.credit_values`, which pads the groups for
 :func:`ktae.core.methods.method_credit`, from the scoring policy's log-probs and
 entropies). A token a calibration's loss mask removes receives no credit.
 """
@@ -41,7 +41,6 @@ from ktae.credit_audit.metrics import (
     summarise,
     summarise_ratio,
 )
-from ktae.viz.labels import span_labels  # noqa: F401  (read here by earlier callers)
 
 DEFAULT_PROMPTS = 200
 DEFAULT_SAMPLES = 8
@@ -70,10 +69,10 @@ def default_methods() -> list[str]:
 def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=(),
                   train_config=None) -> dict:
     """``"grpo,ktae,ktae@ngram=3"`` (or a list; None: :func:`default_methods`) ->
-    ``{name: CreditSpec}``; an unknown name is a ValueError naming ``credit``. With a run's
+    ``{name: Method}``; an unknown name is a ValueError naming ``credit``. With a run's
     ``train_config``, a method that is the run's own estimator or calibration keeps its
     settings (h1, alpha, the graded split, ...), as ``ktae explain`` does."""
-    from ktae.train.credit import credit_method
+    from ktae.runs.credit import credit_method
 
     names = default_methods() if spec is None else (
         [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec))
@@ -105,7 +104,7 @@ class AuditGroup:
     """One group and its labels: ``labels[i]`` holds one of ``"w"``, ``"r"``, ``"."``
     per token of response ``i``; ``level`` and ``step`` break the figures down."""
 
-    group: object  # ktae.viz.report.GroupInput
+    group: object  # ktae.explain.report.GroupInput
     labels: list[str]
     level: object = None
     step: int | None = None
@@ -185,13 +184,13 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
 
 def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
     """The recorded rollouts of a ``ktae train`` run directory, every recorded step."""
-    from ktae.explain.sources import _run_tokenizer, read_run_rollouts
+    from ktae.explain.report import GroupInput
+    from ktae.runs.reader import read_run_rollouts, recorded_credit_name, run_tokenizer
+    from ktae.runs.rollouts import ROLLOUTS_FILE
     from ktae.tasks import level_of, question_of
-    from ktae.train.rollouts import ROLLOUTS_FILE
-    from ktae.viz.report import GroupInput
 
     header, records = read_run_rollouts(run)
-    tok, tok_path = _run_tokenizer(run, header, tokenizer)
+    tok, tok_path = run_tokenizer(run, header, tokenizer)
     groups = []
     for r in records:
         question = question_of(r["prompt"])
@@ -207,8 +206,7 @@ def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
         groups.append(AuditGroup(g, embedded_labels(g, tok, question), level=level_of(question),
                                  step=int(r["step"]), key=f"{r['step']}:{r['group']}"))
     steps = sorted({g.step for g in groups})
-    trained = header["estimator"] + (f"+{header['calibration']}" if header.get("calibration")
-                                     else "")
+    trained = recorded_credit_name(header)
     final = run / "final"
     scorer = str(final) if (final / "config.json").is_file() else None
     desc = (f"run {run} (trained with {trained}): {len(groups)} recorded groups at steps "
@@ -268,7 +266,7 @@ def per_response(groups: list[AuditGroup], spec, reference=None) -> dict[str, np
     each response's group index, level and step; with ``reference`` (a method's spec,
     GRPO in the audit) also the terms of the mass figures against its credit
     (:func:`ktae.credit_audit.metrics.mass_metrics`)."""
-    from ktae.viz.report import credit_values
+    from ktae.explain.report import credit_values
 
     def credit_of(chosen, s):
         values = credit_values([g.group for g in chosen], s)
@@ -389,10 +387,11 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     path = None if input is None else Path(input)
     if path is not None and path.is_dir():
         data = run_input(path, tokenizer=tokenizer)
-        if (path / "config.yaml").is_file():  # the run's own settings for its methods
-            from ktae.train.config import TrainConfig
+        from ktae.runs.reader import run_config
 
-            methods = parse_methods(credit, train_config=TrainConfig.from_file(path / "config.yaml"))
+        run_settings = run_config(path)
+        if run_settings is not None:  # the run's own settings for its methods
+            methods = parse_methods(credit, train_config=run_settings)
     elif path is not None:
         tok = sources.load_tokenizer(tokenizer or sources.model_tokenizer_path(model))
         data = jsonl_input(path, tok)

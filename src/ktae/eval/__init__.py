@@ -1,4 +1,4 @@
-"""Benchmark evaluation: loaders, generation, scoring, ``ktae eval``.
+"""Benchmark evaluation: loaders, scoring, ``ktae eval`` (generation: :mod:`ktae.models.generate`).
 
 Public API:
     load_benchmark(name, *, path=None, split=None, limit=None, field_map=None)
@@ -20,9 +20,9 @@ from ktae.eval.benchmarks import (
     load_benchmark,
 )
 from ktae.eval.choice import CHOICE_BENCHMARKS, letter_reward, load_choice_benchmark
-from ktae.eval.defaults import GENERATION_FILE, generation_defaults, save_generation_defaults
 from ktae.eval.metrics import avg_at_k, majority_at_k, pass_at_k
 from ktae.eval.protocols import PROTOCOLS, resolve_settings
+from ktae.models.generation_defaults import GENERATION_FILE, generation_defaults, save_generation_defaults
 
 __all__ = ["BENCHMARKS", "BENCHMARK_NAMES", "CHOICE_BENCHMARKS", "GENERATION_FILE", "PROTOCOLS",
            "BenchmarkRecord", "avg_at_k", "evaluate", "fixture_path", "generation_defaults",

@@ -1,4 +1,4 @@
-"""``ktae eval MODEL --benchmarks math500,aime24,...``: benchmark a model (SPEC section 7).
+"""``ktae eval MODEL --benchmarks math500,aime24,...``: benchmark a model (docs/method.md §13).
 
 Writes ``results.json`` and ``samples_<bench>.jsonl`` to ``--output-dir`` and prints a
 table. ``--protocol ktae|taco`` sets a paper's template, decoding, budget and k per
@@ -22,10 +22,10 @@ from pathlib import Path
 
 from ktae.eval.benchmarks import BENCHMARK_NAMES
 from ktae.eval.choice import CHOICE_BENCHMARKS
-from ktae.eval.defaults import GENERATION_FILE
 from ktae.eval.graders import GRADERS
 from ktae.eval.prompts import TEMPLATES
 from ktae.eval.protocols import PROTOCOLS
+from ktae.models.generation_defaults import GENERATION_FILE
 
 ALL_NAMES = (*BENCHMARK_NAMES, *CHOICE_BENCHMARKS)
 
@@ -184,9 +184,9 @@ def _settings(args: argparse.Namespace, names: list[str], model_path: str):
     benchmark's sampling validated (errors name the flag)."""
     from dataclasses import replace
 
-    from ktae.eval.defaults import resolve_generation
-    from ktae.eval.generate import SamplingConfig
     from ktae.eval.protocols import resolve_settings
+    from ktae.models.generate import SamplingConfig
+    from ktae.models.generation_defaults import resolve_generation
 
     settings = resolve_settings(names, protocol=args.protocol, template=args.template,
                                 temperature=args.temperature, top_p=args.top_p,
@@ -493,7 +493,7 @@ def _backend(args, console) -> str:
     says why when vLLM is installed but there is no GPU)."""
     import importlib.util
 
-    from ktae.eval.generate import vllm_available
+    from ktae.models.generate import vllm_available
 
     if args.backend != "auto":
         return args.backend

@@ -1,7 +1,7 @@
 """Benchmark prompts against the model's context, checked before anything is generated.
 
 A prompt of P tokens leaves ``context - P`` positions for its response
-(:func:`ktae.eval.generate.prompt_budget`). A prompt with no room left (``P >= context``)
+(:func:`ktae.models.generate.prompt_budget`). A prompt with no room left (``P >= context``)
 would get an empty response and score 0 without saying why, so it is never passed on
 silently; per benchmark, the rule ``long_prompts`` says what happens to such prompts:
 
@@ -29,7 +29,7 @@ LONG_PROMPT_RULES = ("error", "skip", "truncate")
 def model_context(model, model_path: str | None = None) -> int | None:
     """The model's context in tokens: from the loaded model's config, else (vLLM, where
     no transformers model is loaded) from the config at ``model_path``; None if unknown."""
-    from ktae.eval.generate import context_length
+    from ktae.models.generate import context_length
 
     if model is not None:
         return context_length(model)

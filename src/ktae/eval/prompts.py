@@ -26,6 +26,9 @@ Templates:
   ``Answer: $Answer`` line (read by ``--reward dapo``): :data:`DAPO_PREFIX` + problem +
   :data:`DAPO_SUFFIX` as the user turn of the chat template; a problem that already holds
   that instruction (a DAPO-Math-17k row) is not wrapped twice.
+* ``arith`` records (:mod:`ktae.tasks.arith`) carry the task's own instruction under
+  every template: ``chat`` puts the question and :data:`ktae.tasks.arith.INSTRUCTION` in
+  the user turn, as ``ktae train --task arith`` does.
 * ``raw``: the problem text verbatim (for chat rows, their messages' contents joined by a
   blank line), no template: what the data file says, for models without a chat template.
 * ``auto`` (evaluation default): ``chat`` when the tokenizer has a chat template, else
@@ -126,6 +129,15 @@ def _message(record: BenchmarkRecord, template: str) -> str:
 
 def build_prompt(record: BenchmarkRecord, template: str, tokenizer=None) -> str:
     """The prompt text for ``record`` under a resolved template (see module docstring)."""
+    if record.source == "arith":  # the task's own instruction, as ktae train prompts it
+        from ktae.tasks.arith import user_message
+
+        if template == "chat":
+            if tokenizer is None:
+                raise ValueError("tokenizer: required by the 'chat' template")
+            return _chat(tokenizer, [{"role": "user", "content": user_message(record.problem)}])
+        if template == "raw":
+            return user_message(record.problem)
     if template == "chat":
         if tokenizer is None:
             raise ValueError("tokenizer: required by the 'chat' template")

@@ -74,6 +74,11 @@ def data_origin(name: str, *, data_dir: str | Path | None = None, fixtures: bool
 
     if name == "embedded":
         return {"source": "embedded", "split": split or "test", "seed": 0}
+    if name == "arith":
+        from ktae.tasks.arith import DEFAULT_DIFFICULTY, EVAL_SEED
+
+        return {"source": "arith", "split": split or "eval", "seed": EVAL_SEED,
+                "difficulty": DEFAULT_DIFFICULTY}
     if fixtures:
         path = choice.fixture_path(name) if name in choice.CHOICE_BENCHMARKS \
             else fixture_path(name)

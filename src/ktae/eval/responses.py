@@ -162,10 +162,10 @@ def grade_responses(problems: dict[str, list[GradedProblem]], *, grader: str = "
     """The results document (as :func:`ktae.eval.runner.evaluate` returns it, ``samples``
     included) of already generated responses, graded by ``grader``."""
     from ktae.eval.benchmarks import BenchmarkRecord
-    from ktae.eval.generate import Generation
     from ktae.eval.graders import get_grader
     from ktae.eval.results import benchmark_metrics, sample_rows, summarize
     from ktae.eval.runner import verify_responses, vote_classes
+    from ktae.models.generate import Generation
     from ktae.rewards import reward_stats
 
     get_grader(grader)

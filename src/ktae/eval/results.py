@@ -1,4 +1,4 @@
-"""Scoring generations and writing evaluation results (SPEC section 7).
+"""Scoring generations and writing evaluation results (docs/method.md §13).
 
 Per benchmark (:mod:`ktae.eval.metrics` defines the estimators): ``accuracy`` (greedy
 pass@1, or avg@k: the mean over the k samples' accuracies) and ``accuracy_std`` (their
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from ktae.eval.benchmarks import BenchmarkRecord
-from ktae.eval.generate import Generation
 from ktae.eval.metrics import NO_ANSWER, avg_at_k, majority_at_k, pass_at_k
+from ktae.models.generate import Generation
 from ktae.rewards import RewardResult
 
 

@@ -11,15 +11,8 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from ktae.eval import choice
-from ktae.eval.benchmarks import BenchmarkRecord, fixture_path, load_benchmark
+from ktae.eval.benchmarks import GENERATED, BenchmarkRecord, fixture_path, load_benchmark
 from ktae.eval.context import check_prompts, model_context
-from ktae.eval.defaults import resolve_generation
-from ktae.eval.generate import (
-    Generation,
-    SamplingConfig,
-    generate_hf,
-    hf_generate_kwargs,
-)
 from ktae.eval.metrics import answer_classes, candidate_pairs
 from ktae.eval.prompts import build_prompt, resolve_template, uses_chat_template
 from ktae.eval.provenance import records_sha256
@@ -31,6 +24,13 @@ from ktae.eval.results import (
     write_results,
     write_samples,
 )
+from ktae.models.generate import (
+    Generation,
+    SamplingConfig,
+    generate_hf,
+    hf_generate_kwargs,
+)
+from ktae.models.generation_defaults import resolve_generation
 from ktae.rewards import RewardResult, batch_math_reward, reward_stats
 
 
@@ -42,7 +42,7 @@ def load_records(names: Sequence[str], *, limit: int | None = None,
     """Records of each named benchmark: from ``data_dir`` (``<name>.jsonl`` etc.,
     ``<name>/test.jsonl``, or a split of a dataset saved there with ``save_to_disk``;
     :func:`ktae.eval.benchmarks.load_benchmark`), from the shipped fixtures
-    (``fixtures=True``), or from the hub. ``embedded`` is always generated;
+    (``fixtures=True``), or from the hub. ``embedded`` and ``arith`` are always generated;
     ``mmlu_pro`` and ``gpqa_diamond`` are read by :mod:`ktae.eval.choice`.
     ``hub_sources``: benchmark -> (hub dataset, split) read instead of ktae's own hub
     source when the records come from the hub (a protocol's, e.g. TACO's AIME sets)."""
@@ -50,7 +50,7 @@ def load_records(names: Sequence[str], *, limit: int | None = None,
     for name in names:
         path = None
         is_choice = name in choice.CHOICE_BENCHMARKS
-        if name != "embedded":
+        if name not in GENERATED:
             if fixtures:
                 path = choice.fixture_path(name) if is_choice else fixture_path(name)
             elif data_dir is not None:
@@ -96,6 +96,10 @@ def verify_responses(name: str, texts: list[str], answers: list, timeout: float,
 
     if name in choice.CHOICE_BENCHMARKS:
         return [choice.letter_reward(t, a) for t, a in zip(texts, answers, strict=True)]
+    if name == "arith":  # the task's own answer format, whatever the grader
+        from ktae.rewards.registry import get_reward
+
+        return get_reward("number").score(texts, answers, timeout=timeout)
     return get_grader(grader).grade(texts, answers, timeout=timeout)
 
 
@@ -160,7 +164,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             benchmark with k = 1, 0.6 otherwise).
         max_new_tokens, template: response budget and prompt template
             (:mod:`ktae.eval.prompts`); None (default) takes them from the model's
-            ``ktae_generation.json`` (:mod:`ktae.eval.defaults`: what ``ktae train`` and
+            ``ktae_generation.json`` (:mod:`ktae.models.generation_defaults`: what ``ktae train`` and
             the shipped default model save), else 1024 and ``"auto"``.
         limit: first ``limit`` records of each benchmark.
         output_dir: if given, writes ``results.json`` and ``samples_<bench>.jsonl`` there
@@ -189,7 +193,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         template and budget used and where each came from (``template_source``,
         ``max_new_tokens_source``: ``"given"``, the file, or ``"default"``), ``k`` per
         benchmark and ``backend_arguments``: per benchmark, the decoding arguments the
-        backend received (:func:`~ktae.eval.generate.hf_generate_kwargs` or
+        backend received (:func:`~ktae.models.generate.hf_generate_kwargs` or
         :func:`~ktae.eval.vllm_engine.engine_sampling_kwargs`); with vLLM, ``engine``:
         the engine's settings that change samples
         (:func:`~ktae.eval.vllm_engine.engine_settings`: its version, its actual dtype,

@@ -23,7 +23,7 @@ import importlib.util
 import os
 from collections.abc import Callable, Sequence
 
-from ktae.eval.generate import Generation, SamplingConfig, prompt_budget, vllm_sampling_kwargs
+from ktae.models.generate import Generation, SamplingConfig, prompt_budget, vllm_sampling_kwargs
 
 DEFAULT_CPU_KVCACHE_GIB = 2
 """KV cache of the CPU build when ``VLLM_CPU_KVCACHE_SPACE`` is unset (vLLM's own default
@@ -145,7 +145,7 @@ def expected_settings(model_path: str, *, requested_dtype: str, seed: int) -> di
 
 
 def engine_sampling_kwargs(sampling: SamplingConfig) -> dict:
-    """:func:`~ktae.eval.generate.vllm_sampling_kwargs` as this vLLM receives them: without
+    """:func:`~ktae.models.generate.vllm_sampling_kwargs` as this vLLM receives them: without
     the seed where :func:`per_request_seed` says so."""
     kwargs = vllm_sampling_kwargs(sampling)
     found = vllm_distribution()
@@ -157,13 +157,13 @@ def engine_sampling_kwargs(sampling: SamplingConfig) -> dict:
 def generate_vllm(llm, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, *,
                   add_special_tokens: bool = True,
                   on_batch: Callable[[int], None] | None = None) -> list[list[Generation]]:
-    """Same contract as :func:`ktae.eval.generate.generate_hf`, with the engine of
+    """Same contract as :func:`ktae.models.generate.generate_hf`, with the engine of
     :func:`load_vllm` and the parameters of :func:`engine_sampling_kwargs`. The prompts
     are tokenized by ``tokenizer`` as the transformers backend does them (special
     tokens only when ``add_special_tokens``: a chat template already holds them) and
     passed as token ids. A response that stopped
     for length (``finish_reason == "length"``) is ``truncated``; every prompt gets its
-    own budget (:func:`~ktae.eval.generate.prompt_budget`, from the engine's
+    own budget (:func:`~ktae.models.generate.prompt_budget`, from the engine's
     ``max_model_len``), as vLLM refuses a prompt plus ``max_tokens`` longer than the
     context instead of generating less."""
     from vllm import SamplingParams

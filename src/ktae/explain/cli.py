@@ -147,10 +147,9 @@ def _sampled_source(args, model, tok, path):
 
 def build(args):
     """``(report, selected groups)`` for the arguments (raises ValueError on bad input)."""
-    from ktae.core.advantages import estimator_needs_entropies
-    from ktae.core.user_rules import estimator_needs_logprobs
+    from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
     from ktae.explain import sources
-    from ktae.viz.report import build_report
+    from ktae.explain.report import build_report
 
     source = load_source(args)
     model = None

@@ -1,6 +1,6 @@
 """Where ``ktae explain`` gets its groups: a run directory, a JSONL file, or a model.
 
-Each loader returns a :class:`Source`: the groups (:class:`ktae.viz.report.GroupInput`,
+Each loader returns a :class:`Source`: the groups (:class:`ktae.explain.report.GroupInput`,
 keyed by an id the user can pick with ``--group``), the tokenizer that made their
 token ids, and the credit the source implies (a run's own credit; KTAE otherwise).
 
@@ -20,7 +20,16 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ktae.viz.report import CreditSpec, GroupInput
+from ktae.core.methods import Method
+from ktae.explain.report import GroupInput
+from ktae.runs.reader import (
+    load_tokenizer,
+    read_run_rollouts,
+    recorded_credit_name,
+    recorded_method,
+    run_config,
+    run_tokenizer,
+)
 
 DEFAULT_MODEL = "default"
 """``--model default``: the shipped warm-started tiny model."""
@@ -32,7 +41,7 @@ class Source:
 
     groups: list[tuple[str, GroupInput]]
     tokenizer: object
-    credit: CreditSpec
+    credit: Method
     title: str
     meta: list[str] = field(default_factory=list)
     credit_name: str = "ktae"
@@ -41,22 +50,6 @@ class Source:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def load_tokenizer(path: str | Path):
-    """A ``transformers`` tokenizer from a local directory or file."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as err:  # transformers raises OSError, ValueError, ...
-        raise ValueError(f"tokenizer: cannot load a tokenizer from {path} ({err})") from err
-
-
-def default_tokenizer_path() -> Path:
-    from ktae.models.warmstart import default_model_path
-
-    return default_model_path(progress=False)
 
 
 def model_tokenizer_path(model: str | None) -> str:
@@ -73,11 +66,11 @@ def ignore_ids(tokenizer) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in ids if i is not None))
 
 
-def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditSpec:
+def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> Method:
     """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ``ktae@ngram=3``,
     ...) the way ``ktae train`` does, with that run's hyper-parameters when
-    ``train_config`` is given: :func:`ktae.train.credit.credit_method`."""
-    from ktae.train.credit import credit_method
+    ``train_config`` is given: :func:`ktae.runs.credit.credit_method`."""
+    from ktae.runs.credit import credit_method
 
     return credit_method(name, train_config=train_config, ignore_token_ids=ignore_token_ids)
 
@@ -85,65 +78,23 @@ def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> CreditS
 # --------------------------------------------------------------------------- run directory
 
 
-def _run_tokenizer(run: Path, header: dict, tokenizer: str | None):
-    if tokenizer:
-        return load_tokenizer(tokenizer), tokenizer
-    from ktae.checkpoints import latest_complete_checkpoint
-
-    for c in (run / "final", latest_complete_checkpoint(run)):
-        if c and (Path(c) / "tokenizer_config.json").is_file():
-            return load_tokenizer(c), str(c)
-    recorded = header.get("tokenizer")
-    if recorded:  # the run's model: a local directory or a hub id in the local cache
-        try:
-            return load_tokenizer(recorded), str(recorded)
-        except ValueError as err:
-            raise ValueError(f"tokenizer: the run's tokenizer {recorded!r} cannot be loaded; "
-                             "pass --tokenizer PATH") from err
-    path = default_tokenizer_path()
-    return load_tokenizer(path), str(path)
-
-
-def read_run_rollouts(run: Path) -> tuple[dict, list[dict]]:
-    """The header and records of a run directory's rollouts file; a one-line error (naming
-    ``INPUT``) when there is none or it is empty."""
-    from ktae.train.rollouts import ROLLOUTS_FILE, read_rollouts
-
-    path = run / ROLLOUTS_FILE
-    if not path.is_file():
-        raise ValueError(f"INPUT: {run} holds no {ROLLOUTS_FILE} (run directories of ktae train "
-                         "keep one unless --rollout-every 0)")
-    header, records = read_rollouts(path)
-    if not records:
-        raise ValueError(f"INPUT: {path} holds no recorded groups yet")
-    return header, records
-
-
 def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None,
              credit: str | None = None) -> Source:
-    """The rollouts a ``ktae train`` run kept (:mod:`ktae.train.rollouts`), of one step
-    (default: the latest recorded)."""
-    from ktae.train.config import TrainConfig
-
+    """The rollouts a ``ktae train`` run kept (:mod:`ktae.runs.rollouts`), of one step
+    (default: the latest recorded), read through :mod:`ktae.runs.reader`."""
     header, records = read_run_rollouts(run)
     steps = sorted({r["step"] for r in records})
     if step is None:
         step = steps[-1]
     elif step not in steps:
         raise ValueError(f"step: {step} was not recorded; recorded steps: {steps}")
-    tok, tok_path = _run_tokenizer(run, header, tokenizer)
+    tok, tok_path = run_tokenizer(run, header, tokenizer)
     ignore = tuple(header.get("ignore_token_ids", ignore_ids(tok)))
-    recorded = CreditSpec(estimator=header["estimator"],
-                          estimator_options=dict(header.get("estimator_options") or {}),
-                          calibration=header.get("calibration"),
-                          calibration_options=dict(header.get("calibration_options") or {}),
-                          ignore_token_ids=ignore)
-    run_name = (header["estimator"] + (f"+{header['calibration']}" if header.get("calibration")
-                                       else ""))
+    recorded = recorded_method(header, ignore_token_ids=ignore)
+    run_name = recorded_credit_name(header)
     spec, use_recorded, cfg = recorded, True, None
     if credit is not None:
-        if (run / "config.yaml").is_file():  # the run's hyper-parameters (h1, alpha, ...)
-            cfg = TrainConfig.from_file(run / "config.yaml")
+        cfg = run_config(run)  # the run's hyper-parameters (h1, alpha, ...)
         spec = credit_spec(credit, train_config=cfg, ignore_token_ids=ignore)
         use_recorded = (spec.estimator, spec.calibration) == (recorded.estimator,
                                                               recorded.calibration)
@@ -315,7 +266,7 @@ def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
                   ) -> list[tuple[str, GroupInput]]:
     """``num_generations`` sampled responses per prompt, scored by ``math_reward``; groups
     are keyed and labelled by prompt index (``first_index`` for ``rows[0]``)."""
-    from ktae.eval.generate import SamplingConfig, generate_hf
+    from ktae.models.generate import SamplingConfig, generate_hf
     from ktae.rewards import math_reward
 
     sampling = SamplingConfig(k=num_generations, temperature=temperature,

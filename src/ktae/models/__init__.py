@@ -1,4 +1,7 @@
-"""The embedded default model: character tokenizer, tiny Llama, cached warm start.
+"""The models ktae knows: the embedded default model (character tokenizer, tiny Llama,
+cached warm start), the named models (:mod:`ktae.models.named`), how a model directory says
+it is prompted (:mod:`ktae.models.generation_defaults`) and batched generation from a
+model (:mod:`ktae.models.generate`, transformers or vLLM).
 
 Requires the ``train``/``eval`` extras (``transformers``, ``tokenizers``, ``tqdm``);
 importing this package is cheap, the heavy imports happen inside the functions.

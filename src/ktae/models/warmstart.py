@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ktae.eval.defaults import GENERATION_FILE, save_generation_defaults
+from ktae.models.generation_defaults import GENERATION_FILE, save_generation_defaults
 from ktae.tasks.embedded import (
     Problem,
     format_prompt,
@@ -115,7 +115,7 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem],
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
-    from ktae.eval.generate import SamplingConfig, generate_hf
+    from ktae.models.generate import SamplingConfig, generate_hf
 
     prompts = [format_prompt(p, template) for p in problems]
     gens = generate_hf(model, tokenizer, prompts,
@@ -191,7 +191,7 @@ def warm_start(output_dir, *, steps: int, seed: int = 0, batch_size: int = 128,
     ``output_dir`` (created) with ``save_pretrained``, so ``--model output_dir`` and
     ``AutoModelForCausalLM/AutoTokenizer.from_pretrained`` load it, and
     ``ktae_generation.json`` (template ``compact``, 40 new tokens) for ``ktae eval``
-    (:mod:`ktae.eval.defaults`). Deterministic for a
+    (:mod:`ktae.models.generation_defaults`). Deterministic for a
     seed on CPU with a fixed number of torch threads. Returns the metrics also written to
     ``warmstart.json``: the recipe, per-step ``losses``, ``train_seconds`` and the
     :func:`greedy_accuracy` of the final model on ``eval_size`` held-out test problems

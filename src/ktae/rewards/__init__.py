@@ -5,7 +5,7 @@ Public API:
     math_reward(completion, reference, *, timeout=5.0) -> RewardResult
     batch_math_reward(completions, references, *, timeout=5.0, num_workers=None)
     correctness_reward(completions, references, ...), format_reward(completions)
-    overlong_penalty(lengths, *, max_length, cache_length=512, factor=1.0)  (SPEC 4)
+    overlong_penalty(lengths, *, max_length, cache_length=512, factor=1.0)  (docs/method.md §11)
     reward_stats(), reset_reward_stats(), shutdown_verifiers()
     REWARDS, get_reward(name): the named rewards of ``ktae train --reward`` (registry)
 """

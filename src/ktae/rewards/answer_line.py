@@ -8,6 +8,10 @@
   ``\\text{}``/``\\boxed{}`` unwrapped, shorthand ``\\frac12`` expanded, thousands commas
   of whole numbers dropped) and must then be equal as strings. No line means no answer
   (``[INVALID]`` in verl), which is never equal to a reference.
+* number (the reward of the ``arith`` task, :mod:`ktae.tasks.arith`): the last number in
+  the last ``ANSWER_CLIP`` characters, read as :func:`last_number` reads it (a minus sign,
+  thousands groups separated by commas or single spaces, a decimal part), equal in value to
+  the reference. A response without a number has no answer.
 * GSM8K (verl's ``gsm8k`` scorer, strict mode): the last ``#### N`` (digits, ``.``, ``,``,
   a leading ``-``) of the last ``ANSWER_CLIP`` characters, commas and ``$`` removed, equal
   to the reference string.
@@ -89,5 +93,35 @@ def gsm8k_check(response: str, reference: str) -> tuple[bool, str | None]:
     return pred == reference, pred
 
 
-CHECKS = {"dapo": dapo_check, "gsm8k": gsm8k_check}
+# a number: digits with optional thousands groups (",ddd" or " ddd"), a decimal part, and a
+# minus sign directly before it; not part of a word or of a longer digit run ("x2", "3rd")
+_NUMBER = re.compile(r"(?<![\w.])(-?)(\d{1,3}(?:[, ]\d{3})+|\d+)(\.\d+)?(?![\w])")
+
+
+def last_number(response: str) -> str | None:
+    """The last number of ``response`` as a canonical decimal string, or None.
+
+    ``1,234`` and ``1 234`` are 1234; ``-7`` is negative; ``2.50`` is ``2.5``; a trailing
+    ``.`` ends a sentence (``is 16.`` is 16). Digits inside words (``x2``, ``3rd``) are not
+    numbers."""
+    found = _NUMBER.findall(response)
+    if not found:
+        return None
+    sign, whole, frac = found[-1]
+    whole = whole.replace(",", "").replace(" ", "").lstrip("0") or "0"
+    frac = frac.rstrip("0").rstrip(".")
+    text = whole + frac
+    return text if text == "0" or not sign else "-" + text
+
+
+def number_check(response: str, reference: str) -> tuple[bool, str | None]:
+    """``(correct, prediction)``: the last number of the response's tail equals the reference
+    (both read by :func:`last_number`)."""
+    pred = last_number(response[-ANSWER_CLIP:])
+    if pred is None:
+        return False, None
+    return pred == last_number(str(reference)), pred
+
+
+CHECKS = {"dapo": dapo_check, "gsm8k": gsm8k_check, "number": number_check}
 """Scorer name -> check, as the verifier worker looks them up."""

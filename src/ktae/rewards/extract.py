@@ -1,4 +1,4 @@
-"""Final-answer extraction and string normalisation (SPEC section 7).
+"""Final-answer extraction and string normalisation (docs/method.md §12).
 
 Extraction is strict: the final answer is the content of the last ``\\boxed{...}`` or
 ``\\fbox{...}`` in the completion, and nothing else. There is no fallback to the last

@@ -10,6 +10,8 @@ held-out accuracy. Entries:
 * ``dapo``: the last ``Answer: ...`` line, normalised and compared as verl's ``math_dapo``
   scorer does (:mod:`ktae.rewards.answer_line`; scores +1 / -1, as DAPO trains).
 * ``gsm8k``: the last ``#### N``, as verl's strict GSM8K scorer (1 / 0).
+* ``number``: the last number of the response equals the answer (1 / 0), the format a small
+  chat model answers word problems in (the ``arith`` task, :mod:`ktae.tasks.arith`).
 * ``digits``: the boxed answer, with partial credit for its right digits when it is wrong
   (:mod:`ktae.rewards.graded`; scores 1, or 0.4 x the share of right digits): a graded
   reward for the embedded task, e.g. for KTAE's ``split=graded``.
@@ -134,6 +136,8 @@ REWARDS: dict[str, Reward] = {r.name: r for r in (
            _scorer("dapo"), template="dapo", prompt_marker="Answer:"),
     Reward("gsm8k", "the last '#### N', as verl's strict GSM8K scorer (1 / 0)",
            _scorer("gsm8k")),
+    Reward("number", "the last number of the response (commas allowed), equal to the answer "
+           "(1 / 0)", _scorer("number")),
     Reward("digits", "the boxed answer; a wrong one gets 0.4 x its share of right digits "
            "(graded)", score_digits),
     Reward("auto", "by each row's data_source, as verl dispatches (none: boxed)", score_auto,

@@ -1,4 +1,4 @@
-"""The rule-based math reward (SPEC section 7): strict boxed extraction, then equivalence.
+"""The rule-based math reward (docs/method.md §12): strict boxed extraction, then equivalence.
 
 Equivalence of the extracted answer and the reference, in order:
 
@@ -269,9 +269,11 @@ def _any_equivalent(answer: str, refs: tuple[str, ...], timeout: float) -> tuple
     return False, timed_out
 
 
-SCORER_VALUES = {"dapo": (1.0, -1.0), "gsm8k": (1.0, 0.0), "ktae-authors": (1.0, 0.0)}
+SCORER_VALUES = {"dapo": (1.0, -1.0), "gsm8k": (1.0, 0.0), "number": (1.0, 0.0),
+                 "ktae-authors": (1.0, 0.0)}
 """Scorer of :mod:`ktae.rewards.answer_line` -> (score if correct, score if not), as verl
-gives them (``math_dapo``: +1 / -1; ``gsm8k``: 1 / 0); ``ktae-authors``:
+gives them (``math_dapo``: +1 / -1; ``gsm8k``: 1 / 0); ``number``: the last number
+(1 / 0); ``ktae-authors``:
 :mod:`ktae.rewards.authors_grader` (1 / 0)."""
 WHOLE_RESPONSE_SCORERS = frozenset({"ktae-authors"})
 """Scorers that read the whole response (the others read its last ``ANSWER_CLIP``

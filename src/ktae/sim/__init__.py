@@ -1,4 +1,4 @@
-"""The TACO paper's synthetic MDP (SPEC section 6): every credit method against the oracle.
+"""The TACO paper's synthetic MDP (docs/method.md §14): every credit method against the oracle.
 
 A controlled sequential task where the true per-step credit is known, so that credit
 methods (broadcast GRPO, KTAE, TACO and its ablations and baselines, compositions) can

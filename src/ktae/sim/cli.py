@@ -1,7 +1,7 @@
 """``ktae simulate``: the TACO paper's synthetic MDP, every credit method against the oracle.
 
 ``ktae simulate --preset quick`` trains a tabular softmax policy on the
-synthetic sequential MDP (SPEC section 6) with each credit method, for each setting of
+synthetic sequential MDP (docs/method.md §14) with each credit method, for each setting of
 the three axes (H, n_opt, G) and each seed, then writes to the output directory
 (default ``runs/simulate/PRESET[-SETTINGS]``, named by the preset and the flags that
 change it; an earlier result there or at ``--output-dir`` is kept unless ``--overwrite``):

@@ -1,4 +1,4 @@
-"""The synthetic sequential MDP and its tabular softmax policy (SPEC section 6).
+"""The synthetic sequential MDP and its tabular softmax policy (docs/method.md §14).
 
 A trajectory has ``H`` steps; at each step the agent picks one of ``|A|`` actions, of
 which ``n_opt`` are optimal (reward 1, the others 0); the normalised return is the sum

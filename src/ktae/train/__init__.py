@@ -1,10 +1,11 @@
 """RL fine-tuning on TRL: ``KTAEGRPOTrainer``, ``TrainConfig`` and the ``ktae train`` pieces.
 
 Requires the ``[train]`` extra (trl, accelerate, pyyaml, matplotlib). Submodules:
-``config`` (TrainConfig), ``trainer`` (KTAEGRPOTrainer, CreditSettings),
-``dynamic_sampling``, ``rundir``, ``session`` (train), ``cli_train``, ``cli_compare``.
+``trainer`` (KTAEGRPOTrainer), ``dynamic_sampling``, ``session`` (train), ``flags`` (the
+flags of TrainConfig's fields), ``cli_train``, ``cli_compare``. The run directory's format
+(``TrainConfig``, the credit settings, rollouts, checkpoints) is :mod:`ktae.runs`.
 """
 
-from ktae.train.config import TrainConfig
+from ktae.runs.config import TrainConfig
 
 __all__ = ["TrainConfig"]

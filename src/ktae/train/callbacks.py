@@ -7,8 +7,8 @@ import sys
 from transformers import TrainerCallback
 
 from ktae.rewards.registry import DEFAULT_REWARD
+from ktae.runs.rundir import RunDir
 from ktae.train.evaluation import greedy_accuracy
-from ktae.train.rundir import RunDir
 
 
 class MetricsCallback(TrainerCallback):

@@ -33,8 +33,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ktae.runs.rundir import RunDir
 from ktae.train import cli_train
-from ktae.train.rundir import RunDir
+from ktae.train.flags import VALUE_FLAGS
 
 #: Settings an arm may not change: they define the grid itself.
 _GRID_FIELDS = ("credit", "seed", "output_dir", "resume")
@@ -67,7 +68,7 @@ def parse_arm(text: str) -> Arm:
     from ktae.core.methods import option_value, parse_credit, resolve_option, split_method
 
     credit, settings = split_method(text)
-    types = {dest: typ for _, dest, typ, _ in cli_train._FLAGS if dest not in _GRID_FIELDS}
+    types = {f.dest: f.type for f in VALUE_FLAGS if f.dest not in _GRID_FIELDS}
     prefixes = [p.strip() for p in credit.split("+") if p.strip()]
     estimator, calibration = parse_credit(credit)
     overrides: dict = {}

@@ -3,7 +3,7 @@
 With no arguments: the embedded arithmetic task, the warm-started tiny model that ships
 inside the package, DAPO with KTAE credit, on CPU in fp32. Command-line
 flags override a ``--config`` YAML, which overrides the defaults of
-:class:`ktae.train.config.TrainConfig`. Multi-GPU: ``accelerate launch -m ktae train ...``
+:class:`ktae.runs.config.TrainConfig`. Multi-GPU: ``accelerate launch -m ktae train ...``
 (see docs/training.md).
 """
 
@@ -16,73 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from ktae.rewards.registry import REWARDS
-from ktae.train.config import ALGOS, TrainConfig
-from ktae.train.credit import credit_settings
-
-# flag -> (TrainConfig field, type, help); defaults come from TrainConfig
-_FLAGS = [
-    ("--model", "model", str, "local path or hub id (default: the warm-started tiny model "
-     "shipped inside ktae)"),
-    ("--task", "task", str, "embedded | math500 | jsonl:PATH | json:PATH | parquet:PATH | "
-     "a save_to_disk DIR[@SPLIT] | hf:NAME[:CONFIG][@SPLIT] (verl, MATH or question/answer "
-     "schema)"),
-    ("--eval-task", "eval_task", str, "held-out problems, a source as --task or math500 "
-     "(default: the task's last fifth)"),
-    ("--template", "template", str, "prompt template: compact | qwen-math | chat | "
-     "qwen-math-system | ktae-train | dapo | raw (docs/training.md)"),
-    ("--reward", "reward", str, f"reward of a response: {' | '.join(REWARDS)}"),
-    ("--algo", "algo", str, f"one of {', '.join(ALGOS)}"),
-    ("--credit", "credit", str, "none | ktae | taco | any estimator/calibration | est+calib"),
-    ("--seed", "seed", int, "random seed"),
-    ("--output-dir", "output_dir", str, "run directory (default runs/ALGO-CREDIT-seedS)"),
-    ("--max-steps", "max_steps", int, "optimizer steps"),
-    ("--num-prompts", "num_prompts", int, "prompts per step"),
-    ("--num-generations", "num_generations", int, "responses per prompt (group size G)"),
-    ("--max-new-tokens", "max_new_tokens", int, "response length budget L_max"),
-    ("--temperature", "temperature", float, "sampling temperature"),
-    ("--lr", "learning_rate", float, "learning rate"),
-    ("--lr-scheduler", "lr_scheduler", str, "constant | cosine | linear | ..."),
-    ("--warmup-steps", "warmup_steps", int, "linear warmup steps (optimizer steps)"),
-    ("--warmup-ratio", "warmup_ratio", float, "linear warmup over this share of --max-steps "
-     "(instead of --warmup-steps)"),
-    ("--beta", "beta", float, "KL coefficient (0 = no reference model)"),
-    ("--clip-low", "clip_low", float, "lower clip epsilon"),
-    ("--clip-high", "clip_high", float, "upper clip epsilon (DAPO clip-higher)"),
-    ("--loss-type", "loss_type", str, "loss aggregation: grpo | dapo | dr_grpo | bnpo"),
-    ("--advantage-base", "advantage_base", str, "baseline under KTAE: grpo | drgrpo | rloo"),
-    ("--max-generation-rounds", "max_generation_rounds", int, "dynamic sampling round bound"),
-    ("--overlong-buffer", "overlong_buffer", int, "overlong shaping cache L_c (0 = off)"),
-    ("--overlong-factor", "overlong_factor", float, "overlong penalty factor"),
-    ("--ktae-h1", "ktae_h1", float, "KTAE Fisher weight h1"),
-    ("--ktae-h2", "ktae_h2", float, "KTAE information-gain weight h2"),
-    ("--ktae-h3", "ktae_h3", float, "KTAE term-frequency weight h3"),
-    ("--ktae-mode", "ktae_mode", str, "exact | reference"),
-    ("--ktae-ngram", "ktae_ngram", int, "KTAE span length N (1 = key tokens; docs/ngram.md)"),
-    ("--ktae-ngram-reduce", "ktae_ngram_reduce", str, "span values -> token value: mean | maxabs"),
-    ("--taco-alpha", "taco_alpha", float, "TACO tail threshold alpha"),
-    ("--taco-lambda", "taco_lambda", float, "TACO damping lambda"),
-    ("--eval-every", "eval_every", int, "held-out eval every N steps (0 = before/after only)"),
-    ("--eval-size", "eval_size", int, "held-out problems per eval"),
-    ("--save-every", "save_every", int, "checkpoint every N steps (0 = at the end)"),
-    ("--save-total-limit", "save_total_limit", int, "complete checkpoints kept (0 = all)"),
-    ("--train-size", "train_size", int, "embedded training problems"),
-    ("--threads", "torch_threads", int, "torch CPU threads"),
-    ("--rollout-every", "rollout_every", int, "keep rollouts for ktae explain every N steps (0 = off)"),
-    ("--rollout-groups", "rollout_groups", int, "groups kept per recorded step"),
-    ("--lora-r", "lora_r", int, "LoRA rank (0 = full fine-tuning; needs the peft extra)"),
-    ("--lora-alpha", "lora_alpha", float, "LoRA alpha (default 2 * r)"),
-    ("--lora-dropout", "lora_dropout", float, "LoRA dropout"),
-]
-
-# repeatable KEY=VALUE flags -> (TrainConfig mapping field, help)
-_PAIR_FLAGS = [
-    ("--trl", "trl", "any other trl.GRPOConfig field, e.g. --trl use_vllm=true (repeatable)"),
-    ("--estimator-option", "estimator_options",
-     "an option of the advantage estimator, e.g. --estimator-option top=0.5 (repeatable)"),
-    ("--calibration-option", "calibration_options",
-     "an option of the calibration, e.g. --calibration-option top_fraction=0.3 (repeatable)"),
-]
+from ktae.runs.config import ALGOS, TrainConfig
+from ktae.runs.credit import credit_settings
+from ktae.train.flags import TRAIN_FLAGS
 
 
 def _shown(value) -> str:
@@ -140,39 +76,31 @@ def default_texts() -> dict[str, str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the ``ktae train`` flags (defaults: see ``TrainConfig``)."""
+    """Register the ``ktae train`` flags: one per ``TrainConfig`` field, as its metadata
+    declares it (:mod:`ktae.train.flags`; defaults: see ``TrainConfig``)."""
     parser.add_argument("--config", help="YAML/JSON file of TrainConfig fields")
     texts = default_texts()
-    for flag, dest, typ, help_text in _FLAGS:
-        shown = f" ({texts[dest]})" if dest in texts else ""
-        flags = ("-o", flag) if dest == "output_dir" else (flag,)  # -o as in explain/simulate
-        parser.add_argument(*flags, dest=dest, type=typ, default=None, help=help_text + shown)
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--dynamic-sampling", dest="dynamic_sampling", action="store_true",
-                       default=None, help="force DAPO dynamic sampling on "
-                       f"({texts['dynamic_sampling']})")
-    group.add_argument("--no-dynamic-sampling", dest="dynamic_sampling", action="store_false",
-                       help="force dynamic sampling off")
-    parser.add_argument("--lora-target-modules", dest="lora_target_modules", default=None,
-                        type=lambda text: [t.strip() for t in text.split(",") if t.strip()],
-                        help="comma-separated module names that get LoRA adapters "
-                             "(default all-linear)")
-    for flag, dest, help_text in _PAIR_FLAGS:
-        parser.add_argument(flag, dest=f"{dest}_pairs", action="append", default=None,
-                            metavar="KEY=VALUE", help=help_text)
-    parser.add_argument("--task-field", dest="task_field_pairs", action="append", default=None,
-                        metavar="FIELD=COLUMN",
-                        help="the task column holding a field (problem, answer, solution, id, "
-                             "data_source), e.g. --task-field problem=query (repeatable)")
-    parser.add_argument("--task-filter", dest="task_filter_pairs", action="append", default=None,
-                        metavar="COLUMN=V1,V2",
-                        help="keep the task rows whose COLUMN takes one of the values, e.g. "
-                             "--task-filter 'level=Level 3,Level 4,Level 5' (repeatable)")
-    parser.add_argument("--resume", action="store_true", default=None,
-                        help="continue from the newest complete checkpoint in --output-dir")
-    parser.add_argument("--bf16", action="store_true", default=None, help="bfloat16 (GPU)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
-                        help="no progress bar")
+    for f in TRAIN_FLAGS:
+        shown = f" ({texts[f.dest]})" if f.dest in texts else ""
+        names = (f.short, f.name) if f.short else (f.name,)
+        if f.kind == "value":
+            parser.add_argument(*names, dest=f.dest, type=f.type, default=None,
+                                help=f.help + shown)
+        elif f.kind == "switch":  # the flag alone sets the opposite of the default
+            parser.add_argument(*names, dest=f.dest, default=None, help=f.help,
+                                action="store_false" if getattr(TrainConfig, f.dest) else "store_true")
+        elif f.kind == "on_off":
+            group = parser.add_mutually_exclusive_group()
+            group.add_argument(*names, dest=f.dest, action="store_true", default=None,
+                               help=f.help + shown)
+            group.add_argument("--no-" + f.name[2:], dest=f.dest, action="store_false",
+                               help=f.off_help)
+        elif f.kind == "list":
+            parser.add_argument(*names, dest=f.dest, default=None, help=f.help,
+                                type=lambda text: [t.strip() for t in text.split(",") if t.strip()])
+        else:  # pairs: read by config_from_args
+            parser.add_argument(*names, dest=f"{f.dest}_pairs", action="append", default=None,
+                                metavar=f.metavar or "KEY=VALUE", help=f.help)
 
 
 def _option_pairs(flag: str, pairs: list[str]) -> dict:
@@ -216,16 +144,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         value = getattr(args, f.name, None)
         if value is not None:
             overrides[f.name] = value
-    for flag, dest, _ in _PAIR_FLAGS:
-        pairs = getattr(args, f"{dest}_pairs", None)
-        if pairs:
-            parsed = parse_trl_pairs(pairs) if dest == "trl" else _option_pairs(flag, pairs)
-            overrides[dest] = {**getattr(cfg, dest), **parsed}
-    for flag, dest, split in (("--task-field", "task_fields", False),
-                              ("--task-filter", "task_filters", True)):
-        pairs = getattr(args, f"{dest[:-1]}_pairs", None)
-        if pairs:
-            overrides[dest] = {**getattr(cfg, dest), **_data_pairs(flag, pairs, split)}
+    for f in TRAIN_FLAGS:
+        pairs = getattr(args, f"{f.dest}_pairs", None) if f.kind == "pairs" else None
+        if not pairs:
+            continue
+        if f.dest == "trl":
+            parsed = parse_trl_pairs(pairs)
+        elif f.dest in ("task_fields", "task_filters"):
+            parsed = _data_pairs(f.name, pairs, split=f.dest == "task_filters")
+        else:
+            parsed = _option_pairs(f.name, pairs)
+        overrides[f.dest] = {**getattr(cfg, f.dest), **parsed}
     cfg = dataclasses.replace(cfg, **overrides).resolve()
     credit_settings(cfg)  # unknown credit names and options fail here, before any model loads
     return cfg

@@ -1,9 +1,11 @@
 """Prompts and answers for ``ktae train``: the embedded task, MATH-500, or any dataset.
 
-``--task`` is ``embedded``, ``math500`` or a source of :mod:`ktae.data` (``jsonl:PATH``,
-``json:PATH``, ``parquet:PATH``, a ``save_to_disk`` directory, ``hf:NAME[:CONFIG][@SPLIT]``)
-in verl's RL schema, the MATH schema or question/answer JSON, with field maps
-(``--task-field problem=COL``) and filters (``--task-filter level=Level 3,Level 4``).
+``--task`` is ``embedded``, ``arith`` (word problems for a small chat model,
+:mod:`ktae.tasks.arith`; ``arith@difficulty=1|2|3``), ``math500`` or a source of
+:mod:`ktae.data` (``jsonl:PATH``, ``json:PATH``, ``parquet:PATH``, a ``save_to_disk``
+directory, ``hf:NAME[:CONFIG][@SPLIT]``) in verl's RL schema, the MATH schema or
+question/answer JSON, with field maps (``--task-field problem=COL``) and filters
+(``--task-filter level=Level 3,Level 4``).
 
 Reading (:func:`read_task`, which checks everything a task can get wrong) is separate
 from formatting the prompts (:func:`format_task`, which needs the template, known only once
@@ -21,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ktae.tasks.embedded import EVAL_SEED
+from ktae.tasks.embedded import TEMPLATES as EMBEDDED_TEMPLATES
 
 MIN_EXTERNAL_PROBLEMS = 5
 """An external task needs this many problems: a fifth (at least one) is held out."""
@@ -28,8 +31,6 @@ MIN_EXTERNAL_PROBLEMS = 5
 MATH500_SOURCE = "hf:HuggingFaceH4/MATH-500@test"
 """What ``math500`` reads."""
 
-EMBEDDED_TEMPLATES = ("compact", "qwen-math")
-"""Templates of the embedded task (:func:`ktae.tasks.format_prompt`)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,15 @@ def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
 
         return TaskRows(generate(train_size, split="train", seed=seed),
                         generate(eval_size, split="test", seed=EVAL_SEED), embedded=True)
+    from ktae.tasks.arith import parse_task_name
+
+    difficulty = parse_task_name(task)
+    if difficulty is not None:
+        if fields or filters or eval_task:
+            raise ValueError("task: the arith task takes no task_fields, task_filters or "
+                             "eval_task (it has its own held-out split)")
+        return TaskRows(_arith_examples(train_size, "train", seed, difficulty),
+                        _arith_examples(eval_size, "test", None, difficulty), embedded=False)
     rows = _load(task, option="task", fields=fields, filters=filters, check=check)
     if eval_task is not None:
         held = _load(eval_task, option="eval_task", check=check)
@@ -106,6 +116,19 @@ def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
                          "evaluation; or give --eval-task)")
     n_eval = min(eval_size, len(rows) // 5)
     return TaskRows(rows[: len(rows) - n_eval], rows[len(rows) - n_eval:], embedded=False)
+
+
+def _arith_examples(n: int, split: str, seed: int | None, difficulty: int) -> list:
+    """``arith`` problems as chat rows: the user message is the question and its instruction
+    (the held-out ``test`` problems use the task's fixed seed, the same for every run)."""
+    from ktae.data import Example
+    from ktae.tasks import arith
+
+    problems = arith.generate(n, split=split, difficulty=difficulty,
+                              seed=arith.TEST_SEED if seed is None else seed)
+    return [Example(id=p.id, problem=p.question, answer=p.answer,
+                    messages=[{"role": "user", "content": arith.user_message(p)}])
+            for p in problems]
 
 
 def default_template(rows: TaskRows, tokenizer, reward: str = "boxed") -> str:
@@ -149,7 +172,7 @@ def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "bo
         warn_unknown_characters([r["prompt"] for r in (*train, *held)], tokenizer)
     if model is None or tokenizer is None or max_new_tokens is None:
         return train, held
-    from ktae.eval.generate import context_length
+    from ktae.models.generate import context_length
 
     context = context_length(model)
     return (check_context(train, tokenizer, context, max_new_tokens, long_prompts, "training"),

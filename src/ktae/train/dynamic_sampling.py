@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling (SPEC section 4): keep only groups that carry a learning signal.
+"""DAPO dynamic sampling (docs/method.md §11): keep only groups that carry a learning signal.
 
 A group whose responses are all correct or all incorrect has zero advantage under every
 group baseline (and zero KTAE key-token values), so it only dilutes the batch. Dynamic

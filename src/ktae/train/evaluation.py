@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ktae.eval.generate import SamplingConfig, generate_hf
+from ktae.models.generate import SamplingConfig, generate_hf
 from ktae.rewards.registry import DEFAULT_REWARD, get_reward
 
 

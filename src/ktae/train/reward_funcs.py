@@ -31,7 +31,7 @@ def make_accuracy_reward(*, reward: str = DEFAULT_REWARD, timeout: float = 5.0,
 
 
 def make_overlong_reward(*, max_length: int, cache_length: int, factor: float = 1.0):
-    """``overlong(completion_ids) -> [penalty]``: DAPO's soft overlong punishment (SPEC 4)
+    """``overlong(completion_ids) -> [penalty]``: DAPO's soft overlong punishment (docs/method.md §11)
     on the response length in tokens, ``L_max = max_length``, ``L_c = cache_length``."""
     overlong_penalty([1], max_length=max_length, cache_length=cache_length, factor=factor)
 

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import torch
 
-from ktae.eval.defaults import save_generation_defaults
-from ktae.train.config import TrainConfig, resume_changes
-from ktae.train.credit import CreditSettings, credit_settings
-from ktae.train.data import TaskRows, default_template, format_task, read_task
-from ktae.train.rollouts import ROLLOUTS_FILE, RolloutRecorder
-from ktae.train.rundir import (
+from ktae.checkpoints import checkpoint_step
+from ktae.models.generation_defaults import save_generation_defaults
+from ktae.runs.config import TrainConfig, resume_changes
+from ktae.runs.credit import CreditSettings, credit_settings
+from ktae.runs.rollouts import ROLLOUTS_FILE, RolloutRecorder
+from ktae.runs.rundir import (
     RunDir,
-    checkpoint_step,
     finished_steps,
     follow_umask,
     foreign_checkpoints,
@@ -32,6 +31,7 @@ from ktae.train.rundir import (
     prepare_output_dir,
     start_segment,
 )
+from ktae.train.data import TaskRows, default_template, format_task, read_task
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
 from ktae.train.vllm_colocate import check_vllm_settings, colocated_engine_options
 
@@ -97,14 +97,14 @@ class RunPlan:
     """The run already finished at ``max_steps``: nothing is left to do."""
     changes: dict
     """Settings a resume changes (field -> (run's, new)); only ones that cannot change
-    the steps already trained (:data:`ktae.train.config.RESUMABLE_FIELDS`)."""
+    the steps already trained (:data:`ktae.runs.config.RESUMABLE_FIELDS`)."""
 
 
 def describe_changes(changes: dict) -> str:
     """``{"learning_rate": (3e-05, 0.01)}`` -> ``"lr 3e-05 -> 0.01"`` (flag names)."""
-    from ktae.train.cli_train import _FLAGS
+    from ktae.train.flags import flag_names
 
-    names = {dest: flag.lstrip("-") for flag, dest, *_ in _FLAGS}
+    names = flag_names()
     return ", ".join(f"{names.get(k, k)} {old} -> {new}" for k, (old, new) in changes.items())
 
 

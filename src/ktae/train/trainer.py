@@ -8,7 +8,7 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    global batch, groups = contiguous blocks of ``num_generations`` rows (TRL's layout);
    the ``[B, T]`` token-level result replaces TRL's ``[B]`` advantages. Gathering the
    token ids makes the estimate correct however the global batch is split across
-   processes. With dynamic sampling (SPEC 4) extra rounds are generated first and only
+   processes. With dynamic sampling (docs/method.md §11) extra rounds are generated first and only
    informative groups are kept (:mod:`ktae.train.dynamic_sampling`); this needs every
    group on one process, and other layouts are refused before TRL builds anything.
    TRL's per-pass metrics move to ``generation/<key>``; the standard keys describe the
@@ -19,17 +19,17 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    from one extra no-grad forward pass right after generation, made only for such
    estimators.
 2. ``_compute_loss`` / ``_get_per_token_logps_and_entropies``: when a calibration (TACO,
-   SPEC 5) is configured, the current policy's per-token log-probs and entropies computed
+   docs/method.md §8) is configured, the current policy's per-token log-probs and entropies computed
    inside ``_compute_loss`` (``compute_entropy=True``) calibrate a copy of the advantages,
    detached, before TRL's loss reads them, and the calibration's loss mask (STAPO and
    forking tokens remove tokens) becomes TRL's loss mask (see :meth:`_loss_inputs`).
    The old/ref log-prob passes (no entropy, outside ``_compute_loss``) are untouched.
 3. ``_save_checkpoint``: writes the generation settings and a completion marker last, so a
-   checkpoint half-written by a kill is never resumed from (:mod:`ktae.train.rundir`); a
+   checkpoint half-written by a kill is never resumed from (:mod:`ktae.runs.rundir`); a
    full disk is reported in words; a ``checkpoint-N`` directory ktae did not start is
-   never written into (:func:`ktae.train.rundir.claim_checkpoint`). transformers' own
+   never written into (:func:`ktae.runs.rundir.claim_checkpoint`). transformers' own
    rotation is switched off for the call (it runs before the marker exists and deletes any
-   ``checkpoint-*`` directory); :func:`ktae.train.rundir.rotate_checkpoints` then deletes
+   ``checkpoint-*`` directory); :func:`ktae.runs.rundir.rotate_checkpoints` then deletes
    only complete ktae checkpoints. Model files get the umask's mode (safetensors: 0600).
    ``create_model_card``: TRL's auto-generated card is not written (``ktae train`` writes
    its own).
@@ -56,12 +56,17 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 import ktae
-from ktae.core.advantages import estimator_needs_entropies
+from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
 from ktae.core.calibration import logged_metrics
 from ktae.core.methods import estimator_credit
-from ktae.core.user_rules import estimator_needs_logprobs
+from ktae.runs.credit import CreditSettings
+from ktae.runs.rundir import (
+    claim_checkpoint,
+    follow_umask,
+    mark_checkpoint_complete,
+    rotate_checkpoints,
+)
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
-from ktae.train.credit import CreditSettings
 from ktae.train.dynamic_sampling import (
     MERGEABLE_KEYS,
     OLD_ENTROPIES,
@@ -69,12 +74,6 @@ from ktae.train.dynamic_sampling import (
     informative_groups,
     merge_rows,
     select_groups,
-)
-from ktae.train.rundir import (
-    claim_checkpoint,
-    follow_umask,
-    mark_checkpoint_complete,
-    rotate_checkpoints,
 )
 
 #: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
@@ -175,7 +174,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     """
 
     rollouts = None
-    """A :class:`ktae.train.rollouts.RolloutRecorder` that keeps sampled rollouts, or None."""
+    """A :class:`ktae.runs.rollouts.RolloutRecorder` that keeps sampled rollouts, or None."""
 
     def __init__(self, *args, credit: CreditSettings, generation_defaults: dict | None = None,
                  **kwargs):
@@ -397,10 +396,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
             raise ValueError(f"global batch of {rewards.numel()} responses is not a whole number "
                              f"of groups of num_generations={G}")
         group = torch.arange(rewards.numel(), device=rewards.device) // G
-        # one computation for every command: correct, logprobs, KTAE's ignored ids
+        # one computation for every command: correct, logprobs, KTAE's ignored ids; through
+        # the public ktae.compute_advantages, as the trainer's docstring promises
         adv = estimator_credit(self._method, rewards=rewards, group=group, token_ids=ids,
                                mask=mask.bool(), correct=correct, logprobs=logprobs,
-                               entropies=entropies)
+                               entropies=entropies, compute=ktae.compute_advantages)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
         batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
         seconds = time.perf_counter() - start
@@ -598,7 +598,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 self.args.save_total_limit = keep
             if self.args.should_save:
                 if self.generation_defaults is not None:
-                    from ktae.eval.defaults import save_generation_defaults
+                    from ktae.models.generation_defaults import save_generation_defaults
 
                     save_generation_defaults(folder, **self.generation_defaults)
                 follow_umask(folder)

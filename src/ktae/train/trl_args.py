@@ -1,6 +1,6 @@
 """``--trl KEY=VALUE`` / the ``trl:`` mapping: any other ``trl.GRPOConfig`` setting.
 
-``ktae train`` builds TRL's ``GRPOConfig`` from :class:`ktae.train.config.TrainConfig`
+``ktae train`` builds TRL's ``GRPOConfig`` from :class:`ktae.runs.config.TrainConfig`
 (:func:`ktae.train.session.grpo_config`). Every other GRPOConfig field (vLLM generation,
 gradient checkpointing, DeepSpeed/FSDP, logging, ...) can be set here, checked against the
 field's own type annotation in TRL 1.16 before any model loads. There is one way to set
@@ -16,7 +16,7 @@ import functools
 import typing
 import warnings
 
-from ktae.train.fields import FieldError, check_value, closest, parse_text
+from ktae.runs.fields import FieldError, check_value, closest, parse_text
 
 #: GRPOConfig field -> what to use instead (ktae owns it).
 OWNED = {

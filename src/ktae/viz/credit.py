@@ -4,7 +4,7 @@ Each response is drawn as a row of tokens whose background shows its advantage o
 diverging scale, symmetric around 0 and scaled by the largest ``|advantage|`` shown:
 blue for negative, white for 0, red for positive. :func:`credit_html` writes a
 self-contained HTML page (inline CSS, no scripts), :func:`credit_png` a matplotlib figure,
-and :func:`group_credit` runs KTAE (SPEC section 2, Eq. 10) on a batch and picks one group,
+and :func:`group_credit` runs KTAE (docs/method.md §3, Eq. 10) on a batch and picks one group,
 with its key-token table rows, ready for both.
 
 Example:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import html
 
 from ktae.viz.credit import NEGATIVE_RGB, POSITIVE_RGB, colour
-from ktae.viz.report import STAT_KEYS, STAT_LABELS, GroupReport, Report, ResponseReport
+from ktae.viz.page import STAT_KEYS, STAT_LABELS, GroupReport, Report, ResponseReport
 
 VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\t": "\u2192", "\r": "\u240d"}
 """Whitespace drawn visibly inside tokens."""

@@ -1,4 +1,4 @@
-"""PNG pictures of one group of a :class:`ktae.viz.report.Report` (matplotlib, Agg).
+"""PNG pictures of one group of a :class:`ktae.viz.page.Report` (matplotlib, Agg).
 
 One panel per view (sequence advantage, token credit, calibrated credit), each showing
 every response as wrapped lines of token cells coloured on the group's diverging scale,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 
 from ktae.viz.credit import colour
-from ktae.viz.report import GroupReport, Report
+from ktae.viz.page import GroupReport, Report
 
 _LINE = 1.5  # height of a token line, in character widths
 

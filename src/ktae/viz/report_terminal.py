@@ -1,4 +1,4 @@
-"""A terminal rendering of a :class:`ktae.viz.report.Report` with ``rich`` (quick looks over ssh).
+"""A terminal rendering of a :class:`ktae.viz.page.Report` with ``rich`` (quick looks over ssh).
 
 Per group: the prompt, a colour legend, each response's tokens on the diverging scale of
 the report's default view (the sequence advantage is in each response's header),
@@ -8,7 +8,7 @@ flagged tokens underlined, and the strongest key tokens as a table.
 from __future__ import annotations
 
 from ktae.viz.credit import colour, count_text
-from ktae.viz.report import GroupReport, Report
+from ktae.viz.page import GroupReport, Report
 from ktae.viz.report_html import VISIBLE, plain_visible
 
 

@@ -22,54 +22,53 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Options of ``algorithm.ktae``. All but ``correct_key`` go to ``compute_advantages``.
-KTAE_OPTIONS = ("base", "h1", "h2", "h3", "k1", "b", "top", "mode", "variant", "ngram",
-                "ngram_reduce", "reward_threshold", "ignore_token_ids", "chunk_tokens",
-                "split", "apply", "correct_key")
-
-#: Options of ``algorithm.gtpo`` (registered when the installed ktae has the estimator).
-GTPO_OPTIONS = ("a1", "a2", "eps", "normalize", "reward_threshold", "correct_key")
-
-#: Options of ``algorithm.prefix-value`` (``unit: word`` needs word starts, which verl's
-#: batch does not carry: refused at start-up).
-PREFIX_VALUE_OPTIONS = ("apply", "weight", "unit", "total", "base", "reward_threshold",
-                        "correct_key")
-
-_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {
-    "ktae": KTAE_OPTIONS, "gtpo": GTPO_OPTIONS, "prefix-value": PREFIX_VALUE_OPTIONS}
-
-#: Options of a user rule's block besides its own: how correctness is read.
+#: Options of an estimator's block that say how correctness is read, for an estimator
+#: that reads the verifier's ``correct``: ``reward_threshold`` and the reward extra-info
+#: field ``correct_key`` (``correct_key`` stays here; the rest go to the estimator).
 RULE_CORRECTNESS_OPTIONS = ("reward_threshold", "correct_key")
 
 
-def plugin_estimators() -> dict[str, tuple[str, ...] | None]:
-    """Estimators the plugin registers in verl (those ktae has), with their options (None:
-    any, a rule taking ``**kwargs``).
+def _record(name: str):
+    """The core's registry record of estimator ``name``, or None for a name ktae lacks."""
+    from ktae.core.estimators import ADVANTAGE_ESTIMATORS
 
-    ``ktae``, ``gtpo`` and ``prefix-value``, and every user rule (``ktae.register_estimator``) loaded in
-    this process (:func:`load_user_rules`): its own options plus ``reward_threshold`` and
-    ``correct_key``, which say how correctness is read. verl's own ``grpo`` and ``rloo``
-    stay verl's; ``drgrpo`` is verl's ``grpo`` with
+    return ADVANTAGE_ESTIMATORS.record(name) if name in ADVANTAGE_ESTIMATORS else None
+
+
+def block_options(name: str) -> tuple[str, ...] | None:
+    """The keys of ``algorithm.<name>``, read from the estimator's record (None: any, a
+    rule taking ``**kwargs``): its options, then :data:`RULE_CORRECTNESS_OPTIONS` when it
+    reads ``correct``. Inputs the caller fills (``correct``, ``word_starts``) are not keys:
+    verl's batch carries no word starts, so ``prefix-value``'s ``unit: word`` fails the
+    start-up check."""
+    record = _record(name)
+    if record is None or record.options is None:
+        return None
+    own = tuple(o for o in record.options if o not in RULE_CORRECTNESS_OPTIONS)
+    return (*own, *RULE_CORRECTNESS_OPTIONS) if record.takes_correct else own
+
+
+def plugin_estimators() -> dict[str, tuple[str, ...] | None]:
+    """Estimators the plugin registers in verl, with the keys of their block
+    (:func:`block_options`).
+
+    Every estimator of ktae's registry (``ktae``, ``gtpo``, ``prefix-value``, and every
+    user rule, ``ktae.register_estimator``, loaded in this process:
+    :func:`load_user_rules`) except the sequence-level ones: verl's own ``grpo`` and
+    ``rloo`` stay verl's; ``drgrpo`` is verl's ``grpo`` with
     ``algorithm.norm_adv_by_std_in_grpo=false``.
     """
-    import ktae
+    from ktae.core.baselines import SEQUENCE_BASELINES
+    from ktae.core.estimators import ADVANTAGE_ESTIMATORS
 
-    out: dict[str, tuple[str, ...] | None] = {
-        name: options for name, options in _ESTIMATOR_OPTIONS.items()
-        if name in ktae.ADVANTAGE_ESTIMATORS}
-    for name in ktae.ADVANTAGE_ESTIMATORS.names():
-        if name not in out and is_user_rule(name):
-            own = ktae.ADVANTAGE_ESTIMATORS.get(name).rule_options
-            out[name] = None if own is None else (*own, *RULE_CORRECTNESS_OPTIONS)
-    return out
+    return {name: block_options(name) for name in ADVANTAGE_ESTIMATORS.names()
+            if name not in SEQUENCE_BASELINES}
 
 
 def is_user_rule(name: str) -> bool:
     """Whether estimator ``name`` was registered with ``ktae.register_estimator``."""
-    import ktae
-
-    return name in ktae.ADVANTAGE_ESTIMATORS and \
-        getattr(ktae.ADVANTAGE_ESTIMATORS.get(name), "user_rule", None) is not None
+    record = _record(name)
+    return record is not None and record.user_rule is not None
 
 
 def load_user_rules() -> list[str]:
@@ -84,12 +83,11 @@ def load_user_rules() -> list[str]:
 
 
 def estimator_needs_entropies(name: str) -> bool:
-    """Whether the estimator reads the rollout policy's per-token entropies (see
-    :func:`missing_entropies_reason` for when verl 0.9.1 has them)."""
-    import ktae
-
-    return name in ktae.ADVANTAGE_ESTIMATORS and \
-        bool(getattr(ktae.ADVANTAGE_ESTIMATORS.get(name), "needs_entropies", False))
+    """Whether the estimator reads the rollout policy's per-token entropies, as its record
+    says (see :func:`missing_entropies_reason` for when verl 0.9.1 has them); False for a
+    name ktae lacks."""
+    record = _record(name)
+    return record is not None and "entropies" in record.needs
 
 
 BYPASS_MODE_PATH = "algorithm.rollout_correction.bypass_mode"
@@ -201,13 +199,12 @@ def estimator_settings(name: str, algorithm: Any) -> EstimatorSettings:
         raise ValueError(f"{where}.{unknown[0]}: unknown option; expected one of "
                          f"{', '.join(allowed)}")
     options = dict(block)
+    record = _record(name)
+    if "logprobs" in record.needs:
+        raise ValueError(f"algorithm.adv_estimator={name}: the rule reads the sampling "
+                         "policy's log-probs (needs=logprobs), which the ktae verl plugin "
+                         "does not pass to estimators")
     if is_user_rule(name):
-        from ktae.core.user_rules import estimator_needs_logprobs
-
-        if estimator_needs_logprobs(name):
-            raise ValueError(f"algorithm.adv_estimator={name}: the rule reads the sampling "
-                             "policy's log-probs (needs=logprobs), which the ktae verl plugin "
-                             "does not pass to estimators")
         correct_key = options.pop("correct_key", DEFAULT_CORRECT_KEY)
         if correct_key is not None and not isinstance(correct_key, str):
             raise ValueError(f"{where}.correct_key: expected a field name or null, "
@@ -241,7 +238,7 @@ def estimator_settings(name: str, algorithm: Any) -> EstimatorSettings:
     if reference and threshold != 0:
         raise ValueError(f"{where}.reward_threshold: mode=reference uses the released "
                          "runtime's rule (reward > 0)")
-    if "base" in options or name in ("ktae", "prefix-value"):
+    if "base" in (record.options or ()):
         norm_by_std = _get(algorithm, "norm_adv_by_std_in_grpo", True)
         implied = "grpo" if norm_by_std else "drgrpo"
         base = options.setdefault("base", implied)

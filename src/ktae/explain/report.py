@@ -3,47 +3,38 @@
 :func:`build_report` takes groups of tokenised responses with rewards and computes, in one
 vectorised pass over all groups:
 
-* the sequence-level advantage (the ``seq`` view: GRPO, Dr.GRPO or RLOO, SPEC 1);
-* the token-level credit of the chosen estimator (the ``token`` view: KTAE, SPEC 2, Eq. 10);
-* a loss-time calibration of it (the ``final`` view: e.g. TACO, SPEC 5), from per-token
+* the sequence-level advantage (the ``seq`` view: GRPO, Dr.GRPO or RLOO, docs/method.md §2);
+* the token-level credit of the chosen estimator (the ``token`` view: KTAE, docs/method.md §3, Eq. 10);
+* a loss-time calibration of it (the ``final`` view: e.g. TACO, docs/method.md §8), from per-token
   log-probs and entropies, with each token's weight and flag;
 * ``diff``: the final credit minus the sequence advantage (what token credit changes);
 * for every real token, its row of :func:`ktae.key_token_table` (a, b, c, d, p, F, IG,
   TF_T, TF_F, D, value) in its group; with KTAE over spans (``ngram > 1``), the row of the
   covering span of largest ``|value|`` (None for a token no span covers).
 
-Renderers (:mod:`ktae.viz.report_html`, :mod:`ktae.viz.report_terminal`,
-:mod:`ktae.viz.report_png`) only read the resulting :class:`Report`.
+The result is a :class:`ktae.viz.page.Report`; the renderers (:mod:`ktae.viz.report_html`,
+:mod:`ktae.viz.report_terminal`, :mod:`ktae.viz.report_png`) only read it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ktae.core import methods
 from ktae.core.advantages import estimator_needs_entropies
-from ktae.core.methods import SEQUENCE_LABELS, Method  # noqa: F401  (read here by callers)
+from ktae.core.methods import Method
+from ktae.viz.page import GroupReport, Report, ResponseReport
 from ktae.viz.tokens import TokenPiece, token_label, token_pieces
 
-STAT_KEYS = ("a", "b", "c", "d", "p_value", "fisher", "info_gain", "tf_correct",
-             "tf_incorrect", "direction", "value")
-"""Key-token table columns shown per token (``KeyTokenTable`` field names)."""
-STAT_LABELS = dict(zip(STAT_KEYS, ("a", "b", "c", "d", "p", "F", "IG", "TF_T", "TF_F", "D",
-                                   "value"), strict=True))
 _TABLE_OPTIONS = ("correct", "reward_threshold", "h1", "h2", "h3", "k1", "b", "top",
                   "ignore_token_ids", "mode", "variant", "ngram", "split")
 
 
 # --------------------------------------------------------------------------- inputs
-
-
-CreditSpec = Method
-"""Which credit to explain: a :class:`ktae.core.methods.Method` (estimator, calibration and
-their options)."""
 
 
 @dataclass
@@ -76,72 +67,6 @@ class GroupInput:
     """Per response (or None): local-error labels of each character of its decoded text
     (``"w"`` locally wrong, ``"r"`` right, ``"."`` not judged;
     :func:`ktae.tasks.label_response`), outlined on the page."""
-
-
-# --------------------------------------------------------------------------- outputs
-
-
-@dataclass
-class ResponseReport:
-    """One response: token ids and texts, per-view values and per-token statistics."""
-
-    index: int
-    reward: float
-    correct: bool
-    token_ids: list[int]
-    pieces: list[TokenPiece]
-    values: dict[str, list[float]]
-    stats: list[dict]
-    logprobs: list[float] | None = None
-    entropies: list[float] | None = None
-    weights: list[float] | None = None
-    flagged: list[bool] | None = None
-    in_loss: list[bool] | None = None
-    labels: list[str] | None = None
-    """Per token: the local-error labels of its characters (as long as its text), or None."""
-
-
-@dataclass
-class GroupReport:
-    """One group: prompt, responses, its colour scale and key-token rows."""
-
-    label: str
-    anchor: str
-    prompt: str
-    answer: str | None
-    responses: list[ResponseReport]
-    positive: list[dict]
-    negative: list[dict]
-    zero_tokens: int
-    divergence: float
-    scale: float
-    sequence: list[float]
-
-    @property
-    def num_correct(self) -> int:
-        return sum(r.correct for r in self.responses)
-
-
-@dataclass
-class Report:
-    """What the renderers draw: views ``[(key, label)]``, groups, and header lines;
-    ``calibrated``: a calibration is shown; ``partial_loss``: some tokens were left out
-    of the loss."""
-
-    title: str
-    views: list[tuple[str, str]]
-    default_view: str
-    groups: list[GroupReport]
-    meta: list[str] = field(default_factory=list)
-    calibrated: bool = False
-    partial_loss: bool = False
-
-    def label(self, key: str) -> str:
-        return dict(self.views)[key]
-
-    def ranked(self) -> list[GroupReport]:
-        """Groups by how much token credit differs from the sequence advantage (most first)."""
-        return sorted(self.groups, key=lambda g: -g.divergence)
 
 
 # --------------------------------------------------------------------------- building
@@ -231,7 +156,7 @@ class CreditValues:
     notes: list
 
 
-def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
+def credit_values(groups: Sequence[GroupInput], credit: Method, *,
                   use_recorded: bool = False) -> CreditValues:
     """Compute ``credit`` on ``groups`` in one vectorised call: pad the groups into a
     batch and compute it with :mod:`ktae.core.methods` as the trainer does (the
@@ -305,7 +230,7 @@ def credit_values(groups: Sequence[GroupInput], credit: CreditSpec, *,
                         in_loss=in_loss, calibration=cal, notes=notes)
 
 
-def build_report(groups: Sequence[GroupInput], *, credit: CreditSpec, tokenizer,
+def build_report(groups: Sequence[GroupInput], *, credit: Method, tokenizer,
                  title: str = "Token credit", meta: Sequence[str] = (),
                  use_recorded: bool = False, top_rows: int = 10) -> Report:
     """Compute every view and statistic of ``groups`` (see the module docstring).
@@ -423,7 +348,7 @@ def _rollout_entropies(groups, estimator: str, T: int) -> torch.Tensor:
                      "otherwise pass --model to score the responses)")
 
 
-def _calibration(groups, credit: CreditSpec, adv: torch.Tensor, mask: torch.Tensor, T: int,
+def _calibration(groups, credit: Method, adv: torch.Tensor, mask: torch.Tensor, T: int,
                  use_recorded: bool, notes: list) -> dict | None:
     """The calibration's advantages and per-token data ([B, T] tensors as row lists)."""
     if credit.calibration is None:

@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 
 # the reading side of the checkpoint protocol lives below the trainer (eval and explain
-# read it too); re-exported here for the trainer's own callers
-from ktae.checkpoints import (  # noqa: F401
+# read it too); the run directory's module names all of it
+from ktae.checkpoints import (  # noqa: F401  (is_complete_checkpoint)
     CHECKPOINT_NAME,
     COMPLETE_MARKER,
     checkpoint_step,

@@ -10,6 +10,9 @@ string). Booleans are strict: only ``true``/``false`` (YAML) or ``true``/``false
 Supported annotations: ``bool``, ``int``, ``float``, ``str``, ``None``, unions of these
 (``X | None``), ``list[X]``, ``dict[...]``, ``Literal[...]``, ``Any`` and ``enum.Enum``
 subclasses (given by value or name, as strings).
+
+A field's ``ktae train`` flag is declared next to it, in its metadata (:func:`flag`);
+:mod:`ktae.train.flags` reads the flags from there.
 """
 
 from __future__ import annotations
@@ -34,6 +37,25 @@ def closest(name: str, candidates, n: int = 3) -> str:
     """``"; did you mean 'a', 'b'?"`` for the candidates closest to ``name`` (or "")."""
     hits = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)
     return f"; did you mean {', '.join(repr(h) for h in hits)}?" if hits else ""
+
+
+FLAG_KINDS = ("value", "switch", "on_off", "pairs", "list")
+"""How a flag sets its field: ``value`` (``--max-steps 100``, typed as the field), ``switch``
+(a flag alone sets the opposite of the default: ``--resume``, ``--no-progress``), ``on_off``
+(``--NAME`` and ``--no-NAME``), ``pairs`` (repeatable ``KEY=VALUE`` into a mapping),
+``list`` (comma-separated names)."""
+
+
+def flag(help: str, *, name: str | None = None, kind: str = "value", short: str | None = None,
+         metavar: str | None = None, off_help: str | None = None) -> dict:
+    """Field metadata declaring the field's command-line flag: its ``help`` text, its
+    ``name`` (default: ``--`` and the field name with dashes), how it sets the field
+    (:data:`FLAG_KINDS`), a ``short`` alias, the ``metavar`` of ``pairs`` (default
+    ``KEY=VALUE``) and, for ``on_off``, the help of ``--no-NAME``."""
+    if kind not in FLAG_KINDS:
+        raise ValueError(f"kind: expected one of {FLAG_KINDS}, got {kind!r}")
+    return {"flag": {"help": help, "name": name, "kind": kind, "short": short,
+                     "metavar": metavar, "off_help": off_help}}
 
 
 def _members(hint) -> tuple:

@@ -3,7 +3,7 @@
 Names follow TRL's ``GRPOConfig`` where one exists (``num_generations``, ``beta``,
 ``loss_type``, ``temperature``); TRL's ``epsilon``/``epsilon_high`` are called
 ``clip_low``/``clip_high`` here, as in the DAPO paper. Fields left as ``None`` are filled
-by :meth:`TrainConfig.resolve` from the chosen ``algo`` (SPEC sections 1, 3 and 4):
+by :meth:`TrainConfig.resolve` from the chosen ``algo`` (docs/method.md §2, §10 and §11):
 
 =========  ==========  =============  =============  ================  ===============
 algo       loss_type   advantage      clip low/high  dynamic sampling  overlong buffer
@@ -14,12 +14,14 @@ drgrpo     dr_grpo     drgrpo (mean)  0.2 / 0.2      off               off
 =========  ==========  =============  =============  ================  ===============
 
 ``credit`` picks the token-level credit on top: ``none`` (the algo's own sequence-level
-advantage), ``ktae`` (SPEC section 2), ``taco`` (SPEC section 5), any registered advantage
+advantage), ``ktae`` (docs/method.md §3), ``taco`` (docs/method.md §8), any registered advantage
 estimator or calibration name, or ``estimator+calibration`` (e.g. ``ktae+taco``).
 
-Every field is type-checked (:mod:`ktae.train.fields`) wherever it comes from: a YAML
+Every field is type-checked (:mod:`ktae.runs.fields`) wherever it comes from: a YAML
 file, a flag, or Python. ``trl`` holds extra ``trl.GRPOConfig`` settings, checked against
-TRL's own field types by :mod:`ktae.train.trl_args`.
+TRL's own field types by :mod:`ktae.train.trl_args`. Each field declares its ``ktae train``
+flag and help text in its metadata (:func:`ktae.runs.fields.flag`, read by
+:mod:`ktae.train.flags`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ktae.train.fields import FieldError, check_value, closest
+from ktae.rewards.registry import REWARDS
+from ktae.runs.fields import FieldError, check_value, closest, flag
 
 ALGOS = ("grpo", "dapo", "drgrpo")
 """Algorithms accepted by ``TrainConfig.algo``."""
@@ -54,124 +57,158 @@ _ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
 class TrainConfig:
     """Resolved settings of one training run (see the module docstring for algo presets)."""
 
-    model: str | None = None
+    model: str | None = field(default=None, metadata=flag(
+        "local path or hub id (default: the warm-started tiny model shipped inside ktae)"))
     """Local path or hub id of a causal LM; None = the cached warm-started tiny default."""
-    task: str = "embedded"
+    task: str = field(default="embedded", metadata=flag(
+        "embedded | math500 | jsonl:PATH | json:PATH | parquet:PATH | a save_to_disk DIR[@SPLIT] "
+        "| hf:NAME[:CONFIG][@SPLIT] (verl, MATH or question/answer schema)"))
     """Training prompts: ``embedded``, ``math500``, or a dataset of :mod:`ktae.data`:
     ``jsonl:PATH``, ``json:PATH``, ``parquet:PATH``, a ``save_to_disk`` directory (``@SPLIT``
     for one split of a dict) or ``hf:NAME[:CONFIG][@SPLIT]`` (verl, MATH or question/answer
     schema)."""
-    task_fields: dict[str, str] = field(default_factory=dict)
+    task_fields: dict[str, str] = field(default_factory=dict, metadata=flag(
+        "the task column holding a field (problem, answer, solution, id, data_source), e.g. "
+        "--task-field problem=query (repeatable)",
+        name="--task-field", kind="pairs", metavar="FIELD=COLUMN"))
     """Field -> column of the task (``{"problem": "query", "answer": "gt"}``; fields id,
     problem, answer, solution, data_source; a dotted column reads a struct field)."""
-    task_filters: dict[str, list[str]] = field(default_factory=dict)
+    task_filters: dict[str, list[str]] = field(default_factory=dict, metadata=flag(
+        "keep the task rows whose COLUMN takes one of the values, e.g. "
+        "--task-filter 'level=Level 3,Level 4,Level 5' (repeatable)",
+        name="--task-filter", kind="pairs", metavar="COLUMN=V1,V2"))
     """Column -> values: keep the task's rows whose column takes one of them."""
-    eval_task: str | None = None
+    eval_task: str | None = field(default=None, metadata=flag(
+        "held-out problems, a source as --task or math500 (default: the task's last fifth)"))
     """Held-out problems (a source as ``task``, or ``math500``); None = the task's last
     fifth (at most ``eval_size``; the embedded task: its test split)."""
-    template: str | None = None
+    template: str | None = field(default=None, metadata=flag(
+        "prompt template: compact | qwen-math | chat | qwen-math-system | ktae-train | dapo | "
+        "raw (docs/training.md)"))
     """Prompt template (:mod:`ktae.eval.prompts`: compact, qwen-math, chat, qwen-math-system,
     ktae-train, dapo, raw); None = compact for the tiny default model, else chat for rows
     with chat prompts, the reward's template (dapo) or qwen-math."""
-    reward: str = "boxed"
+    reward: str = field(default="boxed", metadata=flag(
+        f"reward of a response: {' | '.join(REWARDS)}"))
     """Reward of a response (:mod:`ktae.rewards.registry`): ``boxed`` (strict last box)."""
-    algo: str = "dapo"
+    algo: str = field(default="dapo", metadata=flag(f"one of {', '.join(ALGOS)}"))
     """``grpo``, ``dapo`` or ``drgrpo``: fills the fields marked "None = algo default"."""
-    credit: str = "ktae"
+    credit: str = field(default="ktae", metadata=flag(
+        "none | ktae | taco | any estimator/calibration | est+calib"))
     """``none``, ``ktae``, ``taco``, any estimator/calibration name, or ``est+calib``."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=flag("random seed"))
     """Seed of model init (when built), data order, sampling and dynamic-sampling refills."""
-    output_dir: str | None = None
+    output_dir: str | None = field(default=None, metadata=flag(
+        "run directory (default runs/ALGO-CREDIT-seedS)", short="-o"))
     """Run directory; None = ``runs/{algo}-{credit}-seed{seed}``."""
-    resume: bool = False
+    resume: bool = field(default=False, metadata=flag(
+        "continue from the newest complete checkpoint in --output-dir", kind="switch"))
     """Continue from the newest complete checkpoint in ``output_dir``."""
-    max_steps: int = 200
+    max_steps: int = field(default=200, metadata=flag("optimizer steps"))
     """Optimizer steps (one generation batch each)."""
-    num_prompts: int = 8
+    num_prompts: int = field(default=8, metadata=flag("prompts per step"))
     """Prompts per step (the global batch holds num_prompts * num_generations responses)."""
-    num_generations: int = 8
+    num_generations: int = field(default=8, metadata=flag("responses per prompt (group size G)"))
     """Responses sampled per prompt (G, the group size)."""
-    max_new_tokens: int = 40
+    max_new_tokens: int = field(default=40, metadata=flag("response length budget L_max"))
     """Maximum response length L_max in tokens (TRL's max_completion_length)."""
-    temperature: float = 1.0
+    temperature: float = field(default=1.0, metadata=flag("sampling temperature"))
     """Sampling temperature of the rollouts."""
-    learning_rate: float = 3e-5
+    learning_rate: float = field(default=3e-5, metadata=flag("learning rate", name="--lr"))
     """AdamW learning rate (TRL's default 1e-6 is far too small for the tiny model)."""
-    lr_scheduler: str = "constant"
+    lr_scheduler: str = field(default="constant", metadata=flag("constant | cosine | linear | ..."))
     """transformers scheduler name (constant, cosine, linear, ...); ``constant`` with a
     warm-up (``warmup_steps`` or ``warmup_ratio`` > 0) resolves to ``constant_with_warmup``."""
-    warmup_steps: int = 0
+    warmup_steps: int = field(default=0, metadata=flag("linear warmup steps (optimizer steps)"))
     """Linear warmup steps, in optimizer steps (from 0 to ``learning_rate``)."""
-    warmup_ratio: float = 0.0
+    warmup_ratio: float = field(default=0.0, metadata=flag(
+        "linear warmup over this share of --max-steps (instead of --warmup-steps)"))
     """Linear warmup over this share of ``max_steps`` (rounded up); excludes
     ``warmup_steps``."""
-    beta: float = 0.0
+    beta: float = field(default=0.0, metadata=flag("KL coefficient (0 = no reference model)"))
     """KL coefficient to the reference model (>0 needs a model loadable from a path)."""
-    clip_low: float = 0.2
+    clip_low: float = field(default=0.2, metadata=flag("lower clip epsilon"))
     """Lower PPO clip epsilon (TRL ``epsilon``)."""
-    clip_high: float | None = None
+    clip_high: float | None = field(default=None, metadata=flag(
+        "upper clip epsilon (DAPO clip-higher)"))
     """Upper clip epsilon (TRL ``epsilon_high``); None = algo default (DAPO: 0.28)."""
-    loss_type: str | None = None
+    loss_type: str | None = field(default=None, metadata=flag(
+        "loss aggregation: grpo | dapo | dr_grpo | bnpo"))
     """TRL loss aggregation (grpo/dapo/dr_grpo/bnpo); None = algo default."""
-    advantage_base: str | None = None
+    advantage_base: str | None = field(default=None, metadata=flag(
+        "baseline under KTAE: grpo | drgrpo | rloo"))
     """Sequence-level baseline under KTAE/calibration (grpo/drgrpo/rloo); None = algo default."""
-    dynamic_sampling: bool | None = None
+    dynamic_sampling: bool | None = field(default=None, metadata=flag(
+        "force DAPO dynamic sampling on", kind="on_off", off_help="force dynamic sampling off"))
     """DAPO dynamic sampling (drop all-correct/all-wrong groups, refill); None = algo default."""
-    max_generation_rounds: int = 3
+    max_generation_rounds: int = field(default=3, metadata=flag("dynamic sampling round bound"))
     """Most generation rounds per step under dynamic sampling (1 = no refill)."""
-    overlong_buffer: int | None = None
+    overlong_buffer: int | None = field(default=None, metadata=flag(
+        "overlong shaping cache L_c (0 = off)"))
     """Overlong shaping cache L_c in tokens (0 = off); None = algo default."""
-    overlong_factor: float = 1.0
+    overlong_factor: float = field(default=1.0, metadata=flag("overlong penalty factor"))
     """Overlong penalty factor."""
-    ktae_h1: float | None = None
-    """KTAE weight of the Fisher score (SPEC 2); None = the estimator's default (1)."""
-    ktae_h2: float | None = None
+    ktae_h1: float | None = field(default=None, metadata=flag("KTAE Fisher weight h1"))
+    """KTAE weight of the Fisher score (docs/method.md §3); None = the estimator's default (1)."""
+    ktae_h2: float | None = field(default=None, metadata=flag("KTAE information-gain weight h2"))
     """KTAE weight of the information gain; None = the estimator's default (1)."""
-    ktae_h3: float | None = None
+    ktae_h3: float | None = field(default=None, metadata=flag("KTAE term-frequency weight h3"))
     """KTAE weight of the term-frequency direction; None = the estimator's default (1)."""
-    ktae_mode: str = "exact"
+    ktae_mode: str = field(default="exact", metadata=flag("exact | reference"))
     """KTAE statistics: ``exact`` or ``reference`` (the released runtime's float32 quirks)."""
-    ktae_ngram: int = 1
+    ktae_ngram: int = field(default=1, metadata=flag(
+        "KTAE span length N (1 = key tokens; docs/ngram.md)"))
     """KTAE span length N: 1 scores single tokens; N > 1 spans of N tokens (docs/ngram.md)."""
-    ktae_ngram_reduce: str = "mean"
+    ktae_ngram_reduce: str = field(default="mean", metadata=flag(
+        "span values -> token value: mean | maxabs"))
     """How a token's value comes from its spans' (N > 1): ``mean`` or ``maxabs``."""
-    taco_alpha: float | None = None
-    """Tail-risk threshold alpha of the TACO family (SPEC 5); None = its default (0.01)."""
-    taco_lambda: float | None = None
+    taco_alpha: float | None = field(default=None, metadata=flag("TACO tail threshold alpha"))
+    """Tail-risk threshold alpha of the TACO family (docs/method.md §8); None = its default (0.01)."""
+    taco_lambda: float | None = field(default=None, metadata=flag("TACO damping lambda"))
     """TACO damping lambda; None = its default (0.9). Only calibrations taking ``lam``."""
-    estimator_options: dict[str, Any] = field(default_factory=dict)
+    estimator_options: dict[str, Any] = field(default_factory=dict, metadata=flag(
+        "an option of the advantage estimator, e.g. --estimator-option top=0.5 (repeatable)",
+        name="--estimator-option", kind="pairs"))
     """Extra keyword options of the advantage estimator (e.g. ``{"top": 0.5}`` for KTAE)."""
-    calibration_options: dict[str, Any] = field(default_factory=dict)
+    calibration_options: dict[str, Any] = field(default_factory=dict, metadata=flag(
+        "an option of the calibration, e.g. --calibration-option top_fraction=0.3 (repeatable)",
+        name="--calibration-option", kind="pairs"))
     """Extra keyword options of the calibration (e.g. ``{"top_fraction": 0.3}``)."""
-    eval_every: int = 50
+    eval_every: int = field(default=50, metadata=flag(
+        "held-out eval every N steps (0 = before/after only)"))
     """Held-out evaluation every this many steps (0 = only before and after)."""
-    eval_size: int = 300
+    eval_size: int = field(default=300, metadata=flag("held-out problems per eval"))
     """Held-out problems per evaluation (embedded test split, greedy, strict reward)."""
-    save_every: int = 50
+    save_every: int = field(default=50, metadata=flag("checkpoint every N steps (0 = at the end)"))
     """Checkpoint every this many steps (0 = only at the end)."""
-    save_total_limit: int = 2
+    save_total_limit: int = field(default=2, metadata=flag("complete checkpoints kept (0 = all)"))
     """Complete checkpoints kept (the newest ones; 0 = keep every checkpoint)."""
-    train_size: int = 20000
+    train_size: int = field(default=20000, metadata=flag("embedded training problems"))
     """Embedded-task training problems generated for the run."""
-    torch_threads: int = 1
+    torch_threads: int = field(default=1, metadata=flag("torch CPU threads", name="--threads"))
     """torch intra-op threads (1 is fastest for the tiny model on a busy 2-core CPU)."""
-    bf16: bool = False
+    bf16: bool = field(default=False, metadata=flag("bfloat16 (GPU)", kind="switch"))
     """bfloat16 mixed precision (GPU only; fp32 on CPU)."""
-    progress: bool = True
+    progress: bool = field(default=True, metadata=flag(
+        "no progress bar", name="--no-progress", kind="switch"))
     """Show a progress bar with live metrics."""
-    lora_r: int = 0
+    lora_r: int = field(default=0, metadata=flag(
+        "LoRA rank (0 = full fine-tuning; needs the peft extra)"))
     """LoRA rank (0 = full fine-tuning); needs the ``peft`` extra."""
-    lora_alpha: float | None = None
+    lora_alpha: float | None = field(default=None, metadata=flag("LoRA alpha (default 2 * r)"))
     """LoRA scaling alpha; None = 2 * lora_r."""
-    lora_dropout: float = 0.0
+    lora_dropout: float = field(default=0.0, metadata=flag("LoRA dropout"))
     """LoRA dropout."""
-    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"], metadata=flag(
+        "comma-separated module names that get LoRA adapters (default all-linear)", kind="list"))
     """Modules that get adapters (names, or ``all-linear``)."""
-    trl: dict[str, Any] = field(default_factory=dict)
+    trl: dict[str, Any] = field(default_factory=dict, metadata=flag(
+        "any other trl.GRPOConfig field, e.g. --trl use_vllm=true (repeatable)", kind="pairs"))
     """Further ``trl.GRPOConfig`` settings (``--trl KEY=VALUE``), e.g. ``use_vllm: true``."""
-    rollout_every: int = 10
+    rollout_every: int = field(default=10, metadata=flag(
+        "keep rollouts for ktae explain every N steps (0 = off)"))
     """Keep sampled rollouts of steps 1, 1 + N, 1 + 2N, ... in ``rollouts.jsonl`` (0 = never)."""
-    rollout_groups: int = 4
+    rollout_groups: int = field(default=4, metadata=flag("groups kept per recorded step"))
     """Groups kept per recorded step (for ``ktae explain``)."""
 
     def __post_init__(self) -> None:
@@ -274,14 +311,18 @@ class TrainConfig:
         from ktae.data import FIELDS, parse_source
         from ktae.eval.prompts import TEMPLATES
         from ktae.rewards.registry import get_reward
-        from ktae.train.data import EMBEDDED_TEMPLATES
+        from ktae.tasks import TEMPLATES as EMBEDDED_TEMPLATES
+        from ktae.tasks.arith import parse_task_name
 
         for name in ("task", "eval_task"):
             value = getattr(self, name)
-            if value is not None and value not in ("embedded", "math500"):
+            if value is not None and value not in ("embedded", "math500") and (
+                    parse_task_name(value) is None):
                 parse_source(value, name=name)
-        if self.eval_task == "embedded":
-            raise ValueError("eval_task: the embedded held-out split goes with --task embedded")
+        if self.eval_task == "embedded" or (self.eval_task is not None
+                                            and parse_task_name(self.eval_task) is not None):
+            raise ValueError(f"eval_task: the {self.eval_task} held-out split goes with "
+                             f"--task {self.eval_task}")
         get_reward(self.reward)
         for key, column in self.task_fields.items():
             if key not in FIELDS or not isinstance(column, str) or not column:
@@ -305,7 +346,7 @@ class TrainConfig:
 
     def save(self, path: str | Path) -> None:
         """Write the config as YAML (``.yaml``/``.yml``) or JSON (anything else), atomically."""
-        from ktae.train.rundir import atomic_write
+        from ktae.runs.rundir import atomic_write
 
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):

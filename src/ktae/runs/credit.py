@@ -1,7 +1,7 @@
 """Credit settings of the trainer, parsed from ``TrainConfig.credit`` (no TRL import).
 
-``none`` keeps the algo's sequence-level advantage; ``ktae`` (SPEC 2) or any registered
-advantage estimator replaces it; ``taco`` (SPEC 5) or any registered calibration is applied
+``none`` keeps the algo's sequence-level advantage; ``ktae`` (docs/method.md §3) or any registered
+advantage estimator replaces it; ``taco`` (docs/method.md §8) or any registered calibration is applied
 at loss time; ``estimator+calibration`` combines one of each (e.g. ``ktae+taco``).
 
 Options have one namespace per part: ``estimator_options`` go to the estimator and
@@ -21,22 +21,20 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ktae.core.methods import (  # noqa: F401  (parse_credit, passes_correct: read here)
+from ktae.core.calibration import calibration_options
+from ktae.core.methods import (
     CALLER_INPUTS,
-    CREDIT_NONE,
     Method,
-    calibration_option_names,
     check_method,
     parse_credit,
-    passes_correct,
     split_method,
 )
-from ktae.train.config import TrainConfig
+from ktae.runs.config import TrainConfig
 
 
 @dataclass(frozen=True)
 class CreditSettings:
-    """How the trainer assigns credit (built from :class:`ktae.train.config.TrainConfig`)."""
+    """How the trainer assigns credit (built from :class:`ktae.runs.config.TrainConfig`)."""
 
     estimator: str = "grpo"
     """Registered advantage estimator (``grpo``, ``drgrpo``, ``rloo``, ``ktae``, ...)."""
@@ -61,10 +59,6 @@ class CreditSettings:
         return Method(estimator=self.estimator, estimator_options=dict(self.estimator_options),
                       calibration=self.calibration,
                       calibration_options=dict(self.calibration_options))
-
-
-#: Options the trainer itself passes to KTAE and GTPO (the user cannot also set them).
-TRAINER_KTAE_OPTIONS = CALLER_INPUTS
 
 
 def _merge(shortcuts: dict, explicit: dict, where: str) -> dict:
@@ -98,7 +92,7 @@ def credit_settings(cfg: TrainConfig) -> CreditSettings:
             raise ValueError(f"{name}: only used by the 'ktae' estimator, but credit is "
                              f"{cfg.credit!r}")
         shortcuts = {}
-    for key in TRAINER_KTAE_OPTIONS:
+    for key in CALLER_INPUTS:  # what the trainer passes every estimator that takes it
         if key in cfg.estimator_options:
             raise ValueError(f"estimator_options: {key!r} is set by the trainer (from the "
                              "accuracy reward)")
@@ -113,7 +107,7 @@ def credit_settings(cfg: TrainConfig) -> CreditSettings:
             raise ValueError(f"{name}: credit {cfg.credit!r} has no calibration to pass it to")
         cal_opts: dict = {}
     else:
-        accepted = calibration_option_names(calibration)
+        accepted = calibration_options(calibration)
         for key, value in taco_fields.items():
             if accepted is not None and key not in accepted:
                 field_name = "taco_alpha" if key == "alpha" else "taco_lambda"

@@ -3,7 +3,7 @@
 Every ``rollout_every`` steps (steps 1, 1 + N, 1 + 2N, ...) the trainer's main process
 keeps the first ``rollout_groups`` groups of the global batch: the prompt, each response's
 token ids, rewards, correctness and the advantages the loss reads, and, when a loss-time
-calibration (TACO, SPEC 5) runs, each token's log-prob, entropy, weight and flag; and
+calibration (TACO, docs/method.md §8) runs, each token's log-prob, entropy, weight and flag; and
 which tokens reach the loss when some do not (responses the trainer masks out, a
 calibration's loss mask).
 
