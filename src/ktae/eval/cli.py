@@ -505,7 +505,7 @@ def _backend(args, console) -> str:
 
 
 AUTO_ON_CPU = ("backend: transformers (auto keeps it on a CPU: vLLM's CPU build takes minutes "
-               "to start and is not faster at evaluation batch sizes on a small machine; "
+               "to start and runs a float32 model in bfloat16 under --dtype auto; "
                "--backend vllm uses it)")
 
 
