@@ -17,6 +17,7 @@ import pytest
 from test_train_helpers import DETERMINISTIC_KEYS, read_jsonl, save_tiny_model
 
 from ktae.checkpoints import COMPLETE_MARKER, latest_complete_checkpoint
+from ktae.train.step_timing import TIMING_RECORD_KEYS
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ cfg = tiny_config({model!r}, {out!r}, max_steps=8, save_every=2, eval_every=4, a
 train(cfg, reward_funcs=[contains_digit], extra_callbacks=[KillAfterSave()])
 """
 KILL_AT = 4
-TIMING_KEYS = ("step_time", "advantage_seconds", "advantage_share")
+TIMING_KEYS = TIMING_RECORD_KEYS
 
 
 def _script(tmp_path: Path, model: Path, out: Path, resume: bool, kill: bool = False

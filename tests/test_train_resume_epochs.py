@@ -11,10 +11,11 @@ from test_train_helpers import contains_digit, read_jsonl, tiny_config
 from transformers import TrainerCallback
 
 from ktae.train.session import train
+from ktae.train.step_timing import TIMING_RECORD_KEYS
 
 pytestmark = pytest.mark.slow
 
-TIMING_KEYS = ("step_time", "advantage_seconds", "advantage_share")
+TIMING_KEYS = TIMING_RECORD_KEYS
 
 
 class _Stop(Exception):

@@ -44,7 +44,8 @@ def test_latest_complete_checkpoint_skips_partial_ones(tmp_path):
 
 def test_metrics_record_and_truncate(tmp_path):
     run = RunDir(tmp_path / "run")
-    rec = run.metrics_record(3, {"reward": 0.5, "ktae/accuracy": 0.25, "step_time": 2.0,
+    rec = run.metrics_record(3, {"reward": 0.5, "ktae/accuracy": 0.25, "ktae/step_seconds": 2.0,
+                                 "step_time": 1.5,
                                  "ktae/advantage_seconds": 0.5, "other": 1.0, "kl": None})
     assert rec == {"step": 3, "reward": 0.5, "accuracy": 0.25, "step_time": 2.0,
                    "advantage_seconds": 0.5, "advantage_share": 0.25}

@@ -170,6 +170,7 @@ NON_DEFAULT = {
     "trl": {"top_k": 3},
     "rollout_every": 3,
     "rollout_groups": 2,
+    "no_signal_steps": 3,
 }
 """A non-default value per field (strings in capitals: filled in by the check)."""
 
@@ -521,6 +522,15 @@ def check_rollout_every(ctx):
 def check_rollout_groups(ctx):
     _, p = ctx.probe(rollout_groups=2)
     assert p.rollouts.groups == 2
+
+
+def check_no_signal_steps(ctx):
+    from ktae.train.callbacks import NoSignalCallback
+
+    _, p = ctx.probe(no_signal_steps=3)
+    assert p.callback(NoSignalCallback).steps == 3
+    _, off = ctx.probe(no_signal_steps=0)
+    assert off.callback(NoSignalCallback).steps == 0
 
 
 CHECKS = {name[len("check_"):]: fn for name, fn in list(globals().items())

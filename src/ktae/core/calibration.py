@@ -33,10 +33,16 @@ Registered rules (:data:`CALIBRATIONS`):
 ``forking-tokens``     only the 20% highest-entropy tokens stay in the loss (baseline)
 ``stapo``              positive tokens with ``p < 0.002`` and ``H`` below the 0.2-quantile
                        of the positive tokens' entropies leave the loss (baseline)
+``entropy-adv``        ``A <- A + min(alpha * H, |A| / kappa)`` (Cheng et al. 2025)
+``clip-cov``           a random few high-covariance tokens get ``A <- 0`` (Cui et al. 2025)
+``kl-cov``             the top covariance tokens get verl's ``|logp - old_logp|`` penalty,
+                       as its gradient (Cui et al. 2025)
+``spo-mask``           only tokens with ``p_old < 0.9`` stay in the loss (SPO, Guo et al.)
 =====================  ==============================================================
 
-The rules live in :mod:`ktae.core.calibration_taco` and
-:mod:`ktae.core.calibration_baselines`; ``docs/calibration.md`` gives each one's source.
+The rules live in :mod:`ktae.core.calibration_taco`,
+:mod:`ktae.core.calibration_baselines` and one module each for the last four;
+``docs/calibration.md`` and ``docs/method.md §16`` give each one's source.
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ import torch
 from ktae.core import (
     calibration_baselines,  # noqa: F401  (registers the baselines)
     calibration_taco,  # noqa: F401  (registers the TACO family)
+    clip_cov,  # noqa: F401  (registers "clip-cov")
+    entropy_advantage,  # noqa: F401  (registers "entropy-adv")
+    kl_cov,  # noqa: F401  (registers "kl-cov")
+    spo_mask,  # noqa: F401  (registers "spo-mask")
 )
 from ktae.core.calibration_rules import CALIBRATIONS
 from ktae.core.checks import as_tensor, check_mask
@@ -75,6 +85,9 @@ class CalibrationResult:
             ``stapo``: the removed tokens; ``adv-reweight``: tokens with weight < 1).
         flag_rate: ``flagged.sum() / mask.sum()``; 0.0 for an empty mask.
         weights: ``[B, T]`` the factor applied to each token's advantage (0 on padding).
+        offsets: ``[B, T]`` what the rule adds after the weights, ``advantages = weights *
+            A + offsets`` (0 on padding), or None for rules that only weight
+            (``entropy-adv`` and ``kl-cov`` add one).
         loss_mask: ``[B, T]`` bool, the tokens that stay in the loss: pass it as the
             ``mask`` of :func:`ktae.policy_loss`. Equal to the input mask for rules that
             only reweight; ``forking-tokens`` and ``stapo`` remove tokens from it.
@@ -91,6 +104,7 @@ class CalibrationResult:
     weights: torch.Tensor
     loss_mask: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    offsets: torch.Tensor | None = None
 
 
 def logged_metrics(name: str, result: CalibrationResult) -> dict[str, float]:
@@ -193,6 +207,11 @@ def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mas
                                               for v in stats.values()]).tolist(), strict=True))
         flag_rate = values.pop("flag_rate")
         weights = torch.where(mask, out.weights, 0)
-        return CalibrationResult(advantages=weights * adv, flagged=flagged,
+        calibrated = weights * adv
+        offsets = None
+        if out.offsets is not None:
+            offsets = torch.where(mask, out.offsets.to(calibrated.dtype), 0)
+            calibrated = calibrated + offsets
+        return CalibrationResult(advantages=calibrated, flagged=flagged,
                                  flag_rate=flag_rate, weights=weights, loss_mask=loss_mask,
-                                 metrics=values)
+                                 metrics=values, offsets=offsets)

@@ -4,6 +4,8 @@ A rule is a pure function of validated, detached ``[B, T]`` tensors::
 
     rule(adv, *, logprobs, entropies, old_logprobs, mask, generator, **options) -> RuleResult
 
+(the calibrated advantage is ``weights * adv + offsets``; most rules only weight)
+
 registered by name in :data:`CALIBRATIONS`; :func:`ktae.calibrate_advantages` validates
 the input, calls it under ``torch.no_grad`` and builds the public
 :class:`ktae.CalibrationResult`. ``adv`` is zero on padding; ``entropies`` and
@@ -36,12 +38,16 @@ class RuleResult(NamedTuple):
         flagged: bool, the real tokens whose credit the rule reduces or removes.
         loss_mask: bool, the tokens that stay in the loss; None = every real token.
         metrics: name -> 0-d tensor, the rule's own diagnostics (means over real tokens).
+        offsets: a term added after the weights, ``A <- weights * A + offsets`` (rules
+            that shift the advantage by an amount of their own: the entropy advantage,
+            KL-Cov's penalty gradient); None = no shift.
     """
 
     weights: torch.Tensor
     flagged: torch.Tensor
     loss_mask: torch.Tensor | None = None
     metrics: dict[str, torch.Tensor] | None = None
+    offsets: torch.Tensor | None = None
 
 
 def require(value: torch.Tensor | None, arg: str, rule: str, what: str) -> torch.Tensor:

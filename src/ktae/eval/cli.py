@@ -245,7 +245,7 @@ def _set_threads(threads: int) -> None:
 def _run(args: argparse.Namespace, console) -> int:
     from ktae.eval.cache import cache_key, cached_results, check_replace, default_output_dir
     from ktae.eval.model_path import resolve_model_path
-    from ktae.eval.results import prepare_output_dir, results_table
+    from ktae.eval.results import prepare_output_dir
     from ktae.eval.runner import evaluate, load_records
 
     args.model = _one_or_many(args.model)
@@ -287,7 +287,7 @@ def _run(args: argparse.Namespace, console) -> int:
         console.print(f"cached: {output_dir / 'results.json'} holds this evaluation (same "
                       "model, weights, data and settings)", markup=False, highlight=False,
                       soft_wrap=True)
-        console.print(results_table(cached))
+        _print_results(console, cached)
         return 0
     _set_threads(args.threads)
     tokenizer, model = _load(model_path, args.model, backend, args.dtype)
@@ -303,7 +303,7 @@ def _run(args: argparse.Namespace, console) -> int:
                 "template_source": choice.template_source,
                 "max_new_tokens_source": choice.max_new_tokens_source,
                 "cache_key": key_now()})  # a hub model is in the local cache by now
-    console.print(results_table(results))
+    _print_results(console, results)
     console.print(f"wrote {output_dir / 'results.json'}")
     return 0
 
@@ -359,7 +359,6 @@ def _run_responses(args: argparse.Namespace, console) -> int:
     from ktae.eval.responses import grade_responses, read_responses
     from ktae.eval.results import (
         prepare_output_dir,
-        results_table,
         write_results,
         write_samples,
     )
@@ -394,7 +393,7 @@ def _run_responses(args: argparse.Namespace, console) -> int:
     if (source if source.is_dir() else source.parent).resolve() != output_dir.resolve():
         for name, rows in samples.items():  # graded rows, beside results.json
             write_samples(output_dir / f"samples_{name}.jsonl", rows)
-    console.print(results_table(results))
+    _print_results(console, results)
     console.print(f"wrote {output_dir / 'results.json'}")
     return 0
 
@@ -406,6 +405,16 @@ def _hub_sources(args) -> dict | None:
     return dict(get_protocol(args.protocol).hub_sources) if args.protocol else None
 
 
+def _print_results(console, results) -> None:
+    """The results table, then a one-line notice when no response was formatted."""
+    from ktae.eval.results import results_table, unformatted_notice
+
+    console.print(results_table(results))
+    notice = unformatted_notice(results)
+    if notice is not None:
+        console.print(f"note: {notice}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _print(console, settings, choice) -> None:
     for line in (settings.describe(), f"generation: {choice.describe()}"):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -415,7 +424,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
     """``--checkpoints``: everything checked first, then one evaluation per checkpoint
     not already cached (see :mod:`ktae.eval.sweep`)."""
     from ktae.eval.cache import cache_key, check_replace, default_output_dir
-    from ktae.eval.results import prepare_output_dir, results_table
+    from ktae.eval.results import prepare_output_dir
     from ktae.eval.runner import evaluate, load_records
     from ktae.eval.sweep import AVG, incomplete_checkpoints, run_checkpoints, sweep
 
@@ -475,7 +484,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
         if cached:
             console.print(f"{ck.label}: cached ({output_dir / ck.label / 'results.json'})",
                           markup=False, highlight=False, soft_wrap=True)
-        console.print(results_table(results))
+        _print_results(console, results)
 
     summary = sweep(checkpoints, output_dir, key_of, evaluate_one, benchmarks=names,
                     select_on=select_on, on_result=report)

@@ -144,6 +144,20 @@ def write_results(path: Path, results: Mapping) -> None:
         f.write("\n")
 
 
+def unformatted_notice(results: Mapping) -> str | None:
+    """One line naming the benchmarks on which no response was formatted (no answer in the
+    form the grader reads, so every response scored as wrong); None when there is none."""
+    names = [b for b, m in results["benchmarks"].items()
+             if m.get("num_samples", m.get("n", 0)) and m["formatted_rate"] == 0]
+    if not names:
+        return None
+    where = " and ".join(names) if len(names) < 3 else ", ".join(names)
+    files = ", ".join(f"samples_{b}.jsonl" for b in names)
+    return (f"no response was formatted on {where}: none gave its answer in the form the "
+            f"benchmark is graded on (a final \\boxed{{}}; arith: a number), so every one "
+            f"scored as wrong; check --template and the responses in {files}")
+
+
 def results_table(results: Mapping):
     """A rich Table of the per-benchmark metrics and the average accuracy."""
     from rich import box

@@ -210,6 +210,11 @@ class TrainConfig:
     """Keep sampled rollouts of steps 1, 1 + N, 1 + 2N, ... in ``rollouts.jsonl`` (0 = never)."""
     rollout_groups: int = field(default=4, metadata=flag("groups kept per recorded step"))
     """Groups kept per recorded step (for ``ktae explain``)."""
+    no_signal_steps: int = field(default=5, metadata=flag(
+        "warn after this many steps with every group all right or all wrong, or most "
+        "responses truncated (0 = never)"))
+    """Warn when every group is all right or all wrong (or most responses are truncated)
+    for this many consecutive steps (0 = never; :mod:`ktae.train.no_signal`)."""
 
     def __post_init__(self) -> None:
         for name, hint in _hints().items():
@@ -263,7 +268,8 @@ class TrainConfig:
             raise ValueError("num_generations: expected an integer >= 2 (groups need two "
                              f"responses), got {self.num_generations!r}")
         for name in ("eval_every", "save_every", "save_total_limit", "warmup_steps",
-                     "overlong_buffer", "seed", "lora_r", "rollout_every", "rollout_groups"):
+                     "overlong_buffer", "seed", "lora_r", "rollout_every", "rollout_groups",
+                     "no_signal_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected a non-negative integer, "
                                  f"got {getattr(self, name)!r}")
@@ -397,7 +403,7 @@ class TrainConfig:
 #: Fields that cannot change the steps a run has trained (what is logged, evaluated, saved
 #: or shown, and how fast): a resumed run may change them.
 RESUMABLE_FIELDS = ("max_steps", "eval_every", "save_every", "save_total_limit", "progress",
-                    "torch_threads", "rollout_every", "rollout_groups")
+                    "torch_threads", "rollout_every", "rollout_groups", "no_signal_steps")
 
 #: Schedulers whose learning rate at a step does not depend on ``max_steps``.
 _STEP_FREE_SCHEDULERS = ("constant", "constant_with_warmup")

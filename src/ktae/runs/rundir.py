@@ -11,7 +11,8 @@ Layout of ``output_dir``::
     checkpoint-N/          transformers/TRL checkpoints; complete ones hold COMPLETE_MARKER
     final/                 the final model and tokenizer (+ ktae_generation.json, README.md)
     plots/*.png            accuracy, response length, entropy over steps
-    summary.json           before/after held-out accuracy, wall time, mean step time
+    summary.json           before/after held-out accuracy, wall time, mean step time and
+                           its parts, the no-signal finding
     README.md              a short model card: model, task, algo, credit, results, command
 
 Only the main process writes here. A run refuses a non-empty directory that is not a run
@@ -86,8 +87,16 @@ METRIC_KEYS = {
     "ktae/positive_advantage_fraction": "positive_advantage_fraction",
     "ktae/loss_token_fraction": "loss_token_fraction",
     "ktae/entropy_threshold": "entropy_threshold",
+    "ktae/mixed_group_fraction": "mixed_group_fraction",
+    "ktae/formatted_fraction": "formatted_fraction",
+    # one optimizer step's wall time and its parts (ktae.train.step_timing)
+    "ktae/step_seconds": "step_time",
+    "ktae/generation_seconds": "generation_seconds",
+    "ktae/scoring_seconds": "scoring_seconds",
+    "ktae/logprob_seconds": "logprob_seconds",
     "ktae/advantage_seconds": "advantage_seconds",
-    "step_time": "step_time",
+    "ktae/update_seconds": "update_seconds",
+    "ktae/other_seconds": "other_seconds",
     "loss": "loss",
     "grad_norm": "grad_norm",
     "learning_rate": "learning_rate",

@@ -39,8 +39,9 @@ def trained_batch_metrics(*, rewards: torch.Tensor, per_func: torch.Tensor,
         ``reward``, ``reward_std``, ``rewards/<name>/mean|std``, ``frac_reward_zero_std``
         (share of groups whose rewards are all equal), ``completions/mean_length``,
         ``min_length``, ``max_length``, ``clipped_ratio``, ``mean_terminated_length``,
-        ``min_terminated_length``, ``max_terminated_length``, ``ktae/accuracy`` and
-        ``ktae/response_length``.
+        ``min_terminated_length``, ``max_terminated_length``, ``ktae/accuracy``,
+        ``ktae/response_length`` and ``ktae/mixed_group_fraction`` (share of groups holding
+        both correct and incorrect responses: the groups a correctness signal can rank).
     """
     rewards = rewards.detach().float().cpu()
     per_func = per_func.detach().float().cpu()
@@ -60,6 +61,7 @@ def trained_batch_metrics(*, rewards: torch.Tensor, per_func: torch.Tensor,
         "completions/clipped_ratio": float(truncated.float().mean()),
         "ktae/accuracy": float(correct.detach().float().mean()),
         "ktae/response_length": float(lengths.mean()),
+        "ktae/mixed_group_fraction": mixed_group_fraction(correct, num_generations),
     }
     terminated = lengths[~truncated]
     if terminated.numel() == 0:  # TRL's convention for "none terminated"
@@ -71,6 +73,13 @@ def trained_batch_metrics(*, rewards: torch.Tensor, per_func: torch.Tensor,
         out[f"rewards/{name}/mean"] = _nanmean(per_func[:, i])
         out[f"rewards/{name}/std"] = _nanstd(per_func[:, i])
     return out
+
+
+def mixed_group_fraction(correct: torch.Tensor, num_generations: int) -> float:
+    """Share of the groups (contiguous blocks of ``num_generations`` rows of the ``[B]``
+    bool ``correct``) that hold both a correct and an incorrect response."""
+    grouped = correct.detach().bool().cpu().view(-1, num_generations)
+    return float((grouped.any(dim=1) & ~grouped.all(dim=1)).float().mean())
 
 
 def truncated_rows(completion_ids: torch.Tensor, token_mask: torch.Tensor,

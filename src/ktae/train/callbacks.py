@@ -1,4 +1,5 @@
-"""Trainer callbacks of ``ktae train``: metrics.jsonl lines, held-out eval, progress bar."""
+"""Trainer callbacks of ``ktae train``: metrics.jsonl lines, held-out eval, the no-signal
+warning, progress bar."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from transformers import TrainerCallback
 from ktae.rewards.registry import DEFAULT_REWARD
 from ktae.runs.rundir import RunDir
 from ktae.train.evaluation import greedy_accuracy
+from ktae.train.no_signal import find_no_signal, warn_no_signal
+from ktae.train.step_timing import describe_step
 
 
 class MetricsCallback(TrainerCallback):
@@ -48,8 +51,41 @@ class EvalCallback(TrainerCallback):
             self.evaluate(model, state.global_step)
 
 
+class NoSignalCallback(TrainerCallback):
+    """Warns once when the run learns nothing (:func:`ktae.train.no_signal.find_no_signal`
+    over the metrics.jsonl records, earlier segments of a resumed run included)."""
+
+    def __init__(self, metrics: MetricsCallback, *, steps: int, max_new_tokens: int,
+                 reward: str | None):
+        self.metrics, self.steps = metrics, steps
+        self.options = {"max_new_tokens": max_new_tokens, "reward": reward}
+        self.records: list[dict] = []
+        self.warned = False
+
+    def _find(self):
+        return find_no_signal(self.records, steps=self.steps, **self.options)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.records = [r for r in RunDir.read_jsonl(self.metrics.rundir.metrics_path)
+                        if r["step"] <= state.global_step]
+        self.warned = self._find() is not None  # a resumed run that already warned
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        last = self.metrics.last
+        if not state.is_world_process_zero or not last or \
+                (self.records and self.records[-1]["step"] >= last["step"]):
+            return
+        self.records.append(last)
+        if not self.warned:
+            finding = self._find()
+            if finding is not None:
+                self.warned = True
+                warn_no_signal(finding)
+
+
 class ProgressCallback(TrainerCallback):
-    """A tqdm bar with live reward / accuracy / length / held-out accuracy."""
+    """A tqdm bar with live reward / accuracy / length / held-out accuracy and the last
+    step's time by part (:func:`ktae.train.step_timing.describe_step`)."""
 
     def __init__(self, metrics: MetricsCallback, evals: EvalCallback):
         self.metrics, self.evals, self.bar = metrics, evals, None
@@ -72,6 +108,9 @@ class ProgressCallback(TrainerCallback):
                 post[short] = f"{m[key]:.2f}" if key != "response_length" else f"{m[key]:.1f}"
         if self.evals.last:
             post["heldout"] = f"{self.evals.last['accuracy']:.3f}"
+        timing = describe_step(m)
+        if timing is not None:
+            post["step"] = timing
         self.bar.set_postfix(post, refresh=False)  # MetricsCallback ran first: this step
         self.bar.update(state.global_step - self.bar.n)
 

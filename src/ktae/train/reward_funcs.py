@@ -14,18 +14,28 @@ from __future__ import annotations
 from ktae.rewards import overlong_penalty
 from ktae.rewards.registry import DEFAULT_REWARD, get_reward
 
+FORMATTED_METRIC = "ktae/formatted_fraction"
+"""Logged key: share of a generation pass's responses with an answer in the reward's format."""
+
 
 def make_accuracy_reward(*, reward: str = DEFAULT_REWARD, timeout: float = 5.0,
                          num_workers: int | None = 1):
     """``accuracy(completions, answer[, data_source]) -> [score]``: the reward ``reward``
     of :data:`ktae.rewards.registry.REWARDS` (default: the STRICT last-``\\boxed{}``
-    reward, :func:`ktae.rewards.math_reward`; an unclosed box or a bare number scores 0)."""
+    reward, :func:`ktae.rewards.math_reward`; an unclosed box or a bare number scores 0).
+
+    With TRL's ``log_metric`` it also logs :data:`FORMATTED_METRIC`, the share of the
+    responses holding an answer in the reward's format (read by ``ktae train``'s no-signal
+    check, :mod:`ktae.train.no_signal`)."""
     score = get_reward(reward).score
 
-    def accuracy(completions, answer, data_source=None, **_):
+    def accuracy(completions, answer, data_source=None, log_metric=None, **_):
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        return [r.score for r in score(texts, list(answer), timeout=timeout,
-                                       num_workers=num_workers, data_sources=data_source)]
+        results = score(texts, list(answer), timeout=timeout, num_workers=num_workers,
+                        data_sources=data_source)
+        if log_metric is not None and results:
+            log_metric(FORMATTED_METRIC, sum(r.formatted for r in results) / len(results))
+        return [r.score for r in results]
 
     return accuracy
 

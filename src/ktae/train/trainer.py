@@ -40,6 +40,11 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    transformers restores the logging/save steps of the checkpoint's ``trainer_state.json``;
    the resumed run's own settings (a changed ``--save-every``) are applied again.
 
+5. Step time (:mod:`ktae.train.step_timing`, docs/step-time.md): ``training_step``,
+   ``_generate``, ``_calculate_rewards`` and ``_get_per_token_logps_and_entropies`` (the
+   old/reference passes, outside ``_compute_loss``) are wrapped in timed parts, unchanged
+   otherwise; a callback times the optimizer step and logs each part's seconds.
+
 Metrics (``ktae/*`` keys) go through TRL's ``_metrics`` so they reach every logger.
 """
 
@@ -48,10 +53,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import time
 import warnings
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
@@ -75,6 +80,7 @@ from ktae.train.dynamic_sampling import (
     merge_rows,
     select_groups,
 )
+from ktae.train.step_timing import PART_KEYS, StepClock
 
 #: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
 _TOKEN_MASK = "ktae_token_mask"
@@ -162,6 +168,34 @@ class EpochRepeatSampler(RepeatSampler):
         yield from super().__iter__()
 
 
+class _StepClockCallback(TrainerCallback):
+    """Starts and finishes the trainer's :class:`StepClock` with each optimizer step, times
+    the optimizer step (transformers 5.24 calls ``on_pre_optimizer_step`` /
+    ``on_optimizer_step`` around ``optimizer.step()``) and logs the step's seconds. It runs
+    before the other callbacks, so a held-out evaluation at the step's end is not counted."""
+
+    def __init__(self, trainer: KTAEGRPOTrainer):
+        self.trainer = trainer
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.trainer.step_clock.start_step()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer.step_clock.begin("update")
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer.step_clock.end("update")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        seconds = self.trainer.step_clock.finish_step()
+        if seconds is None:
+            return
+        metrics = self.trainer._metrics["train"]
+        for part, key in PART_KEYS.items():
+            metrics[f"ktae/{key}"].append(seconds[part])
+        metrics["ktae/step_seconds"].append(seconds["step"])
+
+
 class KTAEGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose advantages come from :func:`ktae.compute_advantages`.
 
@@ -189,7 +223,10 @@ class KTAEGRPOTrainer(GRPOTrainer):
         self.generation_defaults = generation_defaults
         self._last_rewards_per_func: torch.Tensor | None = None
         self._pending_calibration: dict | None = None
+        self.step_clock = StepClock()
+        self._in_loss = False
         super().__init__(*args, **kwargs)
+        self.callback_handler.callbacks.insert(0, _StepClockCallback(self))
         if credit.correct_reward_index >= len(self.reward_funcs):
             raise ValueError(f"credit.correct_reward_index: expected < {len(self.reward_funcs)} "
                              f"(number of reward functions), got {credit.correct_reward_index}")
@@ -211,8 +248,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ rewards
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions,
-                                                      completion_ids_list)
+        with self.step_clock.part("scoring"):
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions,
+                                                          completion_ids_list)
         self._last_rewards_per_func = rewards_per_func  # [B_global, n_funcs], gathered
         return rewards_per_func
 
@@ -272,6 +310,19 @@ class KTAEGRPOTrainer(GRPOTrainer):
         if estimator_needs_logprobs(self.credit.estimator):  # a user rule's sampling logprobs
             batch[OLD_LOGPROBS] = logps.detach()
         return entropies.detach()
+
+    # ------------------------------------------------------------------ step time
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        # TRL 1.16's training_step (generation in _prepare_inputs, then loss and backward),
+        # timed as the update part; the parts inside it are counted as themselves
+        with self.step_clock.part("update"):
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def _generate(self, prompts: list):
+        # TRL 1.16's _generate: prompts tokenized, responses sampled and decoded
+        with self.step_clock.part("generation"):
+            return super()._generate(prompts)
 
     # ------------------------------------------------------------------ generation
 
@@ -367,7 +418,21 @@ class KTAEGRPOTrainer(GRPOTrainer):
                       mode: str, *, per_func: torch.Tensor, prompts: list) -> dict:
         """Replace TRL's [b] advantages with ``[b, T]`` ones computed on the global batch,
         and log the trained batch's metrics."""
-        start = time.perf_counter()
+        with self.step_clock.part("advantages"):
+            adv = self._advantages(batch, rewards, correct, mode, per_func=per_func,
+                                   prompts=prompts)
+        if self.rollouts is not None:
+            self.rollouts.on_advantages(self, batch=batch, ids=adv["ids"], mask=adv["mask"],
+                                        rewards=adv["rewards"], correct=adv["correct"],
+                                        advantages=adv["advantages"],
+                                        loss_mask=adv["loss_mask"],
+                                        old_entropies=adv["entropies"])
+        return batch
+
+    def _advantages(self, batch: dict, rewards: torch.Tensor, correct: torch.Tensor,
+                    mode: str, *, per_func: torch.Tensor, prompts: list) -> dict:
+        """:meth:`_finish_batch` up to the rollout recording: sets ``batch["advantages"]``
+        and returns the global tensors the recorder reads."""
         ids = batch["completion_ids"]
         mask = batch.pop(_TOKEN_MASK)
         loss_mask = batch["completion_mask"]
@@ -403,8 +468,6 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                entropies=entropies, compute=ktae.compute_advantages)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
         batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
-        seconds = time.perf_counter() - start
-        self._metrics[mode]["ktae/advantage_seconds"].append(seconds)
         lengths = mask.sum(dim=1)
         truncated = truncated_rows(ids, mask, self._stop_ids())
         for key, value in trained_batch_metrics(
@@ -413,11 +476,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 num_generations=G).items():
             self._metrics[mode][key].append(value)
         self._log_trained_completions(batch, adv, mask, per_func, prompts)
-        if self.rollouts is not None:
-            self.rollouts.on_advantages(self, batch=batch, ids=ids, mask=mask, rewards=rewards,
-                                        correct=correct, advantages=adv, loss_mask=loss_mask,
-                                        old_entropies=entropies)
-        return batch
+        return {"ids": ids, "mask": mask, "rewards": rewards, "correct": correct,
+                "advantages": adv, "loss_mask": loss_mask, "entropies": entropies}
 
     def _log_trained_completions(self, batch: dict, adv: torch.Tensor, mask: torch.Tensor,
                                  per_func: torch.Tensor, prompts: list) -> None:
@@ -444,14 +504,19 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ calibration
 
     def _compute_loss(self, model, inputs):
-        if self.credit.calibration is None:
-            return super()._compute_loss(model, inputs)
-        inputs = self._loss_inputs(inputs)
-        self._pending_calibration = inputs
+        # the policy pass inside TRL 1.16's _compute_loss is the update's, not a log-prob pass
+        self._in_loss = True
         try:
-            return super()._compute_loss(model, inputs)
+            if self.credit.calibration is None:
+                return super()._compute_loss(model, inputs)
+            inputs = self._loss_inputs(inputs)
+            self._pending_calibration = inputs
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._pending_calibration = None
         finally:
-            self._pending_calibration = None
+            self._in_loss = False
 
     def _loss_inputs(self, inputs: dict) -> dict:
         """A copy of ``inputs`` whose advantages and loss mask the calibration may change.
@@ -479,8 +544,13 @@ class KTAEGRPOTrainer(GRPOTrainer):
         if pending is not None and _ATTENTION_COMPLETION_MASK in pending:
             attention_mask = torch.cat([pending["prompt_mask"],
                                         pending[_ATTENTION_COMPLETION_MASK]], dim=1)
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, *args, **kwargs)
+        if self._in_loss:
+            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, *args, **kwargs)
+        else:  # TRL 1.16's old/reference passes (and the old-policy entropies pass)
+            with self.step_clock.part("logprobs"):
+                logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, *args, **kwargs)
         if pending is not None and entropies is not None:
             self._pending_calibration = None  # only the policy pass of this _compute_loss
             self._calibrate(pending, logps.detach(), entropies.detach())

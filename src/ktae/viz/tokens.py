@@ -14,7 +14,10 @@ one token, so that the pieces concatenate to the decoded text:
   detokenisers do: a token gets the text its decoding adds, or the empty text while
   that text would end in an incomplete character.
 
-Special tokens (``<eos>``, ``<|endoftext|>``) keep their own text.
+Special tokens (``<eos>``, ``<|endoftext|>``) keep their own text. Each piece also says
+which earlier tokens hold the first bytes of its first character (``lead``), so that a
+renderer can draw a split character once, over all its tokens
+(:mod:`ktae.viz.text_layout`).
 """
 
 from __future__ import annotations
@@ -33,11 +36,15 @@ class TokenPiece:
 
     ``text``: the characters this token completes (``""`` when it completes none);
     ``raw``: the token's bytes for byte-level tokenizers (None for other tokenizers and
-    special tokens).
+    special tokens); ``lead``: how many tokens just before this one hold the first bytes
+    of its first character (0 when the character starts in this token);
+    ``special``: a special token (``<eos>``, ``<|im_end|>``).
     """
 
     text: str
     raw: bytes | None = None
+    lead: int = 0
+    special: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -60,17 +67,18 @@ def is_byte_level(tokenizer) -> bool:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return False
-    try:
-        decoder = json.loads(backend.to_str()).get("decoder") or {}
-    except (AttributeError, ValueError):
+    try:  # the decoder alone: serialising the whole tokenizer takes a second on a real one
+        decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder else {}
+    except (AttributeError, TypeError, ValueError):
         return False
     parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
     return any(isinstance(p, dict) and p.get("type") == "ByteLevel" for p in parts)
 
 
-def _special_ids(tokenizer) -> set[int]:
+def _added_ids(tokenizer) -> dict[int, bool]:
+    """Added tokens: id -> whether it is a special token."""
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    return {int(i) for i in added}
+    return {int(i): bool(getattr(t, "special", True)) for i, t in added.items()}
 
 
 def _check_ids(tokenizer, ids: list[int]) -> None:
@@ -100,30 +108,40 @@ def token_pieces(tokenizer, ids) -> list[TokenPiece]:
 
 def _byte_level_pieces(tokenizer, ids: list[int]) -> list[TokenPiece]:
     table = _byte_decoder()
-    special = _special_ids(tokenizer)
+    added = _added_ids(tokenizer)
     strings = tokenizer.convert_ids_to_tokens(ids)
     texts = [""] * len(ids)
+    leads = [0] * len(ids)
     raws: list[bytes | None] = [None] * len(ids)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     last = None  # the token holding the latest byte fed to the decoder
+    start = 0  # the token holding the first byte of the character being decoded
+
+    def emit(k: int, text: str) -> None:
+        if text and not texts[k]:
+            leads[k] = k - start
+        texts[k] += text
 
     def flush():
         if last is not None:
-            texts[last] += decoder.decode(b"", final=True)
+            emit(last, decoder.decode(b"", final=True))
         decoder.reset()
 
     for k, (tid, s) in enumerate(zip(ids, strings, strict=True)):
-        if tid in special or s is None or any(ch not in table for ch in s):
+        if tid in added or s is None or any(ch not in table for ch in s):
             flush()
             texts[k] = tokenizer.decode([tid], skip_special_tokens=False)
             last = None
             continue
         raws[k] = bytes(table[ch] for ch in s)
         for byte in raws[k]:
-            texts[k] += decoder.decode(bytes([byte]))
+            if not decoder.getstate()[0]:  # no pending bytes: a new character starts
+                start = k
+            emit(k, decoder.decode(bytes([byte])))
         last = k
     flush()
-    return [TokenPiece(t, r) for t, r in zip(texts, raws, strict=True)]
+    return [TokenPiece(t, r, lead, added.get(tid, False))
+            for t, r, lead, tid in zip(texts, raws, leads, ids, strict=True)]
 
 
 def _incremental_pieces(tokenizer, ids: list[int]) -> list[TokenPiece]:
@@ -131,16 +149,18 @@ def _incremental_pieces(tokenizer, ids: list[int]) -> list[TokenPiece]:
         return tokenizer.decode(part, skip_special_tokens=False,
                                 clean_up_tokenization_spaces=False)
 
+    special = {i for i, flag in _added_ids(tokenizer).items() if flag}
     pieces = []
     prefix, read = 0, 0  # decode ids[prefix:] and keep what comes after ids[prefix:read]
     for k in range(len(ids)):
         before = decode(ids[prefix:read])
         now = decode(ids[prefix:k + 1])
         if len(now) > len(before) and not now.endswith(REPLACEMENT):
-            pieces.append(TokenPiece(now[len(before):]))
+            # tokens read..k-1 added no text: theirs is held back until this one
+            pieces.append(TokenPiece(now[len(before):], lead=k - read, special=ids[k] in special))
             prefix, read = read, k + 1
         else:
-            pieces.append(TokenPiece(""))
+            pieces.append(TokenPiece("", special=ids[k] in special))
     return pieces
 
 

@@ -334,6 +334,31 @@ def check_calibration_values(settings: CalibrationSettings) -> None:
                          f"{e}") from None
 
 
+#: Calibrations that read the loss's clip range as options of their own (Clip-Cov's test of
+#: the tokens the clip already takes), and verl's defaults for it.
+CLIP_RANGE_RULES = ("clip-cov",)
+VERL_CLIP_RATIO = 0.2
+
+
+def check_clip_range(settings: CalibrationSettings, actor: Any) -> None:
+    """A rule that reads the clip range (``clip_low``/``clip_high``) must see verl's own
+    ``clip_ratio_low``/``clip_ratio_high`` (each defaulting to ``clip_ratio``, 0.2)."""
+    if settings.name not in CLIP_RANGE_RULES:
+        return
+    import ktae
+
+    clip = _get(actor, "clip_ratio", VERL_CLIP_RATIO)
+    defaults = inspect.signature(ktae.CALIBRATIONS.get(settings.name)).parameters
+    for own, verl_key in (("clip_low", "clip_ratio_low"), ("clip_high", "clip_ratio_high")):
+        verl_value = _get(actor, verl_key)
+        verl_value = clip if verl_value is None else verl_value
+        value = settings.options.get(own, defaults[own].default)
+        if float(value) != float(verl_value):
+            raise ValueError(f"{POLICY_LOSS_PATH}.{POLICY_LOSS_KEY}.{own}={value} but the "
+                             f"actor's {verl_key} is {verl_value}: loss_mode={settings.name} "
+                             f"must test the clip range the loss uses; set {own}={verl_value}")
+
+
 @dataclass(frozen=True)
 class PluginConfig:
     """What :func:`check_config` found: the plugin parts a verl config uses (or None)."""
@@ -387,6 +412,7 @@ def check_config(config: Any) -> PluginConfig:
             raise ValueError(f"{POLICY_LOSS_PATH}.loss_mode={loss_mode} reads the current "
                              "policy's entropy at each update, which verl computes only when "
                              f"asked: set {CALCULATE_ENTROPY_PATH}=true")
+        check_clip_range(calibration, actor)
     elif _get(policy_loss, POLICY_LOSS_KEY) is not None:
         raise ValueError(f"{POLICY_LOSS_PATH}.{POLICY_LOSS_KEY}: calibration options are set "
                          f"but loss_mode={loss_mode} is not a ktae calibration; set "

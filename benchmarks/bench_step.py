@@ -1,0 +1,415 @@
+"""One training step of a real model against its physical floor, and against TRL's own step.
+
+Usage:
+    python benchmarks/bench_step.py                        # SmolLM2-135M, 4 x 8, 64 tokens
+    python benchmarks/bench_step.py --prompts 2 --generations 4 --new-tokens 32 --rounds 3
+    python benchmarks/bench_step.py --only matmul,generation --compile
+
+Four measurements, in one process, at one torch thread count (``--threads``):
+
+1. **Matmul rate.** ``torch.mm`` in float32 on the model's own linear shapes (every layer's
+   projections and the LM head): at M = the step's token count (the shapes of the update
+   and of a log-prob pass) and at M = the batch (the shapes of one decoding step).
+2. **Generation backends.** The step's batch (``prompts x generations`` rows, left-padded)
+   sampled with ``model.generate`` under each setting that works here: dynamic KV cache
+   (TRL 1.16's HF path), static cache, other thread counts (``--other-threads``), and with
+   ``--compile`` a static cache under ``torch.compile``. Every response is exactly ``--new-tokens`` long
+   (``min_new_tokens``), so every setting and trainer does the same work.
+3. **ktae's step by part** (generation, scoring, log-probs, advantages, update;
+   :mod:`ktae.train.step_timing`), each against its floor: ``6 N T`` FLOPs for the update
+   (forward and backward over the ``T`` tokens of the batch, ``N`` parameters), ``2 N T``
+   for each log-prob pass (old policy, reference), ``2 N`` per prompt token (prefill, at
+   the training shapes' rate) plus ``2 N`` per generated token (at the decoding shapes'
+   rate) for generation. Floors divide those FLOPs by the rates measured in 1.
+4. **ktae against TRL.** ``KTAEGRPOTrainer`` (``--credit none``) and TRL's own
+   ``GRPOTrainer`` on the same model (fresh copies of the same weights), batch, reward,
+   ``GRPOConfig`` and backend, one optimizer step each, alternating for ``--rounds``
+   rounds; medians and their ratio. Each step is timed by the same callback, from
+   ``on_step_begin`` to ``on_step_end`` (optimizer step included).
+
+The 1-minute load average is printed before each measurement: a shared machine is rarely
+idle, and every ratio printed compares times taken side by side in the same run.
+``--json PATH`` writes every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+PARTS = ("generation", "scoring", "logprobs", "advantages", "update")
+
+
+def load() -> str:
+    return open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+# ----------------------------------------------------------------------------- the model
+
+def resolve_model(name: str) -> str:
+    from ktae.models.named import is_named, named_model_path
+
+    return str(named_model_path(name)) if is_named(name) else name
+
+
+def load_model(path: str):
+    from ktae.runs.config import TrainConfig
+    from ktae.train.session import load_model as ktae_load
+
+    model, tokenizer, _ = ktae_load(TrainConfig(model=path))
+    return model, tokenizer
+
+
+def parameter_count(model) -> int:
+    """Parameters once each (a tied LM head is the embedding, counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def linear_shapes(model) -> list[tuple[int, int]]:
+    """(in, out) of every matmul a token goes through: each ``nn.Linear`` and the LM head."""
+    shapes = [(m.in_features, m.out_features) for m in model.modules()
+              if isinstance(m, torch.nn.Linear)]
+    return shapes
+
+
+def prompts_of(tokenizer, count: int) -> list[dict]:
+    """Natural-language arithmetic questions, in the model's chat template when it has one."""
+    rows = []
+    for i in range(count):
+        a, b = 3 + (7 * i) % 17, 2 + (5 * i) % 9
+        question = f"Tom has {a} apples and buys {b} more. How many apples does he have now?"
+        if tokenizer.chat_template:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                   tokenize=False, add_generation_prompt=True)
+        else:
+            prompt = f"Q: {question}\nA:"
+        rows.append({"prompt": prompt, "answer": str(a + b)})
+    return rows
+
+
+def contains_answer(completions, answer, **_):
+    """1.0 when the response holds the answer's digits (the same cheap reward for both)."""
+    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer, strict=True)]
+
+
+# ----------------------------------------------------------------------------- 1. matmul
+
+def matmul_rate(shapes: list[tuple[int, int]], rows: int, repeats: int = 3) -> float:
+    """FLOP/s of ``torch.mm`` over ``shapes`` with ``rows`` rows (median of ``repeats``)."""
+    distinct = {}
+    for s in shapes:
+        distinct[s] = distinct.get(s, 0) + 1
+    mats = {s: (torch.randn(rows, s[0]), torch.randn(s[0], s[1])) for s in distinct}
+    flops = sum(2 * rows * i * o * n for (i, o), n in distinct.items())
+    for a, b in mats.values():  # warm-up
+        torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for s, n in distinct.items():
+            a, b = mats[s]
+            for _ in range(n):
+                torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    return flops / statistics.median(times)
+
+
+# ----------------------------------------------------------------------------- 2. generation
+
+def generation_seconds(model, tokenizer, prompts: list[str], new_tokens: int, *,
+                       cache: str | None = None, repeats: int = 1) -> float:
+    """Median wall seconds of sampling every prompt once, exactly ``new_tokens`` tokens."""
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                  max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                  pad_token_id=tokenizer.pad_token_id)
+    if cache is not None:
+        kwargs["cache_implementation"] = cache
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = model.generate(**enc, **kwargs)
+            times.append(time.perf_counter() - start)
+    assert out.shape[1] == enc["input_ids"].shape[1] + new_tokens
+    return statistics.median(times)
+
+
+def generation_backends(model, tokenizer, prompts, new_tokens, threads, *, compile_: bool,
+                        repeats: int, other_threads: list[int]) -> dict[str, float]:
+    out = {}
+    say(f"  load {load()}: dynamic cache (TRL's HF path), {threads} thread(s)")
+    out["dynamic cache"] = generation_seconds(model, tokenizer, prompts, new_tokens,
+                                              repeats=repeats)
+    say(f"  load {load()}: static cache")
+    out["static cache"] = generation_seconds(model, tokenizer, prompts, new_tokens,
+                                             cache="static", repeats=repeats)
+    for other in other_threads:
+        say(f"  load {load()}: dynamic cache, {other} thread(s)")
+        torch.set_num_threads(other)
+        try:
+            out[f"dynamic cache, {other} thread(s)"] = generation_seconds(
+                model, tokenizer, prompts, new_tokens, repeats=repeats)
+        finally:
+            torch.set_num_threads(threads)
+    if compile_:
+        say(f"  load {load()}: static cache + torch.compile (compiling first)")
+        try:
+            model.forward = torch.compile(model.forward, mode="reduce-overhead")
+            start = time.perf_counter()
+            generation_seconds(model, tokenizer, prompts, new_tokens, cache="static")
+            out["compile time"] = time.perf_counter() - start
+            out["static cache + compile"] = generation_seconds(
+                model, tokenizer, prompts, new_tokens, cache="static", repeats=repeats)
+        except Exception as err:  # a compiler this machine lacks: say so, keep the rest
+            say(f"  torch.compile failed here: {type(err).__name__}: {str(err)[:200]}")
+        finally:
+            model.forward = type(model).forward.__get__(model)
+    return out
+
+
+# ----------------------------------------------------------------------------- 3-4. steps
+
+#: TRL 1.16's own profiled sections (``trl.extras.profiling``), recorded for both trainers.
+PROFILED = ("_prepare_inputs", "transformers.generate", "_calculate_rewards",
+            "_get_per_token_logps_and_entropies", "compute_loss")
+_profiled: dict[str, float] = {}
+
+
+def record_trl_profiling() -> None:
+    """Make TRL's ``ProfilingContext`` (which reports only to wandb/mlflow/trackio) add
+    each section's seconds to :data:`_profiled`, keyed by the section's method name."""
+    from trl.extras.profiling import ProfilingContext
+
+    def log(self, duration):
+        key = self.name.split(".", 1)[1]
+        _profiled[key] = _profiled.get(key, 0.0) + duration
+
+    ProfilingContext._log_metrics = log
+
+
+class StepTimes:
+    """Same callback for both trainers: step wall time (begin to end), TRL's profiled
+    sections of the step, and ktae's parts."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        outer = self
+        self.steps: list[float] = []
+        self.parts: list[dict] = []
+        self.profiled: list[dict] = []
+
+        class _CB(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                _profiled.clear()
+                outer._t0 = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kw):
+                outer.steps.append(time.perf_counter() - outer._t0)
+                outer.profiled.append(dict(_profiled))
+
+            def on_log(self, args, state, control, logs=None, **kw):
+                from ktae.train.step_timing import PART_KEYS
+
+                if logs and "ktae/step_seconds" in logs:
+                    outer.parts.append({p: logs[f"ktae/{k}"] for p, k in PART_KEYS.items()}
+                                       | {"step": logs["ktae/step_seconds"],
+                                          "tokens": logs.get("completions/mean_length")})
+
+        self.callback = _CB()
+
+
+def trainer_args(path: str, out: str, *, prompts: int, generations: int, new_tokens: int,
+                 threads: int, steps: int, trl: dict):
+    from ktae.runs.config import TrainConfig
+    from ktae.runs.credit import credit_settings
+    from ktae.train.session import grpo_config
+
+    cfg = TrainConfig(model=path, algo="grpo", credit="none", num_prompts=prompts,
+                      num_generations=generations, max_new_tokens=new_tokens,
+                      max_steps=steps, output_dir=out, torch_threads=threads,
+                      save_every=0, eval_every=0, progress=False).resolve()
+    settings = {"generation_kwargs": {"min_new_tokens": new_tokens}, "save_strategy": "no",
+                **trl}
+    return grpo_config(cfg, 1, settings), credit_settings(cfg)
+
+
+def run_steps(kind: str, state: dict, tokenizer, rows, args, credit, timer: StepTimes):
+    """One fresh trainer of ``kind`` (ktae or trl) on a fresh copy of the weights."""
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOTrainer
+
+    from ktae.train.trainer import KTAEGRPOTrainer
+
+    model = state["factory"]()
+    kwargs = dict(model=model, reward_funcs=[contains_answer], args=args,
+                  train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                  callbacks=[timer.callback])
+    trainer = (KTAEGRPOTrainer(credit=credit, **kwargs) if kind == "ktae"
+               else GRPOTrainer(**kwargs))
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    del trainer, model
+    gc.collect()
+
+
+def floors(n_params: int, batch: int, prompt_tokens: int, new_tokens: int,
+           rate_train: float, rate_decode: float, passes: int) -> dict[str, float]:
+    tokens = batch * (prompt_tokens + new_tokens)
+    return {
+        "generation": (2 * n_params * batch * prompt_tokens / rate_train
+                       + 2 * n_params * batch * new_tokens / rate_decode),
+        "logprobs": passes * 2 * n_params * tokens / rate_train,
+        "update": 6 * n_params * tokens / rate_train,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m", help="a model name or directory")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--rounds", type=int, default=3, help="alternating ktae/TRL steps each")
+    p.add_argument("--repeats", type=int, default=1, help="runs per generation setting")
+    p.add_argument("--compile", action="store_true", help="also try torch.compile")
+    p.add_argument("--other-threads", type=lambda t: [int(x) for x in t.split(",")], default=[],
+                   help="also generate at these thread counts (comma-separated)")
+    p.add_argument("--beta", type=float, default=0.0,
+                   help="KL coefficient (> 0 adds the reference log-prob pass)")
+    p.add_argument("--trl", action="append", default=[], metavar="KEY=VALUE",
+                   help="a GRPOConfig setting for both trainers (e.g. "
+                        "gradient_checkpointing=true)")
+    p.add_argument("--only", default="matmul,generation,step",
+                   help="comma-separated: matmul, generation, step")
+    p.add_argument("--json", help="write every number here")
+    a = p.parse_args(argv)
+    only = set(a.only.split(","))
+    from ktae.train.session import _quiet
+    from ktae.train.trl_args import parse_trl_pairs
+
+    _quiet()
+    trl = parse_trl_pairs(a.trl)
+    trl["beta"] = a.beta
+    torch.set_num_threads(a.threads)
+    path = resolve_model(a.model)
+    model, tokenizer = load_model(path)
+    model.eval()
+    n_params = parameter_count(model)
+    batch = a.prompts * a.generations
+    rows = prompts_of(tokenizer, 64)
+    sample = [r["prompt"] for r in rows[:a.prompts] for _ in range(a.generations)]
+    prompt_tokens = max(len(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in sample)
+    result: dict = {"model": path, "parameters": n_params, "threads": a.threads,
+                    "batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": a.new_tokens}
+    say(f"{path}: {n_params / 1e6:.1f}M parameters; {a.prompts} prompts x {a.generations} = "
+        f"{batch} responses of {a.new_tokens} tokens after prompts of <= {prompt_tokens}; "
+        f"{a.threads} thread(s); load {load()}")
+
+    shapes = linear_shapes(model)
+    tokens = batch * (prompt_tokens + a.new_tokens)
+    say(f"\n1. float32 matmul rate (the model's {len(shapes)} linear shapes)")
+    rate_train = matmul_rate(shapes, tokens)
+    rate_decode = matmul_rate(shapes, batch, repeats=5)
+    result["matmul"] = {"train_rows": tokens, "train_flops": rate_train,
+                        "decode_rows": batch, "decode_flops": rate_decode}
+    say(f"  M = {tokens} rows (update, log-prob passes): {rate_train / 1e9:.1f} GFLOP/s")
+    say(f"  M = {batch} rows (one decoding step):      {rate_decode / 1e9:.1f} GFLOP/s")
+    passes = 1 if a.beta > 0 else 0
+    floor = floors(n_params, batch, prompt_tokens, a.new_tokens, rate_train, rate_decode,
+                   passes)
+    result["floors"] = floor
+    say(f"  floors: generation {floor['generation']:.1f} s, update {floor['update']:.1f} s "
+        f"(6 N T, T = {tokens} tokens: {6 * n_params * tokens / 1e12:.2f} TFLOP)"
+        + (f", log-probs {floor['logprobs']:.1f} s" if passes else ""))
+
+    if "generation" in only:
+        say(f"\n2. generation backends ({batch} rows x {a.new_tokens} tokens, sampled)")
+        gens = generation_backends(model, tokenizer, sample, a.new_tokens, a.threads,
+                                   compile_=a.compile, repeats=a.repeats,
+                                   other_threads=[t for t in a.other_threads if t != a.threads])
+        result["generation"] = gens
+        best = min(v for k, v in gens.items() if k != "compile time")
+        for name, seconds in gens.items():
+            extra = "" if name == "compile time" else \
+                f"  x{seconds / best:.2f} of the best, x{seconds / floor['generation']:.2f} " \
+                "of the floor"
+            say(f"  {name:<28} {seconds:7.1f} s{extra}")
+        result["generation_best"] = best
+    del model
+    gc.collect()
+
+    if "step" in only:
+        say(f"\n3-4. ktae (--credit none) and TRL's GRPOTrainer, one step each, alternating "
+            f"for {a.rounds} rounds")
+        weights = {k: v.clone() for k, v in load_model(path)[0].state_dict().items()}
+
+        def factory():
+            m, _ = load_model(path)
+            m.load_state_dict(weights)
+            return m
+
+        state = {"factory": factory}
+        record_trl_profiling()
+        timers = {"ktae": StepTimes(), "trl": StepTimes()}
+        with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+            args, credit = trainer_args(path, tmp, prompts=a.prompts, generations=a.generations,
+                                        new_tokens=a.new_tokens, threads=a.threads, steps=1,
+                                        trl=trl)
+            for r in range(a.rounds):
+                order = ("ktae", "trl") if r % 2 == 0 else ("trl", "ktae")
+                for kind in order:
+                    say(f"  round {r + 1}: {kind}, load {load()}")
+                    run_steps(kind, state, tokenizer, rows, args, credit, timers[kind])
+                    say(f"    step {timers[kind].steps[-1]:.1f} s")
+        med = {k: statistics.median(t.steps) for k, t in timers.items()}
+        say(f"\n  TRL's profiled sections, median seconds per step: {'ktae':>9} {'trl':>9}")
+        for section in PROFILED:
+            cells = [statistics.median(p.get(section, 0.0) for p in timers[k].profiled)
+                     for k in ("ktae", "trl")]
+            say(f"  {section:<48} {cells[0]:9.3g} {cells[1]:9.3g}")
+        result["trl_profiled"] = {k: t.profiled for k, t in timers.items()}
+        parts = {p: statistics.median(x[p] for x in timers["ktae"].parts)
+                 for p in (*PARTS, "other", "step")}
+        result["steps"] = {k: t.steps for k, t in timers.items()}
+        result["ktae_parts"] = timers["ktae"].parts
+        result["ratio"] = med["ktae"] / med["trl"]
+        say(f"\n  ktae step (median of {a.rounds}): {med['ktae']:.1f} s; TRL's: "
+            f"{med['trl']:.1f} s; ktae/TRL = {result['ratio']:.3f}")
+        say(f"\n  {'part':<12} {'seconds':>9} {'floor':>9} {'x floor':>9}")
+        for part in (*PARTS, "other"):
+            f = floor.get(part)
+            cells = f" {f:9.3g} {parts[part] / f:9.3g}" if f else ""
+            say(f"  {part:<12} {parts[part]:9.3g}{cells}")
+        say(f"  {'step':<12} {parts['step']:9.3g}")
+        if "generation_best" in result:
+            say(f"  generation in the step / best backend above: "
+                f"x{parts['generation'] / result['generation_best']:.2f}")
+        result["ktae_part_medians"] = parts
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
