@@ -4,8 +4,9 @@ Writes ``results.json`` and ``samples_<bench>.jsonl`` to ``--output-dir`` and pr
 table. ``--protocol ktae|taco`` sets a paper's template, decoding, budget and k per
 benchmark (:mod:`ktae.eval.protocols`); ``--checkpoints all`` evaluates every checkpoint
 of a ``ktae train`` run directory (:mod:`ktae.eval.sweep`). Uses vLLM when it is
-installed and a GPU is present (``--backend auto``),
-transformers otherwise. A model saved with ``ktae_generation.json`` (``ktae train``'s
+installed and a GPU is present (``--backend auto``), transformers otherwise (on a CPU
+with vLLM's CPU build installed, one line says why; ``--backend vllm`` uses it:
+docs/vllm.md). A model saved with ``ktae_generation.json`` (``ktae train``'s
 models, the shipped default model) is prompted and budgeted as it was trained unless
 ``--template`` / ``--max-new-tokens`` say otherwise; the choice is printed.
 
@@ -98,9 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use the few sample records shipped with ktae (offline smoke test)")
     parser.add_argument("--split", default=None, help="dataset split (default: each benchmark's)")
     parser.add_argument("--backend", choices=("auto", "hf", "vllm"), default="auto",
-                        help="generation engine (auto: vLLM if installed and a GPU is present)")
+                        help="generation engine (auto: vLLM if installed and a GPU is present; "
+                             "vllm also runs vLLM's CPU build, see docs/vllm.md)")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
-                        default="auto", help="model weights dtype")
+                        default="auto",
+                        help="model weights dtype (vLLM's auto turns a float32 model into "
+                             "bfloat16 on a CPU; the dtype it ran in is recorded)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show vLLM's start-up log (quiet otherwise)")
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="verifier time limit per answer, seconds")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -169,8 +175,8 @@ def _check_options(args: argparse.Namespace) -> None:
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            raise ValueError("--backend vllm: vLLM is not installed (pip install vllm, on a "
-                             "machine with a GPU); --backend hf runs anywhere")
+            raise ValueError("--backend vllm: vLLM is not installed (pip install 'ktae[vllm]' "
+                             "for its CPU build, see docs/vllm.md); --backend hf runs anywhere")
 
 
 def _settings(args: argparse.Namespace, names: list[str], model_path: str):
@@ -207,10 +213,13 @@ def _settings_record(settings, names: list[str], args) -> dict:
             "settings_sources": dict(settings.sources)}
 
 
-def _settings_key(args, settings, choice, names: list[str], backend: str) -> dict:
+def _settings_key(args, settings, choice, names: list[str], backend: str,
+                  engine: dict | None = None) -> dict:
     """Every setting that changes the samples or their grading (the data is keyed by its
-    content, :func:`ktae.eval.provenance.records_sha256`)."""
-    return {"benchmarks": names, "k": settings.k, "temperature": settings.temperature,
+    content, :func:`ktae.eval.provenance.records_sha256`); with vLLM, ``engine``: its
+    version and the dtype it will run in (:func:`ktae.eval.vllm_engine.expected_settings`)."""
+    return {**({"engine": engine} if engine else {}),
+            "benchmarks": names, "k": settings.k, "temperature": settings.temperature,
             "top_p": settings.top_p, "max_new_tokens": choice.max_new_tokens,
             "template": choice.template, "seed": args.seed, "limit": args.limit,
             "backend": backend, "dtype": args.dtype, "split": args.split,
@@ -238,7 +247,6 @@ def _run(args: argparse.Namespace, console) -> int:
     from ktae.eval.model_path import resolve_model_path
     from ktae.eval.results import prepare_output_dir
     from ktae.eval.runner import evaluate, load_records
-    from ktae.models.generate import vllm_available
 
     args.model = _one_or_many(args.model)
     if args.responses is not None:
@@ -263,11 +271,10 @@ def _run(args: argparse.Namespace, console) -> int:
     records = load_records(names, limit=args.limit, data_dir=args.data_dir,
                            fixtures=args.fixtures, split=args.split,
                            hub_sources=_hub_sources(args))
-    backend = args.backend
-    if backend == "auto":
-        backend = "vllm" if vllm_available() else "hf"
+    backend = _backend(args, console)
     origins, hashes = _data(records, names, args)
-    settings_key = _settings_key(args, settings, choice, names, backend)
+    settings_key = _settings_key(args, settings, choice, names, backend,
+                                 _engine(args, backend, model_path))
 
     def key_now() -> dict:
         return cache_key(model=args.model, model_dir=resolve_model_path(args.model),
@@ -291,7 +298,7 @@ def _run(args: argparse.Namespace, console) -> int:
         batch_size=args.batch_size, seed=args.seed, output_dir=output_dir,
         timeout=args.timeout, show_progress=not args.no_progress, backend=backend,
         model_path=model_path, dtype=args.dtype, grader=settings.grader,
-        long_prompts=args.long_prompts, data=origins,
+        long_prompts=args.long_prompts, data=origins, verbose=args.verbose,
         config={"model": args.model, **_settings_record(settings, names, args),
                 "template_source": choice.template_source,
                 "max_new_tokens_source": choice.max_new_tokens_source,
@@ -420,7 +427,6 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
     from ktae.eval.results import prepare_output_dir
     from ktae.eval.runner import evaluate, load_records
     from ktae.eval.sweep import AVG, incomplete_checkpoints, run_checkpoints, sweep
-    from ktae.models.generate import vllm_available
 
     checkpoints = run_checkpoints(args.model, args.checkpoints)
     incomplete = incomplete_checkpoints(args.model)
@@ -437,15 +443,14 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
     records = load_records(names, limit=args.limit, data_dir=args.data_dir,
                            fixtures=args.fixtures, split=args.split,
                            hub_sources=_hub_sources(args))
-    backend = args.backend
-    if backend == "auto":
-        backend = "vllm" if vllm_available() else "hf"
+    backend = _backend(args, console)
+    engine = _engine(args, backend, str(checkpoints[0].path)) if checkpoints else None
     by_label = {ck.label: (settings, choice) for ck, settings, choice in plans}
     keys = {_key_json(_settings_key(args, *v, names, backend)) for v in by_label.values()}
     if len(keys) != 1:
         raise ValueError("--checkpoints: the checkpoints were saved with different "
                          "templates or budgets; give --template and --max-new-tokens")
-    settings_key = _settings_key(args, *next(iter(by_label.values())), names, backend)
+    settings_key = _settings_key(args, *next(iter(by_label.values())), names, backend, engine)
     origins, hashes = _data(records, names, args)
 
     def key_of(ck) -> dict:
@@ -468,7 +473,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
             template=choice.template, batch_size=args.batch_size, seed=args.seed,
             output_dir=out, timeout=args.timeout, show_progress=not args.no_progress,
             backend=backend, model_path=str(ck.path), dtype=args.dtype, grader=settings.grader,
-            long_prompts=args.long_prompts, data=origins,
+            long_prompts=args.long_prompts, data=origins, verbose=args.verbose,
             config={"model": str(ck.path), "checkpoint": ck.label, "step": ck.step,
                     **_settings_record(settings, names, args),
                     "template_source": choice.template_source,
@@ -490,6 +495,42 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
                   f"{output_dir / 'checkpoints.png'}", markup=False, highlight=False,
                   soft_wrap=True)
     return 0
+
+
+def _backend(args, console) -> str:
+    """``--backend``, with ``auto`` decided: vLLM with a GPU, else transformers (one line
+    says why when vLLM is installed but there is no GPU)."""
+    import importlib.util
+
+    from ktae.models.generate import vllm_available
+
+    if args.backend != "auto":
+        return args.backend
+    if vllm_available():
+        return "vllm"
+    if importlib.util.find_spec("vllm") is not None:
+        console.print(AUTO_ON_CPU, markup=False, highlight=False, soft_wrap=True)
+    return "hf"
+
+
+AUTO_ON_CPU = ("backend: transformers (auto keeps it on a CPU: vLLM's CPU build takes minutes "
+               "to start and runs a float32 model in bfloat16 under --dtype auto; "
+               "--backend vllm uses it)")
+
+
+def _engine(args, backend: str, model_path: str) -> dict | None:
+    """The vLLM engine's settings for the cache key (its environment set first)."""
+    if backend != "vllm":
+        return None
+    from rich.console import Console
+
+    from ktae.eval.vllm_engine import expected_settings, prepare_environment
+
+    def say(line: str) -> None:
+        Console(stderr=True).print(line, markup=False, highlight=False, soft_wrap=True)
+
+    prepare_environment(verbose=args.verbose, say=say)
+    return expected_settings(model_path, requested_dtype=args.dtype, seed=args.seed)
 
 
 def _key_json(key: dict) -> str:

@@ -28,10 +28,7 @@ from ktae.models.generate import (
     Generation,
     SamplingConfig,
     generate_hf,
-    generate_vllm,
     hf_generate_kwargs,
-    load_vllm,
-    vllm_sampling_kwargs,
 )
 from ktae.models.generation_defaults import resolve_generation
 from ktae.rewards import RewardResult, batch_math_reward, reward_stats
@@ -152,7 +149,8 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
              output_dir: str | Path | None = None, timeout: float = 5.0,
              show_progress: bool = False, backend: str = "hf", model_path: str | None = None,
              dtype: str = "auto", config: Mapping | None = None, long_prompts: str = "error",
-             data: Mapping[str, Mapping] | None = None, grader: str = "default") -> dict:
+             data: Mapping[str, Mapping] | None = None, grader: str = "default",
+             verbose: bool = False) -> dict:
     """Evaluate ``model`` on ``benchmarks`` and return the results document.
 
     Args:
@@ -175,7 +173,9 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         show_progress: rich progress bar over prompts.
         model_path: the model's directory (vLLM loads it; both backends read its
             ``ktae_generation.json``); default: the ``name_or_path`` of ``model``.
-        dtype: vLLM's weights dtype (the transformers model is already loaded).
+        dtype: vLLM's weights dtype (the transformers model is already loaded); the
+            dtype the engine runs in is recorded under ``config.engine``.
+        verbose: vLLM's start-up log (quiet otherwise).
         grader: the math grader (:mod:`ktae.eval.graders`), recorded in the config.
         long_prompts: what happens to prompts that do not fit in the model's context:
             ``"error"`` (default: refused before anything is generated), ``"skip"`` or
@@ -194,7 +194,10 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         ``max_new_tokens_source``: ``"given"``, the file, or ``"default"``), ``k`` per
         benchmark and ``backend_arguments``: per benchmark, the decoding arguments the
         backend received (:func:`~ktae.models.generate.hf_generate_kwargs` or
-        :func:`~ktae.models.generate.vllm_sampling_kwargs`).
+        :func:`~ktae.eval.vllm_engine.engine_sampling_kwargs`); with vLLM, ``engine``:
+        the engine's settings that change samples
+        (:func:`~ktae.eval.vllm_engine.engine_settings`: its version, its actual dtype,
+        ...).
 
     Raises:
         ValueError: bad arguments, a benchmark with no records, prompts that do not fit
@@ -240,11 +243,15 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             max_new_tokens=choice_of.max_new_tokens, rule=long_prompts,
             add_special_tokens=not uses_chat_template(resolved))
     out_dir = prepare_output_dir(output_dir) if output_dir is not None else None
-    to_backend = vllm_sampling_kwargs if backend == "vllm" else hf_generate_kwargs
+    to_backend = hf_generate_kwargs
     timeouts_before = reward_stats()["timeouts"]
-    llm = None
-    if backend == "vllm":  # pragma: no cover - needs vLLM and a GPU
-        llm = load_vllm(model_path, dtype=dtype, seed=seed)
+    llm, engine = None, {}
+    if backend == "vllm":  # tests/vllm_backend, in an environment with vLLM
+        from ktae.eval import vllm_engine
+
+        llm = vllm_engine.load_vllm(model_path, dtype=dtype, seed=seed, verbose=verbose)
+        engine = {"engine": vllm_engine.engine_settings(llm, requested_dtype=dtype)}
+        to_backend = vllm_engine.engine_sampling_kwargs
 
     per_bench, samples = {}, {}
     with _progress(show_progress) as progress:
@@ -253,8 +260,10 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             advance = (lambda n, t=task: progress.advance(t, n)) if progress else None
             s = sampling[name]
             started = time.perf_counter()
-            if backend == "vllm":  # pragma: no cover - needs vLLM and a GPU
-                gens = generate_vllm(llm, prompts[name], s, on_batch=advance)
+            if backend == "vllm":
+                gens = vllm_engine.generate_vllm(
+                    llm, tokenizer, prompts[name], s, on_batch=advance,
+                    add_special_tokens=not uses_chat_template(resolved))
             else:
                 gens = generate_hf(model, tokenizer, prompts[name], s,
                                    batch_size=batch_size, on_batch=advance,
@@ -282,7 +291,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
                   "max_new_tokens_source": choice_of.max_new_tokens_source,
                   "verifier_timeouts": reward_stats()["timeouts"] - timeouts_before,
                   "grader": grader,
-                  "long_prompts": long_prompts,
+                  "long_prompts": long_prompts, **engine,
                   **dict(config or {})}
     results = summarize(per_bench, run_config)
     results["data"] = data_used

@@ -1,4 +1,5 @@
-"""Batched generation for evaluation: transformers (always) or vLLM (when usable).
+"""Batched generation for evaluation: transformers (always) or vLLM (when installed; the
+engine itself is in :mod:`ktae.eval.vllm_engine`).
 
 Greedy decoding gives pass@1; with ``k > 1`` every prompt is sampled ``k`` times
 (avg@k). Response length counts the generated tokens up to and including the first
@@ -212,46 +213,10 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
 
 
 def vllm_available() -> bool:
-    """True when vLLM is importable and a CUDA device is present."""
-    try:
-        import torch
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    """True when vLLM is importable and a CUDA device is present: what ``--backend auto``
+    picks vLLM on (on a CPU it keeps transformers, see ``ktae.eval.cli``)."""
+    import importlib.util
 
+    import torch
 
-def load_vllm(model_path: str, *, dtype: str = "auto", seed: int = 0
-              ):  # pragma: no cover - needs vLLM and a GPU
-    """A vLLM engine on ``model_path`` (load it once, generate for every benchmark)."""
-    from vllm import LLM
-
-    return LLM(model=model_path, dtype=dtype, seed=seed)
-
-
-def generate_vllm(llm, prompts: Sequence[str], sampling: SamplingConfig, *,
-                  on_batch: Callable[[int], None] | None = None
-                  ) -> list[list[Generation]]:  # pragma: no cover - needs vLLM and a GPU
-    """Same contract as :func:`generate_hf`, with the engine of :func:`load_vllm` and
-    the parameters of :func:`vllm_sampling_kwargs`; a response that stopped for length
-    (``finish_reason == "length"``) is ``truncated``. As there, every prompt gets its own
-    budget (:func:`prompt_budget`, from the engine's ``max_model_len``): vLLM refuses a
-    prompt plus ``max_tokens`` longer than the context instead of generating less."""
-    from vllm import SamplingParams
-
-    kwargs = vllm_sampling_kwargs(sampling)
-    params = SamplingParams(**kwargs)
-    config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
-    context = getattr(config, "max_model_len", None)
-    if isinstance(context, int):
-        tokenizer = llm.get_tokenizer()
-        budgets = [max(1, prompt_budget(len(tokenizer(p)["input_ids"]), sampling.max_new_tokens,
-                                        context)) for p in prompts]
-        if any(b < sampling.max_new_tokens for b in budgets):
-            params = [SamplingParams(**{**kwargs, "max_tokens": b}) for b in budgets]
-    results = llm.generate(list(prompts), params)
-    if on_batch is not None:
-        on_batch(len(prompts))
-    return [[Generation(o.text, len(o.token_ids), tuple(o.token_ids),
-                        truncated=o.finish_reason == "length") for o in r.outputs]
-            for r in results]
+    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()

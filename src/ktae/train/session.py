@@ -35,6 +35,7 @@ from ktae.train.data import TaskRows, default_template, format_task, read_task
 from ktae.train.no_signal import find_no_signal
 from ktae.train.step_timing import mean_step_seconds
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
+from ktae.train.vllm_colocate import check_vllm_settings, colocated_engine_options
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ def preflight(cfg: TrainConfig) -> Preflight:
 
     Raises:
         ValueError: the first problem found, naming the field (credit options, ``trl``
-            settings, LoRA without peft, the task file, too few training problems).
+            settings, vLLM's among them (:mod:`ktae.train.vllm_colocate`), LoRA without
+            peft, the task file, too few training problems).
     """
     from ktae.eval.model_path import resolve_model_path
     from ktae.rewards.registry import get_reward
@@ -61,6 +63,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
 
     credit = credit_settings(cfg)
     trl = check_trl_settings(cfg.trl)
+    check_vllm_settings(trl)  # vLLM installed; server mode only with CUDA
     model = None
     if cfg.model is not None:
         try:
@@ -333,11 +336,13 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
                  *extra_callbacks]
     if cfg.progress:
         callbacks.append(ProgressCallback(metrics_cb, eval_cb))
-    trainer = trainer_cls(model=model, reward_funcs=rewards, args=args,
-                          train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
-                          callbacks=callbacks, credit=checked.credit,
-                          generation_defaults=generation,
-                          peft_config=lora_config(cfg) if cfg.lora_r else None)
+    with colocated_engine_options(checked.trl, model.dtype) as attach:  # vLLM as the policy
+        trainer = trainer_cls(model=model, reward_funcs=rewards, args=args,
+                              train_dataset=Dataset.from_list(train_rows),
+                              processing_class=tokenizer, callbacks=callbacks,
+                              credit=checked.credit, generation_defaults=generation,
+                              peft_config=lora_config(cfg) if cfg.lora_r else None)
+        attach(trainer)
     trainer.remove_callback(PrinterCallback)
     if is_main and cfg.rollout_every:
         trainer.rollouts = RolloutRecorder(
