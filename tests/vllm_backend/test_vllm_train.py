@@ -93,16 +93,21 @@ def test_colocate_weights_reach_vllm_every_step(random_model, tmp_path):
 def test_colocate_runs_from_the_cli_on_smollm2(smollm2, tmp_path):
     """In its own process, as users run it: a colocated engine sets up vLLM's distributed
     state in the training process, once per process."""
+    import os
     import subprocess
     import sys
 
     out = tmp_path / "run"
+    # as from a fresh shell: the in-process engine of the test above set MASTER_ADDR/PORT
+    # (torch.distributed's defaults) and still holds that port; TRL picks a free one when
+    # MASTER_PORT is unset
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     done = subprocess.run(
         [sys.executable, "-m", "ktae", "train", "--model", "smollm2-135m", "--output-dir",
          str(out), "--max-steps", "2", "--num-prompts", "2", "--num-generations", "4",
          "--max-new-tokens", "16", "--eval-size", "4", "--eval-every", "0",
          "--trl", "use_vllm=true", "--trl", "vllm_mode=colocate", "--no-progress"],
-        capture_output=True, text=True, timeout=1800)
+        capture_output=True, text=True, timeout=1800, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2
