@@ -98,10 +98,13 @@ def test_colocate_runs_from_the_cli_on_smollm2(smollm2, tmp_path):
     import sys
 
     out = tmp_path / "run"
-    # as from a fresh shell: the in-process engine of the test above set MASTER_ADDR/PORT
-    # (torch.distributed's defaults) and still holds that port; TRL picks a free one when
-    # MASTER_PORT is unset
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    # as from a fresh shell: the in-process colocated engine of the test above set
+    # torch.distributed's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...) in this
+    # process and still holds its port; inherited, they would make the child's accelerate
+    # rendezvous as one rank of a group. TRL sets its own, on a free port, when unset.
+    dist = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in dist}
     done = subprocess.run(
         [sys.executable, "-m", "ktae", "train", "--model", "smollm2-135m", "--output-dir",
          str(out), "--max-steps", "2", "--num-prompts", "2", "--num-generations", "4",
