@@ -219,6 +219,7 @@ def test_tool_mask_folds_into_the_loss_mask_and_attention_is_restored(monkeypatc
     assert copy["completion_mask"].tolist() == [[1, 0, 1], [1, 1, 0]]
     assert inputs["completion_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]  # untouched
     calls = []
+    trainer._in_loss = True  # the policy's pass inside _compute_loss (not a timed old-policy pass)
     trainer._pending_calibration = copy
     trainer._calibrate = lambda pending, logps, entropies: calls.append(pending)
     wrong_attention = torch.cat([copy["prompt_mask"], copy["completion_mask"]], dim=1)
