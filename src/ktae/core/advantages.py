@@ -36,6 +36,9 @@ class AdvantageBatch:
         mask: ``[B, T]`` bool (True = real response token), or None.
         entropies: ``[B, T]`` float per-token entropies (0 on padding, never negative), or
             None; read only by estimators that need them (e.g. ``gtpo``).
+        input_grad_importance: ``[B, T]`` float per-token input-gradient importance (0 on
+            padding, never negative; :mod:`ktae.models.input_grad_importance`), or None;
+            read only by estimators that need it (``oar-g``).
     """
 
     rewards: torch.Tensor
@@ -44,13 +47,15 @@ class AdvantageBatch:
     token_ids: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     entropies: torch.Tensor | None = None
+    input_grad_importance: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
         return self.rewards.device
 
 
-def make_batch(*, rewards, group, token_ids=None, mask=None, entropies=None) -> AdvantageBatch:
+def make_batch(*, rewards, group, token_ids=None, mask=None, entropies=None,
+               input_grad_importance=None) -> AdvantageBatch:
     """Validate user input into an :class:`AdvantageBatch` (errors name the argument)."""
     device = rewards.device if isinstance(rewards, torch.Tensor) else None
     rewards = check_float(as_tensor(rewards, "rewards", device=device), "rewards", ndim=1)
@@ -86,27 +91,31 @@ def make_batch(*, rewards, group, token_ids=None, mask=None, entropies=None) -> 
     # Token values are checked (non-negative where mask is 1) by the estimators that read
     # them, on the real tokens they gather anyway: see ktae.core.token_counts.
     if entropies is not None:
-        entropies = _check_entropies(entropies, mask, device)
-    return AdvantageBatch(rewards, gid, num_groups, token_ids, mask, entropies)
+        entropies = _check_token_scores(entropies, mask, device, "entropies")
+    if input_grad_importance is not None:
+        input_grad_importance = _check_token_scores(input_grad_importance, mask, device,
+                                                    "input_grad_importance")
+    return AdvantageBatch(rewards, gid, num_groups, token_ids, mask, entropies,
+                          input_grad_importance)
 
 
-def _check_entropies(entropies, mask, device) -> torch.Tensor:
-    """``[B, T]`` finite float entropies on the mask's shape; 0 on padding.
+def _check_token_scores(values, mask, device, name: str) -> torch.Tensor:
+    """``[B, T]`` finite, non-negative float scores (entropies, importances) on the mask's
+    shape; 0 on padding.
 
     Negative values (which only rounding in a model's entropy computation produces) are
     taken as 0.
     """
     if mask is None:
-        raise ValueError("entropies: need token_ids or mask as well (which positions are "
+        raise ValueError(f"{name}: need token_ids or mask as well (which positions are "
                          "real tokens)")
-    entropies = check_float(as_tensor(entropies, "entropies", device=device), "entropies",
-                            ndim=2)
-    if tuple(entropies.shape) != tuple(mask.shape):
-        raise ValueError(f"entropies: expected shape {tuple(mask.shape)}, "
-                         f"got {tuple(entropies.shape)}")
-    if entropies.dtype not in (torch.float32, torch.float64):
-        entropies = entropies.to(torch.float32)
-    return torch.where(mask, entropies.detach().clamp_min(0), 0)
+    values = check_float(as_tensor(values, name, device=device), name, ndim=2)
+    if tuple(values.shape) != tuple(mask.shape):
+        raise ValueError(f"{name}: expected shape {tuple(mask.shape)}, "
+                         f"got {tuple(values.shape)}")
+    if values.dtype not in (torch.float32, torch.float64):
+        values = values.to(torch.float32)
+    return torch.where(mask, values.detach().clamp_min(0), 0)
 
 
 def _check_int64_range(token_ids: torch.Tensor, mask: torch.Tensor) -> None:
@@ -128,7 +137,7 @@ def broadcast(seq_adv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 @one_thread_caller
 def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
-                       entropies=None, **options) -> torch.Tensor:
+                       entropies=None, input_grad_importance=None, **options) -> torch.Tensor:
     """Advantages from a registered estimator.
 
     Args:
@@ -142,6 +151,10 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
         entropies: ``[B, T]`` per-token entropies of the policy that generated the batch
             (required by ``gtpo``; ignored by estimators that do not read them). Needs
             ``token_ids`` or ``mask``; negative values count as 0.
+        input_grad_importance: ``[B, T]`` per-token input-gradient importance under the
+            policy (required by ``oar-g``; :func:`ktae.models.input_grad_importance.
+            input_grad_importance` computes it from a model). Needs ``token_ids`` or
+            ``mask``; negative values count as 0.
         **options: estimator options (e.g. KTAE's ``h1``, ``mode``; GTPO's ``a1``).
 
     Returns:
@@ -164,8 +177,12 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
     """
     record = ADVANTAGE_ESTIMATORS.record(name)
     record.check(options)
+    if "input_grad_importance" in record.needs and input_grad_importance is None:
+        raise ValueError(f"input_grad_importance: required by advantage estimator {name!r} "
+                         "(the [B, T] input-gradient importance of each response token, "
+                         "computed from the model; see ktae.models.input_grad_importance)")
     batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask,
-                       entropies=entropies)
+                       entropies=entropies, input_grad_importance=input_grad_importance)
     out = record.fn(batch, **options)
     if out.dim() == 1:
         out = broadcast(out, batch.mask)
@@ -176,6 +193,13 @@ def estimator_needs_entropies(name: str) -> bool:
     """Whether estimator ``name`` reads per-token entropies (``compute_advantages``'s
     ``entropies``), so that a trainer computes them only when needed."""
     return "entropies" in ADVANTAGE_ESTIMATORS.record(name).needs
+
+
+def estimator_needs_input_grad(name: str) -> bool:
+    """Whether estimator ``name`` reads the per-token input-gradient importance
+    (``compute_advantages``'s ``input_grad_importance``): one extra forward and backward
+    pass through the model, made only for such estimators."""
+    return "input_grad_importance" in ADVANTAGE_ESTIMATORS.record(name).needs
 
 
 def estimator_needs_logprobs(name: str) -> bool:

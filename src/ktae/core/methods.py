@@ -34,6 +34,7 @@ from ktae.core.estimators import (
     ADVANTAGE_ESTIMATORS,
     compute_advantages,
     estimator_needs_entropies,
+    estimator_needs_input_grad,
     estimator_needs_logprobs,
 )
 
@@ -178,6 +179,12 @@ class Method:
                 or estimator_needs_logprobs(self.estimator))
 
     @property
+    def needs_input_grad(self) -> bool:
+        """Whether its estimator reads the model's input-gradient importance (``oar-g``, a
+        rule declaring ``needs=("input_grad_importance",)``): a caller needs the model."""
+        return estimator_needs_input_grad(self.estimator)
+
+    @property
     def name(self) -> str:
         """The method as a string :func:`parse_method` reads back (``ktae@ngram=3+taco``)."""
         def part(name, options):
@@ -262,7 +269,8 @@ def check_method(method: Method, *, estimator_where: str = "estimator_options",
                                                             inputs=False)
         adv = estimator_credit(method, rewards=rewards, group=torch.tensor([0, 0]),
                                token_ids=ids, mask=mask, correct=rewards > 0.5,
-                               logprobs=logp, entropies=ones)
+                               logprobs=logp, entropies=ones,
+                               input_grad_importance=ids.double())
     except (TypeError, ValueError) as err:
         raise ValueError(f"{estimator_where} ({method.estimator}): {err}") from None
     if method.calibration is None:
@@ -287,6 +295,7 @@ def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tens
                      token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
                      logprobs: torch.Tensor | None = None,
                      entropies: torch.Tensor | None = None,
+                     input_grad_importance: torch.Tensor | None = None,
                      compute: Callable = compute_advantages) -> torch.Tensor:
     """The estimator's advantages (``[B, T]`` token credit, or ``[B]`` for a sequence
     estimator), computed as the trainer does.
@@ -297,6 +306,8 @@ def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tens
             it (:func:`passes_correct`).
         logprobs: ``[B, T]`` sampling-policy log-probs, for a rule that declares them.
         entropies: ``[B, T]`` rollout-policy entropies, for an estimator that reads them.
+        input_grad_importance: ``[B, T]`` the model's input-gradient importance of each
+            token (:mod:`ktae.models.input_grad_importance`), for an estimator that reads it.
         compute: the function called, :func:`ktae.compute_advantages` (the trainer passes
             the package's, so that a wrapper a user puts there sees its calls).
 
@@ -319,6 +330,12 @@ def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tens
     if estimator_needs_entropies(name) and entropies is None:
         raise ValueError(f"credit: estimator {name!r} reads the rollout policy's entropies, "
                          "which this caller does not have")
+    if estimator_needs_input_grad(name):
+        if input_grad_importance is None:
+            raise ValueError(f"credit: estimator {name!r} reads the model's input-gradient "
+                             "importance (needs=input_grad_importance), which this caller "
+                             "does not have (it needs the model itself)")
+        options["input_grad_importance"] = input_grad_importance
     return compute(name, rewards=rewards, group=group, token_ids=token_ids, mask=mask,
                    entropies=entropies, **options)
 
@@ -355,7 +372,8 @@ class MethodCredit:
 def method_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor,
                   token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
                   logprobs: torch.Tensor | None = None, entropies: torch.Tensor | None = None,
-                  old_entropies: torch.Tensor | None = None) -> MethodCredit:
+                  old_entropies: torch.Tensor | None = None,
+                  input_grad_importance: torch.Tensor | None = None) -> MethodCredit:
     """The method's credit on a padded batch: sequence advantage, the estimator's token
     credit (:func:`estimator_credit`; ``old_entropies``, else ``entropies``, for an
     estimator that reads the rollout policy's) and the calibration (:func:`calibrate`,
@@ -367,7 +385,8 @@ def method_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor,
         token = estimator_credit(method, rewards=rewards, group=group, token_ids=token_ids,
                                  mask=mask, correct=correct, logprobs=logprobs,
                                  entropies=old_entropies if old_entropies is not None
-                                 else entropies)
+                                 else entropies,
+                                 input_grad_importance=input_grad_importance)
         if token.dim() == 1:
             token = torch.where(mask, token[:, None], 0.0)
     adv = token if token is not None else seq

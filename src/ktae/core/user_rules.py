@@ -40,7 +40,7 @@ from ktae.core.gtpo import _correctness
 from ktae.core.policy_loss import token_tensor
 
 #: What an estimator may declare in ``needs`` (rewards, correct and group are always given).
-ESTIMATOR_NEEDS = ("token_ids", "mask", "logprobs", "entropies")
+ESTIMATOR_NEEDS = ("token_ids", "mask", "logprobs", "entropies", "input_grad_importance")
 #: What a calibration may declare in ``needs`` (advantages, logprobs and mask always are).
 CALIBRATION_NEEDS = ("entropies", "old_logprobs")
 #: Inputs the caller passes to a user estimator, so no rule option may take these names.
@@ -63,6 +63,9 @@ class RuleBatch:
             (0 on padding), or None where the caller has none.
         entropies: ``[B, T]`` the sampling policy's next-token entropies (0 on padding), or
             None where the caller has none.
+        input_grad_importance: ``[B, T]`` each token's input-gradient importance under the
+            policy (:mod:`ktae.models.input_grad_importance`; 0 on padding), or None where
+            the caller has no model to differentiate.
     """
 
     rewards: torch.Tensor
@@ -73,6 +76,7 @@ class RuleBatch:
     mask: torch.Tensor | None
     logprobs: torch.Tensor | None
     entropies: torch.Tensor | None
+    input_grad_importance: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -163,9 +167,11 @@ def register_estimator(name: str, *, needs=()) -> Callable:
         name: the name ``compute_advantages``, ``--credit`` and compare arms use; must not
             be taken.
         needs: inputs the rule reads beyond ``rewards``, ``correct`` and ``group``: some of
-            ``"token_ids"``, ``"mask"``, ``"logprobs"``, ``"entropies"``. A caller that
-            lacks one gets a one-line error; the trainer computes ``entropies`` and
-            ``logprobs`` only for rules that declare them.
+            ``"token_ids"``, ``"mask"``, ``"logprobs"``, ``"entropies"``,
+            ``"input_grad_importance"`` (the model's input-gradient importance of each
+            token: one extra backward pass). A caller that lacks one gets a one-line error;
+            the trainer computes ``entropies``, ``logprobs`` and the importance only for
+            rules that declare them.
 
     The rule's keyword options (every parameter after the batch) are what
     ``compute_advantages(name, ..., key=value)``, ``--estimator-option key=value`` and a
@@ -187,7 +193,8 @@ def register_estimator(name: str, *, needs=()) -> Callable:
                            correct=_correctness(batch, correct, 0.0),
                            group=batch.gid, num_groups=batch.num_groups,
                            token_ids=batch.token_ids, mask=mask, logprobs=logprobs,
-                           entropies=batch.entropies)
+                           entropies=batch.entropies,
+                           input_grad_importance=batch.input_grad_importance)
             for need in needs:
                 if getattr(rb, need) is None:
                     raise ValueError(f"{need}: required by advantage estimator {name!r} "

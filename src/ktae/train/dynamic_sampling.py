@@ -27,11 +27,14 @@ _PAD_SIDE = {
     "tool_mask": "right",
     "ktae_old_entropies": "right",
     "ktae_old_logprobs": "right",
+    "ktae_input_grad_importance": "right",
 }
 OLD_ENTROPIES = "ktae_old_entropies"
 """Batch key of the generating policy's per-token entropies (estimators that need them)."""
 OLD_LOGPROBS = "ktae_old_logprobs"
 """Batch key of the generating policy's per-token log-probs (users' rules that need them)."""
+INPUT_GRAD_IMPORTANCE = "ktae_input_grad_importance"
+"""Batch key of the generating policy's per-token input-gradient importance (``oar-g``)."""
 MERGEABLE_KEYS = frozenset(_PAD_SIDE)
 """Keys of a generation batch that :func:`merge_rows` knows how to concatenate."""
 

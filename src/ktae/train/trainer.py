@@ -17,7 +17,11 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    TRL's masking is applied afterwards, to the loss mask only.
    An estimator that reads per-token entropies (GTPO) gets the generating (old) policy's,
    from one extra no-grad forward pass right after generation, made only for such
-   estimators.
+   estimators. An estimator that reads the input-gradient importance (OAR-G) gets it from
+   one extra no-grad and one forward-and-backward pass of the generating policy on each
+   response followed by a concluding text and the row's reference answer (dataset column
+   ``answer``; :mod:`ktae.models.input_grad_importance`), made only for such estimators;
+   the parameters get no gradient from it.
 2. ``_compute_loss`` / ``_get_per_token_logps_and_entropies``: when a calibration (TACO,
    docs/method.md §8) is configured, the current policy's per-token log-probs and entropies computed
    inside ``_compute_loss`` (``compute_entropy=True``) calibrate a copy of the advantages,
@@ -61,7 +65,11 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 import ktae
-from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
+from ktae.core.advantages import (
+    estimator_needs_entropies,
+    estimator_needs_input_grad,
+    estimator_needs_logprobs,
+)
 from ktae.core.calibration import logged_metrics
 from ktae.core.methods import estimator_credit
 from ktae.runs.credit import CreditSettings
@@ -73,6 +81,7 @@ from ktae.runs.rundir import (
 )
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
 from ktae.train.dynamic_sampling import (
+    INPUT_GRAD_IMPORTANCE,
     MERGEABLE_KEYS,
     OLD_ENTROPIES,
     OLD_LOGPROBS,
@@ -269,6 +278,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         if (estimator_needs_entropies(self.credit.estimator)
                 or estimator_needs_logprobs(self.credit.estimator)):
             out[OLD_ENTROPIES] = self._old_policy_entropies(out)
+        if estimator_needs_input_grad(self.credit.estimator):
+            out[INPUT_GRAD_IMPORTANCE] = self._input_grad_importance(out, inputs)
         token_mask = out["completion_mask"]
         if "tool_mask" in out:
             token_mask = token_mask * out["tool_mask"]
@@ -310,6 +321,31 @@ class KTAEGRPOTrainer(GRPOTrainer):
         if estimator_needs_logprobs(self.credit.estimator):  # a user rule's sampling logprobs
             batch[OLD_LOGPROBS] = logps.detach()
         return entropies.detach()
+
+    def _input_grad_importance(self, batch: dict, inputs: list[dict]) -> torch.Tensor:
+        """``[b, T]`` input-gradient importance of each response token under the policy that
+        generated ``batch`` (OAR-G's; :func:`ktae.models.input_grad_importance.
+        response_importance`), the answer being each row's reference ``answer``."""
+        from ktae.models.input_grad_importance import CONCLUDE, response_importance
+
+        answers = []
+        for row in inputs:
+            answer = row.get("answer")
+            if isinstance(answer, (list, tuple)):  # accepted alternatives: the first
+                answer = answer[0] if answer else None
+            if answer is None or not str(answer).strip():
+                raise ValueError(f"credit: estimator {self.credit.estimator!r} needs each "
+                                 "prompt's reference answer (dataset column 'answer')")
+            answers.append(self._tokenizer(CONCLUDE + str(answer),
+                                           add_special_tokens=False)["input_ids"])
+        g = torch.Generator(device="cpu").manual_seed(derived_seed(
+            self.credit.seed, self.state.global_step, -2, self.accelerator.process_index))
+        model = self.accelerator.unwrap_model(self.model)
+        with self.step_clock.part("logprobs"):
+            return response_importance(model, batch["prompt_ids"], batch["prompt_mask"],
+                                       batch["completion_ids"], batch["completion_mask"],
+                                       answers, self._tokenizer.pad_token_id,
+                                       generator=g).detach()
 
     # ------------------------------------------------------------------ step time
 
@@ -438,6 +474,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
         loss_mask = batch["completion_mask"]
         entropies = batch.pop(OLD_ENTROPIES, None)
         logprobs = batch.pop(OLD_LOGPROBS, None)
+        importance = batch.pop(INPUT_GRAD_IMPORTANCE, None)
         if "tool_mask" in batch:
             loss_mask = loss_mask * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
@@ -453,6 +490,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
             if logprobs is not None:
                 logprobs = self.accelerator.gather(
                     self.accelerator.pad_across_processes(logprobs, dim=1, pad_index=0))
+            if importance is not None:
+                importance = self.accelerator.gather(
+                    self.accelerator.pad_across_processes(importance, dim=1, pad_index=0))
             rewards = self.accelerator.gather(rewards)
             per_func = self.accelerator.gather(per_func)
             correct = self.accelerator.gather(correct.to(torch.uint8)).bool()  # gloo: no bool
@@ -465,7 +505,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         # the public ktae.compute_advantages, as the trainer's docstring promises
         adv = estimator_credit(self._method, rewards=rewards, group=group, token_ids=ids,
                                mask=mask.bool(), correct=correct, logprobs=logprobs,
-                               entropies=entropies, compute=ktae.compute_advantages)
+                               entropies=entropies, input_grad_importance=importance,
+                               compute=ktae.compute_advantages)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
         batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
         lengths = mask.sum(dim=1)

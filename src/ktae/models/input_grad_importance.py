@@ -1,0 +1,157 @@
+"""Input-gradient importance: how much each response token's embedding moves the answer.
+
+The need ``input_grad_importance`` of an advantage estimator (``oar-g``,
+:mod:`ktae.core.oar`; or a user rule declaring it): per response token, the sensitivity
+of the model's answer distribution to that token's input embedding, by one extra
+no-grad forward pass and one forward and backward pass through the model. It follows
+``calculate_token_importance_gradient`` of the OAR authors' released code
+(github.com/Valsure/Outcome-Grounded-Advantage-Reshaping, commit 8dbc478,
+``OAR-main.py``), batched here: rows are independent, so the gradient of the summed
+objective with respect to a row's embeddings is that row's own.
+
+Layout: each row holds the prompt, the response, then a short concluding text and the
+reference answer (:func:`append_answer`; the code's ``before + reasoning + conclude +
+answer``). With ``e`` the token embeddings, ``xi`` Gaussian noise of standard deviation
+``noise_std`` on the response positions only, and ``q(x)`` the answer summary under
+embeddings ``x``::
+
+    answer_mean  (default)  q = softmax(mean of the logits that predict the answer tokens)
+                            J = KL(q(e) || q(e + xi))       (q(e) fixed, no gradient)
+    last                    q = softmax(logits at the last answer position); J as above
+    answer_joint            phi = mean log-probability of the answer tokens
+                            J = phi(e) - phi(e + xi)
+
+    s_t = | <dJ/dx_t at x = e + xi , e_t> |           (gradient times input, one number)
+
+for each response position ``t`` (0 elsewhere). The noise matters: the gradient of
+``KL(q(e) || q(x))`` vanishes at ``x = e``; the code evaluates it at a nearby point, and
+so does this function, with noise drawn from the caller's generator (a fixed generator
+gives a fixed importance). The code's defaults: ``answer_mean``, ``noise_std = 1e-3``,
+``eps = 1e-12`` inside ``log(q + eps)``. The model's own parameters get no gradient.
+
+The code's caller passes its arguments in an order that does not match the function's
+signature (``calculate_token_importance_gradient(model, self.tokenizer, input_segments,
+self.args.device)``); this module follows the function's definition.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+OUTCOMES = ("answer_mean", "last", "answer_joint")
+NOISE_STD = 1e-3
+KL_EPS = 1e-12
+CONCLUDE = "\nThe final answer is "
+"""The text put between a response and the reference answer. The released code reads it
+from its data (``inputs['conclude']``) and does not show it; this is ktae's choice."""
+
+
+def _answer_summary(logits: torch.Tensor, input_ids: torch.Tensor, answer_mask: torch.Tensor,
+                    outcome: str) -> torch.Tensor:
+    """``[B, V]`` logits (``answer_mean``, ``last``) or ``[B]`` mean answer log-probability
+    (``answer_joint``) from ``[B, L, V]`` logits."""
+    predicts = torch.zeros_like(answer_mask)
+    predicts[:, :-1] = answer_mask[:, 1:]  # position p predicts the token at p + 1
+    if outcome == "last":
+        L = answer_mask.shape[1]
+        last = torch.where(answer_mask, torch.arange(L, device=logits.device), -1).amax(dim=1)
+        return logits[torch.arange(logits.shape[0], device=logits.device), last]
+    count = predicts.sum(dim=1).clamp_min(1).to(logits.dtype)
+    if outcome == "answer_mean":
+        return (logits * predicts[..., None]).sum(dim=1) / count[:, None]
+    target = torch.roll(input_ids, -1, dims=1)
+    token_lp = F.log_softmax(logits, dim=-1).gather(-1, target[..., None]).squeeze(-1)
+    return torch.where(predicts, token_lp, 0).sum(dim=1) / count
+
+
+def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          response_mask: torch.Tensor, answer_mask: torch.Tensor, *,
+                          outcome: str = "answer_mean", noise_std: float = NOISE_STD,
+                          generator: torch.Generator | None = None) -> torch.Tensor:
+    """``[B, L]`` importance ``s_t`` of every response position (module docstring), 0
+    elsewhere, float32 (float64 for a float64 model).
+
+    Args:
+        model: a causal LM taking ``inputs_embeds`` (a transformers model).
+        input_ids: ``[B, L]`` prompt, response, conclusion and reference answer per row.
+        attention_mask: ``[B, L]`` 1 on real tokens.
+        response_mask: ``[B, L]`` bool, the positions whose importance is wanted.
+        answer_mask: ``[B, L]`` bool, the reference answer's tokens (at least one per row).
+        outcome: ``answer_mean`` (default), ``last`` or ``answer_joint``.
+        noise_std: the standard deviation of the noise on the response embeddings (1e-3).
+        generator: the CPU ``torch.Generator`` the noise is drawn from.
+    """
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
+    response_mask, answer_mask = response_mask.bool(), answer_mask.bool()
+    if not bool(answer_mask.any(dim=1).all()):
+        raise ValueError("answer_mask: expected at least one answer token in every row")
+    embed = model.get_input_embeddings()
+    with torch.no_grad():
+        e = embed(input_ids).detach()
+        dtype = torch.promote_types(e.dtype, torch.float32)  # the code's logits.float()
+        ref = _answer_summary(model(inputs_embeds=e, attention_mask=attention_mask).logits
+                              .to(dtype), input_ids, answer_mask, outcome)
+        if outcome != "answer_joint":
+            p0 = F.softmax(ref, dim=-1)
+            log_p0 = torch.log(p0 + KL_EPS)
+    noise = torch.randn(e.shape, generator=generator, dtype=e.dtype).to(e.device) * noise_std
+    x = (e + torch.where(response_mask[..., None], noise, 0)).requires_grad_(True)
+    with torch.enable_grad():
+        out = _answer_summary(model(inputs_embeds=x, attention_mask=attention_mask).logits
+                              .to(dtype), input_ids, answer_mask, outcome)
+        if outcome == "answer_joint":
+            J = ref - out
+        else:
+            J = (p0 * (log_p0 - F.log_softmax(out, dim=-1))).sum(dim=-1)
+        (grad,) = torch.autograd.grad(J.sum(), x)
+    saliency = (grad.to(dtype) * e.to(dtype)).sum(dim=-1).abs()
+    return torch.where(response_mask, saliency, 0).detach()
+
+
+def append_answer(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                  response_ids: torch.Tensor, response_mask: torch.Tensor,
+                  answers: list[list[int]], pad_id: int):
+    """The importance's inputs for left-padded prompts and right-padded responses:
+    ``(input_ids, attention_mask, response_positions, answer_positions)``, ``[B, P + T +
+    K]`` with each row's answer tokens (conclusion and reference answer, ``answers[i]``,
+    K the longest) placed right after its last real response token. Response token ``j``
+    sits at column ``P + j`` (:func:`response_importance` reads it back from there).
+    """
+    B, P = prompt_ids.shape
+    T = response_ids.shape[1]
+    if len(answers) != B or any(len(a) == 0 for a in answers):
+        raise ValueError(f"answers: expected {B} non-empty token lists, one per row")
+    K = max(len(a) for a in answers)
+    dev = prompt_ids.device
+    ans = torch.full((B, K), pad_id, dtype=torch.long, device=dev)
+    valid = torch.zeros((B, K), dtype=torch.bool, device=dev)
+    for i, a in enumerate(answers):
+        ans[i, :len(a)] = torch.tensor(a, dtype=torch.long)
+        valid[i, :len(a)] = True
+    resp = response_mask.bool()
+    ids = torch.cat([prompt_ids, torch.where(resp, response_ids, pad_id),
+                     torch.full((B, K), pad_id, dtype=torch.long, device=dev)], dim=1)
+    attn = torch.cat([prompt_mask.bool(), resp, torch.zeros((B, K), dtype=torch.bool,
+                                                           device=dev)], dim=1)
+    at = P + resp.sum(dim=1, keepdim=True) + torch.arange(K, device=dev)[None]
+    ids.scatter_(1, at, torch.where(valid, ans, pad_id))
+    attn.scatter_(1, at, valid)
+    answer = torch.zeros_like(attn).scatter_(1, at, valid)
+    positions = torch.zeros_like(attn)
+    positions[:, P:P + T] = resp
+    return ids, attn.long(), positions, answer
+
+
+def response_importance(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                        answers: list[list[int]], pad_id: int, *,
+                        generator: torch.Generator | None = None, **options) -> torch.Tensor:
+    """``[B, T]`` importance of each response token (0 on padding): :func:`append_answer`,
+    then :func:`input_grad_importance` (``options``: ``outcome``, ``noise_std``)."""
+    ids, attn, positions, answer = append_answer(prompt_ids, prompt_mask, response_ids,
+                                                 response_mask, answers, pad_id)
+    s = input_grad_importance(model, ids, attn, positions, answer, generator=generator,
+                              **options)
+    P, T = prompt_ids.shape[1], response_ids.shape[1]
+    return s[:, P:P + T]
