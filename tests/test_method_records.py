@@ -48,8 +48,11 @@ def _defaults(fn, names) -> dict:
             and params[n].default is not None}
 
 
-def _batch(entropies=True, token_ids=True):
+def _batch(entropies=True, token_ids=True, importance=True):
     out = dict(rewards=torch.tensor([1.0, 0.5, 1.0, 0.5]), group=[0, 0, 0, 0])
+    if importance:
+        out["input_grad_importance"] = torch.tensor([[0.1, 2.0, 0.3], [1.0, 0.0, 0.5],
+                                                     [0.2, 0.2, 4.0], [3.0, 0.1, 0.1]])
     if token_ids:
         out["token_ids"] = torch.tensor([[1, 2, 3], [1, 4, 5], [1, 2, 6], [7, 4, 5]])
     else:
@@ -68,6 +71,11 @@ def test_every_estimator_is_a_verl_estimator_with_its_records_options():
             assert record.name not in estimators
             continue
         keys = estimators[record.name]
+        if "input_grad_importance" in record.needs:  # needs the actor's model: refused
+            with pytest.raises(ValueError, match=rf"adv_estimator={record.name}: .*"
+                                                 "input-gradient importance"):
+                verl.estimator_settings(record.name, {record.name: {}})
+            continue
         own = [o for o in record.options if o != "reward_threshold"]
         correctness = ["reward_threshold", "correct_key"] if record.takes_correct else []
         assert list(keys) == own + correctness, record.name
@@ -98,6 +106,11 @@ def test_each_estimators_needs_are_what_it_reads():
                 ktae.compute_advantages(record.name, **_batch(entropies=False))
         else:
             ktae.compute_advantages(record.name, **_batch(entropies=False))
+        if "input_grad_importance" in record.needs:
+            with pytest.raises(ValueError, match="input_grad_importance"):
+                ktae.compute_advantages(record.name, **_batch(importance=False))
+        else:
+            ktae.compute_advantages(record.name, **_batch(importance=False))
         if "token_ids" in record.needs:
             with pytest.raises(ValueError, match="token_ids"):
                 ktae.compute_advantages(record.name, **_batch(token_ids=False))

@@ -204,6 +204,11 @@ def estimator_settings(name: str, algorithm: Any) -> EstimatorSettings:
         raise ValueError(f"algorithm.adv_estimator={name}: the rule reads the sampling "
                          "policy's log-probs (needs=logprobs), which the ktae verl plugin "
                          "does not pass to estimators")
+    if "input_grad_importance" in record.needs:
+        raise ValueError(f"algorithm.adv_estimator={name}: the estimator reads the model's "
+                         "input-gradient importance (needs=input_grad_importance), which the "
+                         "ktae verl plugin cannot compute: verl computes advantages on the "
+                         "driver, away from the actor's model; use ktae train")
     if is_user_rule(name):
         correct_key = options.pop("correct_key", DEFAULT_CORRECT_KEY)
         if correct_key is not None and not isinstance(correct_key, str):
