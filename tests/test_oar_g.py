@@ -309,3 +309,42 @@ def test_one_train_step(tiny_model, tmp_path):
         "oar-g", rewards=entry["rewards"], group=torch.arange(B) // cfg.num_generations,
         mask=mask, input_grad_importance=entry["importance"], beta=2)
     torch.testing.assert_close(entry["advantages"], expected.float() * mask)
+
+
+GROUPS = [
+    {"prompt": "Q:37+45-18 A:", "answer": "64", "rewards": [1, 0, 0, 1],
+     "responses": ["37+45=82. 82-18=64. \\boxed{64}", "37+45=72. 72-18=54. \\boxed{54}",
+                   "37+45=82. 82-18=74. \\boxed{74}", "37+45=72. 72-18=64. \\boxed{64}"],
+     "wrong": [[], [[6, 8]], [[16, 18]], [[6, 8], [16, 18]]]},
+    {"prompt": "Q:5+3 A:", "answer": "8", "rewards": [1, 0, 0],
+     "responses": ["5+3=8. \\boxed{8}", "5+3=9. \\boxed{9}", "5+3=8. \\boxed{7}"],
+     "wrong": [[], [[4, 5]], [[14, 15]]]},
+]
+
+
+def _jsonl(path, records):
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_explain_and_audit_compute_it_with_the_model(tmp_path, capsys):
+    from ktae.cli import main
+
+    src = _jsonl(tmp_path / "groups.jsonl", GROUPS)
+    out = tmp_path / "page.html"
+    assert main(["explain", str(src), "--credit", "oar-g", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "needs the model's input-gradient importance" in err, err
+    assert main(["explain", str(src), "--credit", "oar-g@beta=3", "--model", "default",
+                 "-o", str(out)]) == 0
+    assert 'id="view-token"' in out.read_text(encoding="utf-8")
+    result = ktae.audit(src, credit="grpo,oar-g", resamples=0)
+    assert result["scored_with"] and set(result["methods"]) == {"grpo", "oar-g"}
+    assert result["methods"]["oar-g"]["all"] != result["methods"]["grpo"]["all"]
+    no_answer = _jsonl(tmp_path / "no_answer.jsonl",
+                       [{k: v for k, v in g.items() if k != "answer"} for g in GROUPS])
+    with pytest.raises(ValueError, match="needs the group's reference answer"):
+        ktae.audit(no_answer, credit="oar-g", resamples=0)

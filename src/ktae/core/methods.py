@@ -173,10 +173,11 @@ class Method:
 
     @property
     def needs_scores(self) -> bool:
-        """Whether computing it reads per-token log-probs or entropies: a calibration, an
-        estimator that reads the rollout entropies (GTPO), or a rule declaring them."""
+        """Whether computing it reads per-token scores of a model: log-probs or entropies (a
+        calibration, an estimator that reads the rollout entropies (GTPO), a rule declaring
+        them) or the input-gradient importance (``oar-g``)."""
         return (self.calibration is not None or estimator_needs_entropies(self.estimator)
-                or estimator_needs_logprobs(self.estimator))
+                or estimator_needs_logprobs(self.estimator) or self.needs_input_grad)
 
     @property
     def needs_input_grad(self) -> bool:

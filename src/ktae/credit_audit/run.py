@@ -407,13 +407,16 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     check_groups(data.groups)
     scored = "recorded"
     inputs = [g.group for g in data.groups]
+    importance = any(s.needs_input_grad for s in methods.values())  # oar-g: a gradient
     if any(needs_scores(s) for s in methods.values()) and not all(
             g.logprobs is not None and g.entropies is not None
-            and all(r is not None for r in g.logprobs) for g in inputs):
+            and all(r is not None for r in g.logprobs)
+            and (not importance or g.input_grad_importance is not None) for g in inputs):
         if loaded is None:
             loaded = sources.load_model(model or data.scorer or DEFAULT_MODEL)
         scored = loaded[2]
-        sources.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature)
+        sources.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature,
+                             importance=importance)
     result = audit_groups(data.groups, methods, resamples=resamples, seed=0)
     result.update(input=data.description, kind=data.kind, scored_with=scored,
                   prompt_set=prompt_set if data.kind == "model" else None,

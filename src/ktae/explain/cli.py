@@ -171,9 +171,13 @@ def build(args):
         for attr in ("old_entropies", "entropies"))
     estimator_unscored |= estimator_needs_logprobs(source.credit.estimator) and not all(
         g.logprobs is not None for g in groups)
+    importance = source.credit.needs_input_grad  # oar-g: the model's gradient
+    estimator_unscored |= importance and not all(
+        g.input_grad_importance is not None for g in groups)
     if model is not None and (estimator_unscored
                               or (cal is not None and not source.use_recorded)):
-        sources.score_groups(model, source.tokenizer, groups, temperature=args.temperature)
+        sources.score_groups(model, source.tokenizer, groups, temperature=args.temperature,
+                             importance=importance)
     _add_labels(groups, source.tokenizer)
     meta = [*source.meta, _credit_line(source)]
     report = build_report(groups, credit=source.credit, tokenizer=source.tokenizer,

@@ -59,6 +59,9 @@ class GroupInput:
     logprobs: list | None = None
     entropies: list | None = None
     old_entropies: list | None = None
+    input_grad_importance: list | None = None
+    """Per response (or None): the model's input-gradient importance of each token, for
+    an estimator that reads it (``oar-g``; :func:`ktae.explain.sources.score_groups`)."""
     trained: list | None = None
     weights: list | None = None
     flagged: list | None = None
@@ -201,7 +204,9 @@ def credit_values(groups: Sequence[GroupInput], credit: Method, *,
             credit, rewards=rewards, group=gid, token_ids=ids, mask=mask, correct=correct,
             logprobs=None if logprobs is None or None in logprobs
             else _pad(logprobs, T, torch.float64, 0.0),
-            entropies=entropies)
+            entropies=entropies,
+            input_grad_importance=(_input_grad_importance(groups, credit.estimator, T)
+                                   if credit.needs_input_grad else None))
         if token.dim() == 1:
             token = torch.where(mask, token[:, None], 0.0)
         trained = _per_response(groups, "trained") if use_recorded else None
@@ -346,6 +351,15 @@ def _rollout_entropies(groups, estimator: str, T: int) -> torch.Tensor:
     raise ValueError(f"credit: estimator {estimator!r} needs the rollout policy's per-token "
                      "entropies of every response (a run trained with it records them; "
                      "otherwise pass --model to score the responses)")
+
+
+def _input_grad_importance(groups, estimator: str, T: int) -> torch.Tensor:
+    """``[B, T]`` input-gradient importance for an estimator that reads it."""
+    rows = _per_response(groups, "input_grad_importance")
+    if rows is None or any(r is None for r in rows):
+        raise ValueError(f"credit: estimator {estimator!r} needs the model's input-gradient "
+                         "importance of every response; pass --model to compute it")
+    return _pad(rows, T, torch.float64, 0.0)
 
 
 def _calibration(groups, credit: Method, adv: torch.Tensor, mask: torch.Tensor, T: int,

@@ -282,11 +282,15 @@ def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
     return groups
 
 
-def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: float = 1.0) -> None:
+def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: float = 1.0,
+                 importance: bool = False) -> None:
     """Fill each group's per-token ``logprobs`` and ``entropies`` under ``model`` (the
-    prompt tokenised as for generation, responses right-padded, one forward per group)."""
+    prompt tokenised as for generation, responses right-padded, one forward per group);
+    with ``importance`` also its ``input_grad_importance`` (:func:`importance_groups`)."""
     import torch
 
+    if importance:
+        importance_groups(model, tokenizer, groups)
     for g in groups:
         prompt = tokenizer(g.prompt)["input_ids"]
         P, T = len(prompt), max(1, max(len(r) for r in g.responses))
@@ -302,3 +306,32 @@ def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: flo
         entropy = -(logp.exp() * logp).sum(-1)
         g.logprobs = [tok_logp[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
         g.entropies = [entropy[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
+
+
+def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int = 0) -> None:
+    """Fill each group's ``input_grad_importance`` under ``model``: each response followed
+    by the concluding text and the group's reference answer, as the trainer does
+    (:mod:`ktae.models.input_grad_importance`; one extra backward pass per group, noise
+    from a generator seeded with ``seed``)."""
+    import torch
+
+    from ktae.models.input_grad_importance import CONCLUDE, response_importance
+
+    g_noise = torch.Generator().manual_seed(seed)
+    pad = tokenizer.pad_token_id or 0
+    for g in groups:
+        answer = g.answer[0] if isinstance(g.answer, list) and g.answer else g.answer
+        if answer is None or not str(answer).strip():
+            raise ValueError(f"{g.label or 'a group'}: the input-gradient importance needs the "
+                             "group's reference answer ('answer')")
+        prompt = torch.tensor([tokenizer(g.prompt)["input_ids"]] * len(g.responses))
+        T = max(1, max(len(r) for r in g.responses))
+        ids = torch.full((len(g.responses), T), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(g.responses):
+            ids[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, :len(r)] = 1
+        tail = tokenizer(CONCLUDE + str(answer), add_special_tokens=False)["input_ids"]
+        s = response_importance(model, prompt, torch.ones_like(prompt), ids, mask,
+                                [tail] * len(g.responses), pad, generator=g_noise)
+        g.input_grad_importance = [s[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
