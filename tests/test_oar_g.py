@@ -348,3 +348,36 @@ def test_explain_and_audit_compute_it_with_the_model(tmp_path, capsys):
                        [{k: v for k, v in g.items() if k != "answer"} for g in GROUPS])
     with pytest.raises(ValueError, match="needs the group's reference answer"):
         ktae.audit(no_answer, credit="oar-g", resamples=0)
+
+
+@pytest.mark.slow
+def test_shipped_model_train_step_then_explain_and_audit_the_run(tmp_path, capsys):
+    """``ktae train --credit oar-g`` on ``--model default``: the recorded importance is what
+    the estimator read, and ``ktae explain`` / ``ktae audit`` of the run use it (no model)."""
+    from ktae.cli import main
+    from ktae.runs.rollouts import read_rollouts
+
+    run = tmp_path / "run"
+    assert main(["train", "--model", "default", "--credit", "oar-g", "--estimator-option",
+                 "threshold=0.8", "--max-steps", "1", "--num-prompts", "8",
+                 "--num-generations", "4", "--max-new-tokens", "40", "--eval-size", "4",
+                 "--eval-every", "0", "--train-size", "64", "--save-every", "0",
+                 "--no-progress", "--algo", "grpo", "--rollout-every", "1",
+                 "--rollout-groups", "8", "--output-dir", str(run)]) == 0
+    header, records = read_rollouts(run / "rollouts.jsonl")
+    assert header["estimator"] == "oar-g" and len(records) == 8
+    for rec in records:
+        lengths = [len(r) for r in rec["responses"]]
+        T = max(lengths)
+        mask = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+        pad = [x + [0.0] * (T - len(x)) for x in rec["input_grad_importance"]]
+        expected = ktae.compute_advantages(
+            "oar-g", rewards=torch.tensor(rec["rewards"]), group=[0] * len(lengths), mask=mask,
+            input_grad_importance=torch.tensor(pad), threshold=0.8)
+        got = torch.tensor([x + [0.0] * (T - len(x)) for x in rec["advantages"]])
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)  # 6 digits stored
+    out = tmp_path / "page.html"
+    assert main(["explain", str(run), "-o", str(out)]) == 0
+    assert "trained with credit oar-g" in out.read_text(encoding="utf-8")
+    result = ktae.audit(run, credit="grpo,oar-g", resamples=0)
+    assert result["scored_with"] == "recorded" and "oar-g" in result["methods"]

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
 from ktae.credit_audit.metrics import (
     MASS_METRICS,
     METRICS,
@@ -202,7 +203,8 @@ def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
         g = GroupInput(prompt=r["prompt"], responses=r["responses"], rewards=r["rewards"],
                        correct=r["correct"], label=f"step {r['step']} group {r['group']}",
                        logprobs=r.get("logprobs"), entropies=r.get("entropies"),
-                       old_entropies=r.get("old_entropies"))
+                       old_entropies=r.get("old_entropies"),
+                       input_grad_importance=r.get("input_grad_importance"))
         groups.append(AuditGroup(g, embedded_labels(g, tok, question), level=level_of(question),
                                  step=int(r["step"]), key=f"{r['step']}:{r['group']}"))
     steps = sorted({g.step for g in groups})
@@ -407,11 +409,14 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     check_groups(data.groups)
     scored = "recorded"
     inputs = [g.group for g in data.groups]
-    importance = any(s.needs_input_grad for s in methods.values())  # oar-g: a gradient
-    if any(needs_scores(s) for s in methods.values()) and not all(
+    # oar-g reads the model's input-gradient importance; the others, log-probs/entropies
+    importance = any(s.needs_input_grad for s in methods.values()) and not all(
+        g.input_grad_importance is not None for g in inputs)
+    scores = any(s.calibration is not None or estimator_needs_entropies(s.estimator)
+                 or estimator_needs_logprobs(s.estimator) for s in methods.values())
+    if importance or scores and not all(
             g.logprobs is not None and g.entropies is not None
-            and all(r is not None for r in g.logprobs)
-            and (not importance or g.input_grad_importance is not None) for g in inputs):
+            and all(r is not None for r in g.logprobs) for g in inputs):
         if loaded is None:
             loaded = sources.load_model(model or data.scorer or DEFAULT_MODEL)
         scored = loaded[2]

@@ -171,9 +171,10 @@ def build(args):
         for attr in ("old_entropies", "entropies"))
     estimator_unscored |= estimator_needs_logprobs(source.credit.estimator) and not all(
         g.logprobs is not None for g in groups)
-    importance = source.credit.needs_input_grad  # oar-g: the model's gradient
-    estimator_unscored |= importance and not all(
+    # oar-g: the model's input-gradient importance, unless recorded
+    importance = source.credit.needs_input_grad and not all(
         g.input_grad_importance is not None for g in groups)
+    estimator_unscored |= importance
     if model is not None and (estimator_unscored
                               or (cal is not None and not source.use_recorded)):
         sources.score_groups(model, source.tokenizer, groups, temperature=args.temperature,

@@ -106,6 +106,7 @@ def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None
                        correct=r["correct"], label=f"step {step} \u00b7 group {r['group']}",
                        trained=r.get("advantages"), logprobs=r.get("logprobs"),
                        entropies=r.get("entropies"), old_entropies=r.get("old_entropies"),
+                       input_grad_importance=r.get("input_grad_importance"),
                        weights=r.get("weights"),
                        flagged=r.get("flagged"), loss_mask=r.get("loss_mask"))
         groups.append((str(r["group"]), g))

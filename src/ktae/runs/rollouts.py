@@ -18,6 +18,7 @@ File format (JSON Lines, one object per line; docs/explain.md)::
      "logprobs": [[...] | null, ...], "entropies": ..., "weights": ...,
      "flagged": [[0/1, ...] | null, ...],                          (calibration only)
      "old_entropies": [[...], ...],       (estimators that read entropies, e.g. gtpo)
+     "input_grad_importance": [[...], ...],   (estimators that read it, e.g. oar-g)
      "loss_mask": [[0/1, ...] | null, ...]}          (only when a token is left out)
 
 ``responses[i]`` holds the response's real tokens only (EOS included); every per-token
@@ -25,7 +26,8 @@ list has the same length. ``advantages`` are the estimator's (before the calibra
 the loss reads ``weights * advantages`` on the tokens where ``loss_mask`` is 1 (all of
 them when it is absent). ``old_entropies`` are the rollout policy's per-token entropies
 that the estimator read (GTPO); ``entropies`` are the current policy's, which the
-calibration read. Floats carry 6 significant digits. A calibration or loss-mask
+calibration read. ``input_grad_importance`` is the per-token importance the estimator
+read (OAR-G, docs/method.md §16). Floats carry 6 significant digits. A calibration or loss-mask
 list is ``null`` for a row the main process does not hold (a group split across
 processes).
 
@@ -154,7 +156,8 @@ class RolloutRecorder:
     def on_advantages(self, trainer, *, batch: dict, ids: torch.Tensor, mask: torch.Tensor,
                       rewards: torch.Tensor, correct: torch.Tensor, advantages: torch.Tensor,
                       loss_mask: torch.Tensor | None = None,
-                      old_entropies: torch.Tensor | None = None) -> None:
+                      old_entropies: torch.Tensor | None = None,
+                      input_grad_importance: torch.Tensor | None = None) -> None:
         """Keep the first groups of a recorded training step.
 
         ``batch``: this process's generation batch (``prompt_ids``, ``prompt_mask``,
@@ -163,7 +166,8 @@ class RolloutRecorder:
         were computed on; ``loss_mask``: this process's ``[b, T]`` tokens that reach the
         loss (e.g. without truncated responses), or None when every real token does;
         ``old_entropies``: the gathered ``[B, T]`` rollout-policy entropies the estimator
-        read, or None.
+        read, or None; ``input_grad_importance``: the gathered ``[B, T]`` importance the
+        estimator read, or None.
         """
         if not trainer.model.training or not trainer.accelerator.is_main_process:
             return
@@ -192,6 +196,8 @@ class RolloutRecorder:
                 "loss_mask": []}
             if old_entropies is not None:
                 rec["old_entropies"] = []
+            if input_grad_importance is not None:
+                rec["input_grad_importance"] = []
             for r in range(first, first + G):
                 m = mask[r].bool().cpu()
                 n = int(m.sum())
@@ -202,6 +208,9 @@ class RolloutRecorder:
                 rec["advantages"].append(_floats(adv[m] if adv.dim() else adv.expand(n)))
                 if old_entropies is not None:
                     rec["old_entropies"].append(_floats(old_entropies[r].cpu()[m]))
+                if input_grad_importance is not None:
+                    rec["input_grad_importance"].append(
+                        _floats(input_grad_importance[r].cpu()[m]))
                 # real tokens are a prefix of the row (right padding)
                 in_loss = _bits(loss_mask[r][:n]) if loss_mask is not None and r < local else None
                 rec["loss_mask"].append(in_loss)

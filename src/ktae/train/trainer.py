@@ -462,7 +462,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                         rewards=adv["rewards"], correct=adv["correct"],
                                         advantages=adv["advantages"],
                                         loss_mask=adv["loss_mask"],
-                                        old_entropies=adv["entropies"])
+                                        old_entropies=adv["entropies"],
+                                        input_grad_importance=adv["importance"])
         return batch
 
     def _advantages(self, batch: dict, rewards: torch.Tensor, correct: torch.Tensor,
@@ -518,7 +519,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
             self._metrics[mode][key].append(value)
         self._log_trained_completions(batch, adv, mask, per_func, prompts)
         return {"ids": ids, "mask": mask, "rewards": rewards, "correct": correct,
-                "advantages": adv, "loss_mask": loss_mask, "entropies": entropies}
+                "advantages": adv, "loss_mask": loss_mask, "entropies": entropies,
+                "importance": importance}
 
     def _log_trained_completions(self, batch: dict, adv: torch.Tensor, mask: torch.Tensor,
                                  per_func: torch.Tensor, prompts: list) -> None:
