@@ -278,16 +278,25 @@ def test_append_answer_places_each_answer_after_its_response():
 
 
 @pytest.mark.slow
-def test_one_train_step(tiny_model, tmp_path):
+@pytest.mark.parametrize("algo,extra", [("grpo", {"max_steps": 1}),
+                                        ("dapo", {"max_steps": 2, "max_generation_rounds": 3})])
+def test_train_steps(tiny_model, tmp_path, algo, extra):
+    """What the estimator read is the importance of each kept row's own generation round
+    (DAPO's refill rounds each get their pass), and the advantages are OAR-G's on it."""
     from test_train_helpers import contains_digit, read_jsonl, tiny_config
 
     from ktae.train.dynamic_sampling import INPUT_GRAD_IMPORTANCE
     from ktae.train.session import train
     from ktae.train.trainer import KTAEGRPOTrainer
 
-    seen = []
+    seen, rounds = [], []
 
     class Rec(KTAEGRPOTrainer):
+        def _input_grad_importance(self, batch, inputs):
+            out = super()._input_grad_importance(batch, inputs)
+            rounds.append(out.clone())
+            return out
+
         def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
             entry = {"rewards": rewards.clone(), "mask": batch["ktae_token_mask"].bool(),
                      "importance": batch[INPUT_GRAD_IMPORTANCE].clone()}
@@ -296,20 +305,27 @@ def test_one_train_step(tiny_model, tmp_path):
             seen.append(entry)
             return out
 
-    cfg = tiny_config(tiny_model, tmp_path / "run", max_steps=1, credit="oar-g",
-                      estimator_options={"beta": 2})
+    cfg = tiny_config(tiny_model, tmp_path / "run", algo=algo, credit="oar-g",
+                      estimator_options={"beta": 2}, **extra)
     train(cfg, trainer_cls=Rec, reward_funcs=[contains_digit])
-    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
-    (entry,) = seen
-    mask, B = entry["mask"], entry["rewards"].numel()
-    # (a token with a zero embedding, the pad token ending a response, has importance 0)
-    assert (entry["importance"][mask] > 0).float().mean() > 0.8
-    assert (entry["importance"][~mask] == 0).all()
-    expected = ktae.compute_advantages(
-        "oar-g", rewards=entry["rewards"], group=torch.arange(B) // cfg.num_generations,
-        mask=mask, input_grad_importance=entry["importance"], beta=2)
-    torch.testing.assert_close(entry["advantages"], expected.float() * mask)
-
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, extra["max_steps"] + 1))
+    assert len(rounds) == sum(m["generation_rounds"] for m in metrics)
+    for entry in seen:
+        mask, B = entry["mask"], entry["rewards"].numel()
+        # (a token with a zero embedding, the pad token ending a response, has importance 0)
+        assert (entry["importance"][mask] > 0).float().mean() > 0.8
+        assert (entry["importance"][~mask] == 0).all()
+        expected = ktae.compute_advantages(
+            "oar-g", rewards=entry["rewards"], group=torch.arange(B) // cfg.num_generations,
+            mask=mask, input_grad_importance=entry["importance"], beta=2)
+        torch.testing.assert_close(entry["advantages"], expected.float() * mask)
+        for row, m in zip(entry["importance"], mask, strict=True):
+            n = int(m.sum())
+            assert any(torch.equal(row[:n], r[:n]) for rnd in rounds for r in rnd
+                       if r.shape[0] >= n)
+    if algo == "dapo":
+        assert max(m["generation_rounds"] for m in metrics) > 1  # rows from several rounds
 
 GROUPS = [
     {"prompt": "Q:37+45-18 A:", "answer": "64", "rewards": [1, 0, 0, 1],
