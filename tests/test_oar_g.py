@@ -32,7 +32,7 @@ def batch(seed: int = 0, B: int = 6, T: int = 9):
     return rewards, torch.arange(B) // 2, importance, mask
 
 
-def slow_weights(scores, threshold, beta, min_weight=0.1, sum_to_length=True):
+def slow_weights(scores, threshold, gating_beta, min_weight=0.1, sum_to_length=True):
     """``calculate_oar_hybrid_weights`` of the released code, for one response (numpy)."""
     score_arr = np.array(scores)
     log_score = np.log1p(score_arr)
@@ -45,14 +45,14 @@ def slow_weights(scores, threshold, beta, min_weight=0.1, sum_to_length=True):
     weights[low] = np.maximum(norm[low] / (thr + 1e-8), min_weight)
     high = ~low
     if high.any():
-        weights[high] = 1.0 + beta * (norm[high] - thr) / (1.0 - thr + 1e-8)
+        weights[high] = 1.0 + gating_beta * (norm[high] - thr) / (1.0 - thr + 1e-8)
     if sum_to_length:
         denom = weights.sum()
         weights = np.ones_like(weights) if denom <= 0 else weights * (len(weights) / (denom + 1e-8))
     return weights
 
 
-OPTIONS = [{}, {"threshold": 0.8, "beta": 0.5}, {"threshold": 0.2, "beta": 3.0},
+OPTIONS = [{}, {"threshold": 0.8, "gating_beta": 0.5}, {"threshold": 0.2, "gating_beta": 3.0},
            {"min_weight": 0.5}, {"sum_to_length": False}, {"threshold": 0.0}, {"threshold": 1.0}]
 
 
@@ -60,7 +60,7 @@ OPTIONS = [{}, {"threshold": 0.8, "beta": 0.5}, {"threshold": 0.2, "beta": 3.0},
 def test_weights_equal_the_released_code(options):
     _, _, importance, mask = batch()
     w = oar_weights(importance, mask, **options)
-    full = {"threshold": 0.5, "beta": 1.0, **options}
+    full = {"threshold": 0.5, "gating_beta": 1.0, **options}
     for i in range(mask.shape[0]):
         n = int(mask[i].sum())
         expected = slow_weights(importance[i, :n].tolist(), **full)
@@ -81,7 +81,7 @@ def test_each_option_takes_effect():
         assert not torch.allclose(base, other), options
 
 
-@pytest.mark.parametrize("options", [{}, {"threshold": 0.9, "beta": 4.0, "base": "drgrpo"}])
+@pytest.mark.parametrize("options", [{}, {"threshold": 0.9, "gating_beta": 4.0, "base": "drgrpo"}])
 def test_advantage_mass_is_kept_per_response(options):
     rewards, group, importance, mask = batch()
     adv = ktae.compute_advantages("oar-g", rewards=rewards, group=group, mask=mask,
@@ -104,7 +104,7 @@ def test_one_line_errors():
     with pytest.raises(ValueError, match="^bogus: unknown option for advantage estimator "
                                          "'oar-g'; expected base, threshold"):
         ktae.compute_advantages("oar-g", input_grad_importance=importance, bogus=1, **kw)
-    for key, value in (("threshold", 1.5), ("beta", -1), ("min_weight", 2), ("base", "x"),
+    for key, value in (("threshold", 1.5), ("gating_beta", -1), ("min_weight", 2), ("base", "x"),
                        ("sum_to_length", "yes")):
         with pytest.raises(ValueError, match=f"^{key}: expected"):
             ktae.compute_advantages("oar-g", input_grad_importance=importance,
@@ -119,6 +119,17 @@ def test_one_line_errors():
                          correct=rewards > 0, **kw)
     with pytest.raises(ValueError, match="bogus"):
         parse_method("oar-g@bogus=1")
+
+
+def test_compare_arms_set_its_options():
+    from ktae.train.cli_compare import parse_arm
+
+    arm = parse_arm("oar-g@gating_beta=2@threshold=0.7@beta=0.05")
+    assert arm.credit == "oar-g"
+    assert arm.overrides == {"estimator_options": {"gating_beta": 2, "threshold": 0.7},
+                             "beta": 0.05}  # beta: the KL coefficient, a train setting
+    with pytest.raises(ValueError, match="'bogus'"):
+        parse_arm("oar-g@bogus=1")
 
 
 def test_simulator_refuses_it_in_one_line():
@@ -306,7 +317,7 @@ def test_train_steps(tiny_model, tmp_path, algo, extra):
             return out
 
     cfg = tiny_config(tiny_model, tmp_path / "run", algo=algo, credit="oar-g",
-                      estimator_options={"beta": 2}, **extra)
+                      estimator_options={"gating_beta": 2}, **extra)
     train(cfg, trainer_cls=Rec, reward_funcs=[contains_digit])
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, extra["max_steps"] + 1))
@@ -318,7 +329,7 @@ def test_train_steps(tiny_model, tmp_path, algo, extra):
         assert (entry["importance"][~mask] == 0).all()
         expected = ktae.compute_advantages(
             "oar-g", rewards=entry["rewards"], group=torch.arange(B) // cfg.num_generations,
-            mask=mask, input_grad_importance=entry["importance"], beta=2)
+            mask=mask, input_grad_importance=entry["importance"], gating_beta=2)
         torch.testing.assert_close(entry["advantages"], expected.float() * mask)
         for row, m in zip(entry["importance"], mask, strict=True):
             n = int(m.sum())
@@ -354,7 +365,7 @@ def test_explain_and_audit_compute_it_with_the_model(tmp_path, capsys):
     assert main(["explain", str(src), "--credit", "oar-g", "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "needs the model's input-gradient importance" in err, err
-    assert main(["explain", str(src), "--credit", "oar-g@beta=3", "--model", "default",
+    assert main(["explain", str(src), "--credit", "oar-g@gating_beta=3", "--model", "default",
                  "-o", str(out)]) == 0
     assert 'id="view-token"' in out.read_text(encoding="utf-8")
     result = ktae.audit(src, credit="grpo,oar-g", resamples=0)

@@ -17,7 +17,7 @@ input-gradient sensitivity of the model's answer distribution to the token's emb
     n_t   = (u_t - min u) / (max u - min u)          (range 1 when max u = min u)
     tau   = quantile(n, threshold)                   (linear interpolation, numpy's)
     w_t   = max(n_t / (tau + 1e-8), min_weight)      where n_t <  tau   (suppression)
-    w_t   = 1 + beta * (n_t - tau) / (1 - tau + 1e-8) where n_t >= tau  (boost)
+    w_t   = 1 + gating_beta * (n_t - tau) / (1 - tau + 1e-8) where n_t >= tau  (boost)
     w_t  <- w_t * L / (sum w + 1e-8)                 (sum_to_length; all 1 if sum w <= 0)
     A_t   = A * w_t
 
@@ -29,8 +29,10 @@ low- to high-importance tokens of the same response, never between responses.
 Defaults: ``min_weight = 0.1`` is the code's constant. ``threshold``, ``beta`` and
 ``sum_to_L`` are command-line arguments of the released code (``self.args``) whose values
 the released fragment does not show; ``sum_to_length = True`` is the paper's stated mass
-constraint, and ``threshold = 0.5``, ``beta = 1.0`` are this library's choice (set them to
-the values of a run you reproduce).
+constraint, and ``threshold = 0.5``, ``gating_beta = 1.0`` are this library's choice (set
+them to the values of a run you reproduce). The boost is named ``gating_beta``, the code's
+local name for ``args.beta``, because ``beta`` is the KL coefficient's name in ``ktae
+train`` and in ``ktae compare`` arms.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> torch
 
 
 def oar_weights(importance: torch.Tensor, mask: torch.Tensor, *,
-                threshold: float = OAR_THRESHOLD, beta: float = OAR_BETA,
+                threshold: float = OAR_THRESHOLD, gating_beta: float = OAR_BETA,
                 min_weight: float = OAR_MIN_WEIGHT, sum_to_length: bool = True
                 ) -> torch.Tensor:
     """``[B, T]`` OAR's token weights from ``[B, T]`` importances (module docstring), per
@@ -76,7 +78,7 @@ def oar_weights(importance: torch.Tensor, mask: torch.Tensor, *,
     tau = masked_quantile(n, mask, threshold)[:, None]
     low = n < tau
     suppressed = (n / (tau + _EPS)).clamp_min(min_weight)
-    boosted = 1 + beta * (n - tau) / (1 - tau + _EPS)
+    boosted = 1 + gating_beta * (n - tau) / (1 - tau + _EPS)
     w = torch.where(mask, torch.where(low, suppressed, boosted), 0)
     if sum_to_length:
         length = mask.sum(dim=1, keepdim=True).to(w.dtype)
@@ -87,18 +89,18 @@ def oar_weights(importance: torch.Tensor, mask: torch.Tensor, *,
 
 @ADVANTAGE_ESTIMATORS.register("oar-g", needs=("mask", "input_grad_importance"))
 def oar_g_advantages(batch: AdvantageBatch, *, base: str = "grpo",
-                     threshold: float = OAR_THRESHOLD, beta: float = OAR_BETA,
+                     threshold: float = OAR_THRESHOLD, gating_beta: float = OAR_BETA,
                      min_weight: float = OAR_MIN_WEIGHT,
                      sum_to_length: bool = True) -> torch.Tensor:
     """``[B, T]``: ``A * w`` with OAR's weights ``w`` (module docstring) from the batch's
     ``input_grad_importance``. Options: ``base`` ("grpo", "drgrpo", "rloo"), ``threshold``
-    in [0, 1] (0.5, the quantile splitting suppressed from boosted tokens), ``beta >= 0``
-    (1.0, the boost), ``min_weight`` in [0, 1] (0.1, the floor of a suppressed token's
+    in [0, 1] (0.5, the quantile splitting suppressed from boosted tokens), ``gating_beta
+    >= 0`` (1.0, the boost), ``min_weight`` in [0, 1] (0.1, the floor of a suppressed token's
     weight), ``sum_to_length`` (True: a response's weights sum to its length)."""
     if not isinstance(base, str) or base not in SEQUENCE_BASELINES:
         raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
     threshold = check_number(threshold, "threshold", low=0, high=1)
-    beta = check_number(beta, "beta", low=0)
+    gating_beta = check_number(gating_beta, "gating_beta", low=0)
     min_weight = check_number(min_weight, "min_weight", low=0, high=1)
     if not isinstance(sum_to_length, bool):
         raise ValueError(f"sum_to_length: expected true or false, got {sum_to_length!r}")
@@ -107,6 +109,7 @@ def oar_g_advantages(batch: AdvantageBatch, *, base: str = "grpo",
                          "(the [B, T] input-gradient importance of each response token, "
                          "computed from the model)")
     seq = SEQUENCE_BASELINES[base](batch.rewards, batch.gid, batch.num_groups)
-    w = oar_weights(batch.input_grad_importance, batch.mask, threshold=threshold, beta=beta,
+    w = oar_weights(batch.input_grad_importance, batch.mask, threshold=threshold,
+                    gating_beta=gating_beta,
                     min_weight=min_weight, sum_to_length=sum_to_length)
     return (seq[:, None].to(torch.float64) * w).to(batch.rewards.dtype)
