@@ -274,15 +274,32 @@ def test_append_answer_places_each_answer_after_its_response():
     resp = torch.tensor([[6, 7, 0], [8, 9, 10]])
     rmask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     ids, attn, positions, answer = append_answer(prompt, pmask, resp, rmask, [[20, 21], [22]],
-                                                 pad_id=0)
-    assert ids.tolist() == [[0, 1, 2, 6, 7, 20, 21, 0], [3, 4, 5, 8, 9, 10, 22, 0]]
-    assert attn.tolist() == [[0, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1, 0]]
-    assert positions.long().tolist() == [[0, 0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1, 0, 0]]
-    assert answer.long().tolist() == [[0, 0, 0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 1, 0]]
+                                                 pad_id=0, conclusion=[19])
+    assert ids.tolist() == [[0, 1, 2, 6, 7, 19, 20, 21, 0], [3, 4, 5, 8, 9, 10, 19, 22, 0]]
+    assert attn.tolist() == [[0, 1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1, 1, 0]]
+    assert positions.long().tolist() == [[0, 0, 0, 1, 1, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1, 0, 0, 0]]
+    # the answer's tokens only, not the conclusion's (the code's separate segments)
+    assert answer.long().tolist() == [[0, 0, 0, 0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 0, 1, 0]]
     model = tiny_llama()
     s = response_importance(model, prompt, pmask, resp, rmask, [[20, 21], [22]], 0,
-                            generator=torch.Generator().manual_seed(0))
+                            conclusion=[19], generator=torch.Generator().manual_seed(0))
     assert s.shape == (2, 3) and s[0, 2] == 0 and (s[rmask.bool()] > 0).all()
+    other = response_importance(model, prompt, pmask, resp, rmask, [[20, 21], [22]], 0,
+                                generator=torch.Generator().manual_seed(0))
+    assert not torch.allclose(s, other)  # the conclusion is read
+
+
+def test_answer_tokens_split_the_conclusion_from_the_answer():
+    from ktae.models.input_grad_importance import CONCLUDE, answer_tokens
+
+    def tok(text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+    conclusion, answers = answer_tokens(tok, ["64", [" 8", "eight"]])
+    assert conclusion == [ord(c) for c in CONCLUDE] and answers == [[54, 52], [56]]
+    for bad in (None, "  ", []):
+        with pytest.raises(ValueError, match="^answer: row 1 has no reference answer"):
+            answer_tokens(tok, ["1", bad])
 
 
 # ------------------------------------------------------------------ commands

@@ -316,15 +316,16 @@ def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int =
     from a generator seeded with ``seed``)."""
     import torch
 
-    from ktae.models.input_grad_importance import CONCLUDE, response_importance
+    from ktae.models.input_grad_importance import answer_tokens, response_importance
 
     g_noise = torch.Generator().manual_seed(seed)
     pad = tokenizer.pad_token_id or 0
     for g in groups:
-        answer = g.answer[0] if isinstance(g.answer, list) and g.answer else g.answer
-        if answer is None or not str(answer).strip():
+        try:
+            conclusion, (answer,) = answer_tokens(tokenizer, [g.answer])
+        except ValueError:
             raise ValueError(f"{g.label or 'a group'}: the input-gradient importance needs the "
-                             "group's reference answer ('answer')")
+                             "group's reference answer ('answer')") from None
         prompt = torch.tensor([tokenizer(g.prompt)["input_ids"]] * len(g.responses))
         T = max(1, max(len(r) for r in g.responses))
         ids = torch.full((len(g.responses), T), pad, dtype=torch.long)
@@ -332,7 +333,7 @@ def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int =
         for i, r in enumerate(g.responses):
             ids[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
             mask[i, :len(r)] = 1
-        tail = tokenizer(CONCLUDE + str(answer), add_special_tokens=False)["input_ids"]
         s = response_importance(model, prompt, torch.ones_like(prompt), ids, mask,
-                                [tail] * len(g.responses), pad, generator=g_noise)
+                                [answer] * len(g.responses), pad, conclusion=conclusion,
+                                generator=g_noise)
         g.input_grad_importance = [s[i, :len(r)].tolist() for i, r in enumerate(g.responses)]

@@ -112,46 +112,66 @@ def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.
 
 def append_answer(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                   response_ids: torch.Tensor, response_mask: torch.Tensor,
-                  answers: list[list[int]], pad_id: int):
+                  answers: list[list[int]], pad_id: int, conclusion: list[int] = ()):
     """The importance's inputs for left-padded prompts and right-padded responses:
     ``(input_ids, attention_mask, response_positions, answer_positions)``, ``[B, P + T +
-    K]`` with each row's answer tokens (conclusion and reference answer, ``answers[i]``,
-    K the longest) placed right after its last real response token. Response token ``j``
-    sits at column ``P + j`` (:func:`response_importance` reads it back from there).
+    K]``, each row's ``conclusion + answers[i]`` tokens (K the longest) placed right after
+    its last real response token; ``answer_positions`` marks the answer's tokens only (the
+    code's ``token_ids_answer``, apart from its ``token_ids_conclude``). Response token
+    ``j`` sits at column ``P + j`` (:func:`response_importance` reads it back from there).
     """
     B, P = prompt_ids.shape
     T = response_ids.shape[1]
     if len(answers) != B or any(len(a) == 0 for a in answers):
         raise ValueError(f"answers: expected {B} non-empty token lists, one per row")
-    K = max(len(a) for a in answers)
+    tails = [list(conclusion) + list(a) for a in answers]
+    K = max(len(a) for a in tails)
     dev = prompt_ids.device
-    ans = torch.full((B, K), pad_id, dtype=torch.long, device=dev)
+    tail = torch.full((B, K), pad_id, dtype=torch.long, device=dev)
     valid = torch.zeros((B, K), dtype=torch.bool, device=dev)
-    for i, a in enumerate(answers):
-        ans[i, :len(a)] = torch.tensor(a, dtype=torch.long)
+    for i, a in enumerate(tails):
+        tail[i, :len(a)] = torch.tensor(a, dtype=torch.long)
         valid[i, :len(a)] = True
+    is_answer = valid & (torch.arange(K, device=dev)[None] >= len(conclusion))
     resp = response_mask.bool()
     ids = torch.cat([prompt_ids, torch.where(resp, response_ids, pad_id),
                      torch.full((B, K), pad_id, dtype=torch.long, device=dev)], dim=1)
     attn = torch.cat([prompt_mask.bool(), resp, torch.zeros((B, K), dtype=torch.bool,
                                                            device=dev)], dim=1)
     at = P + resp.sum(dim=1, keepdim=True) + torch.arange(K, device=dev)[None]
-    ids.scatter_(1, at, torch.where(valid, ans, pad_id))
+    ids.scatter_(1, at, torch.where(valid, tail, pad_id))
     attn.scatter_(1, at, valid)
-    answer = torch.zeros_like(attn).scatter_(1, at, valid)
+    answer = torch.zeros_like(attn).scatter_(1, at, is_answer)
     positions = torch.zeros_like(attn)
     positions[:, P:P + T] = resp
     return ids, attn.long(), positions, answer
 
 
 def response_importance(model, prompt_ids, prompt_mask, response_ids, response_mask,
-                        answers: list[list[int]], pad_id: int, *,
+                        answers: list[list[int]], pad_id: int, *, conclusion: list[int] = (),
                         generator: torch.Generator | None = None, **options) -> torch.Tensor:
     """``[B, T]`` importance of each response token (0 on padding): :func:`append_answer`,
     then :func:`input_grad_importance` (``options``: ``outcome``, ``noise_std``)."""
     ids, attn, positions, answer = append_answer(prompt_ids, prompt_mask, response_ids,
-                                                 response_mask, answers, pad_id)
+                                                 response_mask, answers, pad_id, conclusion)
     s = input_grad_importance(model, ids, attn, positions, answer, generator=generator,
                               **options)
     P, T = prompt_ids.shape[1], response_ids.shape[1]
     return s[:, P:P + T]
+
+
+def answer_tokens(tokenizer, answers: list) -> tuple[list[int], list[list[int]]]:
+    """``(conclusion, answers)`` as token ids: :data:`CONCLUDE` and each reference answer
+    (the first of a list of accepted alternatives) tokenised apart, as the code's segments;
+    a missing or empty answer is a ``ValueError`` naming its row."""
+    out = []
+    for i, answer in enumerate(answers):
+        if isinstance(answer, (list, tuple)):
+            answer = answer[0] if answer else None
+        ids = [] if answer is None else tokenizer(str(answer).strip(),
+                                                 add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"answer: row {i} has no reference answer, which the "
+                             "input-gradient importance needs")
+        out.append(list(ids))
+    return list(tokenizer(CONCLUDE, add_special_tokens=False)["input_ids"]), out

@@ -326,18 +326,14 @@ class KTAEGRPOTrainer(GRPOTrainer):
         """``[b, T]`` input-gradient importance of each response token under the policy that
         generated ``batch`` (OAR-G's; :func:`ktae.models.input_grad_importance.
         response_importance`), the answer being each row's reference ``answer``."""
-        from ktae.models.input_grad_importance import CONCLUDE, response_importance
+        from ktae.models.input_grad_importance import answer_tokens, response_importance
 
-        answers = []
-        for row in inputs:
-            answer = row.get("answer")
-            if isinstance(answer, (list, tuple)):  # accepted alternatives: the first
-                answer = answer[0] if answer else None
-            if answer is None or not str(answer).strip():
-                raise ValueError(f"credit: estimator {self.credit.estimator!r} needs each "
-                                 "prompt's reference answer (dataset column 'answer')")
-            answers.append(self._tokenizer(CONCLUDE + str(answer),
-                                           add_special_tokens=False)["input_ids"])
+        try:
+            conclusion, answers = answer_tokens(self._tokenizer,
+                                                [row.get("answer") for row in inputs])
+        except ValueError as err:
+            raise ValueError(f"credit: estimator {self.credit.estimator!r} needs each prompt's "
+                             f"reference answer (dataset column 'answer'): {err}") from None
         g = torch.Generator(device="cpu").manual_seed(derived_seed(
             self.credit.seed, self.state.global_step, -2, self.accelerator.process_index))
         model = self.accelerator.unwrap_model(self.model)
@@ -345,7 +341,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
             return response_importance(model, batch["prompt_ids"], batch["prompt_mask"],
                                        batch["completion_ids"], batch["completion_mask"],
                                        answers, self._tokenizer.pad_token_id,
-                                       generator=g).detach()
+                                       conclusion=conclusion, generator=g).detach()
 
     # ------------------------------------------------------------------ step time
 
