@@ -16,6 +16,7 @@ function that turns their JSON into the markdown table.
     python scripts/tables.py list                         # names, commands, estimated cost
     python scripts/tables.py run NAME... | --all [--max-cost SECONDS] [--reuse]
     python scripts/tables.py check NAME... [--reuse]      # exit 1 when a table differs
+    python scripts/tables.py exec RUN... [--reuse]        # only the named runs
 
 ``run`` runs the commands (``--reuse``: keep a finished run's cache) and rewrites the tables
 between their markers; ``check`` regenerates and prints a diff against the committed table.
@@ -115,6 +116,16 @@ RUNS = {
     "compare-digits-graded": Run(_compare("ktae,ktae@ngram=3", 5, 50,
                                           DIGITS + " --estimator-option split=graded"), 10 * 200),
 }
+
+RECIPE_SEEDS = (0, 1, 2)
+RECIPE_ARMS = {"grpo": "none", "ktae": "ktae"}
+"""The real-model recipe (configs/smollm2-arith.yaml) per arm and seed: about 35 min a run
+with two runs side by side, one thread each."""
+for _arm, _credit in RECIPE_ARMS.items():
+    for _seed in RECIPE_SEEDS:
+        RUNS[f"recipe-{_arm}-s{_seed}"] = Run(
+            f"ktae train --config configs/smollm2-arith.yaml --credit {_credit} --seed {_seed} "
+            "--no-progress -o {out}", 2100)
 
 
 # --- rendering -------------------------------------------------------------------------
@@ -800,6 +811,18 @@ def cmd_check(args) -> int:
     return 1 if differ else 0
 
 
+def cmd_exec(args) -> int:
+    """Run the named runs (not tables) in order: a way to run a table's runs side by side,
+    one ``exec`` per process, before ``run NAME --reuse`` renders the table."""
+    unknown = [n for n in args.runs if n not in RUNS]
+    if unknown:
+        sys.exit(f"tables: unknown run names: {unknown}; see `list`")
+    done: set[str] = set()
+    for name in args.runs:
+        execute(name, reuse=args.reuse, done=done)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
@@ -813,8 +836,13 @@ def main(argv: list[str] | None = None) -> int:
                            help="skip tables whose runs are estimated above SECONDS")
         s.add_argument("--reuse", action="store_true",
                        help="keep the cache of a run that finished with the same command")
+    e = sub.add_parser("exec", help="run the named runs only (no table is written)")
+    e.add_argument("runs", nargs="+")
+    e.add_argument("--reuse", action="store_true",
+                   help="keep the cache of a run that finished with the same command")
     args = p.parse_args(argv)
-    return {"list": cmd_list, "run": cmd_run, "check": cmd_check}[args.mode](args)
+    return {"list": cmd_list, "run": cmd_run, "check": cmd_check,
+            "exec": cmd_exec}[args.mode](args)
 
 
 if __name__ == "__main__":
