@@ -58,8 +58,11 @@ class Record:
         fn: the function the registry calls.
         needs: the inputs a caller must have to call it: of an estimator, some of
             ``token_ids``, ``mask``, ``logprobs`` (the sampling policy's), ``entropies``
-            (the rollout policy's); of a calibration, ``entropies`` and ``old_logprobs``.
-            A trainer computes log-probs and entropies only for methods that need them.
+            (the rollout policy's), ``input_grad_importance`` (each token's input-gradient
+            importance, from a backward pass through the model: a caller without the model
+            refuses it); of a calibration, ``entropies`` and ``old_logprobs``. A trainer
+            computes log-probs, entropies and the importance only for methods that need
+            them.
         inputs: keyword arguments the caller fills from its batch rather than from the
             user, in signature order: ``correct`` (the verifier's verdict, for an
             estimator that reads it), and inputs derived from a model or tokenizer as they
