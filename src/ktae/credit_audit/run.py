@@ -414,9 +414,9 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         g.input_grad_importance is not None for g in inputs)
     scores = any(s.calibration is not None or estimator_needs_entropies(s.estimator)
                  or estimator_needs_logprobs(s.estimator) for s in methods.values())
-    if importance or scores and not all(
+    if importance or (scores and not all(
             g.logprobs is not None and g.entropies is not None
-            and all(r is not None for r in g.logprobs) for g in inputs):
+            and all(r is not None for r in g.logprobs) for g in inputs)):
         if loaded is None:
             loaded = sources.load_model(model or data.scorer or DEFAULT_MODEL)
         scored = loaded[2]
