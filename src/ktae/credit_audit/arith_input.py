@@ -66,6 +66,19 @@ def prompt_set_problems(prompts: int, prompt_set: int, difficulty: int) -> list:
     return stream[prompt_set * prompts:]
 
 
+def repeated_problems(problems: list, prompts: int) -> int:
+    """How many problems of the last ``prompts`` of ``problems`` (a prompt-set stream from
+    its start) repeat the arithmetic (kind and operands) of an earlier one: 0 while the
+    split lasts; at difficulty 1 the ``eval`` split holds only 31 distinct problems, so
+    larger or later sets repeat them (in other wordings)."""
+    seen, repeats = set(), 0
+    for k, p in enumerate(problems):
+        key = (p.kind, p.operands)
+        repeats += key in seen and k >= len(problems) - prompts
+        seen.add(key)
+    return repeats
+
+
 def chat_prompt(tokenizer, problem) -> str:
     """The prompt of ``problem`` (an arith problem or question) as ``ktae train --template
     chat`` renders it: the user message of the tokenizer's chat template."""
@@ -112,7 +125,9 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     from ktae.models.generate import SamplingConfig, generate_hf
     from ktae.rewards.answer_line import number_check
 
-    problems = prompt_set_problems(prompts, prompt_set, difficulty)
+    stream = prompt_set_problems((prompt_set + 1) * prompts, 0, difficulty)
+    problems = stream[prompt_set * prompts:]
+    repeats = repeated_problems(stream, prompts)
     texts = [chat_prompt(tokenizer, p) for p in problems]
     sampling = SamplingConfig(k=samples, temperature=temperature, max_new_tokens=max_new_tokens,
                               seed=seed)
@@ -127,7 +142,8 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
         groups.append(AuditGroup(g, claims_labels(tokenizer, g.responses, p.answer),
                                  level=p.kind, key=str(i)))
     desc = (f"{prompts} arith problems (difficulty {difficulty}, {SPLIT} split, prompt set "
-            f"{prompt_set}) x {samples} responses sampled from {path} (chat template, "
+            f"{prompt_set}{f'; {repeats} repeat an earlier problem' if repeats else ''}) x "
+            f"{samples} responses sampled from {path} (chat template, "
             f"temperature {temperature:g}, seed {seed}, at most {max_new_tokens} new tokens; "
             "reward number; labels: claims)")
     return AuditInput(groups, tokenizer, desc, "model",
