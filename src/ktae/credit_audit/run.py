@@ -234,7 +234,7 @@ def run_input(run: Path, *, tokenizer: str | None = None, task: str | None = Non
             f"{', '.join(map(str, steps))}")
     meta = [f"tokenizer: {tok_path}"]
     if arith:
-        desc += f" of {task}, labelled by their claims"
+        desc += f"; task {task}, labelled by their claims"
         meta.append("labels: ktae.tasks.claims.claim_token_labels")
     return AuditInput(groups, tok, desc, "run", scorer=scorer, meta=meta)
 
