@@ -569,7 +569,80 @@ def arith_baseline(folder: Path) -> str:
     return "\n".join(rows)
 
 
+def _recipe_runs(folders: tuple[Path, ...]) -> dict[str, list[dict]]:
+    """Per arm, per seed: the run's summary, metrics and wall seconds (from the marker)."""
+    out: dict[str, list[dict]] = {}
+    it = iter(folders)
+    for arm in RECIPE_ARMS:
+        for _seed in RECIPE_SEEDS:
+            folder = next(it)
+            record = json.loads((folder.parent / f"{folder.name}{MARKER}").read_text())
+            metrics = [json.loads(line) for line in (folder / "metrics.jsonl").open()]
+            out.setdefault(arm, []).append({"summary": _json(folder, "summary.json"),
+                                            "metrics": metrics, "wall": record.get("seconds")})
+    return out
+
+
+def _pm(values: list[float], scale: float = 100.0, digits: int = 1, signed: bool = False) -> str:
+    mean = statistics.fmean(values) * scale
+    sd = statistics.stdev(values) * scale if len(values) > 1 else 0.0
+    return f"{mean:+.{digits}f} ± {sd:.{digits}f}" if signed else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def recipe(*folders: Path) -> str:
+    """docs/real-model.md and README.md: the recipe's held-out greedy accuracy before and
+    after, over the seeds, per arm; the change of KTAE against GRPO with Welch's interval."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from credit_study import welch
+
+    runs = _recipe_runs(folders)
+    rows = ["| arm | seeds | held-out greedy before | after | change (points) | "
+            "training reward, first 3 steps -> last 3 | truncated, last 3 steps | "
+            "wall per run (min) |", "|---|---|---|---|---|---|---|---|"]
+    change: dict[str, list[float]] = {}
+    for arm, items in runs.items():
+        before = [r["summary"]["heldout_before"] for r in items]
+        after = [r["summary"]["heldout_after"] for r in items]
+        change[arm] = [a - b for a, b in zip(after, before, strict=True)]
+        first = [statistics.fmean(m["reward"] for m in r["metrics"][:3]) for r in items]
+        last = [statistics.fmean(m["reward"] for m in r["metrics"][-3:]) for r in items]
+        trunc = [statistics.fmean(m["truncated_fraction"] for m in r["metrics"][-3:])
+                 for r in items]
+        wall = [r["wall"] / 60 for r in items if r["wall"] is not None]
+        rows.append(f"| {'GRPO' if arm == 'grpo' else 'GRPO + KTAE'} | {len(items)} | "
+                    f"{_pm(before)}% | {_pm(after)}% | {_pm(change[arm], signed=True)} | "
+                    f"{_pm(first)}% -> {_pm(last)}% | {_pm(trunc)}% | "
+                    f"{statistics.fmean(wall):.0f} |")
+    w = welch(change["ktae"], change["grpo"])
+    if w["low"] is None:
+        interval = "undefined (no spread)"
+    else:
+        interval = f"[{100 * w['low']:+.1f}, {100 * w['high']:+.1f}]"
+    rows.append("")
+    rows.append(f"KTAE's change minus GRPO's: {100 * w['diff']:+.1f} points, Welch 95% interval "
+                f"{interval} ({w['n_a']} and {w['n_b']} seeds); mean ± standard deviation over "
+                "seeds.")
+    return "\n".join(rows)
+
+
+def recipe_steps(*folders: Path) -> str:
+    """docs/real-model.md: the recipe's step time by part, mean over every step of every run."""
+    runs = _recipe_runs(folders)
+    parts = ("generation", "scoring", "logprobs", "advantages", "update", "other")
+    rows = ["| arm | step (s) | " + " | ".join(parts) + " |", "|---" * (len(parts) + 2) + "|"]
+    for arm, items in runs.items():
+        secs = [r["summary"]["step_seconds"] for r in items]
+        cells = [f"{statistics.fmean(s.get(p, 0.0) for s in secs):.1f}" for p in parts]
+        rows.append(f"| {'GRPO' if arm == 'grpo' else 'GRPO + KTAE'} | "
+                    f"{statistics.fmean(s['step'] for s in secs):.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+_RECIPE = tuple(f"recipe-{arm}-s{seed}" for arm in RECIPE_ARMS for seed in RECIPE_SEEDS)
+
 TABLES = {
+    "recipe": Table(_RECIPE, recipe),
+    "recipe-steps": Table(_RECIPE, recipe_steps),
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
     "audit-default-seed0": Table(("audit-seed0",), audit_intervals),
     "audit-default-seed1": Table(("audit-seed1",), audit_intervals),
