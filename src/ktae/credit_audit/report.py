@@ -60,7 +60,7 @@ def markdown(result: dict) -> str:
                   f"{counts['responses']} responses ({counts['wrong_answers']} wrong answers, "
                   f"{counts['responses_with_wrong_tokens']} with a locally wrong token, "
                   f"{counts['right_answers_with_wrong_tokens']} of them right answers); tokens: "
-                  f"{t['wrong']} wrong, {t['right']} right, {t['other']} not in an equation. "
+                  f"{t['wrong']} wrong, {t['right']} right, {t['other']} not labelled. "
                   f"Log-probs and entropies: {result.get('scored_with', 'n/a')}. "
                   f"Intervals: bootstrap 95% over groups ({result.get('resamples')} draws).", ""]
     rate = result.get("right_answer_wrong_tokens")
