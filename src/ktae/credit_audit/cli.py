@@ -2,13 +2,16 @@
 
 INPUT is a ``ktae train`` run directory (its saved rollouts: the figures per recorded
 step) or a JSONL file of groups with ``wrong`` character spans; with ``--model`` and no
-INPUT, ``--prompts`` held-out embedded prompts x ``--samples`` responses are sampled
-(``--model default``: the shipped tiny model, offline) and labelled exactly
-(:func:`ktae.tasks.label_response`). Writes ``audit.md``, ``audit.json`` and one PNG per
-figure into ``--output-dir`` (default ``runs/audit/NAME``, NAME naming the input or model
-and the settings; an earlier result there or at ``--output-dir`` is kept unless
-``--overwrite``), and prints a
-compact table and the path of the full one. See docs/audit.md.
+INPUT, ``--prompts`` held-out prompts x ``--samples`` responses are sampled and labelled
+exactly: the embedded task's for ``--model default`` (the shipped tiny model, offline),
+labelled by :func:`ktae.tasks.label_response`; the arith word problems for a real chat
+model (``--model smollm2-135m``), labelled by their claims
+(:mod:`ktae.credit_audit.arith_input`). The first line says what is sampled; one line per
+sampled batch on stderr shows the progress (``--no-progress``: none).
+Writes ``audit.md``, ``audit.json`` and one PNG per figure into ``--output-dir``
+(default ``runs/audit/NAME``, NAME naming the input or model and the settings; an earlier
+result there or at ``--output-dir`` is kept unless ``--overwrite``), and prints a compact
+table and the path of the full one. See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -41,10 +44,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which held-out prompts --model samples: set N is prompts "
                         "N*P..(N+1)*P-1 of the held-out stream (P = --prompts), disjoint "
                         "from the other sets; 0 (default) is the set of earlier audits")
+    parser.add_argument("--task", help="what --model is sampled on: embedded, arith or "
+                        "arith@difficulty=1|2|3 (default: embedded for a character-level "
+                        "tokenizer such as --model default, else arith@difficulty=1)")
     parser.add_argument("--max-new-tokens", type=int, help="response length budget with "
-                        "--model (default 40 for character-level tokenizers, else 1024)")
-    parser.add_argument("--temperature", type=float, default=1.0,
-                        help="sampling and scoring temperature (default 1)")
+                        "--model (default 40 for character-level tokenizers, 64 on arith, "
+                        "else 256)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sampling and scoring temperature (default 0.7 on arith, the "
+                        "recipe's; a run directory: its own; else 1)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress lines while sampling")
     parser.add_argument("--tokenizer", help="tokenizer directory (JSONL input; default: the "
                         "model's, or the shipped tiny model's)")
     parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
@@ -69,6 +79,8 @@ def default_output_dir(args: argparse.Namespace) -> Path:
     else:
         model = "default" if args.model in (None, "default") else Path(args.model).name
         name = f"model-{model}-{args.prompts}x{args.samples}-seed{args.seed}"
+        if getattr(args, "task", None):
+            name += f"-{args.task}"
         if getattr(args, "prompt_set", 0):
             name += f"-set{args.prompt_set}"
     if args.credit:
@@ -110,15 +122,21 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(out, results=RESULT_FILES, overwrite=args.overwrite)
     except ValueError as err:
         return error("audit", str(err))
+    from ktae.credit_audit.arith_input import progress_printer
     from ktae.credit_audit.report import summary
     from ktae.credit_audit.run import audit
 
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
+    on_batch = None if args.no_progress else progress_printer(args.prompts, args.samples)
     try:
         result = audit(args.input, model=args.model, credit=args.credit, prompts=args.prompts,
                        samples=args.samples, seed=args.seed, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, tokenizer=args.tokenizer,
                        resamples=args.resamples, threads=args.threads,
-                       output_dir=out, prompt_set=args.prompt_set)
+                       output_dir=out, prompt_set=args.prompt_set, task=args.task,
+                       announce=announce, on_batch=on_batch)
     except ValueError as err:
         return error("audit", str(err))
     print(summary(result))

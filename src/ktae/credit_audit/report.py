@@ -16,6 +16,8 @@ TITLES = {
 SHORT = {"blame": "blame P(w<r)", "lowest": "lowest token wrong",
          "contamination": "contamination"}
 FILES = {m: f"audit_{m}.png" for m in METRICS}
+RATE_NOTE = ("on the arith task: a false claim; \"right answer, wrong tokens\"; over every "
+             "right answer, bootstrap 95% interval over groups")
 MASS_NOTE = (
     "Mass gap: over the wrong answers of the blame column, the sum of (mean credit on "
     "wrong tokens − mean credit on right tokens) divided by the sum of their |GRPO "
@@ -58,9 +60,20 @@ def markdown(result: dict) -> str:
                   f"{counts['responses']} responses ({counts['wrong_answers']} wrong answers, "
                   f"{counts['responses_with_wrong_tokens']} with a locally wrong token, "
                   f"{counts['right_answers_with_wrong_tokens']} of them right answers); tokens: "
-                  f"{t['wrong']} wrong, {t['right']} right, {t['other']} not in an equation. "
+                  f"{t['wrong']} wrong, {t['right']} right, {t['other']} not labelled. "
                   f"Log-probs and entropies: {result.get('scored_with', 'n/a')}. "
                   f"Intervals: bootstrap 95% over groups ({result.get('resamples')} draws).", ""]
+    rate = result.get("right_answer_wrong_tokens")
+    if rate:  # results written before the rate lack it
+        lines += [f"Right answers holding a locally wrong token ({RATE_NOTE}): "
+                  f"{_cell(rate['all'])} of {rate['all']['responses']} right answers in "
+                  f"{rate['all']['groups']} groups."]
+        for part, title in (("steps", "step"), ("levels", "level")):
+            if len(rate.get(part) or {}) > 1:
+                lines.append(f"Per {title}: " + "; ".join(
+                    f"{title} {k}: {_cell(v)} of {v['responses']}"
+                    for k, v in rate[part].items()) + ".")
+        lines.append("")
     mass = "mass_gap" in first  # results written before the mass figures lack them
     head = ("| method | blame P(w<r) | lowest-credit token wrong | contamination | "
             "contamination − GRPO's (paired) | ")
@@ -202,6 +215,13 @@ def summary(result: dict) -> str:
         lines.append(f"  {c['mixed_groups']} mixed groups; "
                      f"{c['responses_with_wrong_tokens']} responses hold a locally wrong token "
                      f"({c['right_answers_with_wrong_tokens']} of them right answers)")
+    rate = result.get("right_answer_wrong_tokens")
+    if rate and rate["all"]["mean"] is not None:
+        steps = list((rate.get("steps") or {}).items())
+        ends = "".join(f"; step {k}: {_cell(v)} of {v['responses']}"
+                       for k, v in (steps[0], steps[-1])) if len(steps) > 1 else ""
+        lines.append(f"  right answers holding a locally wrong token: {_cell(rate['all'])} "
+                     f"of {rate['all']['responses']}{ends}")
     b, low, con = best(result, "blame"), best(result, "lowest"), best(result, "contamination",
                                                                        lowest=True)
     m = result["methods"]

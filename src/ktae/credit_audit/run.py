@@ -23,7 +23,7 @@ entropies). A token a calibration's loss mask removes receives no credit.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,9 +164,11 @@ def check_prompt_set(prompt_set) -> None:
 
 
 def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, seed: int,
-                  max_new_tokens: int, temperature: float, prompt_set: int = 0) -> AuditInput:
+                  max_new_tokens: int, temperature: float, prompt_set: int = 0,
+                  on_batch: Callable[[int], None] | None = None) -> AuditInput:
     """``prompts`` held-out embedded prompts (:func:`prompt_set_problems`) x ``samples``
-    responses from ``model``."""
+    responses from ``model`` (``on_batch``: progress, as :func:`ktae.models.generate.generate_hf`
+    calls it)."""
     from ktae.explain.sources import sample_groups
     from ktae.tasks import format_prompt
 
@@ -174,7 +176,8 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
     problems = prompt_set_problems(prompts, prompt_set)
     rows = [{"prompt": format_prompt(p, template), "answer": p.answer} for p in problems]
     sampled = sample_groups(model, tokenizer, rows, num_generations=samples,
-                            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+                            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                            on_batch=on_batch)
     groups = [AuditGroup(g, embedded_labels(g, tokenizer, p.question), level=p.level, key=key)
               for (key, g), p in zip(sampled, problems, strict=True)]
     desc = (f"{prompts} held-out embedded prompts (prompt set {prompt_set}) x {samples} "
@@ -183,8 +186,14 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
     return AuditInput(groups, tokenizer, desc, "model")
 
 
-def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
-    """The recorded rollouts of a ``ktae train`` run directory, every recorded step."""
+def run_input(run: Path, *, tokenizer: str | None = None, task: str | None = None,
+              model: str | None = None) -> AuditInput:
+    """The recorded rollouts of a ``ktae train`` run directory, every recorded step;
+    ``task`` is the run's (its ``config.yaml``): an arith run's groups are labelled by
+    their claims (:func:`ktae.credit_audit.arith_input.run_labels`), level = the problem's
+    kind; other runs by :func:`ktae.tasks.label_response` on their embedded prompts.
+    ``model`` is the run's model, the scorer when the run kept no full ``final/`` model."""
+    from ktae.credit_audit.arith_input import check_task, run_labels
     from ktae.explain.report import GroupInput
     from ktae.runs.reader import read_run_rollouts, recorded_credit_name, run_tokenizer
     from ktae.runs.rollouts import ROLLOUTS_FILE
@@ -192,28 +201,48 @@ def run_input(run: Path, *, tokenizer: str | None = None) -> AuditInput:
 
     header, records = read_run_rollouts(run)
     tok, tok_path = run_tokenizer(run, header, tokenizer)
+    arith = task is not None and _is_arith(task)
+    if arith:
+        check_task(task)
     groups = []
     for r in records:
-        question = question_of(r["prompt"])
-        if question is None:
-            raise ValueError(f"INPUT: {run / ROLLOUTS_FILE}: prompt {r['prompt']!r} is not an "
-                             "embedded-task prompt, so its responses cannot be labelled; audit "
-                             "a JSONL of "
-                             "groups with 'wrong' spans instead")
-        g = GroupInput(prompt=r["prompt"], responses=r["responses"], rewards=r["rewards"],
+        prompt = r["prompt"]
+        if arith:
+            try:
+                labels, level, prompt = run_labels(r["prompt"], r["responses"], tok)
+            except ValueError as err:
+                raise ValueError(f"INPUT: {run / ROLLOUTS_FILE}: {str(err)[len('INPUT: '):]}"
+                                 ) from None
+        else:
+            question = question_of(r["prompt"])
+            if question is None:
+                raise ValueError(f"INPUT: {run / ROLLOUTS_FILE}: prompt {r['prompt']!r} is not "
+                                 "an embedded-task prompt, so its responses cannot be labelled; "
+                                 "audit a JSONL of groups with 'wrong' spans instead")
+        g = GroupInput(prompt=prompt, responses=r["responses"], rewards=r["rewards"],
                        correct=r["correct"], label=f"step {r['step']} group {r['group']}",
                        logprobs=r.get("logprobs"), entropies=r.get("entropies"),
                        old_entropies=r.get("old_entropies"),
                        input_grad_importance=r.get("input_grad_importance"))
-        groups.append(AuditGroup(g, embedded_labels(g, tok, question), level=level_of(question),
-                                 step=int(r["step"]), key=f"{r['step']}:{r['group']}"))
+        if not arith:
+            labels, level = embedded_labels(g, tok, question), level_of(question)
+        groups.append(AuditGroup(g, labels, level=level, step=int(r["step"]),
+                                 key=f"{r['step']}:{r['group']}"))
     steps = sorted({g.step for g in groups})
     trained = recorded_credit_name(header)
     final = run / "final"
-    scorer = str(final) if (final / "config.json").is_file() else None
+    scorer = str(final) if (final / "config.json").is_file() else model
     desc = (f"run {run} (trained with {trained}): {len(groups)} recorded groups at steps "
             f"{', '.join(map(str, steps))}")
-    return AuditInput(groups, tok, desc, "run", scorer=scorer, meta=[f"tokenizer: {tok_path}"])
+    meta = [f"tokenizer: {tok_path}"]
+    if arith:
+        desc += f"; task {task}, labelled by their claims"
+        meta.append("labels: ktae.tasks.claims.claim_token_labels")
+    return AuditInput(groups, tok, desc, "run", scorer=scorer, meta=meta)
+
+
+def _is_arith(task: str) -> bool:
+    return task == "arith" or task.startswith("arith@")
 
 
 def jsonl_input(path: Path, tokenizer) -> AuditInput:
@@ -352,9 +381,11 @@ def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DE
 
 def audit(input=None, *, model: str | None = None, credit=None, prompts: int = DEFAULT_PROMPTS,
           samples: int = DEFAULT_SAMPLES, seed: int = 0, max_new_tokens: int | None = None,
-          temperature: float = 1.0, tokenizer: str | None = None,
+          temperature: float | None = None, tokenizer: str | None = None,
           resamples: int = DEFAULT_RESAMPLES, threads: int | None = None,
-          output_dir: str | Path | None = None, prompt_set: int = 0) -> dict:
+          output_dir: str | Path | None = None, prompt_set: int = 0, task: str | None = None,
+          announce: Callable[[str], None] | None = None,
+          on_batch: Callable[[int], None] | None = None) -> dict:
     """Audit credit methods on labelled groups (see the module docstring); what
     ``ktae audit`` computes, as the ``audit.json`` dictionary.
 
@@ -364,7 +395,11 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         model: model to sample from (no ``input``) or to score responses with for the
             methods that read log-probs/entropies; ``"default"`` is the shipped model.
         credit: comma list (or list) of credit methods; None: :func:`default_methods`.
-        prompts, samples, seed, max_new_tokens, temperature: the sampling (no ``input``).
+        prompts, samples, seed, max_new_tokens, temperature: the sampling (no ``input``);
+            ``max_new_tokens`` None: 40 for a character-level tokenizer, 64 on the arith
+            task, 256 for the embedded task with another tokenizer; ``temperature`` None:
+            0.7 on the arith task (the recipe's), else 1 (also the scoring temperature; a
+            run directory: its own).
         tokenizer: tokenizer directory for a JSONL input (default: the model's).
         resamples: bootstrap draws of every interval (0: none).
         threads: torch CPU threads (None: unchanged).
@@ -373,37 +408,76 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
             :func:`prompt_set_problems`; 0, the default, is the set of every earlier
             audit), so that a study can hold a set aside. Recorded as ``prompt_set``
             (None for a run directory or JSONL input).
+        task: what ``model`` is sampled on (no ``input``): ``embedded`` or ``arith``
+            / ``arith@difficulty=N`` (:mod:`ktae.credit_audit.arith_input`); None: the
+            embedded task for a character-level tokenizer, else ``arith@difficulty=1``.
+        announce: called once with a line saying what is sampled, before sampling.
+        on_batch: called with the number of prompts after each sampled batch (progress).
 
     Raises:
         ValueError: bad arguments or input (one line naming what was expected).
     """
+    from ktae.credit_audit import arith_input
     from ktae.explain import sources
 
     check_arguments(input=input, model=model, prompts=prompts, samples=samples,
                     resamples=resamples, temperature=temperature, max_new_tokens=max_new_tokens)
     check_prompt_set(prompt_set)
+    if task is not None:
+        if input is not None:
+            raise ValueError("task: only when sampling from --model with no INPUT (a run "
+                             "directory's config.yaml names its task)")
+        arith_input.check_task(task)
     if threads is not None:
         torch.set_num_threads(threads)
     methods = parse_methods(credit)
     loaded = None
     path = None if input is None else Path(input)
     if path is not None and path.is_dir():
-        data = run_input(path, tokenizer=tokenizer)
         from ktae.runs.reader import run_config
 
         run_settings = run_config(path)
+        data = run_input(path, tokenizer=tokenizer,
+                         task=None if run_settings is None else run_settings.task,
+                         model=None if run_settings is None else run_settings.model)
         if run_settings is not None:  # the run's own settings for its methods
             methods = parse_methods(credit, train_config=run_settings)
+            if temperature is None:
+                temperature = run_settings.temperature
     elif path is not None:
         tok = sources.load_tokenizer(tokenizer or sources.model_tokenizer_path(model))
         data = jsonl_input(path, tok)
     else:
         loaded = sources.load_model(model or DEFAULT_MODEL)
         m, tok, where = loaded
-        max_new = max_new_tokens or (40 if len(tok) < 1000 else 1024)
-        data = sampled_input(m, tok, where, prompts=prompts, samples=samples, seed=seed,
-                             max_new_tokens=max_new, temperature=temperature,
-                             prompt_set=prompt_set)
+        char_level = len(tok) < 1000
+        task = task or ("embedded" if char_level else arith_input.DEFAULT_TASK)
+        difficulty = arith_input.check_task(task)
+        if difficulty is None:
+            max_new = max_new_tokens or (40 if char_level else 256)
+            temperature = 1.0 if temperature is None else temperature
+        else:
+            max_new = max_new_tokens or arith_input.DEFAULT_MAX_NEW_TOKENS
+            if temperature is None:
+                temperature = arith_input.DEFAULT_TEMPERATURE
+        if announce is not None:
+            what = ("embedded held-out prompts" if difficulty is None else
+                    f"{task} problems ({arith_input.SPLIT} split, chat template, reward number, "
+                    "claims labels)")
+            announce(f"ktae audit: sampling {prompts} prompts x {samples} responses from "
+                     f"{model or DEFAULT_MODEL} on {what}, prompt set {prompt_set}, seed "
+                     f"{seed}, temperature {temperature:g}, at most {max_new} new tokens "
+                     f"(budget: {prompts * samples * max_new} new tokens)")
+        if difficulty is None:
+            data = sampled_input(m, tok, where, prompts=prompts, samples=samples, seed=seed,
+                                 max_new_tokens=max_new, temperature=temperature,
+                                 prompt_set=prompt_set, on_batch=on_batch)
+        else:
+            data = arith_input.sampled_input(
+                m, tok, where, difficulty=difficulty, prompts=prompts, samples=samples,
+                seed=seed, max_new_tokens=max_new, temperature=temperature,
+                prompt_set=prompt_set, on_batch=on_batch)
+    temperature = 1.0 if temperature is None else temperature
     ignore = sources.ignore_ids(data.tokenizer)
     methods = {n: _with_ignore(s, ignore) for n, s in methods.items()}
     check_groups(data.groups)
@@ -426,12 +500,41 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     result.update(input=data.description, kind=data.kind, scored_with=scored,
                   prompt_set=prompt_set if data.kind == "model" else None,
                   resamples=resamples, counts=_counts(data.groups), meta=data.meta,
-                  credit={n: _describe(s) for n, s in methods.items()})
+                  credit={n: _describe(s) for n, s in methods.items()},
+                  right_answer_wrong_tokens=right_answer_wrong_tokens(
+                      data.groups, resamples=resamples))
     if output_dir is not None:
         from ktae.credit_audit.report import write_outputs
 
         result["files"] = write_outputs(result, Path(output_dir))
     return result
+
+
+def right_answer_wrong_tokens(groups: list[AuditGroup], *, resamples: int = DEFAULT_RESAMPLES,
+                              seed: int = 0) -> dict:
+    """The share of right answers that hold a locally wrong token (on the arith task: a
+    false claim), over every right answer (mixed groups or not), with its bootstrap 95%
+    interval over groups (:func:`ktae.credit_audit.metrics.summarise`): ``{"all":
+    summary, "levels": {level: summary}, "steps": {step: summary}}``."""
+    values, group, level, step = [], [], [], []
+    for k, g in enumerate(groups):
+        correct = g.group.correct or [r > 0 for r in g.group.rewards]
+        for row, c in zip(g.labels, correct, strict=True):
+            values.append(float("w" in row) if c else np.nan)
+            group.append(k)
+            level.append(str(g.level))
+            step.append(g.step if g.step is not None else -1)
+    values, group = np.array(values, dtype=np.float64), np.array(group)
+    level, step = np.array(level), np.array(step)
+
+    def of(keep):
+        return summarise(np.where(keep, values, np.nan), group, resamples=resamples, seed=seed)
+
+    levels = sorted({str(g.level) for g in groups if g.level is not None})
+    steps = sorted({g.step for g in groups if g.step is not None})
+    return {"all": of(np.ones(len(values), dtype=bool)),
+            "levels": {lv: of(level == lv) for lv in levels},
+            "steps": {str(s): of(step == s) for s in steps}}
 
 
 def _with_ignore(spec, ignore):
@@ -469,7 +572,7 @@ def check_arguments(*, input, model, prompts, samples, resamples, temperature,
             raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
     if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
         raise ValueError(f"max-new-tokens: expected a positive integer, got {max_new_tokens!r}")
-    if not (isinstance(temperature, (int, float)) and temperature > 0):
+    if temperature is not None and not (isinstance(temperature, (int, float)) and temperature > 0):
         raise ValueError(f"temperature: expected > 0, got {temperature!r}")
     if input is not None and not Path(input).exists():
         raise ValueError(f"INPUT: no such file or directory: {input}")

@@ -263,16 +263,17 @@ def prompt_rows(prompts: Path | None, tokenizer, n: int) -> list[dict]:
 
 
 def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
-                  max_new_tokens: int, temperature: float, seed: int, first_index: int = 0
-                  ) -> list[tuple[str, GroupInput]]:
+                  max_new_tokens: int, temperature: float, seed: int, first_index: int = 0,
+                  on_batch=None) -> list[tuple[str, GroupInput]]:
     """``num_generations`` sampled responses per prompt, scored by ``math_reward``; groups
-    are keyed and labelled by prompt index (``first_index`` for ``rows[0]``)."""
+    are keyed and labelled by prompt index (``first_index`` for ``rows[0]``); ``on_batch``
+    as :func:`ktae.models.generate.generate_hf` takes it (progress)."""
     from ktae.models.generate import SamplingConfig, generate_hf
     from ktae.rewards import math_reward
 
     sampling = SamplingConfig(k=num_generations, temperature=temperature,
                               max_new_tokens=max_new_tokens, seed=seed)
-    out = generate_hf(model, tokenizer, [r["prompt"] for r in rows], sampling)
+    out = generate_hf(model, tokenizer, [r["prompt"] for r in rows], sampling, on_batch=on_batch)
     groups = []
     for i, (row, gens) in enumerate(zip(rows, out, strict=True), first_index):
         results = [math_reward(g.text, row["answer"]) for g in gens]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 
 KINDS = ("add", "sub", "mul", "two-step")
@@ -184,3 +185,35 @@ def parse_task_name(task: str) -> int | None:
         return check_difficulty(int(value))
     except ValueError:
         raise ValueError(f"task: arith takes difficulty=1|2|3, got {task!r}") from None
+
+
+_WORD = r"([A-Z][a-z]+)"
+_QUESTIONS = {
+    "add": (r"{n} has (\d+) (\w+)\. (?:She|He) buys (\d+) more\. "
+            r"How many \3 does \1 have now\?"),
+    "sub": (r"{n} has (\d+) (\w+)\. (?:She|He) gives (\d+) to a friend\. "
+            r"How many \3 does \1 have left\?"),
+    "mul": (r"{n} has (\d+) boxes with (\d+) (\w+) in each box\. "
+            r"How many \4 does \1 have in all\?"),
+    "two-step": (r"{n} has (\d+) (\w+)\. (?:She|He) buys (\d+) more and then gives (\d+) "
+                 r"away\. How many \3 does \1 have now\?"),
+}
+_QUESTION_RE = {k: re.compile(v.format(n=_WORD)) for k, v in _QUESTIONS.items()}
+
+
+def problem_in(text: str) -> ArithProblem | None:
+    """The arith problem whose question appears in ``text`` (a prompt, however rendered:
+    a chat transcript, a decoded prompt without its special tokens), or None when no
+    question of the task's wording does. Its ``id`` is ``""``: the wording alone does
+    not say which draw it came from. The answer is recomputed from the operands."""
+    for kind, pattern in _QUESTION_RE.items():
+        m = pattern.search(text)
+        if m is None:
+            continue
+        numbers = [int(g) for g in m.groups() if g.isdigit()]
+        ops = tuple(numbers)
+        answer = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b,
+                  "mul": lambda a, b: a * b, "two-step": lambda a, b, c: a + b - c}[kind](*ops)
+        return ArithProblem(id="", question=m.group(0), answer=str(answer), kind=kind,
+                            operands=ops)
+    return None
