@@ -126,6 +126,9 @@ for _arm, _credit in RECIPE_ARMS.items():
         RUNS[f"recipe-{_arm}-s{_seed}"] = Run(
             f"ktae train --config configs/smollm2-arith.yaml --credit {_credit} --seed {_seed} "
             "--no-progress -o {out}", 2100)
+        RUNS[f"recipe-audit-{_arm}-s{_seed}"] = Run(
+            f"ktae audit {{run:recipe-{_arm}-s{_seed}}} --credit grpo,ktae,ktae@ngram=3 "
+            "--threads 1 --no-progress -o {out} --overwrite", 30)
 
 
 # --- rendering -------------------------------------------------------------------------
@@ -638,11 +641,48 @@ def recipe_steps(*folders: Path) -> str:
     return "\n".join(rows)
 
 
+def _wilson(k: int, n: int) -> tuple[float, float]:
+    """Wilson's 95% score interval of the proportion ``k / n``."""
+    if n == 0:
+        return float("nan"), float("nan")
+    z, p = 1.959963984540054, k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def recipe_claims(*folders: Path) -> str:
+    """docs/real-model.md: the share of right answers that hold a false arithmetic claim
+    in the recipe's recorded rollouts (``ktae audit RUN``), at the first and last recorded
+    step, pooled over seeds."""
+    it = iter(folders)
+    rows = ["| arm | step | right answers | with a false claim | share [Wilson 95%] |",
+            "|---|---|---|---|---|"]
+    for arm in RECIPE_ARMS:
+        pooled: dict[int, list[int]] = {}
+        for _seed in RECIPE_SEEDS:
+            steps = _json(next(it), "audit.json")["right_answer_wrong_tokens"]["steps"]
+            for step, r in steps.items():
+                k = round(r["mean"] * r["responses"]) if r["mean"] is not None else 0
+                acc = pooled.setdefault(int(step), [0, 0])
+                acc[0] += k
+                acc[1] += r["responses"]
+        for step in sorted(pooled):
+            k, n = pooled[step]
+            low, high = _wilson(k, n)
+            share = f"{k / n:.1%} [{low:.1%}, {high:.1%}]" if n else "n/a"
+            rows.append(f"| {'GRPO' if arm == 'grpo' else 'GRPO + KTAE'} | {step} | {n} | {k} | "
+                        f"{share} |")
+    return "\n".join(rows)
+
+
 _RECIPE = tuple(f"recipe-{arm}-s{seed}" for arm in RECIPE_ARMS for seed in RECIPE_SEEDS)
 
 TABLES = {
     "recipe": Table(_RECIPE, recipe),
     "recipe-steps": Table(_RECIPE, recipe_steps),
+    "recipe-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in RECIPE_ARMS
+                                 for seed in RECIPE_SEEDS), recipe_claims),
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
     "audit-default-seed0": Table(("audit-seed0",), audit_intervals),
     "audit-default-seed1": Table(("audit-seed1",), audit_intervals),
