@@ -601,7 +601,7 @@ def recipe(*folders: Path) -> str:
     runs = _recipe_runs(folders)
     rows = ["| arm | seeds | held-out greedy before | after | change (points) | "
             "training reward, first 3 steps -> last 3 | truncated, last 3 steps | "
-            "wall per run (min) |", "|---|---|---|---|---|---|---|---|"]
+            "wall per run, min: mean (range) |", "|---|---|---|---|---|---|---|---|"]
     change: dict[str, list[float]] = {}
     for arm, items in runs.items():
         before = [r["summary"]["heldout_before"] for r in items]
@@ -615,7 +615,7 @@ def recipe(*folders: Path) -> str:
         rows.append(f"| {'GRPO' if arm == 'grpo' else 'GRPO + KTAE'} | {len(items)} | "
                     f"{_pm(before)}% | {_pm(after)}% | {_pm(change[arm], signed=True)} | "
                     f"{_pm(first)}% -> {_pm(last)}% | {_pm(trunc)}% | "
-                    f"{statistics.fmean(wall):.0f} |")
+                    f"{statistics.fmean(wall):.0f} ({min(wall):.0f}-{max(wall):.0f}) |")
     w = welch(change["ktae"], change["grpo"])
     if w["low"] is None:
         interval = "undefined (no spread)"
