@@ -241,12 +241,14 @@ def train_cost(train: Path) -> str:
         f"{100 * s['advantage_share']:.2f}% |"])
 
 
-def _ms(values: list, scale: float = 100.0, digits: int = 1, unit: str = "") -> str:
+def _ms(values: list, scale: float = 100.0, digits: int = 1, unit: str = "",
+        signed: bool = False) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "n/a"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{scale * statistics.fmean(values):.{digits}f} ± {scale * sd:.{digits}f}{unit}"
+    sign = "+" if signed else ""
+    return f"{scale * statistics.fmean(values):{sign}.{digits}f} ± {scale * sd:.{digits}f}{unit}"
 
 
 LABELS = {"none": "GRPO", "ktae": "GRPO + KTAE",
@@ -586,12 +588,6 @@ def _recipe_runs(folders: tuple[Path, ...]) -> dict[str, list[dict]]:
     return out
 
 
-def _pm(values: list[float], scale: float = 100.0, digits: int = 1, signed: bool = False) -> str:
-    mean = statistics.fmean(values) * scale
-    sd = statistics.stdev(values) * scale if len(values) > 1 else 0.0
-    return f"{mean:+.{digits}f} ± {sd:.{digits}f}" if signed else f"{mean:.{digits}f} ± {sd:.{digits}f}"
-
-
 def recipe(*folders: Path) -> str:
     """docs/real-model.md and README.md: the recipe's held-out greedy accuracy before and
     after, over the seeds, per arm; the change of KTAE against GRPO with Welch's interval."""
@@ -613,8 +609,9 @@ def recipe(*folders: Path) -> str:
                  for r in items]
         wall = [r["wall"] / 60 for r in items if r["wall"] is not None]
         rows.append(f"| {'GRPO' if arm == 'grpo' else 'GRPO + KTAE'} | {len(items)} | "
-                    f"{_pm(before)}% | {_pm(after)}% | {_pm(change[arm], signed=True)} | "
-                    f"{_pm(first)}% -> {_pm(last)}% | {_pm(trunc)}% | "
+                    f"{_ms(before, unit='%')} | {_ms(after, unit='%')} | "
+                    f"{_ms(change[arm], signed=True)} | "
+                    f"{_ms(first, unit='%')} -> {_ms(last, unit='%')} | {_ms(trunc, unit='%')} | "
                     f"{statistics.fmean(wall):.0f} ({min(wall):.0f}-{max(wall):.0f}) |")
     w = welch(change["ktae"], change["grpo"])
     if w["low"] is None:
@@ -641,20 +638,13 @@ def recipe_steps(*folders: Path) -> str:
     return "\n".join(rows)
 
 
-def _wilson(k: int, n: int) -> tuple[float, float]:
-    """Wilson's 95% score interval of the proportion ``k / n``."""
-    if n == 0:
-        return float("nan"), float("nan")
-    z, p = 1.959963984540054, k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def recipe_claims(*folders: Path) -> str:
     """docs/real-model.md: the share of right answers that hold a false arithmetic claim
     in the recipe's recorded rollouts (``ktae audit RUN``), at the first and last recorded
     step, pooled over seeds."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from claims_rate import wilson
+
     it = iter(folders)
     rows = ["| arm | step | right answers | with a false claim | share [Wilson 95%] |",
             "|---|---|---|---|---|"]
@@ -669,8 +659,8 @@ def recipe_claims(*folders: Path) -> str:
                 acc[1] += r["responses"]
         for step in sorted(pooled):
             k, n = pooled[step]
-            low, high = _wilson(k, n)
-            share = f"{k / n:.1%} [{low:.1%}, {high:.1%}]" if n else "n/a"
+            low, high = wilson(k, n)
+            share = f"{k / n:.1%} [{max(low, 0.0):.1%}, {min(high, 1.0):.1%}]" if n else "n/a"
             rows.append(f"| {'GRPO' if arm == 'grpo' else 'GRPO + KTAE'} | {step} | {n} | {k} | "
                         f"{share} |")
     return "\n".join(rows)
