@@ -118,9 +118,13 @@ RUNS = {
 }
 
 RECIPE_SEEDS = (0, 1, 2)
-RECIPE_ARMS = {"grpo": "none", "ktae": "ktae"}
+RECIPE_ARMS = {"grpo": "none", "ktae": "ktae", "ktae3": "ktae --ktae-ngram 3", "spo": "grpo+spo-mask"}
 """The real-model recipe (configs/smollm2-arith.yaml) per arm and seed: about 35 min a run
-with two runs side by side, one thread each."""
+with two runs side by side, one thread each. ``ktae3`` is KTAE over 3-token spans and
+``spo`` SPO's probability mask on GRPO: the two methods with the best blame in the
+real-model audit (docs/audit.md, "On a real chat model"), chosen before they were trained."""
+ARM_LABELS = {"grpo": "GRPO", "ktae": "GRPO + KTAE", "ktae3": "GRPO + KTAE over 3-grams",
+              "spo": "GRPO + SPO mask"}
 for _arm, _credit in RECIPE_ARMS.items():
     for _seed in RECIPE_SEEDS:
         RUNS[f"recipe-{_arm}-s{_seed}"] = Run(
@@ -574,11 +578,18 @@ def arith_baseline(folder: Path) -> str:
     return "\n".join(rows)
 
 
+def _arms(folders: tuple[Path, ...]) -> list[str]:
+    """The arms whose runs ``folders`` holds, in RECIPE_ARMS order (seeds innermost)."""
+    names = [f.name.removeprefix("recipe-audit-").removeprefix("recipe-").rsplit("-s", 1)[0]
+             for f in folders]
+    return [arm for arm in RECIPE_ARMS if arm in names]
+
+
 def _recipe_runs(folders: tuple[Path, ...]) -> dict[str, list[dict]]:
     """Per arm, per seed: the run's summary, metrics and wall seconds (from the marker)."""
     out: dict[str, list[dict]] = {}
     it = iter(folders)
-    for arm in RECIPE_ARMS:
+    for arm in _arms(folders):
         for _seed in RECIPE_SEEDS:
             folder = next(it)
             record = json.loads((folder.parent / f"{folder.name}{MARKER}").read_text())
@@ -608,20 +619,24 @@ def recipe(*folders: Path) -> str:
         trunc = [statistics.fmean(m["truncated_fraction"] for m in r["metrics"][-3:])
                  for r in items]
         wall = [r["wall"] / 60 for r in items if r["wall"] is not None]
-        rows.append(f"| {'GRPO' if arm == 'grpo' else 'GRPO + KTAE'} | {len(items)} | "
+        rows.append(f"| {ARM_LABELS[arm]} | {len(items)} | "
                     f"{_ms(before, unit='%')} | {_ms(after, unit='%')} | "
                     f"{_ms(change[arm], signed=True)} | "
                     f"{_ms(first, unit='%')} -> {_ms(last, unit='%')} | {_ms(trunc, unit='%')} | "
                     f"{statistics.fmean(wall):.0f} ({min(wall):.0f}-{max(wall):.0f}) |")
-    w = welch(change["ktae"], change["grpo"])
-    if w["low"] is None:
-        interval = "undefined (no spread)"
-    else:
-        interval = f"[{100 * w['low']:+.1f}, {100 * w['high']:+.1f}]"
     rows.append("")
-    rows.append(f"KTAE's change minus GRPO's: {100 * w['diff']:+.1f} points, Welch 95% interval "
-                f"{interval} ({w['n_a']} and {w['n_b']} seeds); mean ± standard deviation over "
-                "seeds.")
+    for arm in change:
+        if arm == "grpo":
+            continue
+        w = welch(change[arm], change["grpo"])
+        if w["low"] is None:
+            interval = "undefined (no spread)"
+        else:
+            interval = f"[{100 * w['low']:+.1f}, {100 * w['high']:+.1f}]"
+        rows.append(f"- {ARM_LABELS[arm]}'s change minus GRPO's: {100 * w['diff']:+.1f} points, "
+                    f"Welch 95% interval {interval} ({w['n_a']} and {w['n_b']} seeds).")
+    rows.append("")
+    rows.append("Mean ± standard deviation over seeds.")
     return "\n".join(rows)
 
 
@@ -633,7 +648,7 @@ def recipe_steps(*folders: Path) -> str:
     for arm, items in runs.items():
         secs = [r["summary"]["step_seconds"] for r in items]
         cells = [f"{statistics.fmean(s.get(p, 0.0) for s in secs):.1f}" for p in parts]
-        rows.append(f"| {'GRPO' if arm == 'grpo' else 'GRPO + KTAE'} | "
+        rows.append(f"| {ARM_LABELS[arm]} | "
                     f"{statistics.fmean(s['step'] for s in secs):.1f} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -648,7 +663,7 @@ def recipe_claims(*folders: Path) -> str:
     it = iter(folders)
     rows = ["| arm | step | right answers | with a false claim | share [Wilson 95%] |",
             "|---|---|---|---|---|"]
-    for arm in RECIPE_ARMS:
+    for arm in _arms(folders):
         pooled: dict[int, list[int]] = {}
         for _seed in RECIPE_SEEDS:
             steps = _json(next(it), "audit.json")["right_answer_wrong_tokens"]["steps"]
@@ -661,18 +676,22 @@ def recipe_claims(*folders: Path) -> str:
             k, n = pooled[step]
             low, high = wilson(k, n)
             share = f"{k / n:.1%} [{max(low, 0.0):.1%}, {min(high, 1.0):.1%}]" if n else "n/a"
-            rows.append(f"| {'GRPO' if arm == 'grpo' else 'GRPO + KTAE'} | {step} | {n} | {k} | "
+            rows.append(f"| {ARM_LABELS[arm]} | {step} | {n} | {k} | "
                         f"{share} |")
     return "\n".join(rows)
 
 
-_RECIPE = tuple(f"recipe-{arm}-s{seed}" for arm in RECIPE_ARMS for seed in RECIPE_SEEDS)
+_RECIPE = tuple(f"recipe-{arm}-s{seed}" for arm in ("grpo", "ktae") for seed in RECIPE_SEEDS)
+_STUDY = tuple(f"recipe-{arm}-s{seed}" for arm in RECIPE_ARMS for seed in RECIPE_SEEDS)
 
 TABLES = {
     "recipe": Table(_RECIPE, recipe),
     "recipe-steps": Table(_RECIPE, recipe_steps),
-    "recipe-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in RECIPE_ARMS
+    "recipe-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in ("grpo", "ktae")
                                  for seed in RECIPE_SEEDS), recipe_claims),
+    "study-real": Table(_STUDY, recipe),
+    "study-real-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in RECIPE_ARMS
+                                     for seed in RECIPE_SEEDS), recipe_claims),
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
     "audit-default-seed0": Table(("audit-seed0",), audit_intervals),
     "audit-default-seed1": Table(("audit-seed1",), audit_intervals),
