@@ -15,6 +15,7 @@ import ktae
 from ktae.core import ktae as ktae_module
 from ktae.core import prefix_lcp, prefix_value, scatter_counts
 from ktae.core.groups import group_index
+from ktae.core.ngrams import find_spans
 from ktae.core.token_counts import count_units, real_positions
 
 
@@ -35,6 +36,24 @@ def test_dense_and_hashed_ids_are_unique_with_its_inverse(seed, high):
     h_uniq, h_inv = scatter_counts.hash_ids(key)
     assert torch.equal(h_uniq.sort().values, uniq)  # each key once, in slot order
     assert torch.equal(h_uniq[h_inv], key)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("high", [7, 5000, 1 << 62])
+def test_representatives_name_each_distinct_key_by_one_of_its_copies(seed, high):
+    key = _keys(seed, 3000, high)
+    rep = scatter_counts.representatives(key)
+    assert torch.equal(key[rep], key) and torch.equal(rep[rep], rep)
+    assert rep.unique().numel() == key.unique().numel()  # one representative per key
+
+
+def test_representatives_survive_colliding_slots(monkeypatch):
+    # one slot per key and every key hashed alike in the first round: most keys lose it
+    monkeypatch.setattr(scatter_counts, "_REP_FACTOR", 1)
+    monkeypatch.setattr(scatter_counts, "_MULTIPLIERS", (0,) + scatter_counts._MULTIPLIERS)
+    key = _keys(0, 500, 1 << 40)
+    rep = scatter_counts.representatives(key)
+    assert torch.equal(key[rep], key) and rep.unique().numel() == key.unique().numel()
 
 
 def test_ids_of_no_keys():
@@ -87,6 +106,45 @@ def test_scatter_counts_equal_the_sorted_counts(seed, vocab):
                        old.spread_at(code(old), positions, 2 * tok.numel()))
 
 
+def _represented_rows(cnt) -> list[tuple]:
+    """:func:`_rows` of the pairs counted by representatives (the slots pairs use)."""
+    used = torch.unique(cnt.pair)
+    cols = (cnt.group, cnt.token, cnt.a, cnt.b, cnt.count_correct, cnt.count_incorrect,
+            cnt.run_length)
+    return sorted(zip(*(c[used].tolist() for c in cols), strict=True))
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("n", [2, 3])
+def test_span_counts_by_representatives_equal_the_sorted_counts(seed, n):
+    group, ids, mask, correct = _batch(seed, 152_000)
+    gid, P = group_index(group, group.numel(), torch.device("cpu"))
+    spans, key = find_spans(ids, mask, n)
+    if not key.numel():
+        return
+    new = scatter_counts.count_spans_scatter(key, int(key.max()) + 1, spans.row,
+                                             spans.row_len, gid, P, correct)
+    old = count_units(key.clone(), spans.row, spans.row_len, gid, P, correct)
+    assert _represented_rows(new) == _rows(old)
+    unused = torch.ones(key.numel(), dtype=torch.bool).index_fill_(0, new.pair, False)
+    assert not (new.a[unused].any() or new.b[unused].any() or new.run_length[unused].any())
+    for name in ("group_n_correct", "group_n_incorrect", "group_len_correct",
+                 "group_len_incorrect"):
+        assert torch.equal(getattr(new, name), getattr(old, name))
+    code = lambda c: (c.group * 1000 + c.a * 100 + c.b * 10 + c.count_correct).double()  # noqa: E731
+    assert torch.equal(new.spread(code(new)), old.spread(code(old)))
+
+
+def test_span_counts_take_the_sort_for_large_groups_and_keys(monkeypatch):
+    group, ids, mask, correct = _batch(0, 100)
+    gid, P = group_index(group, group.numel(), torch.device("cpu"))
+    spans, key = find_spans(ids, mask, 2)
+    args = (spans.row, spans.row_len, gid, P, correct)
+    assert scatter_counts.count_spans_scatter(key, 1 << 62, *args) is None  # beyond 62 bits
+    monkeypatch.setattr(scatter_counts, "MAX_GROUP", 1)
+    assert scatter_counts.count_spans_scatter(key, int(key.max()) + 1, *args) is None
+
+
 def test_the_sort_takes_groups_over_the_limit_and_keys_beyond_62_bits(monkeypatch):
     group, ids, mask, correct = _batch(0, 100, max_group=12)
     gid, P = group_index(group, group.numel(), torch.device("cpu"))
@@ -105,6 +163,8 @@ KTAE_CASES = [
     {"ignore_token_ids": [3, 4]},
     {"apply": "wrong", "base": "rloo"},
     {"ngram": 2},
+    {"ngram": 3, "ngram_reduce": "maxabs", "chunk_tokens": 16},
+    {"ngram": 2, "ignore_token_ids": [1]},
     {"variant": "paper", "h3": 0.5, "chunk_tokens": 16},
 ]
 
@@ -122,13 +182,14 @@ def test_ktae_values_are_the_same_bits_with_either_counting(monkeypatch, seed, o
     assert torch.equal(out["scatter"], out["sort"])
 
 
-def test_the_counting_switch_picks_the_algorithm(monkeypatch):
+@pytest.mark.parametrize(("ngram", "counter"), [(1, "count_units_scatter"),
+                                              (3, "count_spans_scatter")])
+def test_the_counting_switch_picks_the_algorithm(monkeypatch, ngram, counter):
     group, ids, mask, correct = _batch(1, 50)
-    kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask)
+    kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask, ngram=ngram)
     calls = []
-    real = ktae_module.count_units_scatter
-    monkeypatch.setattr(ktae_module, "count_units_scatter",
-                        lambda *a: calls.append(1) or real(*a))
+    real = getattr(ktae_module, counter)
+    monkeypatch.setattr(ktae_module, counter, lambda *a: calls.append(1) or real(*a))
     ktae.compute_advantages("ktae", **kw)
     assert calls
     calls.clear()

@@ -14,8 +14,8 @@ give a 2x2 table ``[[a, b], [c, d]]`` (responses containing ``v`` or not). Then
 ``mode="exact"`` (default) computes these exactly (float64); ``mode="reference"``
 reproduces the authors' released runtime including its float32 quirks (docs/method.md §4, see
 :mod:`ktae.core.ktae_reference`). Both run as one vectorised pass over the batch
-(:func:`ktae.core.token_counts.count_units`, one sort of each chunk's keys; single tokens
-are counted by scatters into per-chunk tables instead, :mod:`ktae.core.scatter_counts`,
+(:func:`ktae.core.token_counts.count_units`, one sort of each chunk's keys; tokens and
+spans are counted by scatters into per-chunk tables instead, :mod:`ktae.core.scatter_counts`,
 see :data:`COUNTING`): no Python loop over groups or tokens.
 
 ``ngram=N > 1`` (exact mode) scores spans of N consecutive tokens instead of single
@@ -70,7 +70,7 @@ from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
 from ktae.core.ngrams import Spans, find_spans, reduce_from_starts
 from ktae.core.registry import checked_keywords
-from ktae.core.scatter_counts import count_units_scatter
+from ktae.core.scatter_counts import count_spans_scatter, count_units_scatter
 from ktae.core.table_stats import TableStats, reference_table_stats, table_stats
 from ktae.core.token_counts import (
     TokenCounts,
@@ -91,9 +91,9 @@ CPU_SPAN_CHUNK_TOKENS = 1 << 17
 DEVICE_CHUNK_TOKENS = 1 << 23
 
 #: How the advantages count the tokens of a chunk: ``"scatter"`` (dense ids and scatters
-#: into per-chunk tables, :mod:`ktae.core.scatter_counts`; spans, huge groups and keys
-#: beyond 62 bits take the sort) or ``"sort"`` (one sort of the chunk's keys,
-#: :func:`ktae.core.token_counts.count_units`). Same values either way; the benchmark
+#: into per-chunk tables, :mod:`ktae.core.scatter_counts`, spans by representatives; huge
+#: groups and keys beyond 62 bits take the sort) or ``"sort"`` (one sort of the chunk's
+#: keys, :func:`ktae.core.token_counts.count_units`). Same values either way; the benchmark
 #: times both (``benchmarks/bench_advantages.py --counting``).
 COUNTING = "scatter"
 
@@ -243,8 +243,13 @@ class _Chunk:
             return cnt, None
         spans, key = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids,
                                 flat=flat, row=row)
-        cnt = count_units(key, spans.row, spans.row_len, self.gid, self.num_groups,
-                          self.correct)
+        cnt = None
+        if counting == "scatter" and key.numel():
+            cnt = count_spans_scatter(key, int(key.max()) + 1, spans.row, spans.row_len,
+                                      self.gid, self.num_groups, self.correct)
+        if cnt is None:
+            cnt = count_units(key, spans.row, spans.row_len, self.gid, self.num_groups,
+                              self.correct)
         return cnt, spans
 
 

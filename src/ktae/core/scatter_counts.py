@@ -18,6 +18,12 @@ tables indexed by that id:
    response in its group, class), summed over the ranks.
 4. Occurrences by class: one ``bincount`` over (pair, class).
 
+Spans (n-grams) are nearly all distinct within a chunk, so a table per distinct span
+costs as much as one per span: :func:`count_spans_scatter` skips the dense ids and names
+each (group, span) pair by one of its occurrences, its *representative*
+(:func:`representatives`: a few rounds of a hash table rebuilt with a new hash each
+round), and counts into tables indexed by occurrence.
+
 Every step is a pass over the chunk's units or over a table of a few times their number,
 on any device (pure torch). Which occurrence a parallel scatter keeps when several write
 one slot can differ between runs on an accelerator; the dense ids (the order of the
@@ -41,6 +47,11 @@ _DENSE_FLOOR = 1 << 16
 
 #: Multiplier of the hash (Knuth's 64-bit golden ratio constant, as a signed int64).
 _GOLDEN = -7046029254386353131
+#: :func:`representatives`: one odd multiplier per round (cycled), the golden ratio's first.
+_MULTIPLIERS = (_GOLDEN, 0x2545F4914F6CDD1D, 0x1B873593CC9E2D51, 0x27D4EB2F165667C5)
+#: :func:`representatives`: table slots per key (a quarter full: about 1 key in 9 collides
+#: in the first round, 1 in 70 of those in the second).
+_REP_FACTOR = 4
 
 _KEY_LIMIT = 1 << 62
 
@@ -87,6 +98,39 @@ def hash_ids(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lookup = torch.empty(size, dtype=torch.int64, device=device)
     lookup.index_copy_(0, used, torch.arange(used.numel(), device=device))
     return table.index_select(0, used), lookup.index_select(0, where)
+
+
+def representatives(key: torch.Tensor) -> torch.Tensor:
+    """``[M]`` for each key the index of one key equal to it, the same for all equal keys
+    (``key[rep] == key``, ``rep[rep] == rep``): exact ids of the distinct keys, not dense.
+
+    Each round hashes the pending keys into a table of about :data:`_REP_FACTOR` slots per
+    key with a new multiplier, scatters each key's index to its slot (one writer per slot
+    wins) and reads the slot back: a key whose slot holds an equal key takes that index.
+    All copies of a key share its slot, so they are placed in the same round, on the same
+    index; keys whose slot another key won try again with the next hash.
+    """
+    m = key.numel()
+    device = key.device
+    bits = max(4, (_REP_FACTOR * m - 1).bit_length())
+    table = torch.empty(1 << bits, dtype=torch.int64, device=device)
+    rep = pending = None
+    pk = key
+    for r in range(64):  # ends in a few rounds: a key is left out of one with odds <= 1/4
+        slot = (pk * _MULTIPLIERS[r % len(_MULTIPLIERS)]).bitwise_right_shift_(64 - bits)
+        slot.bitwise_and_((1 << bits) - 1)  # the product's top bits
+        table.scatter_(0, slot, torch.arange(m, device=device) if pending is None else pending)
+        won = table.index_select(0, slot)
+        missed = (key.index_select(0, won) != pk).nonzero().squeeze(1)
+        if pending is None:
+            rep, pending = won, missed
+        else:
+            rep.index_copy_(0, pending, won)
+            pending = pending.index_select(0, missed)
+        if not pending.numel():
+            return rep
+        pk = key.index_select(0, pending)
+    raise RuntimeError("representatives: keys left unplaced after 64 rounds")
 
 
 def _ids(key: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,4 +196,38 @@ def count_units_scatter(unit: torch.Tensor, bound: int, row: torch.Tensor,
     return TokenCounts(group=group, token=token, a=ab[0], b=ab[1],
                        count_correct=occurrences[0], count_incorrect=occurrences[1],
                        run_length=run_length, order=None, pair=inverse,
+                       **_group_totals(gid, num_groups, sizes, correct, row_len))
+
+
+def count_spans_scatter(unit: torch.Tensor, bound: int, row: torch.Tensor,
+                        row_len: torch.Tensor, gid: torch.Tensor, num_groups: int,
+                        correct: torch.Tensor) -> TokenCounts | None:
+    """:func:`ktae.core.token_counts.count_units` for units that are nearly all distinct
+    (spans), without a sort or dense ids; None where the sort is the one to use (as
+    :func:`count_units_scatter`).
+
+    Args are those of :func:`count_units_scatter`. The pairs of the result are indexed by
+    their representatives among the ``M`` units (:func:`representatives`): ``U = M``,
+    ``pair`` maps each unit to its representative, ``group`` and ``token`` are each
+    unit's, and a slot that represents no pair has ``a = b = 0`` and no occurrences.
+    """
+    sizes, rank = _ranks_in_groups(gid, num_groups)
+    g_max = int(sizes.max()) if sizes.numel() else 1
+    if g_max > MAX_GROUP or num_groups * bound >= _KEY_LIMIT:
+        return None
+    m = unit.numel()
+    group = gid.index_select(0, row)
+    rep = representatives((group * bound).add_(unit))
+    incorrect = (~correct).long()
+    cell = (incorrect * g_max + rank).mul_(m).index_select(0, row).add_(rep)
+    present = torch.zeros(2 * g_max * m, dtype=torch.bool, device=unit.device)
+    present.index_fill_(0, cell, True)
+    del cell
+    ab = present.view(torch.uint8).view(2, g_max, m).sum(1, dtype=torch.uint8).long()
+    del present
+    occurrences = torch.bincount((incorrect * m).index_select(0, row).add_(rep),
+                                 minlength=2 * m).view(2, m)
+    return TokenCounts(group=group, token=unit, a=ab[0], b=ab[1],
+                       count_correct=occurrences[0], count_incorrect=occurrences[1],
+                       run_length=occurrences.sum(0), order=None, pair=rep,
                        **_group_totals(gid, num_groups, sizes, correct, row_len))
