@@ -196,6 +196,34 @@ def _values(cnt: TokenCounts, opts: KTAEOptions, tables: TableStats | None) -> t
     return torch.where(_keep(cnt, opts), value, torch.zeros_like(value))
 
 
+def _values_once_by_class(cnt: TokenCounts, opts: KTAEOptions, tables: TableStats | None
+                          ) -> torch.Tensor:
+    """:func:`_values` of the pairs of ``cnt`` (exact mode), each pair that occurs once
+    (most spans) valued once per (group, class): its table is ``a = 1`` or ``b = 1`` and
+    its counts one occurrence in that class, so nothing else sets its value; the other
+    pairs (``run_length > 1``) as usual. Pairs that do not occur get arbitrary values."""
+    P, device = cnt.group_n_correct.numel(), cnt.group.device
+    wrong = torch.arange(2, device=device).repeat(P)  # the pairs (group g, class) at 2 g + class
+    once = TokenCounts(group=torch.arange(P, device=device).repeat_interleave(2), token=wrong,
+                       a=1 - wrong, b=wrong, count_correct=1 - wrong, count_incorrect=wrong,
+                       run_length=torch.ones_like(wrong), order=None,
+                       group_n_correct=cnt.group_n_correct,
+                       group_n_incorrect=cnt.group_n_incorrect,
+                       group_len_correct=cnt.group_len_correct,
+                       group_len_incorrect=cnt.group_len_incorrect)
+    many = (cnt.run_length > 1).nonzero().squeeze(1)
+    pick = lambda x: x.index_select(0, many)  # noqa: E731
+    more = dataclasses.replace(once, group=pick(cnt.group), token=pick(cnt.token),
+                               a=pick(cnt.a), b=pick(cnt.b),
+                               count_correct=pick(cnt.count_correct),
+                               count_incorrect=pick(cnt.count_incorrect),
+                               run_length=pick(cnt.run_length))
+    # once: b = 1 exactly for an incorrect response's pair; other pairs read any entry
+    at = (cnt.group * 2).add_(cnt.b.clamp_max(1))
+    value = _values(once, opts, tables).index_select(0, at)
+    return value.index_copy_(0, many, _values(more, opts, tables))
+
+
 def _call_tables(batch: AdvantageBatch, correct: torch.Tensor, opts: KTAEOptions
                  ) -> TableStats | None:
     """The :class:`TableStats` of the batch's group compositions, in the options' mode (one
@@ -399,7 +427,9 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
             if spans is None:
                 per_token = cnt.spread(_values(cnt, opts, tables).to(out_dtype))
             else:
-                by_start = cnt.spread_at(_values(cnt, opts, tables), spans.start, flat.numel())
+                by_pair = (_values_once_by_class(cnt, opts, tables) if cnt.order is None
+                           else _values(cnt, opts, tables))
+                by_start = cnt.spread_at(by_pair, spans.start, flat.numel())
                 per_token = reduce_from_starts(by_start, spans, opts.ngram_reduce).to(out_dtype)
         per_token = per_token + seq[chunk.rows].index_select(0, row)  # padding keeps 0
         if isinstance(chunk.rows, slice):
