@@ -135,6 +135,21 @@ def test_span_counts_by_representatives_equal_the_sorted_counts(seed, n):
     assert torch.equal(new.spread(code(new)), old.spread(code(old)))
 
 
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("n", "vocab"), [(2, 152_000), (3, 152_000), (4, 152_000), (3, 1 << 40)])
+def test_span_ids_of_raw_token_ids_are_equal_exactly_for_equal_spans(seed, n, vocab):
+    _, ids, mask, _ = _batch(seed, vocab)
+    spans, raw = find_spans(ids, mask, n, dense=False)
+    _, dense = find_spans(ids, mask, n)
+    words = spans.token_ids(torch.arange(spans.start.numel()))
+    same_words = (words[:, None, :] == words[None, :, :]).all(2)
+    assert torch.equal(raw[:, None] == raw[None, :], same_words)
+    assert torch.equal(dense[:, None] == dense[None, :], same_words)
+    if n == 3 and vocab < 1 << 20:  # raw codes: the lexicographic code of the ids
+        v = int(spans.tokens.max()) + 1
+        assert torch.equal(raw, (words[:, 0] * v + words[:, 1]) * v + words[:, 2])
+
+
 def test_span_counts_take_the_sort_for_large_groups_and_keys(monkeypatch):
     group, ids, mask, correct = _batch(0, 100)
     gid, P = group_index(group, group.numel(), torch.device("cpu"))

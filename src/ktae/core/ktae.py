@@ -270,7 +270,7 @@ class _Chunk:
                                   self.correct)
             return cnt, None
         spans, key = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids,
-                                flat=flat, row=row)
+                                flat=flat, row=row, dense=counting == "sort")
         cnt = None
         if counting == "scatter" and key.numel():
             cnt = count_spans_scatter(key, int(key.max()) + 1, spans.row, spans.row_len,

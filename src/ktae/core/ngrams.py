@@ -62,11 +62,14 @@ class Spans:
 
 def find_spans(token_ids: torch.Tensor, mask: torch.Tensor, n: int,
                ignore_token_ids: tuple[int, ...] = (), *, flat: torch.Tensor | None = None,
-               row: torch.Tensor | None = None) -> tuple[Spans, torch.Tensor]:
+               row: torch.Tensor | None = None, dense: bool = True
+               ) -> tuple[Spans, torch.Tensor]:
     """Every span of ``n >= 2`` tokens of a validated ``[B, T]`` batch, and their ``[S]``
     exact ids (non-negative int64: equal ids exactly when the spans are equal).
     ``flat``, ``row``: the row-major positions and the rows of the real tokens, when the
-    caller has them (:func:`ktae.core.token_counts.real_positions`)."""
+    caller has them (:func:`ktae.core.token_counts.real_positions`). ``dense=False``: the
+    codes of the token ids as they are where they fit in 62 bits (trigrams of a 152k
+    vocabulary: 52 bits), for callers that only compare ids (saves the dense token ids)."""
     B, T = token_ids.shape
     device = token_ids.device
     if flat is None or row is None:
@@ -88,16 +91,18 @@ def find_spans(token_ids: torch.Tensor, mask: torch.Tensor, n: int,
     start = ok.nonzero().squeeze(1)
     span_row = row.index_select(0, start)
     row_len = torch.bincount(span_row, minlength=B)
-    return Spans(n, start, span_row, row_len, tokens), _span_keys(tokens, start, n)
+    return Spans(n, start, span_row, row_len, tokens), _span_keys(tokens, start, n, dense)
 
 
-def _span_keys(tokens: torch.Tensor, start: torch.Tensor, n: int) -> torch.Tensor:
+def _span_keys(tokens: torch.Tensor, start: torch.Tensor, n: int, dense: bool = True
+               ) -> torch.Tensor:
     """Exact ids of the spans starting at ``start``: lexicographic codes, ranked if too big."""
     # Dense token ids first (a presence bitmap for real vocabularies: no sort), so that
     # codes grow by the number of distinct tokens per step, not by the vocabulary size.
     vocab = int(tokens.max()) + 1 if tokens.numel() else 1
-    uniq, tokens = unique_small_keys(tokens, vocab)
-    vocab = max(1, uniq.numel())
+    if dense or vocab ** n > _KEY_LIMIT:
+        uniq, tokens = unique_small_keys(tokens, vocab)
+        vocab = max(1, uniq.numel())
     m = tokens.numel()
     if vocab ** n <= _KEY_LIMIT:  # codes of every position by shifted slices, one gather
         code = tokens[: m - n + 1].clone()
