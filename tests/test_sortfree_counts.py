@@ -251,6 +251,47 @@ def test_pair_lcp_is_the_common_prefix_length(seed):
                 assert lcp[g, a, b] == n
 
 
+def _exact_classes_by_every_token(cls, tokens, heads) -> bool:
+    """The exactness check of the lcp classes read at every token (as it was first
+    written): every token has its representative's token, every representative is its
+    own, and where the representative changes inside a response the previous classes
+    agree."""
+    if not bool((tokens[cls] == tokens).all()) or not bool((cls[cls] == cls).all()):
+        return False
+    step = torch.diff(cls) != 1
+    step[(heads - 1)[heads > 0]] = False
+    x = step.nonzero().squeeze(1) + 1
+    return bool((cls[x - 1] == cls[cls[x] - 1]).all())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_exactness_check_reads_only_shared_tokens_and_decides_alike(seed):
+    _, group, ids, mask, _ = random_groups(seed, holes=seed % 2 == 1)
+    ids, mask = torch.tensor(ids), torch.tensor(mask)
+    gid, P = group_index(torch.tensor(group), len(group), torch.device("cpu"))
+    flat, _, length = real_positions(mask)
+    start = length.cumsum(0) - length
+    heads = start[length > 0]
+    tokens = ids.reshape(-1)[flat]
+    members, rank = prefix_lcp.members_of_groups(gid, P)
+    prefix_id = _exact_prefix_ids(ids, mask)
+    lcp = prefix_lcp.pair_lcp(lambda a, b, fa, fb: prefix_id[a] == prefix_id[b], start,
+                              length, members)
+    cls = prefix_lcp.representative_classes(lcp, members, rank, gid, start, tokens.numel())
+    assert prefix_lcp.classes_are_exact(cls, tokens, heads)
+    gen = torch.Generator().manual_seed(seed)
+    verdicts = set()
+    for _ in range(40):  # classes merged or moved at random: both checks decide alike
+        bad = cls.clone()
+        x = torch.randint(0, cls.numel(), (int(torch.randint(1, 4, (1,), generator=gen)),),
+                          generator=gen)
+        bad[x] = torch.randint(1, cls.numel(), (x.numel(),), generator=gen)  # 0: only at heads
+        want = _exact_classes_by_every_token(bad, tokens, heads)
+        assert prefix_lcp.classes_are_exact(bad, tokens, heads) == want
+        verdicts.add(want)
+    assert False in verdicts
+
+
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("unit", ["token", "span"])
 def test_prefix_value_is_the_same_bits_with_either_classes(monkeypatch, seed, unit):

@@ -96,19 +96,28 @@ def representative_classes(lcp: torch.Tensor, members: torch.Tensor, rank: torch
 
 def classes_are_exact(cls: torch.Tensor, tokens: torch.Tensor, heads: torch.Tensor) -> bool:
     """Whether every token has its representative's token and, one position earlier (not
-    at the ``heads``, each response's first token), its representative's class.
+    at the ``heads``, each response's first token, ascending), its representative's class.
 
     Checked as: each token has its representative's token; each representative is its
     own (``cls[cls[x]] == cls[x]``); and, where the representative changes within a
     response, the previous classes agree. Where it does not change, ``cls[x] - 1 ==
-    cls[x - 1]``, so the previous-class condition is the second check at ``x - 1``.
+    cls[x - 1]``, so the previous-class condition is the second check at ``x - 1``. A
+    token that is its own representative (``cls[x] == x``: every token after its response
+    leaves the others) passes the first two trivially, and the representative can change
+    only at or just after a token that is not its own: only those are read.
     """
-    if not bool((tokens.index_select(0, cls) == tokens).all()):
+    n = cls.numel()
+    shared = (cls != torch.arange(n, device=cls.device)).nonzero().squeeze(1)
+    rep = cls.index_select(0, shared)
+    if not bool((tokens.index_select(0, rep) == tokens.index_select(0, shared)).all()):
         return False
-    if not bool((cls.index_select(0, cls) == cls).all()):
+    if not bool((cls.index_select(0, rep) == rep).all()):
         return False
-    step = torch.diff(cls) != 1  # the representative changes at x + 1
-    step.index_fill_(0, (heads - 1)[heads > 0], False)  # a new response starts there
-    x = step.nonzero().squeeze(1) + 1
-    return bool((cls.index_select(0, x - 1) == cls.index_select(0, cls.index_select(0, x) - 1))
-                .all())
+    x = torch.cat([shared, shared + 1])
+    x = x[(x > 0) & (x < n)]
+    first = torch.searchsorted(heads, x).clamp_max(max(0, heads.numel() - 1))
+    if heads.numel():
+        x = x[heads.index_select(0, first) != x]  # a new response starts at x
+    before, now = cls.index_select(0, x - 1), cls.index_select(0, x)
+    step = now - before != 1  # the representative changes at x
+    return bool((before[step] == cls.index_select(0, now[step] - 1)).all())

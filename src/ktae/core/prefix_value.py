@@ -135,14 +135,17 @@ def _powers(base: int, c: int, n: int, device: torch.device) -> torch.Tensor:
 
 
 def _prefix_keys(tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
-                 start: torch.Tensor, gid: torch.Tensor, T: int, attempt) -> torch.Tensor:
-    """``[2, N + 1]`` int64 running sums of the terms ``(id_s + salt + 1) * base**s`` (one
-    row per prime, reduced once, not fully; a leading 0), from each real token (``< 2**31 -
-    19``), its count ``pos`` in its response and its row (``rows``, ``start``, ``gid``:
-    used by :func:`_keys_at`, which turns the sums into prefix keys)."""
+                 start: torch.Tensor, gid: torch.Tensor, T: int, attempt,
+                 moduli: int = len(_MODULI_C)) -> torch.Tensor:
+    """``[moduli, N + 1]`` int64 running sums of the terms ``(id_s + salt + 1) * base**s``
+    (one row per prime, the first ``moduli`` of them, reduced once, not fully; a leading
+    0), from each real token (``< 2**31 - 19``), its count ``pos`` in its response and its
+    row (``rows``, ``start``, ``gid``: used by :func:`_keys_at`, which turns the sums into
+    prefix keys)."""
     N = tokens.numel()
-    sums = tokens.new_zeros((len(_MODULI_C), N + 1))
-    for total, c, (base, salt, _) in zip(sums, _MODULI_C, attempt, strict=True):
+    sums = tokens.new_zeros((moduli, N + 1))
+    for total, c, (base, salt, _) in zip(sums, _MODULI_C[:moduli], attempt[:moduli],
+                                         strict=True):
         pw = _powers(base, c, T, tokens.device)
         terms = (tokens + (salt + 1)).mul_(pw.index_select(0, pos))  # < 2**62
         # one fold leaves terms below 2**35.4: their sum fits in int64 up to 2**27 tokens
@@ -209,11 +212,18 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
     for i, attempt in enumerate(_BASES):
         # ids beyond 31 bits: a residue of the id scrambled differently at each attempt
         hashed = _mod(tokens ^ _LARGE_ID_SALTS[i], max(_MODULI_C)) if large else tokens
-        sums = _prefix_keys(hashed, pos, rows, start, gid, T, attempt)
         if members is not None:
-            def same(a, b, fa, fb, sums=sums, attempt=attempt):
-                ka, kb = _keys_at(sums, a, fa, None, attempt), _keys_at(sums, b, fb, None, attempt)
-                return (ka[0] == kb[0]) & (ka[1] == kb[1])
+            # One prime is enough here: a collision only lengthens a common prefix, which
+            # the exactness check below finds (then the next attempt), about once in 2**31
+            # comparisons of different prefixes.
+            sums = _prefix_keys(hashed, pos, rows, start, gid, T, attempt, 1)[0]
+            prime = 2**31 - _MODULI_C[0]
+
+            def same(a, b, fa, fb, sums=sums, prime=prime):
+                # equal keys: the two partial sums differ by a multiple of the prime
+                diff = sums.index_select(0, a + 1) - sums.index_select(0, fa)
+                diff -= sums.index_select(0, b + 1) - sums.index_select(0, fb)
+                return diff.remainder_(prime) == 0
 
             lcp = prefix_lcp.pair_lcp(same, start, length, members)
             cls = prefix_lcp.representative_classes(lcp, members, rank, gid, start,
@@ -222,6 +232,7 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
             if prefix_lcp.classes_are_exact(cls, tokens, head_at):
                 return flat, rows, pos, cls, previous(cls, U), torch.bincount(cls, minlength=U)
             continue
+        sums = _prefix_keys(hashed, pos, rows, start, gid, T, attempt)
         k0, k1 = _keys_at(sums, torch.arange(rows.numel(), device=rows.device), row_start,
                           gid.index_select(0, rows), attempt)
         _, cls, count = torch.unique((k0 << 31) | k1, return_inverse=True, return_counts=True)
