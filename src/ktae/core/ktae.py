@@ -203,25 +203,24 @@ def _values_once_by_class(cnt: TokenCounts, opts: KTAEOptions, tables: TableStat
     its counts one occurrence in that class, so nothing else sets its value; the other
     pairs (``run_length > 1``) as usual. Pairs that do not occur get arbitrary values."""
     P, device = cnt.group_n_correct.numel(), cnt.group.device
-    wrong = torch.arange(2, device=device).repeat(P)  # the pairs (group g, class) at 2 g + class
-    once = TokenCounts(group=torch.arange(P, device=device).repeat_interleave(2), token=wrong,
-                       a=1 - wrong, b=wrong, count_correct=1 - wrong, count_incorrect=wrong,
-                       run_length=torch.ones_like(wrong), order=None,
-                       group_n_correct=cnt.group_n_correct,
-                       group_n_incorrect=cnt.group_n_incorrect,
-                       group_len_correct=cnt.group_len_correct,
-                       group_len_incorrect=cnt.group_len_incorrect)
     many = (cnt.run_length > 1).nonzero().squeeze(1)
-    pick = lambda x: x.index_select(0, many)  # noqa: E731
-    more = dataclasses.replace(once, group=pick(cnt.group), token=pick(cnt.token),
-                               a=pick(cnt.a), b=pick(cnt.b),
-                               count_correct=pick(cnt.count_correct),
-                               count_incorrect=pick(cnt.count_incorrect),
-                               run_length=pick(cnt.run_length))
+    # one call for both: the pairs (group g, class) at 2 g + class, then the others
+    wrong = torch.arange(2, device=device).repeat(P)
+    ones = torch.ones_like(wrong)
+
+    def joined(once: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([once, x.index_select(0, many)])
+
+    both = dataclasses.replace(
+        cnt, group=joined(torch.arange(P, device=device).repeat_interleave(2), cnt.group),
+        token=joined(wrong, cnt.token), a=joined(1 - wrong, cnt.a), b=joined(wrong, cnt.b),
+        count_correct=joined(1 - wrong, cnt.count_correct),
+        count_incorrect=joined(wrong, cnt.count_incorrect),
+        run_length=joined(ones, cnt.run_length), order=None, pair=None)
+    value = _values(both, opts, tables)
     # once: b = 1 exactly for an incorrect response's pair; other pairs read any entry
     at = (cnt.group * 2).add_(cnt.b.clamp_max(1))
-    value = _values(once, opts, tables).index_select(0, at)
-    return value.index_copy_(0, many, _values(more, opts, tables))
+    return value[: 2 * P].index_select(0, at).index_copy_(0, many, value[2 * P:])
 
 
 def _call_tables(batch: AdvantageBatch, correct: torch.Tensor, opts: KTAEOptions
