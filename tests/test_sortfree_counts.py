@@ -12,8 +12,8 @@ from prefix_value_oracle import slow_prefix_values
 from test_prefix_value import random_groups
 
 import ktae
+from ktae.core import chunk_pool, prefix_lcp, prefix_value, scatter_counts
 from ktae.core import ktae as ktae_module
-from ktae.core import prefix_lcp, prefix_value, scatter_counts
 from ktae.core.groups import group_index
 from ktae.core.ngrams import find_spans
 from ktae.core.token_counts import count_units, real_positions
@@ -362,3 +362,20 @@ def test_prefix_value_is_the_same_bits_in_any_chunking(monkeypatch, seed, unit):
     assert torch.equal(whole, chunked)
     mixed = {g for g in set(group.tolist()) if len(set(correct[group == g].tolist())) == 2}
     assert len(chunks) == len(mixed)  # one task per group with both outcomes
+
+
+@pytest.mark.parametrize("block", [1, 7, 1 << 20])
+def test_base_advantages_in_blocks_of_rows_are_the_where_of_the_batch(monkeypatch, block):
+    monkeypatch.setattr(ktae_module, "BASE_BLOCK", block)
+    gen = torch.Generator().manual_seed(block)
+    mask = torch.rand(11, 5, generator=gen) < 0.6
+    seq = torch.randn(11, generator=gen)
+    want = torch.where(mask, seq[:, None], torch.zeros(()))
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got = chunk_pool.one_thread_caller(ktae_module._base_advantages)(mask, seq)
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    finally:
+        torch.set_num_threads(threads)

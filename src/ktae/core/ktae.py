@@ -293,6 +293,23 @@ def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | No
                                                     chunk_tokens, keep)]
 
 
+#: :func:`_base_advantages`: elements per task.
+BASE_BLOCK = 1 << 20
+
+
+def _base_advantages(mask: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+    """``[B, T]``: ``seq`` on the real tokens, 0 on padding; on CPU in blocks of rows that
+    run as tasks on the caller's threads (the output is as large as the batch: on one
+    thread it would be a serial part of the call as long as a fifth of one sort)."""
+    out = torch.empty(mask.shape, dtype=seq.dtype, device=mask.device)
+    zero = torch.zeros((), dtype=seq.dtype, device=mask.device)
+    step = max(1, BASE_BLOCK // max(1, mask.shape[1])) if mask.device.type == "cpu" else None
+    blocks = [slice(r, r + step) for r in range(0, mask.shape[0], step)] if step else [slice(None)]
+    run_tasks(lambda rows: torch.where(mask[rows], seq[rows, None], zero, out=out[rows]),
+              blocks, device=mask.device)
+    return out
+
+
 def _mixed_groups(batch: AdvantageBatch, correct: torch.Tensor) -> torch.Tensor | None:
     """``[P]`` groups with both a correct and an incorrect response, or None when every
     group is (the others' key-token values are 0: their rows need no pass at all)."""
@@ -412,7 +429,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     if keep is None:
         out = torch.zeros(batch.mask.shape, dtype=out_dtype, device=batch.device)
     else:  # groups without both classes: their base advantage; the others are overwritten
-        out = torch.where(batch.mask, seq[:, None], torch.zeros((), dtype=out_dtype))
+        out = _base_advantages(batch.mask, seq)
 
     tables = _call_tables(batch, is_correct, opts)
 
