@@ -54,7 +54,9 @@ polynomial rolling hashes, ``sum_s (id_s + salt + 1) * base**s`` (a cumulative s
 the flattened real tokens, minus the sum before the response) modulo the primes ``2**31 -
 1`` and ``2**31 - 19`` (reduced with shifts, no division; ids of 31 bits or more are
 first replaced by a residue). Within a group, the common prefix length of each pair of
-responses is found by a binary search over those hashes, and the class of a token is
+responses is found by a binary search over the first of those hashes (two prefixes
+compared by whether their partial sums differ by a multiple of the prime: one remainder,
+no reduction of either key), and the class of a token is
 named by its lowest-ranked member's token at the same position (:mod:`ktae.core.prefix_lcp`;
 groups of more than its ``MAX_GROUP`` responses, or ``CLASSES = "unique"``, take one
 ``torch.unique`` of every token's 62-bit key instead); ``bincount`` gives the class sizes
@@ -70,9 +72,9 @@ tokens keep ``A_i``) before hashing.
 
 Cost (``benchmarks/bench_advantages.py --preset paper --prefix-value --compare``, the
 Zipf batch without shared prefixes, 29.4M real tokens, 45% of groups mixed; a shared
-2-core machine at load 14 to 20, 3 paired rounds; docs/speed.md): ``unit="token"`` 2.9x
-one ``torch.sort`` of the batch's int64 keys at 1 thread and 1.9x at 2, against 6.8x and
-6.0x for the classes by one ``torch.unique`` in the same rounds.
+2-core machine at load 4 to 5, 3 paired rounds; docs/speed.md): ``unit="token"`` 0.65x
+one ``torch.sort`` of the batch's int64 keys at 1 thread and 0.92x at 2, against 1.62x and
+2.05x for the classes by one ``torch.unique`` in the same rounds.
 
 References: "prefix value" is the Monte-Carlo value of a partial response estimated from
 the group's own samples, as in VinePPO (Kazemnejad et al. 2024) and tree-structured
