@@ -43,6 +43,7 @@ reward values, and each statistic by its graded counterpart
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -242,16 +243,24 @@ def _call_tables(batch: AdvantageBatch, correct: torch.Tensor, opts: KTAEOptions
 class _Chunk:
     """Consecutive groups of a batch: their rows (a slice when the batch stores its groups
     contiguously, the usual layout, so that inputs are views; else row indices), inputs and
-    first group."""
+    first group. ``token_ids`` and ``mask`` are the batch's rows, taken when first read:
+    inside the chunk's task, so that their copies (row indices) run on the task threads."""
 
     rows: slice | torch.Tensor
     first_group: int
-    token_ids: torch.Tensor
-    mask: torch.Tensor
+    batch: AdvantageBatch
     row_len: torch.Tensor
     gid: torch.Tensor
     num_groups: int
     correct: torch.Tensor
+
+    @functools.cached_property
+    def token_ids(self) -> torch.Tensor:
+        return self.batch.token_ids[self.rows]
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        return self.batch.mask[self.rows]
 
     def count(self, opts: KTAEOptions, flat: torch.Tensor, row: torch.Tensor,
               counting: str = "sort") -> tuple[TokenCounts, Spans | None]:
@@ -287,8 +296,8 @@ def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | No
     elif chunk_tokens is None:
         chunk_tokens = CPU_CHUNK_TOKENS if ngram == 1 else CPU_SPAN_CHUNK_TOKENS
     row_len = batch.mask.sum(1, dtype=torch.int32).long()
-    return [_Chunk(rows, g0, batch.token_ids[rows], batch.mask[rows], row_len[rows],
-                   batch.gid[rows] - g0, n_groups, correct[rows])
+    return [_Chunk(rows, g0, batch, row_len[rows], batch.gid[rows] - g0, n_groups,
+                   correct[rows])
             for rows, g0, n_groups in group_chunks(batch.gid, batch.num_groups, row_len,
                                                     chunk_tokens, keep)]
 
