@@ -243,8 +243,9 @@ def _call_tables(batch: AdvantageBatch, correct: torch.Tensor, opts: KTAEOptions
 class _Chunk:
     """Consecutive groups of a batch: their rows (a slice when the batch stores its groups
     contiguously, the usual layout, so that inputs are views; else row indices), inputs and
-    first group. ``token_ids`` and ``mask`` are the batch's rows, taken when first read:
-    inside the chunk's task, so that their copies (row indices) run on the task threads."""
+    first group. ``token_ids`` and ``mask`` are the batch's rows, taken when read: inside
+    the chunk's task, so that their copies (row indices) run on the task threads and the
+    ids' copy lives only while the chunk counts (read it once)."""
 
     rows: slice | torch.Tensor
     first_group: int
@@ -254,7 +255,7 @@ class _Chunk:
     num_groups: int
     correct: torch.Tensor
 
-    @functools.cached_property
+    @property
     def token_ids(self) -> torch.Tensor:
         return self.batch.token_ids[self.rows]
 
