@@ -759,6 +759,10 @@ TABLES = {
     "recipe-steps": Table(_RECIPE, recipe_steps),
     "recipe-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in ("grpo", "ktae")
                                  for seed in RECIPE_SEEDS), recipe_claims),
+    "audit-smollm2": Table(("audit-smollm2",), audit_intervals),
+    "audit-smollm2-mass": Table(("audit-smollm2",), audit_mass),
+    "audit-smollm2-heldout": Table(("audit-smollm2-heldout",), audit_intervals),
+    "audit-smollm2-heldout-mass": Table(("audit-smollm2-heldout",), audit_mass),
     "study-real": Table(_STUDY, recipe),
     "cross-testbed": Table(("audit-seed0", "audit-smollm2", "audit-smollm2-heldout") + _STUDY,
                            cross_testbed),
