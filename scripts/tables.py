@@ -117,6 +117,12 @@ RUNS = {
                                           DIGITS + " --estimator-option split=graded"), 10 * 200),
 }
 
+# The real model's audit (every default method; about 7 min each with two training runs
+# beside it): prompt set 0, seed 0 chose the study's methods; set 1, seed 1 was held out.
+for _name, _extra in (("audit-smollm2", ""), ("audit-smollm2-heldout", " --prompt-set 1 --seed 1")):
+    RUNS[_name] = Run("ktae audit --model smollm2-135m --prompts 16 --samples 8 --threads 1"
+                      f"{_extra} --no-progress -o {{out}} --overwrite", 420)
+
 RECIPE_SEEDS = (0, 1, 2)
 RECIPE_ARMS = {"grpo": "none", "ktae": "ktae", "ktae3": "ktae --ktae-ngram 3", "spo": "grpo+spo-mask"}
 """The real-model recipe (configs/smollm2-arith.yaml) per arm and seed: about 35 min a run
@@ -681,6 +687,70 @@ def recipe_claims(*folders: Path) -> str:
     return "\n".join(rows)
 
 
+ARM_AUDIT_NAMES = {"grpo": "grpo", "ktae": "ktae", "ktae3": "ktae@ngram=3", "spo": "spo-mask"}
+"""Each study arm as ``ktae audit`` names the method."""
+CROSS_FIGURES = ("blame", "lowest", "mass_gap")
+"""The audit figures both testbeds measure (contamination needs right answers holding a
+false claim, which the real model's audits did not have)."""
+
+
+def _audit_means(folder: Path, figure: str) -> dict[str, float]:
+    methods = _json(folder, "audit.json")["methods"]
+    return {name: e["all"][figure]["mean"] for name, e in methods.items()
+            if e["all"].get(figure) and e["all"][figure].get("mean") is not None}
+
+
+def _corr_row(label: str, x: dict[str, float], y: dict[str, float], better: int) -> str:
+    sys.path.insert(0, str(REPO / "scripts"))
+    from credit_study import spearman, verdict
+
+    common = [m for m in x if m in y]
+    res = spearman([x[m] for m in common], [y[m] for m in common])
+    if res["rho"] is None:
+        return f"| {label} | {res['n']} | n/a (no spread) | | | {verdict(res, better)} |"
+    interval = "n/a" if res["low"] is None else f"[{res['low']:+.2f}, {res['high']:+.2f}]"
+    return (f"| {label} | {res['n']} | {res['rho']:+.2f} | {interval} | {res['p']:.3f} | "
+            f"{verdict(res, better)} |")
+
+
+def cross_testbed(tiny: Path, real_dev: Path, real_heldout: Path, *runs: Path) -> str:
+    """docs/credit-study.md: Spearman's rho over methods (bootstrap 95% interval over
+    methods, scipy's p, credit_study.py's verdict) between the shipped model's audit and
+    the real model's two audits, and between each audit's figures and the real model's
+    training gain over GRPO (the study's arms, mean change over seeds minus GRPO's)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from credit_study import BETTER
+
+    audits = {"shipped model (set 0, seed 0, 200 x 8)": tiny,
+              "SmolLM2, development (set 0, seed 0, 16 x 8)": real_dev,
+              "SmolLM2, held out (set 1, seed 1, 16 x 8)": real_heldout}
+    names = list(audits)
+    head = ["| figure: x against y | methods | rho | 95% interval | p | verdict |",
+            "|---|---|---|---|---|---|"]
+    rows = ["Audit against audit:", ""] + head
+    for fig in CROSS_FIGURES:
+        means = {n: _audit_means(f, fig) for n, f in audits.items()}
+        for a, b in ((names[0], names[2]), (names[0], names[1]), (names[1], names[2])):
+            rows.append(_corr_row(f"{fig}: {a} / {b}", means[a], means[b], 1))
+    change: dict[str, float] = {}
+    it = iter(runs)
+    for arm in RECIPE_ARMS:
+        diffs = []
+        for _seed in RECIPE_SEEDS:
+            summary = _json(next(it), "summary.json")
+            diffs.append(summary["heldout_after"] - summary["heldout_before"])
+        change[ARM_AUDIT_NAMES[arm]] = statistics.fmean(diffs)
+    gain = {m: v - change["grpo"] for m, v in change.items()}
+    rows += ["", "Audit figure against the real model's training gain over GRPO "
+             f"({', '.join(f'{m} {100 * g:+.1f} points' for m, g in gain.items())}):", ""]
+    rows += head
+    for fig in CROSS_FIGURES:
+        for n, f in audits.items():
+            rows.append(_corr_row(f"{fig}: {n} / training gain", _audit_means(f, fig), gain,
+                                  BETTER[fig]))
+    return "\n".join(rows)
+
+
 _RECIPE = tuple(f"recipe-{arm}-s{seed}" for arm in ("grpo", "ktae") for seed in RECIPE_SEEDS)
 _STUDY = tuple(f"recipe-{arm}-s{seed}" for arm in RECIPE_ARMS for seed in RECIPE_SEEDS)
 
@@ -689,7 +759,13 @@ TABLES = {
     "recipe-steps": Table(_RECIPE, recipe_steps),
     "recipe-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in ("grpo", "ktae")
                                  for seed in RECIPE_SEEDS), recipe_claims),
+    "audit-smollm2": Table(("audit-smollm2",), audit_intervals),
+    "audit-smollm2-mass": Table(("audit-smollm2",), audit_mass),
+    "audit-smollm2-heldout": Table(("audit-smollm2-heldout",), audit_intervals),
+    "audit-smollm2-heldout-mass": Table(("audit-smollm2-heldout",), audit_mass),
     "study-real": Table(_STUDY, recipe),
+    "cross-testbed": Table(("audit-seed0", "audit-smollm2", "audit-smollm2-heldout") + _STUDY,
+                           cross_testbed),
     "study-real-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in RECIPE_ARMS
                                      for seed in RECIPE_SEEDS), recipe_claims),
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),

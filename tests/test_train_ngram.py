@@ -46,6 +46,36 @@ def test_train_flags():
     assert (cfg.ktae_ngram, cfg.ktae_ngram_reduce) == (4, "maxabs")
 
 
+def test_train_credit_takes_settings_as_compare_does(tmp_path):
+    parser = argparse.ArgumentParser()
+    cli_train.add_arguments(parser)
+    cfg = cli_train.config_from_args(parser.parse_args(["--credit", "ktae@ngram=3"]))
+    assert (cfg.credit, cfg.ktae_ngram) == ("ktae", 3)
+    assert cfg.output_dir == "runs/dapo-ktae-ngram=3-seed0"
+    assert credit_settings(cfg).estimator_options["ngram"] == 3
+    # an option that is no train setting goes to its part; a config file's credit too
+    config = tmp_path / "c.yaml"
+    config.write_text("credit: grpo+spo-mask@prob_threshold=0.5\n")
+    cfg = cli_train.config_from_args(parser.parse_args(["--config", str(config), "-o", "x"]))
+    assert (cfg.credit, cfg.calibration_options, cfg.output_dir) == (
+        "grpo+spo-mask", {"prob_threshold": 0.5}, "x")
+    assert credit_settings(cfg).calibration == "spo-mask"
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--credit", "ktae@ngram=3", "--ktae-ngram", "2"], "ktae_ngram is set in 'ktae@ngram=3' "
+                                                        "and as ktae_ngram = 2"),
+    (["--credit", "spo-mask@prob_threshold=0.5", "--calibration-option", "prob_threshold=0.3"],
+     "'prob_threshold' is set in 'spo-mask@prob_threshold=0.5' and in calibration_options"),
+    (["--credit", "ktae@foo=1"], "'foo' in 'ktae@foo=1' is not an option of estimator 'ktae'"),
+])
+def test_train_credit_settings_refuse_conflicts(argv, match):
+    parser = argparse.ArgumentParser()
+    cli_train.add_arguments(parser)
+    with pytest.raises(ValueError, match=match):
+        cli_train.config_from_args(parser.parse_args(argv))
+
+
 def test_compare_arms_parse():
     assert parse_arm("none") == parse_arm(" none ")
     arm = parse_arm("ktae@ngram=3")

@@ -121,12 +121,13 @@ def _mixed_groups(call) -> int:
     return sum(len(v) == 2 for v in by_group.values())
 
 
-def _check_loss_calls(result, name: str, *, driver_pid: int | None) -> list[list[dict]]:
+def _check_loss_calls(result, name: str, *, driver_pid: int | None,
+                      entropy: bool = True) -> list[list[dict]]:
     """The calibrated loss ran in the actor worker on every micro-batch, with the entropy
-    of that forward pass; returns the calls of each step."""
+    of that forward pass where the rule reads it; returns the calls of each step."""
     calls = _calls(result, "calibrate_advantages")
     assert calls and all(c["name"] == name for c in calls)
-    assert all(c["entropies_from_forward"] for c in calls)
+    assert all(c["entropies_from_forward"] == entropy for c in calls)
     assert driver_pid is None or all(c["pid"] != driver_pid for c in calls)
     assert len(calls) % STEPS == 0
     per_step = len(calls) // STEPS
@@ -316,3 +317,90 @@ def test_dapo_runs_stapo_in_the_actor(dapo_ktae_stapo):
     assert 0 < removed <= sum(c["positive"] for c in calls)  # only positive tokens go
     fractions = [m["actor/calibration/loss_token_fraction"] for m in dapo_ktae_stapo.metrics]
     assert min(fractions) < 1
+
+
+# -- the 2026 loss-time rules: entropy advantage, Clip-Cov, KL-Cov, SPO's mask -----------
+
+# Two mini-batches of 2 prompts per step: the second is updated after the first's optimizer
+# step, so its log-probs differ from the rollout's (Clip-Cov's clip test and KL-Cov's
+# penalty act off-policy only). Clip-Cov's and KL-Cov's ratios are raised from verl's
+# 0.0002 so that a micro-batch of about 100 tokens selects a few.
+RULE_RUNS = {
+    "entropy-adv": ["actor_rollout_ref.actor.calculate_entropy=true"],
+    "clip-cov": ["actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                 "+actor_rollout_ref.actor.policy_loss.ktae.clip_cov_ratio=0.05"],
+    "kl-cov": ["actor_rollout_ref.actor.ppo_mini_batch_size=2",
+               "+actor_rollout_ref.actor.policy_loss.ktae.kl_cov_ratio=0.05"],
+    "spo-mask": [],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(RULE_RUNS))
+def rule_run(request, loop_inputs):
+    name = request.param
+    return name, _run(loop_inputs, f"grpo-{name}", "trainer.use_v1=true",
+                      "algorithm.adv_estimator=grpo",
+                      f"actor_rollout_ref.actor.policy_loss.loss_mode={name}",
+                      f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}",
+                      *RULE_RUNS[name])
+
+
+def _recompute(call) -> ktae.CalibrationResult:
+    """The rule on the inputs the actor passed it, outside verl."""
+    inputs = dict(call["inputs"])
+    tensors = {k: torch.tensor(inputs.pop(k)) for k in
+               ("advantages", "logprobs", "old_logprobs", "entropies", "mask")
+               if inputs.get(k) is not None}
+    inputs = {k: v for k, v in inputs.items() if v is not None}
+    advantages = tensors.pop("advantages")
+    return ktae.calibrate_advantages(call["name"], advantages, **tensors, **inputs)
+
+
+def test_the_2026_rules_run_in_the_actor_on_every_micro_batch(rule_run):
+    name, result = rule_run
+    assert not _calls(result, "compute_advantages")  # verl's own GRPO advantages
+    steps = _check_loss_calls(result, name, driver_pid=None, entropy=name == "entropy-adv")
+    micro_batches = PROMPTS * N // MICRO
+    for calls in steps:
+        assert len(calls) == micro_batches
+        for call in calls:
+            assert call["inputs"]["old_logprobs"] is not None  # verl's old_log_prob
+            expected = _recompute(call)
+            got = call["result"]
+            torch.testing.assert_close(torch.tensor(got["advantages"]),
+                                       expected.advantages.float(), rtol=0, atol=1e-6)
+            torch.testing.assert_close(torch.tensor(got["weights"]),
+                                       expected.weights.float(), rtol=0, atol=1e-6)
+            mask = torch.tensor(call["inputs"]["mask"]).bool()
+            assert torch.equal(torch.tensor(got["loss_mask"]), expected.loss_mask & mask)
+
+
+def _tensor(call, key):
+    return torch.tensor(call["inputs"][key], dtype=torch.float64)
+
+
+def test_each_2026_rule_does_what_it_says_in_verl(rule_run):
+    name, result = rule_run
+    steps = _check_loss_calls(result, name, driver_pid=None, entropy=name == "entropy-adv")
+    calls = [c for step in steps for c in step]
+    if name == "entropy-adv":
+        # A' = A + min(alpha H, |A| / kappa) >= A, > A where the entropy and A are not 0
+        assert sum(c["calibrated_sum"] for c in calls) > sum(c["advantage_sum"] for c in calls)
+    elif name == "spo-mask":
+        # only the tokens the rollout policy gave p < 0.9 stay in the loss
+        for c in calls:
+            mask = torch.tensor(c["inputs"]["mask"]).bool()
+            low = _tensor(c, "old_logprobs").exp() < 0.9
+            assert c["kept"] == int((low & mask).sum())
+        assert 0 < sum(c["kept"] for c in calls) < sum(c["tokens"] for c in calls)
+    elif name == "clip-cov":
+        # some high-covariance tokens are detached (weight 0) in every step
+        for step in steps:
+            assert sum(c["weights_below_one"] for c in step) > 0
+    else:  # kl-cov: the penalty shifts selected tokens once the policy has moved
+        moved = [c for c in calls
+                 if not torch.equal(_tensor(c, "logprobs"), _tensor(c, "old_logprobs"))]
+        assert moved, "every micro-batch was exactly on-policy: KL-Cov's penalty went untested"
+        shifted = sum(int((torch.tensor(c["result"]["advantages"], dtype=torch.float64)
+                           != _tensor(c, "advantages")).sum()) for c in moved)
+        assert shifted > 0

@@ -94,8 +94,11 @@ class TrainConfig:
     algo: str = field(default="dapo", metadata=flag(f"one of {', '.join(ALGOS)}"))
     """``grpo``, ``dapo`` or ``drgrpo``: fills the fields marked "None = algo default"."""
     credit: str = field(default="ktae", metadata=flag(
-        "none | ktae | taco | any estimator/calibration | est+calib"))
-    """``none``, ``ktae``, ``taco``, any estimator/calibration name, or ``est+calib``."""
+        "none | ktae | taco | any estimator/calibration | est+calib, each optionally "
+        "with its settings as @KEY=VALUE (ktae@ngram=3)"))
+    """``none``, ``ktae``, ``taco``, any estimator/calibration name, or ``est+calib``; the
+    command line and a config file may add settings as ``ktae compare`` entries do
+    (``ktae@ngram=3``: :func:`ktae.train.cli_train.credit_with_settings`)."""
     seed: int = field(default=0, metadata=flag("random seed"))
     """Seed of model init (when built), data order, sampling and dynamic-sampling refills."""
     output_dir: str | None = field(default=None, metadata=flag(

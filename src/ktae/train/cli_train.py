@@ -155,9 +155,37 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         else:
             parsed = _option_pairs(f.name, pairs)
         overrides[f.dest] = {**getattr(cfg, f.dest), **parsed}
-    cfg = dataclasses.replace(cfg, **overrides).resolve()
+    cfg = credit_with_settings(dataclasses.replace(cfg, **overrides)).resolve()
     credit_settings(cfg)  # unknown credit names and options fail here, before any model loads
     return cfg
+
+
+def credit_with_settings(cfg: TrainConfig) -> TrainConfig:
+    """``credit: ktae@ngram=3`` (flag or config file) read as ``ktae compare`` reads one
+    entry (:func:`ktae.train.cli_compare.parse_arm`): ``credit: ktae`` with ``ktae_ngram: 3``;
+    a KEY that is no setting is an option of the estimator or calibration. A setting also
+    given its own value (flag, field or option) is a one-line error."""
+    if "@" not in str(cfg.credit):
+        return cfg
+    from ktae.train.cli_compare import parse_arm
+
+    arm = parse_arm(cfg.credit)
+    changes: dict = {"credit": arm.credit}
+    defaults = TrainConfig()
+    for key, value in arm.overrides.items():
+        if key in ("estimator_options", "calibration_options"):
+            both = sorted(set(getattr(cfg, key)) & set(value))
+            if both:
+                raise ValueError(f"credit: {both[0]!r} is set in {cfg.credit!r} and in {key}")
+            changes[key] = {**getattr(cfg, key), **value}
+        elif getattr(cfg, key) != getattr(defaults, key):
+            raise ValueError(f"credit: {key} is set in {cfg.credit!r} and as "
+                             f"{key} = {getattr(cfg, key)!r}; give it once")
+        else:
+            changes[key] = value
+    if cfg.output_dir is None:
+        changes["output_dir"] = f"runs/{cfg.algo}-{arm.dirname}-seed{cfg.seed}"
+    return dataclasses.replace(cfg, **changes)
 
 
 def resume_command(output_dir: str, argv: list[str] | None = None) -> str:

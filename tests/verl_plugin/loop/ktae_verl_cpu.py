@@ -432,6 +432,13 @@ def _install_recorder() -> None:
                 "calibrated_sum": float(result.advantages.double()[keep].sum()),
                 "weights_below_one": int((result.weights[mask] < 1).sum()),
                 "positive": int((advantages[mask] > 0).sum()),
+                # what the rule saw and returned, to recompute it outside verl
+                "inputs": {"advantages": _plain(advantages),
+                           **{key: _plain(value) for key, value in kwargs.items()
+                              if key != "generator"}},
+                "result": {"advantages": _plain(result.advantages),
+                           "weights": _plain(result.weights),
+                           "loss_mask": _plain(keep)},
             })
         return result
 
