@@ -310,7 +310,8 @@ BASE_BLOCK = 1 << 20
 def _base_advantages(mask: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
     """``[B, T]``: ``seq`` on the real tokens, 0 on padding; on CPU in blocks of rows that
     run as tasks on the caller's threads (the output is as large as the batch: on one
-    thread it would be a serial part of the call as long as a fifth of one sort)."""
+    thread it was a serial part of the call of a tenth to a fifth of one sort of the
+    batch's keys at the paper preset)."""
     out = torch.empty(mask.shape, dtype=seq.dtype, device=mask.device)
     zero = torch.zeros((), dtype=seq.dtype, device=mask.device)
     step = max(1, BASE_BLOCK // max(1, mask.shape[1])) if mask.device.type == "cpu" else None
