@@ -700,38 +700,41 @@ def _audit_means(folder: Path, figure: str) -> dict[str, float]:
             if e["all"].get(figure) and e["all"][figure].get("mean") is not None}
 
 
-def _corr_row(label: str, x: dict[str, float], y: dict[str, float], better: int) -> str:
+def _corr_row(cells: str, x: dict[str, float], y: dict[str, float], better: int) -> str:
     sys.path.insert(0, str(REPO / "scripts"))
     from credit_study import spearman, verdict
 
     common = [m for m in x if m in y]
     res = spearman([x[m] for m in common], [y[m] for m in common])
     if res["rho"] is None:
-        return f"| {label} | {res['n']} | n/a (no spread) | | | {verdict(res, better)} |"
+        return f"| {cells} | {res['n']} | n/a (no spread) | | | {verdict(res, better)} |"
     interval = "n/a" if res["low"] is None else f"[{res['low']:+.2f}, {res['high']:+.2f}]"
-    return (f"| {label} | {res['n']} | {res['rho']:+.2f} | {interval} | {res['p']:.3f} | "
+    return (f"| {cells} | {res['n']} | {res['rho']:+.2f} | {interval} | {res['p']:.3f} | "
             f"{verdict(res, better)} |")
 
 
-def cross_testbed(tiny: Path, real_dev: Path, real_heldout: Path, *runs: Path) -> str:
-    """docs/credit-study.md: Spearman's rho over methods (bootstrap 95% interval over
-    methods, scipy's p, credit_study.py's verdict) between the shipped model's audit and
-    the real model's two audits, and between each audit's figures and the real model's
-    training gain over GRPO (the study's arms, mean change over seeds minus GRPO's)."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    from credit_study import BETTER
+_CROSS_AUDITS = {"shipped model (set 0, seed 0, 200 x 8)": 0,
+                 "SmolLM2, development (set 0, seed 0, 16 x 8)": 1,
+                 "SmolLM2, held out (set 1, seed 1, 16 x 8)": 2}
+_CROSS_HEAD = ["| figure | x | y | methods | rho | 95% interval | p | verdict |",
+               "|---|---|---|---|---|---|---|---|"]
 
-    audits = {"shipped model (set 0, seed 0, 200 x 8)": tiny,
-              "SmolLM2, development (set 0, seed 0, 16 x 8)": real_dev,
-              "SmolLM2, held out (set 1, seed 1, 16 x 8)": real_heldout}
-    names = list(audits)
-    head = ["| figure: x against y | methods | rho | 95% interval | p | verdict |",
-            "|---|---|---|---|---|---|"]
-    rows = ["Audit against audit:", ""] + head
+
+def cross_audits(*audits: Path) -> str:
+    """docs/credit-study.md: Spearman's rho over the methods both audits scored (bootstrap
+    95% interval over methods, scipy's p, credit_study.py's verdict, "predicts" = the same
+    order) between the shipped model's audit and the real model's two audits."""
+    names = list(_CROSS_AUDITS)
+    rows = list(_CROSS_HEAD)
     for fig in CROSS_FIGURES:
-        means = {n: _audit_means(f, fig) for n, f in audits.items()}
+        means = {n: _audit_means(audits[i], fig) for n, i in _CROSS_AUDITS.items()}
         for a, b in ((names[0], names[2]), (names[0], names[1]), (names[1], names[2])):
-            rows.append(_corr_row(f"{fig}: {a} / {b}", means[a], means[b], 1))
+            rows.append(_corr_row(f"{fig} | {a} | {b}", means[a], means[b], 1))
+    return "\n".join(rows)
+
+
+def study_gains(runs: tuple[Path, ...]) -> dict[str, float]:
+    """Each study arm's mean held-out change over seeds minus GRPO's, by audit name."""
     change: dict[str, float] = {}
     it = iter(runs)
     for arm in RECIPE_ARMS:
@@ -740,19 +743,31 @@ def cross_testbed(tiny: Path, real_dev: Path, real_heldout: Path, *runs: Path) -
             summary = _json(next(it), "summary.json")
             diffs.append(summary["heldout_after"] - summary["heldout_before"])
         change[ARM_AUDIT_NAMES[arm]] = statistics.fmean(diffs)
-    gain = {m: v - change["grpo"] for m, v in change.items()}
-    rows += ["", "Audit figure against the real model's training gain over GRPO "
-             f"({', '.join(f'{m} {100 * g:+.1f} points' for m, g in gain.items())}):", ""]
-    rows += head
+    return {m: v - change["grpo"] for m, v in change.items()}
+
+
+def cross_gains(*folders: Path) -> str:
+    """docs/credit-study.md: each audit's figures against the real model's training gain
+    over GRPO (the study's arms: mean change over seeds minus GRPO's; GRPO's gain is 0),
+    Spearman's rho as in :func:`cross_audits`, the verdict in the audit's better direction."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from credit_study import BETTER
+
+    audits, runs = folders[:3], folders[3:]
+    gain = study_gains(runs)
+    rows = list(_CROSS_HEAD)
     for fig in CROSS_FIGURES:
-        for n, f in audits.items():
-            rows.append(_corr_row(f"{fig}: {n} / training gain", _audit_means(f, fig), gain,
-                                  BETTER[fig]))
+        for n, i in _CROSS_AUDITS.items():
+            rows.append(_corr_row(f"{fig} | {n} | training gain", _audit_means(audits[i], fig),
+                                  gain, BETTER[fig]))
+    rows += ["", "Training gains over GRPO, points: "
+             + ", ".join(f"{m} {100 * g:+.1f}" for m, g in gain.items()) + "."]
     return "\n".join(rows)
 
 
 _RECIPE = tuple(f"recipe-{arm}-s{seed}" for arm in ("grpo", "ktae") for seed in RECIPE_SEEDS)
 _STUDY = tuple(f"recipe-{arm}-s{seed}" for arm in RECIPE_ARMS for seed in RECIPE_SEEDS)
+_AUDITS3 = ("audit-seed0", "audit-smollm2", "audit-smollm2-heldout")
 
 TABLES = {
     "recipe": Table(_RECIPE, recipe),
@@ -763,11 +778,7 @@ TABLES = {
     "audit-smollm2-mass": Table(("audit-smollm2",), audit_mass),
     "audit-smollm2-heldout": Table(("audit-smollm2-heldout",), audit_intervals),
     "audit-smollm2-heldout-mass": Table(("audit-smollm2-heldout",), audit_mass),
-    "study-real": Table(_STUDY, recipe),
-    "cross-testbed": Table(("audit-seed0", "audit-smollm2", "audit-smollm2-heldout") + _STUDY,
-                           cross_testbed),
-    "study-real-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in RECIPE_ARMS
-                                     for seed in RECIPE_SEEDS), recipe_claims),
+    "cross-audits": Table(_AUDITS3, cross_audits),
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
     "audit-default-seed0": Table(("audit-seed0",), audit_intervals),
     "audit-default-seed1": Table(("audit-seed1",), audit_intervals),
