@@ -226,17 +226,23 @@ def _exact_prefix_ids(ids, mask):
     return torch.tensor(out, dtype=torch.int64)
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_pair_lcp_is_the_common_prefix_length(seed):
+def _exact_lcp(seed):
+    """A random batch and its pair common-prefix lengths found with exact prefix ids."""
     _, group, ids, mask, _ = random_groups(seed, holes=seed % 2 == 1)
     ids, mask = torch.tensor(ids), torch.tensor(mask)
     gid, P = group_index(torch.tensor(group), len(group), torch.device("cpu"))
-    _, _, length = real_positions(mask)
+    flat, _, length = real_positions(mask)
     start = length.cumsum(0) - length
     prefix_id = _exact_prefix_ids(ids, mask)
-    members, _ = prefix_lcp.members_of_groups(gid, P)
+    members, rank = prefix_lcp.members_of_groups(gid, P)
     lcp = prefix_lcp.pair_lcp(lambda a, b, fa, fb: prefix_id[a] == prefix_id[b], start,
                               length, members)
+    return ids, mask, gid, P, flat, start, length, members, rank, lcp
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pair_lcp_is_the_common_prefix_length(seed):
+    ids, mask, _, P, _, _, _, members, _, lcp = _exact_lcp(seed)
     real = [[x for x, k in zip(r, m, strict=True) if k] for r, m in
             zip(ids.tolist(), mask.tolist(), strict=True)]
     for g in range(P):
@@ -266,17 +272,9 @@ def _exact_classes_by_every_token(cls, tokens, heads) -> bool:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_the_exactness_check_reads_only_shared_tokens_and_decides_alike(seed):
-    _, group, ids, mask, _ = random_groups(seed, holes=seed % 2 == 1)
-    ids, mask = torch.tensor(ids), torch.tensor(mask)
-    gid, P = group_index(torch.tensor(group), len(group), torch.device("cpu"))
-    flat, _, length = real_positions(mask)
-    start = length.cumsum(0) - length
+    ids, _, gid, _, flat, start, length, members, rank, lcp = _exact_lcp(seed)
     heads = start[length > 0]
     tokens = ids.reshape(-1)[flat]
-    members, rank = prefix_lcp.members_of_groups(gid, P)
-    prefix_id = _exact_prefix_ids(ids, mask)
-    lcp = prefix_lcp.pair_lcp(lambda a, b, fa, fb: prefix_id[a] == prefix_id[b], start,
-                              length, members)
     cls = prefix_lcp.representative_classes(lcp, members, rank, gid, start, tokens.numel())
     assert prefix_lcp.classes_are_exact(cls, tokens, heads)
     gen = torch.Generator().manual_seed(seed)
