@@ -33,6 +33,7 @@ prefix hash); their values are the same.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -231,6 +232,8 @@ def main(argv=None) -> int:
                     help="skip KTAE's reference mode (shorter rounds)")
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the peak-memory probes (fresh processes)")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="also write every median, ratio and memory figure here")
     ap.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     try:
@@ -251,6 +254,7 @@ def main(argv=None) -> int:
 
 def _run(args, ngrams) -> int:
     P, G, L, V = PRESETS[args.preset]
+    load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     batch, kw = _inputs(args)
     print(f"preset {args.preset}: {P} prompts x {G} responses x <= {L} tokens, vocab {V}, "
@@ -298,10 +302,13 @@ def _run(args, ngrams) -> int:
     width = max(16, *(len(name) + 2 for name in runs))
     extra_col = len(ngrams) > 1 or args.rewards == "graded"
     ref_name = "x threshold" if args.rewards == "graded" else "x ngram=1"
+    rows = {}
     print(f"\n{'what':<{width}}{'median s':>10}{'median x sort':>15}{'peak extra / input':>20}"
           + (f"{ref_name:>12}" if extra_col else ""))
     for name, ts in times.items():
         ratio = statistics.median(t / f for t, f in zip(ts, floor, strict=True))
+        rows[name] = {"seconds": ts, "median_seconds": statistics.median(ts),
+                      "median_x_sort": ratio, "peak_extra_x_input": mem.get(name)}
         m = f"{mem[name]:.2f}" if name in mem else ""
         line = f"{name:<{width}}{statistics.median(ts):>10.4f}{ratio:>15.2f}{m:>20}"
         if extra_col and name.startswith("ktae"):  # against the unigram of the same algorithm
@@ -325,6 +332,14 @@ def _run(args, ngrams) -> int:
           + (f"; span lengths > 1 with ngram_reduce={args.ngram_reduce!r}" if len(ngrams) > 1
              else "")
           + ("; thresholded KTAE at reward_threshold=0.5" if args.rewards == "graded" else ""))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "preset": args.preset, "shape": [P, G, L, V], "real_tokens": int(batch.num_tokens),
+            "threads": torch.get_num_threads(), "contend": args.contend,
+            "cpu_count": os.cpu_count(), "device": args.device, "repeats": args.repeats,
+            "ngram_reduce": args.ngram_reduce,
+            "load_average": [load_start, os.getloadavg()[0]], "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -5,11 +5,15 @@ Usage:
     python benchmarks/bench_step.py --prompts 2 --generations 4 --new-tokens 32 --rounds 3
     python benchmarks/bench_step.py --only matmul,generation --compile
 
-Four measurements, in one process, at one torch thread count (``--threads``):
+Five measurements, in one process, at one torch thread count (``--threads``):
 
 1. **Matmul rate.** ``torch.mm`` in float32 on the model's own linear shapes (every layer's
    projections and the LM head): at M = the step's token count (the shapes of the update
    and of a log-prob pass) and at M = the batch (the shapes of one decoding step).
+1b. **The model's own passes** over the step's batch shape, no trainer: a forward pass, a
+   forward pass with gradients (log-probabilities of the given tokens) and its backward,
+   against ``2 N T``, ``2 N T`` and ``4 N T``: what the update would cost without the
+   trainer's loss code and optimizer.
 2. **Generation backends.** The step's batch (``prompts x generations`` rows, left-padded)
    sampled with ``model.generate`` under each setting that works here: dynamic KV cache
    (TRL 1.16's HF path), static cache, other thread counts (``--other-threads``), and with
@@ -128,6 +132,31 @@ def matmul_rate(shapes: list[tuple[int, int]], rows: int, repeats: int = 3) -> f
                 torch.mm(a, b)
         times.append(time.perf_counter() - start)
     return flops / statistics.median(times)
+
+
+def model_passes(model, batch: int, length: int, repeats: int = 3) -> dict[str, float]:
+    """Median seconds of the model's own passes over ``batch`` random rows of ``length``
+    tokens: a forward without gradients, and a forward with them (the log-probabilities
+    of the given tokens) followed by its backward; no trainer in between."""
+    ids = torch.randint(0, model.config.vocab_size, (batch, length),
+                        generator=torch.Generator().manual_seed(0))
+    times: dict[str, list[float]] = {"forward": [], "forward, with gradients": [],
+                                     "backward": []}
+    for r in range(repeats + 1):  # the first round warms up
+        start = time.perf_counter()
+        with torch.no_grad():
+            model(ids)
+        t0 = time.perf_counter()
+        logits = model(ids).logits
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).sum()
+        t1 = time.perf_counter()
+        logp.backward()
+        t2 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        if r:
+            for key, seconds in zip(times, (t0 - start, t1 - t0, t2 - t1), strict=True):
+                times[key].append(seconds)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 # ----------------------------------------------------------------------------- 2. generation
@@ -300,8 +329,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--trl", action="append", default=[], metavar="KEY=VALUE",
                    help="a GRPOConfig setting for both trainers (e.g. "
                         "gradient_checkpointing=true)")
-    p.add_argument("--only", default="matmul,generation,step",
-                   help="comma-separated: matmul, generation, step")
+    p.add_argument("--only", default="matmul,passes,generation,step",
+                   help="comma-separated: matmul, passes, generation, step")
     p.add_argument("--json", help="write every number here")
     a = p.parse_args(argv)
     only = set(a.only.split(","))
@@ -342,6 +371,17 @@ def main(argv: list[str] | None = None) -> dict:
     say(f"  floors: generation {floor['generation']:.1f} s, update {floor['update']:.1f} s "
         f"(6 N T, T = {tokens} tokens: {6 * n_params * tokens / 1e12:.2f} TFLOP)"
         + (f", log-probs {floor['logprobs']:.1f} s" if passes else ""))
+
+    if "passes" in only:
+        length = prompt_tokens + a.new_tokens
+        say(f"\n1b. the model's own passes ({batch} rows x {length} tokens, no trainer)")
+        passes_s = model_passes(model, batch, length)
+        result["passes"] = passes_s
+        pass_floor = {"forward": 2, "forward, with gradients": 2, "backward": 4}
+        for name, seconds in passes_s.items():
+            f = pass_floor[name] * n_params * tokens / rate_train
+            say(f"  {name:<28} {seconds:7.2f} s  x{seconds / f:.2f} of its floor "
+                f"({pass_floor[name]} N T)")
 
     if "generation" in only:
         say(f"\n2. generation backends ({batch} rows x {a.new_tokens} tokens, sampled)")

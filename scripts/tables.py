@@ -20,6 +20,10 @@ function that turns their JSON into the markdown table.
 
 ``run`` runs the commands (``--reuse``: keep a finished run's cache) and rewrites the tables
 between their markers; ``check`` regenerates and prints a diff against the committed table.
+A run that names files to keep (``Run.keep``: the ones its tables read) copies them, with
+its marker, into ``records/tables/NAME/`` in the repository when it finishes; ``--reuse``
+then renders from that record where the cache is gone, so hours of runs outlive the
+machine that made them.
 Costs are wall seconds at ``--threads 1`` on the project's shared 2-core CPU machine.
 """
 
@@ -41,6 +45,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "runs" / "tables"
+RECORDS = REPO / "records" / "tables"
 DOCS = ("README.md", "docs/*.md")
 MARKER = ".json"
 """Suffix of the file beside a run's cache folder (``runs/tables/NAME.json``): the command
@@ -57,6 +62,8 @@ class Run:
     """The command line; ``{out}`` is this run's cache folder, ``{run:NAME}`` another's."""
     cost_s: int
     """Estimated wall seconds at one thread on the shared 2-core machine."""
+    keep: tuple[str, ...] = ()
+    """Files of the run's folder its tables read, kept under ``RECORDS`` once it finishes."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +128,7 @@ RUNS = {
 # beside it): prompt set 0, seed 0 chose the study's methods; set 1, seed 1 was held out.
 for _name, _extra in (("audit-smollm2", ""), ("audit-smollm2-heldout", " --prompt-set 1 --seed 1")):
     RUNS[_name] = Run("ktae audit --model smollm2-135m --prompts 16 --samples 8 --threads 1"
-                      f"{_extra} --no-progress -o {{out}} --overwrite", 420)
+                      f"{_extra} --no-progress -o {{out}} --overwrite", 420, ("audit.json",))
 
 RECIPE_SEEDS = (0, 1, 2)
 RECIPE_ARMS = {"grpo": "none", "ktae": "ktae", "ktae3": "ktae --ktae-ngram 3", "spo": "grpo+spo-mask"}
@@ -135,10 +142,23 @@ for _arm, _credit in RECIPE_ARMS.items():
     for _seed in RECIPE_SEEDS:
         RUNS[f"recipe-{_arm}-s{_seed}"] = Run(
             f"ktae train --config configs/smollm2-arith.yaml --credit {_credit} --seed {_seed} "
-            "--no-progress -o {out}", 2100)
+            "--no-progress -o {out}", 2100, ("summary.json", "metrics.jsonl"))
         RUNS[f"recipe-audit-{_arm}-s{_seed}"] = Run(
             f"ktae audit {{run:recipe-{_arm}-s{_seed}}} --credit grpo,ktae,ktae@ngram=3 "
-            "--threads 1 --no-progress -o {out} --overwrite", 30)
+            "--threads 1 --no-progress -o {out} --overwrite", 30, ("audit.json",))
+
+# The advantage estimators' speed at the paper's scale (docs/speed.md): one sort of the
+# batch's keys is the yardstick, and the algorithms the current ones replaced run in the
+# same rounds. Best run on an otherwise idle machine: the table records the load.
+SPEED = ("python benchmarks/bench_advantages.py --preset paper --ngram 1,3 --prefix-value "
+         "--compare --no-reference --repeats 3 --no-memory --json {out}/bench.json")
+for _threads, _contend in ((1, 0), (2, 0), (1, 2), (2, 2)):
+    RUNS[f"speed-paper-t{_threads}-k{_contend}"] = Run(
+        f"{SPEED} --threads {_threads} --contend {_contend}", 90, ("bench.json",))
+RUNS["speed-large-memory"] = Run(
+    "python benchmarks/bench_advantages.py --preset large --ngram 1,3 --prefix-value "
+    "--compare --no-reference --repeats 1 --threads 2 --json {out}/bench.json", 60,
+    ("bench.json",))
 
 
 # --- rendering -------------------------------------------------------------------------
@@ -208,6 +228,39 @@ def audit_mass(folder: Path) -> str:
         lines.append(f"| {name} | {_signed_cell(a['mass_gap'])} | {_cell(a['tokens_changed'])} "
                      f"| {_cell(a['scale'])} |")
     return "\n".join(lines)
+
+
+SPEED_COLUMNS = (("KTAE exact", "ktae exact", " [sort]"),
+                 ("KTAE over 3-grams", "ktae ngram=3", " [sort]"),
+                 ("prefix-value", "prefix-value", " [unique]"))
+
+
+def speed(*folders: Path) -> str:
+    """README.md and docs/speed.md: each estimator's time over one sort of the batch's keys
+    at the paper's scale, the algorithm it replaced beside it; the peak memory last."""
+    *timed, memory = [_json(f, "bench.json") for f in folders]
+    rows = ["| threads | busy processes | load at start, end | one sort | "
+            + " | ".join(title for title, _, _ in SPEED_COLUMNS) + " |", "|---" * 7 + "|"]
+    for d in timed:
+        r = d["rows"]
+        cells = [f"**{r[key]['median_x_sort']:.2f}x** ({r[key + old]['median_x_sort']:.2f}x)"
+                 for _, key, old in SPEED_COLUMNS]
+        rows.append(f"| {d['threads']} | {d['contend']} | "
+                    f"{d['load_average'][0]:.1f}, {d['load_average'][1]:.1f} | "
+                    f"{r['sort (floor)']['median_seconds']:.2f} s | " + " | ".join(cells) + " |")
+    r = memory["rows"]
+    cells = [f"{r[key]['peak_extra_x_input']:.2f}x ({r[key + old]['peak_extra_x_input']:.2f}x)"
+             for _, key, old in SPEED_COLUMNS]
+    rows.append(f"| peak memory over the input, {memory['preset']} preset, "
+                f"{memory['threads']} threads | | | | " + " | ".join(cells) + " |")
+    shape = timed[0]["shape"]
+    rows += ["", f"Median over {timed[0]['repeats']} paired rounds of each time over one "
+             f"`torch.sort` of the batch's (group, token) keys in the same round; "
+             f"{shape[0]} prompts x {shape[1]} responses x <= {shape[2]} tokens, "
+             f"{timed[0]['real_tokens'] / 1e6:.1f}M real tokens; in brackets the algorithm each "
+             "replaced (a sort of the keys, `torch.unique`), timed in the same rounds; "
+             "busy processes are `--contend K` busy loops."]
+    return "\n".join(rows)
 
 
 def _pct(x: float) -> str:
@@ -779,6 +832,8 @@ TABLES = {
     "audit-smollm2-heldout": Table(("audit-smollm2-heldout",), audit_intervals),
     "audit-smollm2-heldout-mass": Table(("audit-smollm2-heldout",), audit_mass),
     "cross-audits": Table(_AUDITS3, cross_audits),
+    "speed": Table(("speed-paper-t1-k0", "speed-paper-t2-k0", "speed-paper-t1-k2",
+                    "speed-paper-t2-k2", "speed-large-memory"), speed),
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
     "audit-default-seed0": Table(("audit-seed0",), audit_intervals),
     "audit-default-seed1": Table(("audit-seed1",), audit_intervals),
@@ -871,6 +926,9 @@ def replace(block: Block, table: str) -> None:
 # --- running ---------------------------------------------------------------------------
 
 def run_dir(name: str) -> Path:
+    """The run's cache folder, or its kept record where only that holds the finished run."""
+    if not _finished(marker(name), name) and _finished(record_marker(name), name):
+        return RECORDS / name
     return CACHE / name
 
 
@@ -880,8 +938,8 @@ def _shown_path(path: Path) -> str:
 
 def command_argv(name: str) -> list[str]:
     text = RUNS[name].command
-    text = re.sub(r"\{run:([a-z0-9-]+)\}", lambda m: _shown_path(run_dir(m.group(1))), text)
-    text = text.replace("{out}", _shown_path(run_dir(name)))
+    text = re.sub(r"\{run:([a-z0-9-]+)\}", lambda m: _shown_path(CACHE / m.group(1)), text)
+    text = text.replace("{out}", _shown_path(CACHE / name))
     argv = shlex.split(text)
     if argv[0] == "ktae":
         argv = [sys.executable, "-m", "ktae", *argv[1:]]
@@ -898,23 +956,47 @@ def marker(name: str) -> Path:
     return CACHE / f"{name}{MARKER}"
 
 
-def is_done(name: str) -> bool:
-    marker = globals()["marker"](name)
-    if not marker.is_file():
+def record_marker(name: str) -> Path:
+    return RECORDS / f"{name}{MARKER}"
+
+
+def _finished(path: Path, name: str) -> bool:
+    if not path.is_file():
         return False
-    record = json.loads(marker.read_text())
+    record = json.loads(path.read_text())
     return record.get("finished") is True and record.get("command") == RUNS[name].command
 
 
-def execute(name: str, *, reuse: bool, done: set[str]) -> None:
-    """Run one command into its cache folder (after the runs it reads)."""
+def is_done(name: str, *, cache_only: bool = False) -> bool:
+    """Finished with the same command, in the cache (or, unless ``cache_only``, in the
+    kept record)."""
+    return _finished(marker(name), name) or (not cache_only
+                                             and _finished(record_marker(name), name))
+
+
+def keep_record(name: str) -> None:
+    """Copy the finished run's ``keep`` files and its marker into ``RECORDS``."""
+    if not RUNS[name].keep:
+        return
+    target = RECORDS / name
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for rel in RUNS[name].keep:
+        shutil.copyfile(CACHE / name / rel, target / rel)
+    shutil.copyfile(marker(name), record_marker(name))
+
+
+def execute(name: str, *, reuse: bool, done: set[str], cache_only: bool = False) -> None:
+    """Run one command into its cache folder (after the runs it reads, which must be in the
+    cache: a record holds only what the tables read)."""
     if name in done:
         return
     for dep in dependencies(name):
-        execute(dep, reuse=reuse, done=done)
-    folder = run_dir(name)
-    if reuse and is_done(name):
-        print(f"tables: {name}: reusing {_shown_path(folder)}", file=sys.stderr)
+        execute(dep, reuse=reuse, done=done, cache_only=True)
+    folder = CACHE / name
+    if reuse and is_done(name, cache_only=cache_only):
+        print(f"tables: {name}: reusing {_shown_path(run_dir(name))}", file=sys.stderr)
         done.add(name)
         return
     if folder.exists():
@@ -935,6 +1017,7 @@ def execute(name: str, *, reuse: bool, done: set[str]) -> None:
     marker(name).write_text(json.dumps({
         "command": RUNS[name].command, "finished": True,
         "seconds": round(time.perf_counter() - start, 1)}) + "\n")
+    keep_record(name)
     done.add(name)
 
 

@@ -23,6 +23,8 @@ def test_tiny_model_step_against_floor_and_trl(tiny_model, tmp_path):
     assert result["batch"] == 4 and result["new_tokens"] == 6
     assert result["matmul"]["train_rows"] == 4 * (result["prompt_tokens"] + 6)
     assert result["matmul"]["train_flops"] > 0 and result["matmul"]["decode_flops"] > 0
+    assert set(result["passes"]) == {"forward", "forward, with gradients", "backward"}
+    assert min(result["passes"].values()) > 0 and "x" in out.split("own passes")[1]
     gens = result["generation"]
     assert {"dynamic cache", "static cache"} <= set(gens) and min(gens.values()) > 0
     # one step per trainer per round, each timed

@@ -12,10 +12,10 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_advantages.py"
 
 
-def test_small_preset_prints_ratios_and_memory():
+def test_small_preset_prints_ratios_and_memory(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH), "--preset", "small", "--repeats", "1",
-                          "--threads", "1", "--ngram", "1,2"], capture_output=True, text=True,
-                         check=True, timeout=300).stdout
+                          "--threads", "1", "--ngram", "1,2", "--json", str(tmp_path / "b.json")],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
     cells = {}
     for name in ("sort (floor)", "grpo", "ktae exact", "ktae reference", "ktae ngram=2"):
         line = next(x for x in out.splitlines() if x.startswith(name + " "))
@@ -26,6 +26,15 @@ def test_small_preset_prints_ratios_and_memory():
         assert seconds > 0 and ratio > 0 and memory >= 0 and to_unigram > 0
     assert cells["ktae exact"][3] == 1.0  # the unigram's ratio to itself
     assert "x ngram=1" in out and "ngram_reduce='mean'" in out
+    record = json.loads((tmp_path / "b.json").read_text())  # the same figures as the table
+    assert record["preset"] == "small" and record["threads"] == 1 and record["contend"] == 0
+    assert len(record["load_average"]) == 2
+    for name, values in cells.items():
+        row = record["rows"][name]
+        assert f"{row['median_seconds']:.4f}" == f"{values[0]:.4f}"
+        assert f"{row['median_x_sort']:.2f}" == f"{values[1]:.2f}"
+        if len(values) > 2:  # the rows with a memory probe
+            assert f"{row['peak_extra_x_input']:.2f}" == f"{values[2]:.2f}"
 
 
 @pytest.mark.slow

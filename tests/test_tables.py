@@ -64,3 +64,32 @@ def test_cheap_table_regenerates_as_committed(tables, tmp_path, monkeypatch):
     tables.execute("simulate-small", reuse=False, done=set())
     committed = [b.body for b in tables.all_blocks() if b.name == "simulate-small"]
     assert committed == [tables.render("simulate-small")]
+
+
+def test_a_finished_run_keeps_its_record_and_renders_from_it(tables, tmp_path, monkeypatch):
+    # A run writes two files and keeps one; a second run reads the first one's folder.
+    monkeypatch.setattr(tables, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(tables, "RECORDS", tmp_path / "records")
+    write = ("python -c \"import pathlib, sys; o = pathlib.Path(sys.argv[1]); "
+             "(o / 'kept.json').write_text('{\\\"x\\\": 1}'); (o / 'big.bin').write_text('z')\" {out}")
+    read = ("python -c \"import pathlib, sys; (pathlib.Path(sys.argv[2]) / 'kept.json')"
+            ".write_text((pathlib.Path(sys.argv[1]) / 'kept.json').read_text())\" {run:a} {out}")
+    monkeypatch.setitem(tables.RUNS, "a", tables.Run(write, 1, ("kept.json",)))
+    monkeypatch.setitem(tables.RUNS, "b", tables.Run(read, 1, ("kept.json",)))
+    tables.execute("a", reuse=False, done=set())
+    assert sorted(p.name for p in (tmp_path / "records" / "a").iterdir()) == ["kept.json"]
+    assert tables.is_done("a") and tables.run_dir("a") == tmp_path / "cache" / "a"
+    # the cache is lost: the record still counts as the finished run for the tables
+    import shutil
+    shutil.rmtree(tmp_path / "cache")
+    assert tables.is_done("a") and not tables.is_done("a", cache_only=True)
+    assert tables.run_dir("a") == tmp_path / "records" / "a"
+    tables.execute("a", reuse=True, done=set())  # reused: nothing runs
+    assert not (tmp_path / "cache" / "a").exists()
+    # but a run that reads a's folder needs a's cache, so a runs again first
+    tables.execute("b", reuse=True, done=set())
+    assert (tmp_path / "cache" / "a" / "big.bin").is_file()
+    assert (tmp_path / "records" / "b" / "kept.json").read_text() == '{"x": 1}'
+    # a changed command is not the same run: its record is not reused
+    monkeypatch.setitem(tables.RUNS, "a", tables.Run(write + " ", 1, ("kept.json",)))
+    assert not tables.is_done("a")
