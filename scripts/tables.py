@@ -75,7 +75,7 @@ class Table:
 
 def _audit(seed: int, extra: str = "") -> Run:
     return Run(f"ktae audit --model default --seed {seed}{extra} --threads 1 -o {{out}} "
-               "--overwrite", 510 if "1000" in extra else 60)
+               "--overwrite", 510 if "1000" in extra else 60, ("audit.json",))
 
 
 DIGITS = " --reward digits --eval-every 25"
