@@ -832,6 +832,10 @@ TABLES = {
     "audit-smollm2-heldout": Table(("audit-smollm2-heldout",), audit_intervals),
     "audit-smollm2-heldout-mass": Table(("audit-smollm2-heldout",), audit_mass),
     "cross-audits": Table(_AUDITS3, cross_audits),
+    "study-real": Table(_STUDY, recipe),
+    "study-real-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in RECIPE_ARMS
+                                     for seed in RECIPE_SEEDS), recipe_claims),
+    "cross-gains": Table(_AUDITS3 + _STUDY, cross_gains),
     "speed": Table(("speed-paper-t1-k0", "speed-paper-t2-k0", "speed-paper-t1-k2",
                     "speed-paper-t2-k2", "speed-large-memory"), speed),
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
