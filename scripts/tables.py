@@ -748,8 +748,11 @@ false claim, which the real model's audits did not have)."""
 
 
 def _audit_means(folder: Path, figure: str) -> dict[str, float]:
+    """Each method's mean of ``figure``, rounded to 9 decimals: methods that agree up to
+    floating-point noise (the many that score exactly GRPO's value) tie in the ranks
+    instead of being ordered by the last bits of one machine's arithmetic."""
     methods = _json(folder, "audit.json")["methods"]
-    return {name: e["all"][figure]["mean"] for name, e in methods.items()
+    return {name: round(e["all"][figure]["mean"], 9) for name, e in methods.items()
             if e["all"].get(figure) and e["all"][figure].get("mean") is not None}
 
 
