@@ -327,8 +327,13 @@ def test_dapo_runs_stapo_in_the_actor(dapo_ktae_stapo):
 # 0.0002 so that a micro-batch of about 100 tokens selects a few.
 RULE_RUNS = {
     "entropy-adv": ["actor_rollout_ref.actor.calculate_entropy=true"],
+    # clip_cov_lb below every covariance: every real token the ratio does not clip is a
+    # candidate, so each step detaches some whatever the sampled rewards (with verl's
+    # bound of 1, a step whose covariances all stay below 1, e.g. one whose groups are all
+    # unmixed, detaches none)
     "clip-cov": ["actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                 "+actor_rollout_ref.actor.policy_loss.ktae.clip_cov_ratio=0.05"],
+                 "+actor_rollout_ref.actor.policy_loss.ktae.clip_cov_ratio=0.05",
+                 "+actor_rollout_ref.actor.policy_loss.ktae.clip_cov_lb=-1000000.0"],
     "kl-cov": ["actor_rollout_ref.actor.ppo_mini_batch_size=2",
                "+actor_rollout_ref.actor.policy_loss.ktae.kl_cov_ratio=0.05"],
     "spo-mask": [],
@@ -367,12 +372,39 @@ def test_the_2026_rules_run_in_the_actor_on_every_micro_batch(rule_run):
             assert call["inputs"]["old_logprobs"] is not None  # verl's old_log_prob
             expected = _recompute(call)
             got = call["result"]
-            torch.testing.assert_close(torch.tensor(got["advantages"]),
-                                       expected.advantages.float(), rtol=0, atol=1e-6)
-            torch.testing.assert_close(torch.tensor(got["weights"]),
-                                       expected.weights.float(), rtol=0, atol=1e-6)
             mask = torch.tensor(call["inputs"]["mask"]).bool()
+            if name == "clip-cov":
+                _check_clip_cov_choice(call, torch.tensor(got["weights"]),
+                                       torch.tensor(got["advantages"]), mask)
+            else:
+                torch.testing.assert_close(torch.tensor(got["advantages"]),
+                                           expected.advantages.float(), rtol=0, atol=1e-6)
+                torch.testing.assert_close(torch.tensor(got["weights"]),
+                                           expected.weights.float(), rtol=0, atol=1e-6)
             assert torch.equal(torch.tensor(got["loss_mask"]), expected.loss_mask & mask)
+
+
+def _check_clip_cov_choice(call, weights, advantages, mask):
+    """Clip-Cov's random choice draws from verl's global generator, whose state the test
+    cannot replay: check its support and size instead. Exactly ``max(floor(ratio * real
+    tokens), 1)`` of the candidates (all of them if fewer) get weight 0, no other token,
+    and the calibrated advantages are the inputs times those weights."""
+    from ktae.core.clip_cov import clipped_by_ratio, token_covariance
+
+    inputs = call["inputs"]
+    adv, logp, old = (torch.tensor(inputs[k]) for k in ("advantages", "logprobs",
+                                                          "old_logprobs"))
+    lb, ub = inputs.get("clip_cov_lb", 1.0), inputs.get("clip_cov_ub", 5.0)
+    cov = token_covariance(adv, logp, mask)
+    clipped = clipped_by_ratio(adv, logp, old, mask, inputs.get("clip_low", 0.2),
+                               inputs.get("clip_high", 0.2))
+    candidates = mask & ~clipped & (cov > lb) & (cov < ub)
+    chosen = mask & (weights < 1)
+    assert not (chosen & ~candidates).any()
+    n = max(int(inputs["clip_cov_ratio"] * int(mask.sum())), 1)
+    assert int(chosen.sum()) == min(n, int(candidates.sum()))
+    assert torch.equal(weights[mask & ~chosen], torch.ones(int((mask & ~chosen).sum())))
+    torch.testing.assert_close(advantages[mask], (adv * weights)[mask], rtol=0, atol=1e-6)
 
 
 def _tensor(call, key):
@@ -394,7 +426,8 @@ def test_each_2026_rule_does_what_it_says_in_verl(rule_run):
             assert c["kept"] == int((low & mask).sum())
         assert 0 < sum(c["kept"] for c in calls) < sum(c["tokens"] for c in calls)
     elif name == "clip-cov":
-        # some high-covariance tokens are detached (weight 0) in every step
+        # some tokens are detached (weight 0) in every step: the first micro-batch of a
+        # step is on-policy, so none of its tokens is clipped and all are candidates
         for step in steps:
             assert sum(c["weights_below_one"] for c in step) > 0
     else:  # kl-cov: the penalty shifts selected tokens once the policy has moved
