@@ -240,7 +240,8 @@ def speed(*folders: Path) -> str:
     at the paper's scale, the algorithm it replaced beside it; the peak memory last."""
     *timed, memory = [_json(f, "bench.json") for f in folders]
     rows = ["| threads | busy processes | load at start, end | one sort | "
-            + " | ".join(title for title, _, _ in SPEED_COLUMNS) + " |", "|---" * 7 + "|"]
+            + " | ".join(title for title, _, _ in SPEED_COLUMNS) + " |",
+            "|---" * (4 + len(SPEED_COLUMNS)) + "|"]
     for d in timed:
         r = d["rows"]
         cells = [f"**{r[key]['median_x_sort']:.2f}x** ({r[key + old]['median_x_sort']:.2f}x)"
@@ -987,6 +988,10 @@ def keep_record(name: str) -> None:
         return
     target = RECORDS / name
     if target.exists():
+        if not record_marker(name).is_file():
+            sys.exit(f"tables: {target} exists and was not written by this script; "
+                     "remove it or pick another name")
+        record_marker(name).unlink()  # first: a record cut off half-way is never read
         shutil.rmtree(target)
     target.mkdir(parents=True)
     for rel in RUNS[name].keep:

@@ -93,3 +93,15 @@ def test_a_finished_run_keeps_its_record_and_renders_from_it(tables, tmp_path, m
     # a changed command is not the same run: its record is not reused
     monkeypatch.setitem(tables.RUNS, "a", tables.Run(write + " ", 1, ("kept.json",)))
     assert not tables.is_done("a")
+
+
+def test_a_record_folder_the_script_did_not_write_is_refused(tables, tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(tables, "RECORDS", tmp_path / "records")
+    write = "python -c \"import pathlib, sys; (pathlib.Path(sys.argv[1]) / 'k.json').write_text('1')\" {out}"
+    monkeypatch.setitem(tables.RUNS, "a", tables.Run(write, 1, ("k.json",)))
+    (tmp_path / "records" / "a").mkdir(parents=True)
+    (tmp_path / "records" / "a" / "mine.txt").write_text("keep me")
+    with pytest.raises(SystemExit, match="was not written by this script"):
+        tables.execute("a", reuse=False, done=set())
+    assert (tmp_path / "records" / "a" / "mine.txt").read_text() == "keep me"
