@@ -118,8 +118,12 @@ RUNS = {
     "compare-digits-ngram": Run(_compare("ktae@ngram=3", 5, 50, DIGITS), 5 * 200),
     # SmolLM2-135M-Instruct's starting point on the arith task (24 problems x 8 samples and
     # one greedy answer per difficulty): about 40 min per difficulty at a load of 12
+    # at the recipe's temperature and length, on seed 1's problems (seed 0's chose level 0
+    # and the temperature): about 5 min per difficulty beside two training runs
     "arith-baseline": Run("python scripts/arith_baseline.py --model smollm2-135m "
-                          "--difficulty 2,1,3 --problems 24 --json {out}/baseline.json", 3 * 900),
+                          "--difficulty 0,1,2,3 --problems 48 --temperature 0.6 "
+                          "--max-new-tokens 64 --seed 1 --json {out}/baseline.json", 4 * 300,
+                          ("baseline.json",)),
     "compare-digits-graded": Run(_compare("ktae,ktae@ngram=3", 5, 50,
                                           DIGITS + " --estimator-option split=graded"), 10 * 200),
 }
@@ -131,8 +135,18 @@ for _name, _extra in (("audit-smollm2", ""), ("audit-smollm2-heldout", " --promp
                       f"{_extra} --no-progress -o {{out}} --overwrite", 420, ("audit.json",))
 
 RECIPE_SEEDS = (0, 1, 2)
+RECIPE = {"grpo": "none", "ktae": "ktae"}
+"""The recipe (configs/smollm2-recipe.yaml: arith level 0 at temperature 0.6) per arm and
+seed, runs ``recipe0-ARM-sSEED``: GRPO and GRPO + KTAE."""
+for _arm, _credit in RECIPE.items():
+    for _seed in RECIPE_SEEDS:
+        RUNS[f"recipe0-{_arm}-s{_seed}"] = Run(
+            f"ktae train --config configs/smollm2-recipe.yaml --credit {_credit} --seed {_seed} "
+            "--no-progress -o {out}", 1500, ("summary.json", "metrics.jsonl"))
+
 RECIPE_ARMS = {"grpo": "none", "ktae": "ktae", "ktae3": "ktae --ktae-ngram 3", "spo": "grpo+spo-mask"}
-"""The real-model recipe (configs/smollm2-arith.yaml) per arm and seed: about 35 min a run
+"""The credit study (configs/smollm2-arith.yaml: the recipe on level 1 at temperature 0.7)
+per arm and seed, runs ``recipe-ARM-sSEED``: about 35 min a run
 with two runs side by side, one thread each. ``ktae3`` is KTAE over 3-token spans and
 ``spo`` SPO's probability mask on GRPO: the two methods with the best blame in the
 real-model audit (docs/audit.md, "On a real chat model"), chosen before they were trained."""
@@ -640,8 +654,8 @@ def arith_baseline(folder: Path) -> str:
 
 def _arms(folders: tuple[Path, ...]) -> list[str]:
     """The arms whose runs ``folders`` holds, in RECIPE_ARMS order (seeds innermost)."""
-    names = [f.name.removeprefix("recipe-audit-").removeprefix("recipe-").rsplit("-s", 1)[0]
-             for f in folders]
+    names = [f.name.removeprefix("recipe-audit-").removeprefix("recipe0-")
+             .removeprefix("recipe-").rsplit("-s", 1)[0] for f in folders]
     return [arm for arm in RECIPE_ARMS if arm in names]
 
 
@@ -822,7 +836,7 @@ def cross_gains(*folders: Path) -> str:
     return "\n".join(rows)
 
 
-_RECIPE = tuple(f"recipe-{arm}-s{seed}" for arm in ("grpo", "ktae") for seed in RECIPE_SEEDS)
+_RECIPE = tuple(f"recipe0-{arm}-s{seed}" for arm in RECIPE for seed in RECIPE_SEEDS)
 _STUDY = tuple(f"recipe-{arm}-s{seed}" for arm in RECIPE_ARMS for seed in RECIPE_SEEDS)
 _AUDITS3 = ("audit-seed0", "audit-smollm2", "audit-smollm2-heldout")
 

@@ -8,7 +8,7 @@ from ktae.rewards.answer_line import last_number, number_check
 from ktae.tasks import arith
 
 
-@pytest.mark.parametrize("difficulty", [1, 2, 3])
+@pytest.mark.parametrize("difficulty", [0, 1, 2, 3])
 def test_answers_are_exact_and_non_negative(difficulty):
     def value(kind, ops):
         if kind == "add":
@@ -70,8 +70,9 @@ def test_bad_arguments(bad, message):
 def test_task_names():
     assert arith.parse_task_name("arith") == arith.DEFAULT_DIFFICULTY
     assert arith.parse_task_name("arith@difficulty=3") == 3
+    assert arith.parse_task_name("arith@difficulty=0") == 0
     assert arith.parse_task_name("embedded") is None
-    for bad in ("arith@difficulty=0", "arith@level=2", "arith@difficulty=x"):
+    for bad in ("arith@difficulty=4", "arith@level=2", "arith@difficulty=x"):
         with pytest.raises(ValueError, match="task: arith takes difficulty"):
             arith.parse_task_name(bad)
 

@@ -260,9 +260,9 @@ def test_the_default_budget_of_a_real_tokenizer_is_not_1024(tiny_dir, tmp_path, 
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--model", "default", "--task", "gsm8k"], "task: expected embedded, arith or "
-                                                "arith@difficulty=1|2|3, got 'gsm8k'"),
+                                                "arith@difficulty=0|1|2|3, got 'gsm8k'"),
     (["--model", "default", "--task", "arith@difficulty=5"], "task: arith takes "
-                                                             "difficulty=1|2|3"),
+                                                             "difficulty=0|1|2|3"),
     (["--model", "default", "--task", "arith@level=1"], "task: arith takes difficulty"),
     (["--model", "default", "--temperature", "0"], "temperature: expected > 0"),
     (["--model", "default", "--max-new-tokens", "0"], "max-new-tokens: expected a positive"),

@@ -48,10 +48,10 @@ def check_task(task: str) -> int | None:
     if task == "embedded":
         return None
     if not isinstance(task, str):
-        raise ValueError(f"task: expected embedded, arith or arith@difficulty=1|2|3, got {task!r}")
+        raise ValueError(f"task: expected embedded, arith or arith@difficulty=0|1|2|3, got {task!r}")
     difficulty = parse_task_name(task)
     if difficulty is None:
-        raise ValueError(f"task: expected embedded, arith or arith@difficulty=1|2|3, got {task!r}")
+        raise ValueError(f"task: expected embedded, arith or arith@difficulty=0|1|2|3, got {task!r}")
     return difficulty
 
 

@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "N*P..(N+1)*P-1 of the held-out stream (P = --prompts), disjoint "
                         "from the other sets; 0 (default) is the set of earlier audits")
     parser.add_argument("--task", help="what --model is sampled on: embedded, arith or "
-                        "arith@difficulty=1|2|3 (default: embedded for a character-level "
+                        "arith@difficulty=0|1|2|3 (default: embedded for a character-level "
                         "tokenizer such as --model default, else arith@difficulty=1)")
     parser.add_argument("--max-new-tokens", type=int, help="response length budget with "
                         "--model (default 40 for character-level tokenizers, 64 on arith, "

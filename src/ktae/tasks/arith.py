@@ -7,8 +7,9 @@ Four kinds of problem, each one sentence or two about a person and some objects:
 * ``mul``: "Mia has 4 boxes with 6 pencils in each box. How many pencils does Mia have in all?"
 * ``two-step``: "... She buys 6 more and then gives 3 away. How many ... now?"
 
-``difficulty`` (1, 2 or 3) sets the operand ranges and the mix of kinds
-(:data:`LEVELS`): level 1 is one-step problems with small numbers, level 2 (the default)
+``difficulty`` (0, 1, 2 or 3) sets the operand ranges and the mix of kinds
+(:data:`LEVELS`): level 0 is half times tables (factors up to 9) and half one-step sums
+and differences, level 1 one-step problems with small numbers, level 2 (the default)
 larger first operands and some two-step problems, level 3 two-digit operands throughout.
 Every answer is a non-negative integer.
 
@@ -60,6 +61,9 @@ class Level:
 
 
 LEVELS = {
+    # level 0: chosen so that SmolLM2-135M-Instruct starts inside 20-60% at the recipe's
+    # temperature (docs/real-model.md, "Where the model starts")
+    0: Level(first=(2, 20), second=(2, 9), factor=(2, 9), mix=(0.3, 0.2, 0.5, 0.0)),
     1: Level(first=(2, 20), second=(2, 9), factor=(2, 5), mix=(0.4, 0.3, 0.3, 0.0)),
     2: Level(first=(5, 40), second=(2, 15), factor=(2, 9), mix=(0.3, 0.3, 0.25, 0.15)),
     3: Level(first=(20, 99), second=(10, 49), factor=(3, 12), mix=(0.25, 0.25, 0.25, 0.25)),
@@ -180,11 +184,11 @@ def parse_task_name(task: str) -> int | None:
         return None
     key, _, value = task[len("arith@"):].partition("=")
     if key != "difficulty":
-        raise ValueError(f"task: arith takes difficulty=1|2|3, got {task!r}")
+        raise ValueError(f"task: arith takes difficulty=0|1|2|3, got {task!r}")
     try:
         return check_difficulty(int(value))
     except ValueError:
-        raise ValueError(f"task: arith takes difficulty=1|2|3, got {task!r}") from None
+        raise ValueError(f"task: arith takes difficulty=0|1|2|3, got {task!r}") from None
 
 
 _WORD = r"([A-Z][a-z]+)"

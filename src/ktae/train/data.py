@@ -1,7 +1,7 @@
 """Prompts and answers for ``ktae train``: the embedded task, MATH-500, or any dataset.
 
 ``--task`` is ``embedded``, ``arith`` (word problems for a small chat model,
-:mod:`ktae.tasks.arith`; ``arith@difficulty=1|2|3``), ``math500`` or a source of
+:mod:`ktae.tasks.arith`; ``arith@difficulty=0|1|2|3``), ``math500`` or a source of
 :mod:`ktae.data` (``jsonl:PATH``, ``json:PATH``, ``parquet:PATH``, a ``save_to_disk``
 directory, ``hf:NAME[:CONFIG][@SPLIT]``) in verl's RL schema, the MATH schema or
 question/answer JSON, with field maps (``--task-field problem=COL``) and filters
