@@ -85,6 +85,7 @@ def main() -> int:
                "mixed_groups": mixed, "greedy_accuracy": sum(greedy_ok) / len(greedy_ok),
                "truncated": sum(trunc) / len(trunc), "mean_tokens": sum(lengths) / len(lengths),
                "pass_by_kind": {k: sum(v) / len(v) for k, v in by_kind.items()},
+               "passes_per_problem": [sum(g) for g in groups],
                "seconds": round(time.time() - t0, 1)}
         results[difficulty] = row
         print(json.dumps(row), flush=True)

@@ -637,18 +637,35 @@ def simulate_shares(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def _problem_bootstrap(passes: list[int], samples: int, draws: int = 4000) -> tuple[float, float]:
+    """95% percentile interval of the sampled pass rate, resampling problems (a problem's
+    samples are not independent of each other)."""
+    import numpy as np
+
+    per = np.asarray(passes, dtype=float) / samples
+    rng = np.random.default_rng(0)
+    means = per[rng.integers(0, len(per), (draws, len(per)))].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
 def arith_baseline(folder: Path) -> str:
-    """docs/real-model.md: pass rates of the model before training, per difficulty."""
+    """docs/real-model.md: pass rates of the model before training, per difficulty, with a
+    95% interval over problems."""
     data = _json(folder, "baseline.json")
-    rows = ["| difficulty | sampled pass rate (T = 0.7) | mixed groups | greedy accuracy | "
-            "truncated at 96 tokens | mean response tokens | sampled pass by kind |",
+    first = next(iter(data["results"].values()))
+    rows = [f"| difficulty | sampled pass rate (T = {first['temperature']:g}), 95% interval | "
+            f"mixed groups | greedy accuracy | truncated at {data['max_new_tokens']} tokens | "
+            "mean response tokens | sampled pass by kind |",
             "|---|---|---|---|---|---|---|"]
     for d in sorted(data["results"], key=int):
         r = data["results"][d]
+        low, high = _problem_bootstrap(r["passes_per_problem"], r["samples"])
         kinds = ", ".join(f"{k} {v:.0%}" for k, v in sorted(r["pass_by_kind"].items()))
-        rows.append(f"| {d} | {r['sampled_pass']:.1%} | {r['mixed_groups']:.0%} | "
-                    f"{r['greedy_accuracy']:.0%} | {r['truncated']:.0%} | "
-                    f"{r['mean_tokens']:.0f} | {kinds} |")
+        rows.append(f"| {d} | {r['sampled_pass']:.1%} [{low:.1%}, {high:.1%}] | "
+                    f"{r['mixed_groups']:.0%} | {r['greedy_accuracy']:.0%} | "
+                    f"{r['truncated']:.0%} | {r['mean_tokens']:.0f} | {kinds} |")
+    rows += ["", f"{first['problems']} training problems per difficulty (seed {data['seed']}), "
+             f"{first['samples']} samples each."]
     return "\n".join(rows)
 
 

@@ -1,7 +1,8 @@
 """``ktae audit`` on a real chat model: the ``arith`` word problems, labelled by their claims.
 
 A real model (a tokenizer of 1,000 tokens or more, such as ``smollm2-135m``) is audited on
-the task it is trained on (:mod:`ktae.tasks.arith`, ``configs/smollm2-arith.yaml``):
+the task the credit study trains it on (:mod:`ktae.tasks.arith` at level 1,
+``configs/smollm2-arith.yaml``):
 
 * prompts: ``--prompts`` problems of the arith ``eval`` split (never trained on; ``ktae
   train`` draws from ``train`` and evaluates on ``test``), drawn with
@@ -10,7 +11,7 @@ the task it is trained on (:mod:`ktae.tasks.arith`, ``configs/smollm2-arith.yaml
   are disjoint;
 * rendered as the user message of the model's chat template (the question and
   :data:`ktae.tasks.arith.INSTRUCTION`), as ``ktae train --template chat`` renders them;
-* sampled at the recipe's temperature (0.7) with at most 64 new tokens, scored by the
+* sampled at that configuration's temperature (0.7) with at most 64 new tokens, scored by the
   ``number`` reward (the last number of the response equals the answer,
   :func:`ktae.rewards.answer_line.number_check`);
 * labelled per token by the claims labeller (:func:`ktae.tasks.claims.claim_token_labels`,
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable
 
 DEFAULT_TASK = "arith@difficulty=1"
-"""The task a real model is audited on by default: the recipe's (configs/smollm2-arith.yaml)."""
+"""The task a real model is audited on by default: the credit study's (configs/smollm2-arith.yaml)."""
 DEFAULT_MAX_NEW_TOKENS = 64
 """The recipe's response budget (its responses are a worked line and the number)."""
 DEFAULT_TEMPERATURE = 0.7

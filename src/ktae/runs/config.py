@@ -43,6 +43,9 @@ ALGOS = ("grpo", "dapo", "drgrpo")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 """TRL loss types: grpo = seq-mean-token-mean, dapo = token-mean, dr_grpo = token-sum / L."""
 
+LOGPROB_HEADS = ("auto", "full", "chunked")
+"""How the policy's log-probs are computed (:mod:`ktae.train.logprob_head`)."""
+
 _ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     "grpo": dict(loss_type="grpo", advantage_base="grpo", clip_high=0.2, dynamic_sampling=False,
                  overlong_shaping=False),
@@ -190,6 +193,11 @@ class TrainConfig:
     """Embedded-task training problems generated for the run."""
     torch_threads: int = field(default=1, metadata=flag("torch CPU threads", name="--threads"))
     """torch intra-op threads (1 is fastest for the tiny model on a busy 2-core CPU)."""
+    logprob_head: str = field(default="auto", metadata=flag(
+        "how the policy's log-probs are computed: auto | full | chunked (docs/step-time.md)"))
+    """``full``: the model's logits of the completion positions; ``chunked``: TRL's fused LM
+    head; ``auto``: full on the CPU while a micro-batch's logits fit in 1 GiB
+    (:mod:`ktae.train.logprob_head`)."""
     bf16: bool = field(default=False, metadata=flag("bfloat16 (GPU)", kind="switch"))
     """bfloat16 mixed precision (GPU only; fp32 on CPU)."""
     progress: bool = field(default=True, metadata=flag(
@@ -290,6 +298,9 @@ class TrainConfig:
         for name in ("beta", "clip_low", "clip_high", "overlong_factor"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)!r}")
+        if self.logprob_head not in LOGPROB_HEADS:
+            raise ValueError(f"logprob_head: expected one of {', '.join(LOGPROB_HEADS)}, "
+                             f"got {self.logprob_head!r}")
         if self.ktae_mode not in ("exact", "reference"):
             raise ValueError(f"ktae_mode: expected 'exact' or 'reference', got {self.ktae_mode!r}")
         for name in ("ktae_h1", "ktae_h2", "ktae_h3"):

@@ -341,6 +341,7 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
                               train_dataset=Dataset.from_list(train_rows),
                               processing_class=tokenizer, callbacks=callbacks,
                               credit=checked.credit, generation_defaults=generation,
+                              logprob_head=cfg.logprob_head,
                               peft_config=lora_config(cfg) if cfg.lora_r else None)
         attach(trainer)
     trainer.remove_callback(PrinterCallback)

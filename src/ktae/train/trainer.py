@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import inspect
 import os
 import warnings
 
@@ -89,6 +90,7 @@ from ktae.train.dynamic_sampling import (
     merge_rows,
     select_groups,
 )
+from ktae.train.logprob_head import check_head, choose_head, full_logps, takes_logits_to_keep
 from ktae.train.step_timing import PART_KEYS, StepClock
 
 #: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
@@ -99,6 +101,12 @@ _NO_EFFECT = ("scale_rewards", "multi_objective_aggregation")
 
 #: Key of the loss-input copy holding the completion part of the attention mask.
 _ATTENTION_COMPLETION_MASK = "ktae_attention_completion_mask"
+_TRL_LOGPS = inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies)
+_MULTIMODAL = tuple(name for name in _TRL_LOGPS.parameters
+                    if name not in ("self", "model", "input_ids", "attention_mask",
+                                    "logits_to_keep", "batch_size", "compute_entropy",
+                                    "compute_aux_loss"))
+"""The vision inputs of TRL 1.16's log-prob pass: a pass given any of them runs TRL's own."""
 
 
 def derived_seed(*parts: int) -> int:
@@ -220,7 +228,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     """A :class:`ktae.runs.rollouts.RolloutRecorder` that keeps sampled rollouts, or None."""
 
     def __init__(self, *args, credit: CreditSettings, generation_defaults: dict | None = None,
-                 **kwargs):
+                 logprob_head: str = "auto", **kwargs):
         if not isinstance(credit, CreditSettings):
             raise ValueError(f"credit: expected CreditSettings, got {type(credit).__name__}")
         grpo_args = kwargs.get("args", args[2] if len(args) > 2 else None)
@@ -230,12 +238,17 @@ class KTAEGRPOTrainer(GRPOTrainer):
             warn_settings_without_effect(grpo_args)
         self.credit = credit
         self.generation_defaults = generation_defaults
+        self.logprob_head = check_head(logprob_head)
         self._last_rewards_per_func: torch.Tensor | None = None
         self._pending_calibration: dict | None = None
         self.step_clock = StepClock()
         self._in_loss = False
         super().__init__(*args, **kwargs)
         self.callback_handler.callbacks.insert(0, _StepClockCallback(self))
+        self._full_head_fits = takes_logits_to_keep(self.model)
+        if logprob_head == "full" and not self._full_head_fits:
+            raise ValueError("logprob_head: 'full' needs a model whose forward takes "
+                             "logits_to_keep; use 'chunked'")
         if credit.correct_reward_index >= len(self.reward_funcs):
             raise ValueError(f"credit.correct_reward_index: expected < {len(self.reward_funcs)} "
                              f"(number of reward functions), got {credit.correct_reward_index}")
@@ -584,16 +597,42 @@ class KTAEGRPOTrainer(GRPOTrainer):
             attention_mask = torch.cat([pending["prompt_mask"],
                                         pending[_ATTENTION_COMPLETION_MASK]], dim=1)
         if self._in_loss:
-            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+            logps, entropies, aux = self._logps_and_entropies(
                 model, input_ids, attention_mask, *args, **kwargs)
         else:  # TRL 1.16's old/reference passes (and the old-policy entropies pass)
             with self.step_clock.part("logprobs"):
-                logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                logps, entropies, aux = self._logps_and_entropies(
                     model, input_ids, attention_mask, *args, **kwargs)
         if pending is not None and entropies is not None:
             self._pending_calibration = None  # only the policy pass of this _compute_loss
             self._calibrate(pending, logps.detach(), entropies.detach())
         return logps, entropies, aux
+
+    def _logps_and_entropies(self, model, input_ids, attention_mask, *args, **kwargs):
+        """TRL's pass, or the same values from the ``full`` head where it is chosen
+        (:mod:`ktae.train.logprob_head`): text-only inputs, no MoE auxiliary loss."""
+        call = _TRL_LOGPS.bind(self, model, input_ids, attention_mask, *args, **kwargs)
+        call.apply_defaults()
+        a = call.arguments
+        keep, rows = a["logits_to_keep"], input_ids.size(0)
+        batch = a["batch_size"] or rows
+        head = choose_head(self.logprob_head, input_ids.device, min(batch, rows), keep,
+                           self.model.config.get_text_config().vocab_size)
+        if (head == "chunked" or a["compute_aux_loss"] or not self._full_head_fits
+                or any(a[k] is not None for k in _MULTIMODAL)):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, *args, **kwargs)
+        entropy_grad = torch.is_grad_enabled() and getattr(self, "_entropy_bonus_enabled", True)
+        logps, entropies = [], []
+        for start in range(0, rows, batch):
+            rows_ = slice(start, start + batch)
+            with self.accelerator.autocast():
+                lp, ent = full_logps(model, input_ids[rows_], attention_mask[rows_], keep,
+                                     self.temperature, compute_entropy=a["compute_entropy"],
+                                     entropy_grad=entropy_grad)
+            logps.append(lp)
+            entropies.append(ent)
+        return (torch.cat(logps), torch.cat(entropies) if a["compute_entropy"] else None, None)
 
     def _calibrate(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor) -> None:
         adv = inputs["advantages"]

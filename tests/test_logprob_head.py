@@ -1,0 +1,146 @@
+"""The ``full`` log-prob head against TRL 1.16's fused LM head, and its choice in training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_train_helpers import contains_digit, read_jsonl, tiny_config
+
+from ktae.runs.config import TrainConfig
+from ktae.train.logprob_head import choose_head, full_logps
+
+
+def _llama(vocab: int = 41):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      max_position_embeddings=64, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).float()
+
+
+def _batch(vocab: int = 41):
+    """Left-padded prompts of 5 positions, right-padded completions of 6."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(2, vocab, (3, 11), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0   # shorter prompt
+    mask[2, :1] = 0
+    mask[0, 9:] = 0   # shorter completions
+    mask[2, 7:] = 0
+    ids[mask == 0] = 0
+    return ids, mask, 6
+
+
+def _trl_pass(model, ids, mask, keep, temperature):
+    """What TRL 1.16's ``_get_per_token_logps_and_entropies`` computes for one batch."""
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-keep] = -100
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    return out.log_probs[:, -keep:], out.entropy[:, -keep:]
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def test_full_head_equals_trls_fused_head_in_values_and_gradients():
+    from trl.trainer.utils import add_fused_lm_head
+
+    model = _llama()
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    ids, mask, keep = _batch()
+    w = torch.randn(3, keep, generator=torch.Generator().manual_seed(5))
+    v = torch.randn(3, keep, generator=torch.Generator().manual_seed(6))
+
+    lp_trl, ent_trl = _trl_pass(model, ids, mask, keep, 0.7)
+    ((lp_trl * w).sum() + (ent_trl * v).sum()).backward()
+    g_trl = _grads(model)
+    lp, ent = full_logps(model, ids, mask, keep, 0.7, compute_entropy=True, entropy_grad=True)
+    ((lp * w).sum() + (ent * v).sum()).backward()
+    g_full = _grads(model)
+
+    assert lp.shape == ent.shape == (3, keep)
+    padding = mask[:, -keep:] == 0
+    assert padding.any() and (lp[padding] == 0).all() and (ent[padding] == 0).all()
+    torch.testing.assert_close(lp, lp_trl, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ent_trl, rtol=1e-5, atol=1e-5)
+    assert set(g_full) == set(g_trl)
+    for name in g_trl:
+        torch.testing.assert_close(g_full[name], g_trl[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_full_head_against_a_plain_softmax_of_each_row():
+    """Straight from the definition: log softmax(logits / T) of the next token, row by row,
+    entropy -sum p log p; no gradient through the entropy unless asked."""
+    model = _llama()
+    ids, mask, keep = _batch()
+    lp, ent = full_logps(model, ids, mask, keep, 1.3, compute_entropy=True, entropy_grad=False)
+    assert lp.requires_grad and not ent.requires_grad
+    with torch.no_grad():
+        for r in range(3):
+            real = mask[r].bool()
+            logits = model(input_ids=ids[r:r + 1, real]).logits[0].double() / 1.3
+            n = int(mask[r, -keep:].sum())
+            for j in range(n):  # completion token j sits at real position len - keep_r + j
+                pos = int(real.sum()) - int(mask[r, -keep:].sum()) + j
+                p = torch.softmax(logits[pos - 1], -1)
+                tok = ids[r, real][pos]
+                assert lp[r, j].item() == pytest.approx(torch.log(p[tok]).item(), abs=1e-5)
+                assert ent[r, j].item() == pytest.approx(-(p * p.log()).sum().item(), abs=1e-5)
+
+
+@pytest.mark.parametrize(("head", "device", "rows", "expected"), [
+    ("auto", "cpu", 8, "full"),
+    ("auto", "cpu", 10_000, "chunked"),   # 10,000 x 64 x 49,152 x 4 bytes > 1 GiB
+    ("auto", "cuda", 8, "chunked"),
+    ("full", "cuda", 10_000, "full"),
+    ("chunked", "cpu", 8, "chunked")])
+def test_choice_of_head(head, device, rows, expected):
+    assert choose_head(head, torch.device(device), rows, 64, 49_152) == expected
+
+
+def test_a_bad_head_is_one_line_naming_the_setting():
+    with pytest.raises(ValueError, match=r"^logprob_head: expected one of auto, full, chunked, "
+                                         r"got 'fast'$"):
+        TrainConfig(logprob_head="fast").resolve()
+    with pytest.raises(ValueError, match="logprob_head: expected"):
+        choose_head("fast", torch.device("cpu"), 1, 1, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_training_with_the_full_head_matches_trls_head(tiny_model, tmp_path, monkeypatch,
+                                                       lora_r):
+    """Two steps from the same seed under each head: the full head ran every policy pass
+    of the first run and none of the second, and the steps agree to float rounding."""
+    from ktae.train import trainer as trainer_module
+    from ktae.train.session import train
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return full_logps(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "full_logps", counted)
+    metrics = {}
+    for head in ("full", "chunked"):
+        calls.clear()
+        cfg = tiny_config(tiny_model, tmp_path / head, logprob_head=head, lora_r=lora_r,
+                          beta=0.04, seed=3)
+        train(cfg, reward_funcs=[contains_digit])
+        metrics[head] = read_jsonl(tmp_path / head / "metrics.jsonl")
+        # the loss's policy pass (with gradients) of each step, and the reference passes
+        # (beta > 0) of every generation round
+        if head == "full":
+            assert sum(calls) == 2 and len(calls) >= 4, calls
+        else:
+            assert not calls
+    for a, b in zip(metrics["full"], metrics["chunked"], strict=True):
+        for key in ("reward", "loss", "grad_norm", "entropy", "kl"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-6), key
+
