@@ -293,7 +293,8 @@ def run_steps(kind: str, state: dict, tokenizer, rows, args, credit, timer: Step
     kwargs = dict(model=model, reward_funcs=[contains_answer], args=args,
                   train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                   callbacks=[timer.callback])
-    trainer = (KTAEGRPOTrainer(credit=credit, **kwargs) if kind == "ktae"
+    trainer = (KTAEGRPOTrainer(credit=credit, logprob_head=state["head"], **kwargs)
+               if kind == "ktae"
                else GRPOTrainer(**kwargs))
     trainer.remove_callback(PrinterCallback)
     trainer.train()
@@ -331,6 +332,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "gradient_checkpointing=true)")
     p.add_argument("--only", default="matmul,passes,generation,step",
                    help="comma-separated: matmul, passes, generation, step")
+    p.add_argument("--logprob-head", default="auto", choices=("auto", "full", "chunked"),
+                   help="ktae's log-prob head (docs/step-time.md); TRL's is its fused head")
     p.add_argument("--json", help="write every number here")
     a = p.parse_args(argv)
     only = set(a.only.split(","))
@@ -350,6 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
     sample = [r["prompt"] for r in rows[:a.prompts] for _ in range(a.generations)]
     prompt_tokens = max(len(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in sample)
     result: dict = {"model": path, "parameters": n_params, "threads": a.threads,
+                    "load_start": load(), "logprob_head": a.logprob_head,
                     "batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": a.new_tokens}
     say(f"{path}: {n_params / 1e6:.1f}M parameters; {a.prompts} prompts x {a.generations} = "
         f"{batch} responses of {a.new_tokens} tokens after prompts of <= {prompt_tokens}; "
@@ -409,7 +413,7 @@ def main(argv: list[str] | None = None) -> dict:
             m.load_state_dict(weights)
             return m
 
-        state = {"factory": factory}
+        state = {"factory": factory, "head": a.logprob_head}
         record_trl_profiling()
         timers = {"ktae": StepTimes(), "trl": StepTimes()}
         with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
@@ -446,6 +450,7 @@ def main(argv: list[str] | None = None) -> dict:
             say(f"  generation in the step / best backend above: "
                 f"x{parts['generation'] / result['generation_best']:.2f}")
         result["ktae_part_medians"] = parts
+    result["load_end"] = load()
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
     return result

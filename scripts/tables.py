@@ -169,6 +169,11 @@ SPEED = ("python benchmarks/bench_advantages.py --preset paper --ngram 1,3 --pre
 for _threads, _contend in ((1, 0), (2, 0), (1, 2), (2, 2)):
     RUNS[f"speed-paper-t{_threads}-k{_contend}"] = Run(
         f"{SPEED} --threads {_threads} --contend {_contend}", 90, ("bench.json",))
+# One step of SmolLM2-135M-Instruct against its floors and against TRL's own trainer
+# (docs/step-time.md): best on an otherwise idle machine; the table records the load.
+RUNS["step-idle"] = Run(
+    "python benchmarks/bench_step.py --prompts 2 --generations 4 --new-tokens 32 --threads 1 "
+    "--other-threads 2 --rounds 5 --json {out}/bench.json", 420, ("bench.json",))
 RUNS["speed-large-memory"] = Run(
     "python benchmarks/bench_advantages.py --preset large --ngram 1,3 --prefix-value "
     "--compare --no-reference --repeats 1 --threads 2 --json {out}/bench.json", 60,
@@ -669,6 +674,44 @@ def arith_baseline(folder: Path) -> str:
     return "\n".join(rows)
 
 
+def step_idle(folder: Path) -> str:
+    """docs/step-time.md: generation and the update against their floors, and ktae's step
+    against TRL's, from one ``benchmarks/bench_step.py`` run."""
+    b = _json(folder, "bench.json")
+    floor, parts, gens = b["floors"], b["ktae_part_medians"], b["generation"]
+    best = min(gens.values())
+    rows = ["| part | seconds | floor | x floor |", "|---|---|---|---|"]
+    for name, seconds in gens.items():
+        mark = " (best)" if seconds == best else ""
+        rows.append(f"| generation, `generate` + {name}{mark} | {seconds:.2f} | "
+                    f"{floor['generation']:.2f} | {seconds / floor['generation']:.2f} |")
+    rows.append(f"| ktae step: generation | {parts['generation']:.2f} | "
+                f"{floor['generation']:.2f} | {parts['generation'] / floor['generation']:.2f} |")
+    if "passes" in b:
+        own = b["passes"]["forward, with gradients"] + b["passes"]["backward"]
+        rows.append(f"| the model's own forward and backward, no trainer (full logits) | "
+                    f"{own:.2f} | {floor['update']:.2f} | {own / floor['update']:.2f} |")
+    rows.append(f"| ktae step: update (forward, backward, AdamW) | {parts['update']:.2f} | "
+                f"{floor['update']:.2f} | **{parts['update'] / floor['update']:.2f}** |")
+    n = len(b["steps"]["ktae"])
+    med = {k: statistics.median(v) for k, v in b["steps"].items()}
+    loss = {k: statistics.median(p.get("compute_loss", 0.0) for p in b["trl_profiled"][k])
+            for k in ("ktae", "trl")}
+    rows.append(f"| ktae step (median of {n}) | {med['ktae']:.2f} | | |")
+    rows += ["", f"- ktae (`--credit none`, log-prob head `{b['logprob_head']}`) against TRL's "
+             f"`GRPOTrainer`, medians of {n} alternating steps: {med['ktae']:.2f} s against "
+             f"{med['trl']:.2f} s, ktae/TRL **{b['ratio']:.3f}**; TRL's profiled "
+             f"`compute_loss` (the loss's forward pass): {loss['ktae']:.2f} s against "
+             f"{loss['trl']:.2f} s.",
+             f"- Generation in the step over the best backend: "
+             f"{parts['generation'] / best:.2f}x.",
+             f"- Matmul rate, one thread: {b['matmul']['train_flops'] / 1e9:.0f} GFLOP/s at "
+             f"{b['matmul']['train_rows']} rows, {b['matmul']['decode_flops'] / 1e9:.0f} at "
+             f"{b['matmul']['decode_rows']} rows. 1-minute load average at the start and end: "
+             f"{b['load_start']}, {b['load_end']}."]
+    return "\n".join(rows)
+
+
 def _arms(folders: tuple[Path, ...]) -> list[str]:
     """The arms whose runs ``folders`` holds, in RECIPE_ARMS order (seeds innermost)."""
     names = [f.name.removeprefix("recipe-audit-").removeprefix("recipe0-")
@@ -896,6 +939,7 @@ TABLES = {
     "simulate-ngram": Table(("simulate-ktae-tokens", "simulate-ktae-spans"), simulate_ngram),
     "simulate-all-h": Table(("simulate-all-h",), simulate_calibrations),
     "arith-baseline": Table(("arith-baseline",), arith_baseline),
+    "step-idle": Table(("step-idle",), step_idle),
     "compare-grpo-150": Table(("compare-150-5seeds", "compare-150-3seeds"), compare_seeds),
     "compare-grpo-150-taco-gtpo": Table(("compare-150-3seeds",), compare_accuracy),
     "compare-grpo-150-ngram": Table(("compare-150-5seeds",), compare_share),
