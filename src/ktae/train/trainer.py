@@ -48,6 +48,11 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    ``_generate``, ``_calculate_rewards`` and ``_get_per_token_logps_and_entropies`` (the
    old/reference passes, outside ``_compute_loss``) are wrapped in timed parts, unchanged
    otherwise; a callback times the optimizer step and logs each part's seconds.
+6. The log-prob head (:mod:`ktae.train.logprob_head`): every text-only log-prob pass
+   (``_get_per_token_logps_and_entropies``: the loss's policy pass, the old and reference
+   passes) runs the ``full`` head where it is chosen: the model's own logits of the
+   completion positions and one ``log_softmax``, the same values as TRL's fused LM head.
+   Vision inputs, MoE auxiliary losses and the ``chunked`` choice run TRL's own pass.
 
 Metrics (``ktae/*`` keys) go through TRL's ``_metrics`` so they reach every logger.
 """
@@ -226,6 +231,10 @@ class KTAEGRPOTrainer(GRPOTrainer):
 
     rollouts = None
     """A :class:`ktae.runs.rollouts.RolloutRecorder` that keeps sampled rollouts, or None."""
+    logprob_head = "auto"
+    """``auto``, ``full`` or ``chunked`` (:mod:`ktae.train.logprob_head`)."""
+    _full_head_fits = False
+    """Whether the model's forward takes ``logits_to_keep`` (set in ``__init__``)."""
 
     def __init__(self, *args, credit: CreditSettings, generation_defaults: dict | None = None,
                  logprob_head: str = "auto", **kwargs):
@@ -616,10 +625,10 @@ class KTAEGRPOTrainer(GRPOTrainer):
         a = call.arguments
         keep, rows = a["logits_to_keep"], input_ids.size(0)
         batch = a["batch_size"] or rows
-        head = choose_head(self.logprob_head, input_ids.device, min(batch, rows), keep,
-                           self.model.config.get_text_config().vocab_size)
-        if (head == "chunked" or a["compute_aux_loss"] or not self._full_head_fits
-                or any(a[k] is not None for k in _MULTIMODAL)):
+        if (not self._full_head_fits or a["compute_aux_loss"]
+                or any(a[k] is not None for k in _MULTIMODAL)
+                or choose_head(self.logprob_head, input_ids.device, min(batch, rows), keep,
+                               self.model.config.get_text_config().vocab_size) == "chunked"):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, *args, **kwargs)
         entropy_grad = torch.is_grad_enabled() and getattr(self, "_entropy_bonus_enabled", True)
