@@ -174,6 +174,9 @@ for _threads, _contend in ((1, 0), (2, 0), (1, 2), (2, 2)):
 RUNS["step-idle"] = Run(
     "python benchmarks/bench_step.py --prompts 2 --generations 4 --new-tokens 32 --threads 1 "
     "--other-threads 2 --rounds 5 --json {out}/bench.json", 420, ("bench.json",))
+RUNS["logprob-head-idle"] = Run(
+    "python benchmarks/bench_logprob_head.py --rows 8 --prompt 50 --completion 32 --rounds 4 "
+    "--json {out}/bench.json", 120, ("bench.json",))
 RUNS["speed-large-memory"] = Run(
     "python benchmarks/bench_advantages.py --preset large --ngram 1,3 --prefix-value "
     "--compare --no-reference --repeats 1 --threads 2 --json {out}/bench.json", 60,
@@ -712,6 +715,22 @@ def step_idle(folder: Path) -> str:
     return "\n".join(rows)
 
 
+def logprob_head(folder: Path) -> str:
+    """docs/step-time.md: the policy pass's forward and backward under each head."""
+    b = _json(folder, "bench.json")
+    rows = ["| pass (forward with gradients, backward) | forward | backward | total | "
+            "x 6 N T |", "|---|---|---|---|---|"]
+    for name, t in b["passes"].items():
+        rows.append(f"| {name} | {t['forward']:.2f} s | {t['backward']:.2f} s | "
+                    f"{t['total']:.2f} s | {t['total'] / b['floor_6NT']:.2f} |")
+    rows += ["", f"SmolLM2-135M-Instruct, {b['rows']} rows of {b['prompt']} prompt and "
+             f"{b['completion']} completion tokens, full fine-tuning, {b['threads']} thread; "
+             f"medians of {b['rounds']} rounds; 6 N T = {b['floor_6NT']:.2f} s at "
+             f"{b['matmul_flops'] / 1e9:.0f} GFLOP/s; 1-minute load {b['load'][0]:.1f} at "
+             f"the start, {b['load'][1]:.1f} at the end."]
+    return "\n".join(rows)
+
+
 def _arms(folders: tuple[Path, ...]) -> list[str]:
     """The arms whose runs ``folders`` holds, in RECIPE_ARMS order (seeds innermost)."""
     names = [f.name.removeprefix("recipe-audit-").removeprefix("recipe0-")
@@ -940,6 +959,7 @@ TABLES = {
     "simulate-all-h": Table(("simulate-all-h",), simulate_calibrations),
     "arith-baseline": Table(("arith-baseline",), arith_baseline),
     "step-idle": Table(("step-idle",), step_idle),
+    "logprob-head-idle": Table(("logprob-head-idle",), logprob_head),
     "compare-grpo-150": Table(("compare-150-5seeds", "compare-150-3seeds"), compare_seeds),
     "compare-grpo-150-taco-gtpo": Table(("compare-150-3seeds",), compare_accuracy),
     "compare-grpo-150-ngram": Table(("compare-150-5seeds",), compare_share),
