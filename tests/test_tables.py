@@ -2,6 +2,7 @@
 regenerated from its command, equals the committed text."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -105,3 +106,19 @@ def test_a_record_folder_the_script_did_not_write_is_refused(tables, tmp_path, m
     with pytest.raises(SystemExit, match="was not written by this script"):
         tables.execute("a", reuse=False, done=set())
     assert (tmp_path / "records" / "a" / "mine.txt").read_text() == "keep me"
+
+
+def test_starting_point_interval_resamples_problems(tables, tmp_path):
+    # every problem passes 0 or 8 of 8: the interval is wide, as it must be when whole
+    # problems, not samples, are what varies; equal problems give a zero-width interval
+    low, high = tables._problem_bootstrap([0, 8] * 10, 8)
+    assert low < 0.35 and high > 0.65 and low <= 0.5 <= high
+    assert tables._problem_bootstrap([2] * 12, 8) == (0.25, 0.25)
+    result = {"temperature": 0.6, "problems": 20, "samples": 8, "sampled_pass": 0.5,
+              "mixed_groups": 0.0, "greedy_accuracy": 0.5, "truncated": 0.1, "mean_tokens": 40,
+              "pass_by_kind": {"mul": 0.5}, "passes_per_problem": [0, 8] * 10}
+    (tmp_path / "baseline.json").write_text(json.dumps(
+        {"model": "m", "max_new_tokens": 64, "seed": 1, "results": {"0": result}}))
+    table = tables.arith_baseline(tmp_path)
+    assert "(T = 0.6)" in table and "truncated at 64 tokens" in table
+    assert f"| 0 | 50.0% [{low:.1%}, {high:.1%}] | 0% | 50% |" in table
