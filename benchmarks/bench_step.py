@@ -320,7 +320,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--rounds", type=int, default=3, help="alternating ktae/TRL steps each")
+    p.add_argument("--rounds", type=int, default=3, help="alternating ktae/TRL turns each")
+    p.add_argument("--steps", type=int, default=1,
+                   help="optimizer steps per trainer per turn; with more than one, the "
+                        "medians leave out each turn's first step (a fresh trainer's, which "
+                        "creates AdamW's state) and time the steps a run repeats")
     p.add_argument("--repeats", type=int, default=1, help="runs per generation setting")
     p.add_argument("--compile", action="store_true", help="also try torch.compile")
     p.add_argument("--other-threads", type=lambda t: [int(x) for x in t.split(",")], default=[],
@@ -404,8 +408,8 @@ def main(argv: list[str] | None = None) -> dict:
     gc.collect()
 
     if "step" in only:
-        say(f"\n3-4. ktae (--credit none) and TRL's GRPOTrainer, one step each, alternating "
-            f"for {a.rounds} rounds")
+        say(f"\n3-4. ktae (--credit none) and TRL's GRPOTrainer, {a.steps} step(s) each, "
+            f"alternating for {a.rounds} rounds")
         weights = {k: v.clone() for k, v in load_model(path)[0].state_dict().items()}
 
         def factory():
@@ -418,7 +422,8 @@ def main(argv: list[str] | None = None) -> dict:
         timers = {"ktae": StepTimes(), "trl": StepTimes()}
         with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
             args, credit = trainer_args(path, tmp, prompts=a.prompts, generations=a.generations,
-                                        new_tokens=a.new_tokens, threads=a.threads, steps=1,
+                                        new_tokens=a.new_tokens, threads=a.threads,
+                                        steps=a.steps,
                                         trl=trl)
             for r in range(a.rounds):
                 order = ("ktae", "trl") if r % 2 == 0 else ("trl", "ktae")
@@ -426,19 +431,30 @@ def main(argv: list[str] | None = None) -> dict:
                     say(f"  round {r + 1}: {kind}, load {load()}")
                     run_steps(kind, state, tokenizer, rows, args, credit, timers[kind])
                     say(f"    step {timers[kind].steps[-1]:.1f} s")
-        med = {k: statistics.median(t.steps) for k, t in timers.items()}
+        def steady(xs: list) -> list:
+            """Each turn's steps but its first (every step when a turn has one)."""
+            return xs if a.steps == 1 else [x for i, x in enumerate(xs) if i % a.steps]
+
+        med = {k: statistics.median(steady(t.steps)) for k, t in timers.items()}
+        result["steps_per_turn"] = a.steps
+        result["first_step_medians"] = {k: statistics.median(t.steps[::a.steps])
+                                        for k, t in timers.items()}
         say(f"\n  TRL's profiled sections, median seconds per step: {'ktae':>9} {'trl':>9}")
         for section in PROFILED:
-            cells = [statistics.median(p.get(section, 0.0) for p in timers[k].profiled)
+            cells = [statistics.median(p.get(section, 0.0) for p in steady(timers[k].profiled))
                      for k in ("ktae", "trl")]
             say(f"  {section:<48} {cells[0]:9.3g} {cells[1]:9.3g}")
         result["trl_profiled"] = {k: t.profiled for k, t in timers.items()}
-        parts = {p: statistics.median(x[p] for x in timers["ktae"].parts)
+        parts = {p: statistics.median(x[p] for x in steady(timers["ktae"].parts))
                  for p in (*PARTS, "other", "step")}
         result["steps"] = {k: t.steps for k, t in timers.items()}
         result["ktae_parts"] = timers["ktae"].parts
         result["ratio"] = med["ktae"] / med["trl"]
-        say(f"\n  ktae step (median of {a.rounds}): {med['ktae']:.1f} s; TRL's: "
+        if a.steps > 1:
+            say(f"\n  first steps of each turn (left out below), medians: ktae "
+                f"{result['first_step_medians']['ktae']:.1f} s, TRL "
+                f"{result['first_step_medians']['trl']:.1f} s")
+        say(f"\n  ktae step (median of {len(steady(timers['ktae'].steps))}): {med['ktae']:.1f} s; TRL's: "
             f"{med['trl']:.1f} s; ktae/TRL = {result['ratio']:.3f}")
         say(f"\n  {'part':<12} {'seconds':>9} {'floor':>9} {'x floor':>9}")
         for part in (*PARTS, "other"):

@@ -173,7 +173,7 @@ for _threads, _contend in ((1, 0), (2, 0), (1, 2), (2, 2)):
 # (docs/step-time.md): best on an otherwise idle machine; the table records the load.
 RUNS["step-idle"] = Run(
     "python benchmarks/bench_step.py --prompts 2 --generations 4 --new-tokens 32 --threads 1 "
-    "--other-threads 2 --rounds 5 --json {out}/bench.json", 420, ("bench.json",))
+    "--other-threads 2 --rounds 3 --steps 3 --json {out}/bench.json", 420, ("bench.json",))
 RUNS["logprob-head-idle"] = Run(
     "python benchmarks/bench_logprob_head.py --rows 8 --prompt 50 --completion 32 --rounds 4 "
     "--json {out}/bench.json", 120, ("bench.json",))
@@ -696,9 +696,14 @@ def step_idle(folder: Path) -> str:
                     f"{own:.2f} | {floor['update']:.2f} | {own / floor['update']:.2f} |")
     rows.append(f"| ktae step: update (forward, backward, AdamW) | {parts['update']:.2f} | "
                 f"{floor['update']:.2f} | **{parts['update'] / floor['update']:.2f}** |")
-    n = len(b["steps"]["ktae"])
-    med = {k: statistics.median(v) for k, v in b["steps"].items()}
-    loss = {k: statistics.median(p.get("compute_loss", 0.0) for p in b["trl_profiled"][k])
+    per = b.get("steps_per_turn", 1)
+
+    def steady(xs: list) -> list:
+        return xs if per == 1 else [x for i, x in enumerate(xs) if i % per]
+
+    n = len(steady(b["steps"]["ktae"]))
+    med = {k: statistics.median(steady(v)) for k, v in b["steps"].items()}
+    loss = {k: statistics.median(p.get("compute_loss", 0.0) for p in steady(b["trl_profiled"][k]))
             for k in ("ktae", "trl")}
     rows.append(f"| ktae step (median of {n}) | {med['ktae']:.2f} | | |")
     rows += ["", f"- ktae (`--credit none`, log-prob head `{b['logprob_head']}`) against TRL's "
@@ -708,6 +713,11 @@ def step_idle(folder: Path) -> str:
              f"{loss['trl']:.2f} s.",
              f"- Generation in the step over the best backend: "
              f"{parts['generation'] / best:.2f}x.",
+             *([f"- Each trainer ran {per} steps a turn, {len(b['steps']['ktae']) // per} "
+                "turns; the figures above leave out each turn's first step (a fresh "
+                "trainer's, which creates AdamW's state), whose medians were "
+                f"{b['first_step_medians']['ktae']:.2f} s (ktae) and "
+                f"{b['first_step_medians']['trl']:.2f} s (TRL)."] if per > 1 else []),
              f"- Matmul rate, one thread: {b['matmul']['train_flops'] / 1e9:.0f} GFLOP/s at "
              f"{b['matmul']['train_rows']} rows, {b['matmul']['decode_flops'] / 1e9:.0f} at "
              f"{b['matmul']['decode_rows']} rows. 1-minute load average at the start and end: "

@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_step.py"
 def test_tiny_model_step_against_floor_and_trl(tiny_model, tmp_path):
     out = subprocess.run(
         [sys.executable, str(BENCH), "--model", str(tiny_model), "--prompts", "2",
-         "--generations", "2", "--new-tokens", "6", "--threads", "1", "--rounds", "1",
+         "--generations", "2", "--new-tokens", "6", "--threads", "1", "--rounds", "1", "--steps", "2",
          "--beta", "0.04", "--json", str(tmp_path / "b.json")],
         capture_output=True, text=True, check=True, timeout=600).stdout
     result = json.loads((tmp_path / "b.json").read_text())
@@ -27,8 +27,11 @@ def test_tiny_model_step_against_floor_and_trl(tiny_model, tmp_path):
     assert min(result["passes"].values()) > 0 and "x" in out.split("own passes")[1]
     gens = result["generation"]
     assert {"dynamic cache", "static cache"} <= set(gens) and min(gens.values()) > 0
-    # one step per trainer per round, each timed
-    assert [len(result["steps"][k]) for k in ("ktae", "trl")] == [1, 1]
+    # two steps per trainer per turn, each timed; the medians are of the second ones
+    assert [len(result["steps"][k]) for k in ("ktae", "trl")] == [2, 2]
+    assert result["first_step_medians"] == {k: result["steps"][k][0] for k in ("ktae", "trl")}
+    assert result["ratio"] == pytest.approx(result["steps"]["ktae"][1] / result["steps"]["trl"][1])
+    assert "first steps of each turn" in out
     parts = result["ktae_part_medians"]
     assert parts["logprobs"] > 0  # beta > 0: the reference pass
     assert result["floors"]["logprobs"] == pytest.approx(result["floors"]["update"] / 3)
