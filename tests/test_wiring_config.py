@@ -161,6 +161,7 @@ NON_DEFAULT = {
     "save_total_limit": 0,
     "train_size": 33,
     "torch_threads": 2,
+    "logprob_head": "chunked",
     "bf16": True,
     "progress": False,
     "lora_r": 4,
@@ -460,6 +461,13 @@ def check_torch_threads(ctx):
     assert p.threads == 2
     _, p = ctx.probe(torch_threads=1)
     assert p.threads == 1
+
+
+def check_logprob_head(ctx):
+    _, p = ctx.probe(logprob_head="chunked")
+    assert p.kw["logprob_head"] == "chunked"
+    _, default = ctx.probe()
+    assert default.kw["logprob_head"] == "auto"
 
 
 def check_bf16(ctx):
