@@ -44,7 +44,13 @@ def main(argv: list[str] | None = None) -> dict:
     if a.rounds < 2:
         p.error("--rounds: expected at least 2 (the first warms up)")
 
-    from bench_step import linear_shapes, load_model, matmul_rate, resolve_model
+    from bench_step import (
+        linear_shapes,
+        load_model,
+        matmul_rate,
+        parameter_count,
+        resolve_model,
+    )
     from trl.trainer.utils import add_fused_lm_head
 
     from ktae.train.logprob_head import full_logps
@@ -53,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, _ = load_model(resolve_model(a.model))
     model.train()
     add_fused_lm_head(model, temperature=a.temperature, outputs=("log_probs", "entropy"))
-    n_params = sum(x.numel() for x in model.parameters())
+    n_params = parameter_count(model)
     keep, length = a.completion, a.prompt + a.completion
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (a.rows, length), generator=g)

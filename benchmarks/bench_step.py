@@ -302,6 +302,11 @@ def run_steps(kind: str, state: dict, tokenizer, rows, args, credit, timer: Step
     gc.collect()
 
 
+def steady_steps(xs: list, per_turn: int) -> list:
+    """Each turn's entries but its first (every entry when a turn has one step)."""
+    return xs if per_turn == 1 else [x for i, x in enumerate(xs) if i % per_turn]
+
+
 def floors(n_params: int, batch: int, prompt_tokens: int, new_tokens: int,
            rate_train: float, rate_decode: float, passes: int) -> dict[str, float]:
     tokens = batch * (prompt_tokens + new_tokens)
@@ -432,8 +437,7 @@ def main(argv: list[str] | None = None) -> dict:
                     run_steps(kind, state, tokenizer, rows, args, credit, timers[kind])
                     say(f"    step {timers[kind].steps[-1]:.1f} s")
         def steady(xs: list) -> list:
-            """Each turn's steps but its first (every step when a turn has one)."""
-            return xs if a.steps == 1 else [x for i, x in enumerate(xs) if i % a.steps]
+            return steady_steps(xs, a.steps)
 
         med = {k: statistics.median(steady(t.steps)) for k, t in timers.items()}
         result["steps_per_turn"] = a.steps

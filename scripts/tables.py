@@ -116,10 +116,10 @@ RUNS = {
     # --reward digits, 50 steps: about 3.5 min per run
     "compare-digits-none-ktae": Run(_compare("none,ktae", 5, 50, DIGITS), 10 * 200),
     "compare-digits-ngram": Run(_compare("ktae@ngram=3", 5, 50, DIGITS), 5 * 200),
-    # SmolLM2-135M-Instruct's starting point on the arith task (24 problems x 8 samples and
-    # one greedy answer per difficulty): about 40 min per difficulty at a load of 12
-    # at the recipe's temperature and length, on seed 1's problems (seed 0's chose level 0
-    # and the temperature): about 5 min per difficulty beside two training runs
+    # SmolLM2-135M-Instruct's starting point on the arith task at the recipe's temperature
+    # and length, on seed 1's problems (seed 0's chose level 0 and the temperature): 48
+    # problems x 8 samples and one greedy answer per difficulty, about 5 min per difficulty
+    # beside two training runs
     "arith-baseline": Run("python scripts/arith_baseline.py --model smollm2-135m "
                           "--difficulty 0,1,2,3 --problems 48 --temperature 0.6 "
                           "--max-new-tokens 64 --seed 1 --json {out}/baseline.json", 4 * 300,
@@ -696,10 +696,13 @@ def step_idle(folder: Path) -> str:
                     f"{own:.2f} | {floor['update']:.2f} | {own / floor['update']:.2f} |")
     rows.append(f"| ktae step: update (forward, backward, AdamW) | {parts['update']:.2f} | "
                 f"{floor['update']:.2f} | **{parts['update'] / floor['update']:.2f}** |")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_step import steady_steps
+
     per = b.get("steps_per_turn", 1)
 
     def steady(xs: list) -> list:
-        return xs if per == 1 else [x for i, x in enumerate(xs) if i % per]
+        return steady_steps(xs, per)
 
     n = len(steady(b["steps"]["ktae"]))
     med = {k: statistics.median(steady(v)) for k, v in b["steps"].items()}
