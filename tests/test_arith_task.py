@@ -39,23 +39,96 @@ def test_difficulty_sets_ranges_and_kinds():
         max(int(p.answer) for p in arith.generate(200, split="train", difficulty=1))
 
 
-def test_splits_never_share_arithmetic():
-    sets = {s: {(p.kind, p.operands) for p in arith.generate(400, split=s, seed=s == "train")}
-            for s in arith.SPLITS}
-    assert not sets["train"] & sets["test"]
-    assert not sets["train"] & sets["eval"]
-    assert not sets["test"] & sets["eval"]
-    # the same sum in other words is the same problem: the split follows the numbers
-    assert arith.split_of("add", (12, 5)) == arith.split_of("add", (12, 5))
+def _orders(kind, ops):
+    """Every way a problem can write the computation ``(kind, ops)``."""
+    if kind in ("add", "mul"):
+        return {ops, ops[::-1]}
+    if kind == "two-step":
+        return {ops, (ops[1], ops[0], ops[2])}
+    return {ops}
+
+
+@pytest.mark.parametrize("difficulty", [0, 1, 2, 3])
+def test_no_held_out_computation_is_trained_in_any_order(difficulty):
+    # the whole universe of the level, not a sample: every computation it can draw, in
+    # every order it can be written, lands in the split of its canonical form
+    level = arith.LEVELS[difficulty]
+    splits = {}
+    for kind, weight in zip(arith.KINDS, level.mix, strict=True):
+        if weight == 0:
+            continue
+        for split in arith.SPLITS:
+            for ops in arith.computations(difficulty, kind, split):
+                for written in _orders(kind, ops):
+                    assert splits.setdefault((kind, written), split) == split
+                    assert arith.split_of(kind, written) == split
+    # and what generate writes: no test or eval problem is a training problem reordered
+    train = {(p.kind, w) for seed in range(3)
+             for p in arith.generate(500, split="train", seed=seed, difficulty=difficulty)
+             for w in _orders(p.kind, p.operands)}
+    for split in ("test", "eval"):
+        held = arith.generate(100, split=split, seed=7, difficulty=difficulty, repeats=True)
+        assert not {(p.kind, p.operands) for p in held} & train
+    # the commuted twin shares the split; sub does not commute
+    assert arith.split_of("mul", (4, 7)) == arith.split_of("mul", (7, 4))
+    assert arith.split_of("add", (6, 14)) == arith.split_of("add", (14, 6))
+    assert arith.split_of("two-step", (3, 9, 2)) == arith.split_of("two-step", (9, 3, 2))
+    assert arith.canonical("sub", (9, 3)) == (9, 3)
+
+
+def test_splits_never_share_a_computation_across_levels():
+    # a computation two levels can both draw is in one split for both
+    seen = {}
+    for difficulty in arith.LEVELS:
+        for kind in ("add", "sub", "mul"):
+            for split in arith.SPLITS:
+                for ops in arith.computations(difficulty, kind, split):
+                    assert seen.setdefault((kind, ops), split) == split
+
+
+def test_recipe_held_out_set_is_200_distinct_computations():
+    held = arith.generate(200, split="test", seed=arith.TEST_SEED, difficulty=0)
+    assert len({(p.kind, arith.canonical(p.kind, p.operands)) for p in held}) == 200
+    evals = arith.generate(200, split="eval", seed=arith.EVAL_SEED, difficulty=0)
+    assert len({(p.kind, arith.canonical(p.kind, p.operands)) for p in evals}) == 200
+    total = {s: sum(len(arith.computations(0, k, s)) for k in ("add", "sub", "mul"))
+             for s in arith.SPLITS}
+    assert total["test"] >= 200 and total["eval"] >= 200
+    with pytest.raises(ValueError, match=f"n: the test split of level 0 holds {total['test']}"):
+        arith.generate(total["test"] + 1, split="test", difficulty=0)
+    # the whole split, each computation once
+    whole = arith.generate(total["test"], split="test", difficulty=0)
+    assert len({(p.kind, arith.canonical(p.kind, p.operands)) for p in whole}) == total["test"]
+
+
+def test_operands_are_written_in_orders_the_level_allows():
+    level = arith.LEVELS[0]
+    problems = arith.generate(1000, split="train", seed=5, difficulty=0)
+    for p in problems:
+        if p.kind in ("add", "sub"):
+            a, b = p.operands
+            if p.kind == "add":
+                assert level.first[0] <= a <= level.first[1]
+                assert level.second[0] <= b <= level.second[1]
+            assert a >= b or p.kind == "add"
+    # both orders of a product are written
+    muls = {p.operands for p in problems if p.kind == "mul" and p.operands[0] != p.operands[1]}
+    assert any(o[::-1] in muls for o in muls)
 
 
 def test_generation_is_seeded_and_distinct_until_exhausted():
     a = arith.generate(50, seed=1)
     assert a == arith.generate(50, seed=1) and a != arith.generate(50, seed=2)
     assert len({(p.kind, p.operands) for p in a}) == 50
-    # level 1 holds a few hundred train problems: past that, repeats are allowed
+    # level 1 holds a few dozen train computations: every one appears before any repeats
+    n_train = sum(len(arith.computations(1, k, "train")) for k in ("add", "sub", "mul"))
     many = arith.generate(1000, split="train", seed=0, difficulty=1)
-    assert len(many) == 1000 and len({(p.kind, p.operands) for p in many}) < 1000
+    keys = [(p.kind, arith.canonical(p.kind, p.operands)) for p in many]
+    assert len(many) == 1000 and len(set(keys)) == n_train == len(set(keys[:n_train]))
+    # held-out splits repeat only when asked to
+    assert len(arith.generate(300, split="eval", difficulty=1, repeats=True)) == 300
+    with pytest.raises(ValueError, match="n: the eval split of level 1 holds"):
+        arith.generate(300, split="eval", difficulty=1)
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -63,7 +63,7 @@ def prompt_set_problems(prompts: int, prompt_set: int, difficulty: int) -> list:
     from ktae.tasks import arith
 
     stream = arith.generate((prompt_set + 1) * prompts, split=SPLIT, seed=arith.EVAL_SEED,
-                            difficulty=difficulty)
+                            difficulty=difficulty, repeats=True)
     return stream[prompt_set * prompts:]
 
 

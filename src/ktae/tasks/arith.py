@@ -15,8 +15,12 @@ Every answer is a non-negative integer.
 
 Splits: every problem belongs to exactly one of ``train``, ``test`` (the held-out set
 ``ktae train`` evaluates on) and ``eval`` (``ktae eval --benchmarks arith``), decided by a
-stable hash of its *arithmetic* (kind and operands), not of its wording, so the same sum
-never appears in two splits under different names (:func:`split_of`; 10% test, 10% eval).
+stable hash of its *computation* in canonical form (:func:`canonical`: the kind and the
+operands, commutative operands ordered), never of its wording or of the order its operands
+are written in. So ``4 x 7`` and ``7 x 4`` share a split, and no held-out computation is
+trained under other names or in the other order, at any level (:func:`split_of`; 40% test,
+40% eval, 20% train: the held-out splits are the large ones, as a run trains on a few dozen
+problems). Held-out problems are distinct computations, each once (:func:`generate`).
 
 The prompt is the question followed by :data:`INSTRUCTION`, as the user message of the
 model's chat template; the reward is ``number`` (the last number of the response,
@@ -27,6 +31,7 @@ or ``arith@difficulty=N`` (:func:`parse_task_name`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -38,8 +43,6 @@ INSTRUCTION = "Answer with the number only."
 """Appended to every question (measured: with it SmolLM2-135M-Instruct writes a short
 worked line and the number; see docs/real-model.md)."""
 DEFAULT_DIFFICULTY = 2
-MAX_DUPLICATE_RETRIES = 2000
-"""Already-seen draws after which :func:`generate` allows repeats."""
 EVAL_SEED = 4321
 """Seed of the ``eval`` split's problems (``ktae eval --benchmarks arith``)."""
 TEST_SEED = 1234
@@ -62,8 +65,8 @@ class Level:
 
 LEVELS = {
     # level 0: chosen so that SmolLM2-135M-Instruct starts inside 20-60% at the recipe's
-    # temperature (docs/real-model.md, "Where the model starts")
-    0: Level(first=(2, 20), second=(2, 9), factor=(2, 9), mix=(0.3, 0.2, 0.5, 0.0)),
+    # temperature, with 242 test and 233 eval computations (docs/real-model.md)
+    0: Level(first=(2, 30), second=(2, 12), factor=(2, 12), mix=(0.3, 0.2, 0.5, 0.0)),
     1: Level(first=(2, 20), second=(2, 9), factor=(2, 5), mix=(0.4, 0.3, 0.3, 0.0)),
     2: Level(first=(5, 40), second=(2, 15), factor=(2, 9), mix=(0.3, 0.3, 0.25, 0.15)),
     3: Level(first=(20, 99), second=(10, 49), factor=(3, 12), mix=(0.25, 0.25, 0.25, 0.25)),
@@ -86,11 +89,65 @@ class ArithProblem:
     operands: tuple[int, ...]
 
 
+def canonical(kind: str, operands: tuple[int, ...]) -> tuple[int, ...]:
+    """The computation's canonical operands: ``add`` and ``mul`` sorted, the two added
+    amounts of ``two-step`` sorted, ``sub`` as written (it does not commute)."""
+    ops = tuple(operands)
+    if kind in ("add", "mul"):
+        return tuple(sorted(ops))
+    if kind == "two-step":
+        return (*sorted(ops[:2]), *ops[2:])
+    return ops
+
+
+SPLIT_BUCKETS = {"test": range(0, 4), "eval": range(4, 8), "train": range(8, 10)}
+"""Ten hash buckets shared out: 40% test, 40% eval, 20% train."""
+
+
 def split_of(kind: str, operands: tuple[int, ...]) -> str:
-    """``train``, ``test`` or ``eval``, from a stable hash of the arithmetic alone."""
-    key = f"{kind}:{','.join(map(str, operands))}".encode()
+    """``train``, ``test`` or ``eval``, from a stable hash of the canonical computation
+    alone (:func:`canonical`): every order of a computation's operands shares its split."""
+    key = f"{kind}:{','.join(map(str, canonical(kind, operands)))}".encode()
     bucket = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % 10
-    return "test" if bucket == 0 else "eval" if bucket == 1 else "train"
+    return next(name for name, buckets in SPLIT_BUCKETS.items() if bucket in buckets)
+
+
+@functools.lru_cache(maxsize=64)
+def computations(difficulty: int, kind: str, split: str) -> tuple[tuple[int, ...], ...]:
+    """Every canonical computation of ``kind`` that level ``difficulty`` can draw and that
+    belongs to ``split``, sorted."""
+    level = LEVELS[check_difficulty(difficulty)]
+    if kind == "mul":
+        lo, hi = level.factor
+        found = {(a, b) for a in range(lo, hi + 1) for b in range(a, hi + 1)}
+    else:
+        pairs = {(a, b) for a in range(level.first[0], level.first[1] + 1)
+                 for b in range(level.second[0], level.second[1] + 1)}
+        if kind == "add":
+            found = {canonical(kind, p) for p in pairs}
+        elif kind == "sub":
+            found = {(max(p), min(p)) for p in pairs}
+        elif kind == "two-step":
+            found = {(*canonical("add", p), c) for p in pairs for c in range(1, sum(p) + 1)}
+        else:
+            raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+    return tuple(sorted(ops for ops in found if split_of(kind, ops) == split))
+
+
+def _written_order(kind: str, ops: tuple[int, ...], level: Level,
+                   rng: random.Random) -> tuple[int, ...]:
+    """The canonical computation as a problem writes it: for ``add`` and ``two-step`` an
+    order the level's ranges allow (the first amount from ``first``, the second from
+    ``second``), for ``mul`` either order, chosen with ``rng``."""
+    if kind == "mul":
+        return ops if rng.random() < 0.5 else (ops[1], ops[0])
+    if kind == "sub":
+        return ops
+    a, b, rest = ops[0], ops[1], ops[2:]
+    orders = [(x, y) for x, y in ((a, b), (b, a))
+              if level.first[0] <= x <= level.first[1] and level.second[0] <= y <= level.second[1]]
+    x, y = orders[0] if len(orders) == 1 or rng.random() < 0.5 else orders[1]
+    return (x, y, *rest)
 
 
 def _wording(kind: str, ops: tuple[int, ...], rng: random.Random) -> tuple[str, int]:
@@ -113,19 +170,6 @@ def _wording(kind: str, ops: tuple[int, ...], rng: random.Random) -> tuple[str, 
             f"How many {obj} does {name} have now?", a + b - c)
 
 
-def _draw(level: Level, rng: random.Random) -> tuple[str, tuple[int, ...]]:
-    kind = rng.choices(KINDS, weights=level.mix)[0]
-    if kind == "mul":
-        return kind, (rng.randint(*level.factor), rng.randint(*level.factor))
-    a, b = rng.randint(*level.first), rng.randint(*level.second)
-    if kind == "add":
-        return kind, (a, b)
-    if kind == "sub":
-        return kind, (max(a, b), min(a, b))  # never negative
-    c = rng.randint(1, a + b)
-    return kind, (a, b, c)
-
-
 def check_difficulty(difficulty) -> int:
     if isinstance(difficulty, bool) or difficulty not in LEVELS:
         raise ValueError(f"difficulty: expected one of {sorted(LEVELS)}, got {difficulty!r}")
@@ -133,32 +177,48 @@ def check_difficulty(difficulty) -> int:
 
 
 def generate(n: int, *, split: str = "train", seed: int = 0,
-             difficulty: int = DEFAULT_DIFFICULTY) -> list[ArithProblem]:
-    """``n`` problems of ``split``, drawn with ``seed``, distinct in their arithmetic while
-    distinct ones remain: after :data:`MAX_DUPLICATE_RETRIES` draws that were seen already
-    (the split at that difficulty is nearly exhausted), repeats are allowed, as training
-    over several epochs repeats problems anyway.
+             difficulty: int = DEFAULT_DIFFICULTY, repeats: bool | None = None
+             ) -> list[ArithProblem]:
+    """``n`` problems of ``split``, drawn with ``seed``: each draw picks a kind by the
+    level's weights, then that kind's next computation in a seeded shuffle of the split's
+    computations (:func:`computations`), worded with a random name, object and operand
+    order. Every computation appears once before any repeats.
+
+    A kind whose computations are used up drops out of the draw. Then, with ``repeats``
+    (the default for ``train``: training over several epochs repeats problems anyway), a
+    fresh shuffle starts once every kind is used up; without it (the default for ``test``
+    and ``eval``: a held-out set holds each computation once) asking for more problems
+    than the split holds is an error.
 
     Raises:
-        ValueError: a bad ``n``, ``split`` or ``difficulty``.
+        ValueError: a bad ``n``, ``split`` or ``difficulty``, or more problems than a split
+            without repeats holds.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n: expected a non-negative integer, got {n!r}")
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
     level = LEVELS[check_difficulty(difficulty)]
+    repeats = split == "train" if repeats is None else bool(repeats)
     rng = random.Random(f"arith:{split}:{difficulty}:{seed}")
-    seen: set = set()
+    weights = dict(zip(KINDS, level.mix, strict=True))
+    pools: dict[str, list] = {}
     out: list[ArithProblem] = []
-    misses = 0
     while len(out) < n:
-        kind, ops = _draw(level, rng)
-        if split_of(kind, ops) != split:
+        live = [k for k in KINDS if weights[k] > 0 and (k not in pools or pools[k])]
+        if not live:
+            if not repeats:
+                total = sum(len(computations(difficulty, k, split))
+                            for k in KINDS if weights[k] > 0)
+                raise ValueError(f"n: the {split} split of level {difficulty} holds {total} "
+                                 f"distinct computations, {n} were asked for")
+            pools.clear()  # every kind used up: start a fresh shuffle of each
             continue
-        if (kind, ops) in seen and misses < MAX_DUPLICATE_RETRIES:
-            misses += 1  # not reset: once the split is exhausted, repeats stay allowed
-            continue
-        seen.add((kind, ops))
+        kind = rng.choices(live, weights=[weights[k] for k in live])[0]
+        if kind not in pools:
+            pools[kind] = list(computations(difficulty, kind, split))
+            rng.shuffle(pools[kind])
+        ops = _written_order(kind, pools[kind].pop(), level, rng)
         question, answer = _wording(kind, ops, rng)
         out.append(ArithProblem(id=f"arith-{split}-{difficulty}-{seed}-{len(out)}",
                                 question=question, answer=str(answer), kind=kind,
