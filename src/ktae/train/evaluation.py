@@ -20,8 +20,12 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
     (:mod:`ktae.rewards.registry`).
 
     Returns:
-        ``{"accuracy", "formatted", "response_length", "n"}`` and, when rows carry the
-        ``carry`` flag, ``"accuracy_carry"`` (accuracy on carry/borrow problems).
+        ``{"accuracy", "formatted", "response_length", "truncated", "n", "problems"}`` and,
+        when rows carry the ``carry`` flag, ``"accuracy_carry"`` (accuracy on carry/borrow
+        problems). ``problems`` holds one record per row, in order: ``correct``,
+        ``tokens`` (the response's length), ``truncated`` (it ran out of budget without
+        an end-of-sequence token), the ``extracted`` answer and the ``response`` text, so
+        that an analysis can resample problems and split them by kind or by truncation.
     """
     if not rows:
         raise ValueError("rows: expected at least one problem")
@@ -40,7 +44,11 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
         "accuracy": sum(correct) / len(rows),
         "formatted": sum(r.formatted for r in results) / len(rows),
         "response_length": sum(lengths) / len(rows),
+        "truncated": sum(g[0].truncated for g in gens) / len(rows),
         "n": len(rows),
+        "problems": [{"correct": bool(r.correct), "tokens": int(n), "truncated": bool(g[0].truncated),
+                      "extracted": r.extracted, "response": t}
+                     for r, n, g, t in zip(results, lengths, gens, texts, strict=True)],
     }
     carry = [c for c, r in zip(correct, rows, strict=True) if r.get("carry")]
     if carry:
