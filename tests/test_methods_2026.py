@@ -203,14 +203,15 @@ def slow_kl_cov_loss(adv, lp, old, mask, ratio=0.0002, coef=1.0):
 @pytest.mark.parametrize("options", [{}, {"kl_cov_ratio": 0.25}, {"kl_cov_ratio": 0.4,
                                                                      "ppo_kl_coef": 3.0}])
 def test_kl_cov_has_verls_gradient(options):
-    """Off-policy, with a clip range wide enough that nothing is clipped (verl's kl_cov has
-    none): the gradient equals verl's; the loss value differs on the selected tokens by
-    ``coef * (|d| - sign(d))``, ``d = logp - old_logp`` (the offset's value, not the
-    penalty's)."""
-    adv, lp, old, ent, mask = batch(7, off_policy=0.1)
+    """Off-policy, at the loss's default clip range, which the result turns off (verl's
+    kl_cov has no clip): the gradient equals verl's; the loss value differs on the selected
+    tokens by ``coef * (|d| - sign(d))``, ``d = logp - old_logp`` (the offset's value, not
+    the penalty's). tests/test_kl_cov_verl.py compares with verl's code itself."""
+    adv, lp, old, ent, mask = batch(7, off_policy=0.3)
     res = calibrate("kl-cov", adv, lp, old, ent, mask, **options)
+    assert not res.ppo_clip
     lp_new = lp.clone().requires_grad_()
-    loss, _ = ktae.policy_loss(lp_new, old, res.advantages, mask, clip_low=0.99, clip_high=100)
+    loss, _ = ktae.policy_loss(lp_new, old, res.advantages, mask, ppo_clip=res.ppo_clip)
     lp_ref = lp.clone().requires_grad_()
     ref, chosen = slow_kl_cov_loss(adv, lp_ref, old, mask, options.get("kl_cov_ratio", 0.0002),
                                    options.get("ppo_kl_coef", 1.0))

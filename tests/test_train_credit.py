@@ -8,6 +8,7 @@ recomputes it with the core functions.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 
 import pytest
 import torch
@@ -227,3 +228,52 @@ def test_tool_mask_folds_into_the_loss_mask_and_attention_is_restored(monkeypatc
                                                compute_entropy=True)
     assert seen["attention"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
     assert calls == [copy] and trainer._pending_calibration is None
+
+
+@pytest.mark.parametrize("credit, options, clip", [("kl-cov", {}, False),
+                                                   ("kl-cov", {"clip": True}, True),
+                                                   ("taco", {}, True)])
+def test_a_result_without_the_ppo_clip_unclips_trls_loss(monkeypatch, credit, options, clip):
+    """KL-Cov's result asks for no PPO clip (verl's kl_cov loss): TRL 1.16's loss, which
+    reads epsilon_low/epsilon_high after the policy pass, sees an infinite clip range for
+    that call only; KL-Cov's ``clip=true`` and other rules keep the configured range."""
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    from ktae.runs.config import TrainConfig
+
+    g = torch.Generator().manual_seed(0)
+    logps = -torch.rand(2, 3, generator=g)
+    seen = {}
+
+    def fake_pass(self, model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        return logps, torch.ones(2, 3), None
+
+    def fake_loss(self, model, inputs):  # TRL's order: the policy pass, then the clip range
+        self._get_per_token_logps_and_entropies(model, inputs["ids"], inputs["attention"], 3,
+                                                compute_entropy=True)
+        seen["clip_range"] = (self.epsilon_low, self.epsilon_high)
+        return torch.zeros(())
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", fake_pass)
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", fake_loss)
+    trainer = KTAEGRPOTrainer.__new__(KTAEGRPOTrainer)
+    trainer.credit = credit_settings(TrainConfig(credit=credit,
+                                                 calibration_options=options).resolve())
+    trainer.epsilon_low, trainer.epsilon_high = 0.2, 0.28
+    trainer.state = SimpleNamespace(global_step=0)
+    trainer.accelerator = SimpleNamespace(process_index=0, num_processes=1)
+    trainer.model = SimpleNamespace(training=True)
+    trainer.rollouts, trainer._metrics = None, {"train": defaultdict(list)}
+    inputs = {"ids": torch.zeros(2, 5, dtype=torch.long),
+              "attention": torch.ones(2, 5, dtype=torch.long),
+              "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+              "completion_mask": torch.ones(2, 3, dtype=torch.long),
+              "advantages": torch.tensor([1.0, -1.0])}
+    KTAEGRPOTrainer._compute_loss(trainer, None, inputs)
+    assert seen["clip_range"] == ((0.2, 0.28) if clip else (math.inf, math.inf))
+    assert (trainer.epsilon_low, trainer.epsilon_high) == (0.2, 0.28)  # restored
+    # an infinite range is no clip in TRL's clamp: coef_2 = clamp(coef_1, 1 - eps, 1 + eps)
+    coef = torch.tensor([0.1, 1.0, 7.0])
+    assert torch.equal(torch.clamp(coef, 1 - math.inf, 1 + math.inf), coef)

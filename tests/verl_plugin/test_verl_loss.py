@@ -204,6 +204,41 @@ def test_every_calibration_runs_through_ppo_loss(name):
         assert value(metrics["actor/calibration/flag_rate"]) == pytest.approx(res.flag_rate)
 
 
+def test_kl_cov_has_the_gradient_of_verls_own_kl_cov_loss():
+    """ktae's ``kl-cov`` against verl's ``kl_cov`` loss mode (compute_policy_loss_kl_cov) on
+    an off-policy micro-batch that reaches the actor's clip range: the same gradient, since
+    neither clips a token; ``clip=true`` keeps the clip and differs on the clipped ones."""
+    from verl.workers.config import FSDPActorConfig
+
+    from ktae.integrations.verl.config import CalibratedPolicyLossConfig
+
+    mb = MicroBatch(seed=3)
+    g = torch.Generator().manual_seed(4)
+    mb.old = torch.where(mb.mask, mb.logp_values + 0.4 * torch.randn(mb.mask.shape, generator=g),
+                         0)
+    ratio = (mb.logp_values - mb.old).exp()
+    assert bool((mb.mask & ((ratio > 1.28) | (ratio < 0.8))).any())
+
+    def grad(loss_mode, ktae_options):
+        policy_loss = CalibratedPolicyLossConfig(loss_mode=loss_mode, ktae=ktae_options,
+                                                 kl_cov_ratio=0.3, ppo_kl_coef=1.0)
+        config = FSDPActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=2,
+                                 clip_ratio_low=0.2, clip_ratio_high=0.28,
+                                 loss_agg_mode="token-mean", policy_loss=policy_loss,
+                                 calculate_entropy=True)
+        logp = mb.logp_values.clone().requires_grad_(True)
+        model_output, data = mb.verl_inputs(logp)
+        loss, _ = worker_loss_fn(config)(model_output=model_output, data=data)
+        loss.backward()
+        return logp.grad
+
+    want = grad("kl_cov", {})
+    torch.testing.assert_close(grad("kl-cov", {"kl_cov_ratio": 0.3}), want, rtol=1e-5,
+                               atol=1e-7)
+    clipped = grad("kl-cov", {"kl_cov_ratio": 0.3, "clip": True})
+    assert not torch.allclose(clipped, want, rtol=1e-5, atol=1e-7)
+
+
 def test_missing_entropy_names_the_setting():
     mb = MicroBatch()
     model_output, data = mb.verl_inputs(mb.logp_values, with_entropy=False)

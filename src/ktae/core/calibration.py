@@ -36,7 +36,7 @@ Registered rules (:data:`CALIBRATIONS`):
 ``entropy-adv``        ``A <- A + min(alpha * H, |A| / kappa)`` (Cheng et al. 2025)
 ``clip-cov``           a random few high-covariance tokens get ``A <- 0`` (Cui et al. 2025)
 ``kl-cov``             the top covariance tokens get verl's ``|logp - old_logp|`` penalty,
-                       as its gradient (Cui et al. 2025)
+                       as its gradient, and the loss drops its PPO clip (Cui et al. 2025)
 ``spo-mask``           only tokens with ``p_old < 0.9`` stay in the loss (SPO, Guo et al.)
 =====================  ==============================================================
 
@@ -96,6 +96,10 @@ class CalibrationResult:
             ``mean_weight``, ``mean_tail_risk``, ``tail_fraction``,
             ``positive_advantage_fraction``; ``adv-reweight``: ``mean_weight``;
             ``forking-tokens`` and ``stapo``: ``entropy_threshold``.
+        ppo_clip: whether the policy loss keeps its PPO clip: pass it as the ``ppo_clip``
+            of :func:`ktae.policy_loss`. False for ``kl-cov`` (verl's ``kl_cov`` loss clips
+            no token) unless its option ``clip=true`` keeps the clip; True for every other
+            rule.
     """
 
     advantages: torch.Tensor
@@ -105,6 +109,7 @@ class CalibrationResult:
     loss_mask: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     offsets: torch.Tensor | None = None
+    ppo_clip: bool = True
 
 
 def logged_metrics(name: str, result: CalibrationResult) -> dict[str, float]:
@@ -214,4 +219,5 @@ def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mas
             calibrated = calibrated + offsets
         return CalibrationResult(advantages=calibrated, flagged=flagged,
                                  flag_rate=flag_rate, weights=weights, loss_mask=loss_mask,
-                                 metrics=values, offsets=offsets)
+                                 metrics=values, offsets=offsets,
+                                 ppo_clip=bool(out.ppo_clip))

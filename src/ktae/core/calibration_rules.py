@@ -41,6 +41,9 @@ class RuleResult(NamedTuple):
         offsets: a term added after the weights, ``A <- weights * A + offsets`` (rules
             that shift the advantage by an amount of their own: the entropy advantage,
             KL-Cov's penalty gradient); None = no shift.
+        ppo_clip: whether the policy loss keeps its PPO clip on these tokens. False: the
+            loss is the plain surrogate ``-A r`` on every token, no clip and no dual clip
+            (KL-Cov, whose verl loss clips no token).
     """
 
     weights: torch.Tensor
@@ -48,6 +51,7 @@ class RuleResult(NamedTuple):
     loss_mask: torch.Tensor | None = None
     metrics: dict[str, torch.Tensor] | None = None
     offsets: torch.Tensor | None = None
+    ppo_clip: bool = True
 
 
 def require(value: torch.Tensor | None, arg: str, rule: str, what: str) -> torch.Tensor:

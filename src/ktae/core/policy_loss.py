@@ -4,6 +4,7 @@ Per token, with ratio ``r = exp(logp - old_logp)`` and advantage ``A``::
 
     l = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)          (PPO / GRPO Eq. 1)
     l = min(l, -c * A)   where A < 0, if dual clip c > 1 is set        (verl's dual clip)
+    l = -r * A           instead of both, with ppo_clip=False          (KL-Cov, verl's kl_cov)
     l += kl_coef * KL_est(logp, ref_logp) - entropy_coef * H           (optional terms)
 
 and the per-token terms are aggregated over the batch by one of:
@@ -201,7 +202,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float = 0
                 clip_high: float = 0.2, dual_clip: float | None = None,
                 aggregation: str = "token-mean", max_response_length: float | None = None,
                 ref_logprobs=None, kl_coef: float = 0.0, kl_estimator: str = "k3",
-                entropies=None, entropy_coef: float = 0.0
+                entropies=None, entropy_coef: float = 0.0, ppo_clip: bool = True
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate loss with optional dual clip, KL and entropy terms (docs/method.md §10).
 
@@ -230,6 +231,9 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float = 0
             (keep their graph for the bonus to have a gradient); enables
             ``entropy_mean``, and the bonus when ``entropy_coef != 0`` (then required).
         entropy_coef: weight of the entropy bonus (subtracted from the loss).
+        ppo_clip: False drops the clip and the dual clip: every token's loss is ``-r * A``
+            (a calibration's ``CalibrationResult.ppo_clip``: KL-Cov's loss, as verl's
+            ``kl_cov``, clips no token; docs/method.md §16). The clip fractions are then 0.
 
     Returns:
         ``(loss, metrics)``: the scalar loss (float32, or float64 for float64 inputs) and
@@ -253,7 +257,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float = 0
     settings = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
                     aggregation=aggregation, max_response_length=max_response_length,
                     ref_logprobs=ref_logprobs, kl_coef=kl_coef, kl_estimator=kl_estimator,
-                    entropy_coef=entropy_coef)
+                    entropy_coef=entropy_coef, ppo_clip=ppo_clip)
     with_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in (logprobs, entropies)]
     device = logprobs.device if isinstance(logprobs, torch.Tensor) else torch.device("cpu")
     if not (any(with_grad) and torch.is_grad_enabled() and spreads_over_threads(device)):
@@ -298,7 +302,7 @@ class _PrecomputedGradients(torch.autograd.Function):
 
 def _policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, dual_clip,
                  aggregation, max_response_length, ref_logprobs, kl_coef, kl_estimator,
-                 entropies, entropy_coef) -> tuple[torch.Tensor, dict[str, float]]:
+                 entropies, entropy_coef, ppo_clip) -> tuple[torch.Tensor, dict[str, float]]:
     device = logprobs.device if isinstance(logprobs, torch.Tensor) else None
     logprobs = token_tensor(logprobs, "logprobs", None, device)
     shape = tuple(logprobs.shape)
@@ -312,6 +316,10 @@ def _policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_hig
                                                       low_open=True)
     beta = check_number(kl_coef, "kl_coef", low=0)
     ent_coef = check_number(entropy_coef, "entropy_coef")
+    if not isinstance(ppo_clip, bool):
+        raise ValueError(f"ppo_clip: expected true or false, got {ppo_clip!r}")
+    if not ppo_clip:  # no clip range, no dual clip: the clip terms below are inactive
+        eps_low, eps_high, c = math.inf, math.inf, None
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation: expected one of {', '.join(AGGREGATIONS)}, "
                          f"got {aggregation!r}")
@@ -330,8 +338,10 @@ def _policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_hig
     ratio = log_ratio.exp()
     adv = adv.to(dtype)
     unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
-    per_token = torch.maximum(unclipped, clipped)
+    per_token = unclipped
+    if ppo_clip:
+        clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
+        per_token = torch.maximum(unclipped, clipped)
     neg = adv < 0
     dual_active = torch.zeros_like(mask)
     if c is not None:

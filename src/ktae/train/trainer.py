@@ -27,7 +27,12 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    inside ``_compute_loss`` (``compute_entropy=True``) calibrate a copy of the advantages,
    detached, before TRL's loss reads them, and the calibration's loss mask (STAPO and
    forking tokens remove tokens) becomes TRL's loss mask (see :meth:`_loss_inputs`).
-   The old/ref log-prob passes (no entropy, outside ``_compute_loss``) are untouched.
+   A result without the PPO clip (``CalibrationResult.ppo_clip``: KL-Cov, whose verl loss
+   clips no token) widens TRL 1.16's ``epsilon_low``/``epsilon_high`` to infinity for that
+   ``_compute_loss`` call, so that its clipped loss types (``grpo``, ``bnpo``, ``dr_grpo``,
+   ``dapo``, ``luspo``; ``cispo``'s truncation too) clip no token; TRL's ``delta`` still
+   applies when it is set. The old/ref log-prob passes (no entropy, outside
+   ``_compute_loss``) are untouched.
 3. ``_save_checkpoint``: writes the generation settings and a completion marker last, so a
    checkpoint half-written by a kill is never resumed from (:mod:`ktae.runs.rundir`); a
    full disk is reported in words; a ``checkpoint-N`` directory ktae did not start is
@@ -62,6 +67,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import inspect
+import math
 import os
 import warnings
 
@@ -567,6 +573,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         # the policy pass inside TRL 1.16's _compute_loss is the update's, not a log-prob pass
         self._in_loss = True
+        clip_range = self.epsilon_low, self.epsilon_high
         try:
             if self.credit.calibration is None:
                 return super()._compute_loss(model, inputs)
@@ -578,6 +585,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 self._pending_calibration = None
         finally:
             self._in_loss = False
+            self.epsilon_low, self.epsilon_high = clip_range  # _calibrate may widen them
 
     def _loss_inputs(self, inputs: dict) -> dict:
         """A copy of ``inputs`` whose advantages and loss mask the calibration may change.
@@ -663,6 +671,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                            **self.credit.calibration_options)
         inputs["advantages"] = result.advantages.detach().to(adv.dtype)
         self._narrow_loss_mask(inputs, mask.bool(), result.loss_mask)
+        if not result.ppo_clip:  # TRL 1.16's _compute_loss reads them after this pass
+            self.epsilon_low = self.epsilon_high = math.inf
         if self.rollouts is not None:
             self.rollouts.on_calibration(self, inputs=inputs, logprobs=logps,
                                          entropies=entropies, result=result)

@@ -14,8 +14,10 @@ calibration ``name`` of :data:`ktae.CALIBRATIONS`, the registered loss
 2. multiplies in verl's rollout-correction weights when present (``w >= 0``, so
    ``w * loss(A) = loss(w * A)`` for the clipped surrogate, dual clip included);
 3. returns ``ktae.policy_loss(log_prob, old_log_prob, A_calibrated, loss_mask, ...)`` with
-   verl's clip ratios and dual clip (``clip_ratio_c``), times the factor that turns one
-   micro-batch's mean into verl's share of the global mini-batch loss (below).
+   verl's clip ratios and dual clip (``clip_ratio_c``), or no clip at all where the
+   calibration says so (``CalibrationResult.ppo_clip``: ``kl-cov``, as verl's ``kl_cov``),
+   times the factor that turns one micro-batch's mean into verl's share of the global
+   mini-batch loss (below).
 
 Normalisation. verl aggregates every micro-batch against the whole mini-batch on all
 data-parallel ranks (``agg_loss`` with ``global_batch_info``: ``batch_num_tokens``, the
@@ -212,7 +214,8 @@ def make_policy_loss(name: str) -> Callable:
         clip_low, clip_high, dual_clip = _clip_ratios(config)
         loss, stats = ktae.policy_loss(log_prob, old_log_prob, adv, keep, clip_low=clip_low,
                                        clip_high=clip_high, dual_clip=dual_clip,
-                                       aggregation=aggregation, max_response_length=max_len)
+                                       aggregation=aggregation, max_response_length=max_len,
+                                       ppo_clip=res.ppo_clip)
         n_keep = keep.sum().clamp_min(1)
         with torch.no_grad():
             ppo_kl = float(torch.where(keep, old_log_prob - log_prob, 0).sum() / n_keep)
