@@ -1,17 +1,20 @@
 """Exact labels for free-text arithmetic: find, recompute and label a response's claims.
 
-A claim is an equation ``a op b (op c ...) = r`` or an explicit final answer (``the answer
-is N``, ``Answer: N``, ``\\boxed{N}``) checked against the problem's answer. Each claim is
-recomputed in exact rational arithmetic; the characters of its *result* are labelled
-:data:`~ktae.tasks.embedded.LABEL_WRONG` when it is false and
-:data:`~ktae.tasks.embedded.LABEL_RIGHT` when it is true, so that ``ktae audit`` and
-``ktae explain`` read these labels as they read the embedded task's. ``docs/claims.md`` is
-the specification (what counts as a number, an operator, a claim; what is ignored and
-why); ``tests/claims_reference.py`` is a second implementation written from it alone.
+A claim is a link of an equation chain (``a op b = r``; in ``2+3=5+1=6`` each ``=`` is a
+link), an integer division with a remainder (``7 / 2 = 3 remainder 1``) or an explicit
+final answer (``the answer is N``, ``Answer: N``, ``\\boxed{N}``, ``#### N``) checked
+against the problem's answer. Each claim is recomputed in exact rational arithmetic; the
+characters of its *result* are labelled :data:`~ktae.tasks.embedded.LABEL_WRONG` when it
+is false and :data:`~ktae.tasks.embedded.LABEL_RIGHT` when it is true, so that ``ktae
+audit`` and ``ktae explain`` read these labels as they read the embedded task's.
+``docs/claims.md`` is the specification (what counts as a number, an operator, a claim;
+what is skipped and why); ``tests/claims_reference.py`` is a second implementation written
+from it alone, and :mod:`ktae.tasks.claims_grammar` writes responses whose claims are
+known by construction.
 
-This one reads numbers with a regular expression and checks their boundaries in Python;
-claims are then found around each ``=`` and each answer marker, from the list of numbers.
-Pure Python; :func:`claim_token_labels` maps the labels to a tokenizer's tokens.
+Each line is cut into items (:func:`ktae.tasks.claims_lexer.lex`); claims are read off the
+items around each ``=`` and each answer marker. Pure Python; :func:`claim_token_labels`
+maps the labels to a tokenizer's tokens.
 """
 
 from __future__ import annotations
@@ -21,39 +24,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ktae.tasks.claims_lexer import (
+    EQ,
+    HASH,
+    LP,
+    NUM,
+    OP,
+    OTHER,
+    RP,
+    SPACES,
+    Item,
+    Number,
+    lex,
+)
 from ktae.tasks.embedded import LABEL_OTHER, LABEL_RIGHT, LABEL_WRONG, token_labels
 
-SPACES = " \t"
-"""What "spaces" means in claims: spaces and tabs, never a line break."""
-MINUS_SIGNS = "-\u2212"
-"""Signs a result may carry directly before its digits."""
-ADD, MUL = 1, 2
-"""Precedence levels: multiplication and division bind tighter."""
-OPERATORS = {"+": (ADD, "+"), "-": (ADD, "-"), "\u2212": (ADD, "-"), "*": (MUL, "*"),
-             "\u00d7": (MUL, "*"), "x": (MUL, "*"), "/": (MUL, "/"), "\u00f7": (MUL, "/")}
-"""Written operator -> (precedence, operation)."""
-BLOCKING = set("+-\u2212\u00d7\u00f7/^)]")
-"""Characters that, just before a chain, leave part of its expression unread."""
+__all__ = ["Claim", "Number", "claim_labels", "claim_token_labels", "final_answer",
+           "find_claims", "find_numbers", "has_false_claim", "parse_answer"]
 
-_NUMBER = re.compile(r"\$?(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+"
-                     r"|[0-9]{1,3}(?: [0-9]{3}(?![0-9]))+"
-                     r"|[0-9]+)(?:\.[0-9]+)?")
-_OPERATOR_GAP = re.compile(r"[ \t]*([+\-\u2212*\u00d7/\u00f7])[ \t]*|[ \t]+(x)[ \t]+")
-_ANSWER_IS = re.compile(r"[Aa][Nn][Ss][Ww][Ee][Rr]\**[ \t]+[Ii][Ss]:?[ \t*]*")
-_ANSWER_COLON = re.compile(r"[Aa][Nn][Ss][Ww][Ee][Rr]\**[ \t]*:[ \t*]*")
-_BOXED = re.compile(r"\\[Bb][Oo][Xx][Ee][Dd]\{[ \t]*")
-
-
-@dataclass(frozen=True)
-class Number:
-    """A number literal: ``text[start:end]``; ``digits_start`` skips its ``$``."""
-
-    start: int
-    digits_start: int
-    end: int
-    value: Fraction
-    places: int
-    """Decimal places as written (0 for an integer)."""
+BLOCKING = set("^]}\u2013\u2014\u00b7%*0123456789")
+"""Characters that, as the nearest non-space before a left side or (``^``) after a result,
+leave part of an expression unread (docs/claims.md, Complete)."""
+_EXPRESSION = (NUM, OP, LP, RP)
+_ANSWER_IS = re.compile(r"(?<![^\W\d_])answer\**[ \t]+is:?", re.IGNORECASE)
+_ANSWER_COLON = re.compile(r"(?<![^\W\d_])answer\**[ \t]*:", re.IGNORECASE)
+_BOXED = re.compile(r"\\boxed\{", re.IGNORECASE)
+_REMAINDER = re.compile(r"[ \t]*([(,]?)[ \t]*(?:with[ \t]+(?:a[ \t]+)?)?"
+                        r"(?:remainder(?:[ \t]+of)?|r)(?![^\W\d_])[ \t]*:?[ \t]*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -61,15 +58,16 @@ class Claim:
     """One checkable claim of a response.
 
     Attributes:
-        kind: ``"equation"`` (``a op b ... = r``) or ``"answer"`` (an explicit final answer).
-        start, end: the claim's span in the text (from its first operand, its opening
-            bracket or its marker
-            through its result).
-        result_start, result_end: the labelled span: the result's sign or first digit
-            through its last digit.
-        stated: the result as written (exact).
+        kind: ``"equation"`` (a link ``left = right``), ``"remainder"`` (``a / b = q
+            remainder r``) or ``"answer"`` (an explicit final answer).
+        start, end: the claim's span in the text (from its left side or marker through its
+            result).
+        result_start, result_end: the labelled span (docs/claims.md, Labels).
+        stated: the result's value as written (for a remainder claim: ``q * b + r``).
         expected: the recomputed value, or the problem's answer.
-        correct: whether the result is right (``docs/claims.md``, Rounding).
+        correct: whether the claim is true (docs/claims.md, Rounding).
+        parts: the labelled spans when they are not the whole result span (a remainder
+            claim labels its quotient and its remainder, not the words between them).
     """
 
     kind: str
@@ -80,184 +78,352 @@ class Claim:
     stated: Fraction
     expected: Fraction
     correct: bool
+    parts: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def labelled(self) -> tuple[tuple[int, int], ...]:
+        """The labelled spans of the text: ``parts``, or the result span."""
+        return self.parts or ((self.result_start, self.result_end),)
 
 
-def _is_letter(ch: str) -> bool:
-    return ch.isalpha()
+class _Parser:
+    """Recursive descent over the items of an expression (docs/claims.md, Expressions)."""
 
+    def __init__(self, items: Sequence[Item]):
+        self.items, self.pos, self.ops = items, 0, 0
 
-def _left_ok(text: str, i: int) -> bool:
-    if i == 0:
-        return True
-    ch = text[i - 1]
-    return not (_is_letter(ch) or ch in "0123456789_.,$")
+    def _peek_op(self, ops: str) -> str:
+        it = self.items[self.pos] if self.pos < len(self.items) else None
+        return it.op if it is not None and it.kind == OP and it.op in ops else ""
 
+    def factor(self) -> Fraction | None:
+        items, sign = self.items, 1
+        if self.pos >= len(items):
+            return None
+        it = items[self.pos]
+        if it.kind == OP and it.op == "-" and (self.pos == 0 or items[self.pos - 1].kind == LP):
+            if self.pos + 1 >= len(items) or items[self.pos + 1].start != it.end:
+                return None  # a sign is written directly before its operand
+            sign, self.pos = -1, self.pos + 1
+            it = items[self.pos]
+        self.pos += 1
+        if it.kind == NUM:
+            return sign * it.number.value
+        if it.kind != LP:
+            return None
+        inner = self.expr()
+        if inner is None or self.pos >= len(items) or items[self.pos].kind != RP:
+            return None
+        self.pos += 1
+        return sign * inner
 
-def _right_ok(text: str, j: int) -> bool:
-    if j >= len(text):
-        return True
-    ch = text[j]
-    if _is_letter(ch) or ch in "0123456789_%":
-        return False
-    return not (ch in ",." and j + 1 < len(text) and text[j + 1] in "0123456789")
-
-
-def find_numbers(text: str) -> list[Number]:
-    """Every number of ``text`` (``docs/claims.md``, Numbers), left to right."""
-    out, pos = [], 0
-    while True:
-        m = _NUMBER.search(text, pos)
-        if m is None:
-            return out
-        i, j = m.span()
-        if _left_ok(text, i) and _right_ok(text, j):
-            literal = m.group().lstrip("$").replace(",", "").replace(" ", "")
-            places = len(literal.partition(".")[2])
-            out.append(Number(i, i + (text[i] == "$"), j, Fraction(literal), places))
-            pos = j
-        else:
-            pos = i + 1
-
-
-def _operator_between(text: str, left: Number, right: Number) -> str | None:
-    """The operation written between two numbers, or None if the gap is not one operator."""
-    m = _OPERATOR_GAP.fullmatch(text, left.end, right.start)
-    return None if m is None else OPERATORS[m.group(1) or m.group(2)][1]
-
-
-def _evaluate(values: list[Fraction], ops: list[str]) -> Fraction | None:
-    """Usual precedence, left to right within a level; None on a division by zero."""
-    terms, signs = [values[0]], []
-    for op, v in zip(ops, values[1:], strict=True):
-        if op == "*":
-            terms[-1] = terms[-1] * v
-        elif op == "/":
-            if v == 0:
+    def term(self) -> Fraction | None:
+        value = self.factor()
+        while value is not None and (op := self._peek_op("*/")):
+            self.pos, self.ops = self.pos + 1, self.ops + 1
+            right = self.factor()
+            if right is None or (op == "/" and right == 0):
                 return None
-            terms[-1] = terms[-1] / v
-        else:
-            signs.append(op)
-            terms.append(v)
-    total = terms[0]
-    for sign, term in zip(signs, terms[1:], strict=True):
-        total = total + term if sign == "+" else total - term
-    return total
+            value = value * right if op == "*" else value / right
+        return value
+
+    def expr(self) -> Fraction | None:
+        value = self.term()
+        while value is not None and (op := self._peek_op("+-")):
+            self.pos, self.ops = self.pos + 1, self.ops + 1
+            right = self.term()
+            if right is None:
+                return None
+            value = value + right if op == "+" else value - right
+        return value
+
+
+def _evaluate(items: Sequence[Item]) -> tuple[Fraction, int] | None:
+    """(value, number of binary operators) of an expression, or None when the items are not
+    one expression or it divides by zero. Usual precedence, left to right within a level;
+    brackets evaluated; a ``-`` sign only first or just after ``(``, directly before its
+    operand."""
+    parser = _Parser(items)
+    value = parser.expr()
+    if value is None or parser.pos != len(items):
+        return None
+    return value, parser.ops
 
 
 def _matches(value: Fraction, stated: Fraction, places: int) -> bool:
+    """docs/claims.md, Rounding: within half a unit of the last written place."""
     if places == 0:
         return value == stated
     return abs(value - stated) <= Fraction(1, 2 * 10 ** places)
 
 
-def _blocked(text: str, start: int) -> bool:
-    """Whether the nearest non-space character before ``start`` leaves part of an
-    expression unread (``docs/claims.md``, Complete)."""
-    k = start - 1
+def _char(text: str, k: int) -> str:
+    return text[k] if 0 <= k < len(text) else ""
+
+
+def _solid_before(text: str, k: int) -> int:
+    """Index of the nearest non-space character before ``k`` (-1 if none)."""
+    k -= 1
     while k >= 0 and text[k] in SPACES:
         k -= 1
-    if k < 0:
+    return k
+
+
+def _solid_after(text: str, k: int) -> str:
+    while k < len(text) and text[k] in SPACES:
+        k += 1
+    return _char(text, k)
+
+
+def _line_start(text: str, k: int) -> bool:
+    return k < 0 or text[k] in "\n\r"
+
+
+def _span(items: Sequence[Item]) -> tuple[int, int]:
+    """The labelled span of a result: its sign or first digit (or bracket) through its last
+    digit (or bracket); ``$`` and emphasis are outside it."""
+    first, last = items[0], items[-1]
+    start = first.number.digits_start if first.kind == NUM else first.start
+    return start, last.number.end if last.kind == NUM else last.end
+
+
+def _single(items: Sequence[Item]) -> Item | None:
+    """The number of a single result (a number, or ``-`` directly before a number)."""
+    if len(items) == 1 and items[0].kind == NUM:
+        return items[0]
+    if len(items) == 2 and items[0].kind == OP and items[0].op == "-" \
+            and items[1].kind == NUM and items[1].start == items[0].end:
+        return items[1]
+    return None
+
+
+def _complete_before(text: str, left: Sequence[Item]) -> bool:
+    """docs/claims.md, Complete: nothing before the left side leaves part of it unread."""
+    start = left[0].start
+    before = _char(text, start - 1)
+    if before.isalpha() or (before != "" and before in "0123456789_.,$"):
         return False
-    ch = text[k]
-    if ch in BLOCKING:
+    k = _solid_before(text, start)
+    ch = _char(text, k)
+    if left[0].kind == OP and (ch.isalpha() or (ch != "" and ch in ").")):
+        return False  # "apples -3": a subtraction from a quantity written in words
+    if ch == "" or ch not in BLOCKING:
         return True
-    if ch == "*":
-        return not ((k > 0 and text[k - 1] == "*") or (k + 1 < len(text) and text[k + 1] == "*"))
-    return ch == "x" and (k == 0 or text[k - 1] in SPACES)
+    if ch != "*":
+        return False
+    if "*" in (_char(text, k - 1), _char(text, k + 1)):
+        return True  # markdown bold
+    return _line_start(text, _solid_before(text, k)) and _char(text, k + 1) in SPACES  # a bullet
+
+
+def _complete_after(text: str, end: int) -> bool:
+    """Nothing after a result continues its expression (``= 5^2``, ``= 7 \u2013 3``, ``= 40 %``,
+    ``= 2 *``)."""
+    k = end
+    while k < len(text) and text[k] in SPACES:
+        k += 1
+    ch = _char(text, k)
+    if ch in ("^", "%") or (ch == "*" and _char(text, k + 1) != "*"):
+        return False  # a power, a percentage, or a product cut short
+    return not (ch != "" and ch in "\u2013\u2014\u00b7" and _solid_after(text, k + 1).isdigit())
 
 
 class _Reader:
-    """The numbers of one text, indexed by where they start and end."""
+    """The items of a text, with the claims read off them."""
 
     def __init__(self, text: str):
         self.text = text
-        self.numbers = find_numbers(text)
-        self.by_start = {n.start: k for k, n in enumerate(self.numbers)}
-        self.by_end = {n.end: k for k, n in enumerate(self.numbers)}
+        self.items = lex(text)
+        self.at = {it.start: k for k, it in enumerate(self.items)}
 
-    def result_at(self, pos: int) -> tuple[int, int, Fraction, int] | None:
-        """A single result starting at ``pos``: (labelled start, end, value, places)."""
-        sign = pos < len(self.text) and self.text[pos] in MINUS_SIGNS
-        k = self.by_start.get(pos + sign)
-        if k is None:
+    def left_side(self, e: int) -> tuple[list[Item], Item | None] | None:
+        """(left side, item before it) of the ``=`` at item ``e``."""
+        items, j = self.items, e
+        while j > 0 and items[j - 1].kind in _EXPRESSION:
+            j -= 1
+        run, depth, cut = items[j:e], 0, 0
+        for k in range(len(run) - 1, -1, -1):
+            if run[k].kind == RP:
+                depth += 1
+            elif run[k].kind == LP:
+                if depth == 0:
+                    cut = k + 1  # an opening bracket around the whole equation
+                    break
+                depth -= 1
+        left = run[cut:]
+        if not left:
             return None
-        n = self.numbers[k]
-        if k + 1 < len(self.numbers) and _operator_between(self.text, n, self.numbers[k + 1]):
-            return None  # an expression, not a single result
-        start = pos if sign else n.digits_start
-        return start, n.end, -n.value if sign else n.value, n.places
+        return left, run[cut - 1] if cut else (items[j - 1] if j else None)
 
+    def right_side(self, e: int) -> tuple[list[Item], int] | None:
+        """(right side, index of the item after it) of the ``=`` at item ``e``."""
+        items, j, depth = self.items, e + 1, 0
+        while j < len(items) and items[j].kind in _EXPRESSION:
+            if items[j].kind == LP:
+                depth += 1
+            elif items[j].kind == RP:
+                if depth == 0:
+                    break  # closes a bracket opened before the equation
+                depth -= 1
+            j += 1
+        run = items[e + 1:j]
+        if run and _evaluate(run) is not None:
+            return run, j
+        for m in range(len(run) - 1, 0, -1):
+            if _evaluate(run[:m]) is not None and self._ends_result(run, m):
+                return run[:m], e + 1 + m
+        return None
 
-def _skip_spaces_back(text: str, pos: int) -> int:
-    """The position after the last non-space character before ``pos``."""
-    while pos > 0 and text[pos - 1] in SPACES:
-        pos -= 1
-    return pos
+    def _ends_result(self, run: Sequence[Item], m: int) -> bool:
+        """Whether ``run[m]`` starts words after a result: a parenthesis of words
+        (``= 10 (with ...``) or a number of a hyphenated word (``= 7 100-page books``)."""
+        nxt, text = run[m], self.text
+        if nxt.start == run[m - 1].end:
+            return False
+        if nxt.kind == LP:
+            return m == len(run) - 1
+        if nxt.kind != NUM or m + 1 >= len(run):
+            return False
+        dash = run[m + 1]
+        return dash.op == "-" and _char(text, dash.start) == "-" and dash.start == nxt.end \
+            and _char(text, dash.end).isalpha()
 
+    def remainder(self, end: int) -> tuple[int, int] | None | bool:
+        """After a quotient ending at ``end``: (start, end) of a written remainder's digits,
+        False when none is written, None when a remainder marker has no number."""
+        m = _REMAINDER.match(self.text, end)
+        if m is None:
+            return False
+        d = re.compile(r"[0-9]+(?![^\W_]|[.,][0-9]|%)").match(self.text, m.end())
+        if d is None:
+            return None
+        if m.group(1) == "(" and _solid_after(self.text, d.end()) != ")":
+            return None
+        return d.start(), d.end()
 
-def _skip_spaces(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in SPACES:
-        pos += 1
-    return pos
+    def equation_claims(self) -> list[Claim]:
+        out: list[Claim] = []
+        claimed: set[int] = set()  # items of the "=" signs that made a claim
+        for e, eq in enumerate(self.items):
+            if eq.kind == EQ and (claim := self._link(e, claimed)) is not None:
+                out.append(claim)
+                claimed.add(e)
+        return out
 
+    def _link(self, e: int, claimed: set[int]) -> Claim | None:
+        """The claim of the ``=`` at item ``e`` (docs/claims.md, Equation claims)."""
+        text, sides = self.text, self.left_side(e)
+        if sides is None:
+            return None
+        left, before = sides
+        lhs = _evaluate(left)
+        if lhs is None:
+            return None
+        value, ops = lhs
+        if before is not None and before.kind == EQ:
+            if ops == 0 and (_single(left) is None or self.at[before.start] not in claimed):
+                return None  # "x = 5 = 5": a bare number continues only a claimed chain
+        elif ops == 0 or (before is None or before.kind != LP) and not _complete_before(text, left):
+            return None
+        right = self.right_side(e)
+        if right is None:
+            return None
+        rhs, after = right
+        start, end = _span(rhs)
+        if not (after < len(self.items) and self.items[after].kind == EQ) \
+                and not _complete_after(text, rhs[-1].end):
+            return None
+        number = _single(rhs)
+        if number is not None:
+            stated = number.number.value * (-1 if rhs[0].kind == OP else 1)
+            rem = self.remainder(number.end)
+            if rem is None:
+                return None
+            if rem:
+                return self._remainder_claim(left, rhs, rem)
+            return Claim("equation", left[0].start, end, start, end, stated, value,
+                         _matches(value, stated, number.number.places))
+        evaluated = _evaluate(rhs)
+        if evaluated is None or evaluated[1] == 0:
+            return None  # "= (7)"
+        first = _single(rhs[:2]) or _single(rhs[:1])
+        middle = after < len(self.items) and self.items[after].kind == EQ
+        if first is not None and middle and not self._fraction_after(rhs, first):
+            # the running reading: "2 + 3 = 5 + 1 = 6"
+            c_items = rhs[:2] if first is rhs[1] else rhs[:1]
+            c_value = first.number.value * (-1 if c_items[0].kind == OP else 1)
+            if _matches(value, c_value, first.number.places):
+                c_start, c_end = _span(c_items)
+                return Claim("equation", left[0].start, c_end, c_start, c_end, c_value,
+                             value, True)
+        stated = evaluated[0]  # the rewriting reading: "3 * 7 * 5 = 21 * 5 = 105"
+        return Claim("equation", left[0].start, end, start, end, stated, value, stated == value)
 
-def _equation_claims(r: _Reader) -> list[Claim]:
-    text, out = r.text, []
-    for eq in (m.start() for m in re.finditer("=", text)):
-        k = _skip_spaces_back(text, eq)
-        bracketed = k > 0 and text[k - 1] == ")"
-        if bracketed:
-            k = _skip_spaces_back(text, k - 1)
-        last = r.by_end.get(k)
-        if last is None:
-            continue
-        first, ops = last, []
-        while first > 0:
-            op = _operator_between(text, r.numbers[first - 1], r.numbers[first])
-            if op is None:
-                break
-            ops.insert(0, op)
-            first -= 1
-        front = r.numbers[first].start
-        if bracketed:
-            front = _skip_spaces_back(text, front)
-            if front == 0 or text[front - 1] != "(":
+    @staticmethod
+    def _fraction_after(rhs: Sequence[Item], first: Item) -> bool:
+        """Whether the number ``first`` of a right side is the numerator of a fraction
+        written ``1/10`` (no spaces around the ``/``)."""
+        k = rhs.index(first)
+        return k + 2 < len(rhs) and rhs[k + 1].op == "/" and rhs[k + 1].start == first.end \
+            and rhs[k + 2].start == rhs[k + 1].end
+
+    def _remainder_claim(self, left: Sequence[Item], rhs: Sequence[Item],
+                         rem: tuple[int, int]) -> Claim | None:
+        """``a / b = q remainder r``: true iff ``q * b + r = a`` and ``0 <= r < b``."""
+        if len(left) != 3 or left[1].op != "/" or left[0].kind != NUM or left[2].kind != NUM \
+                or len(rhs) != 1:
+            return None
+        a, b, q = left[0].number, left[2].number, rhs[0].number
+        if a.places or b.places or q.places or a.value.denominator != 1:
+            return None
+        r = int(self.text[rem[0]:rem[1]])
+        stated = q.value * b.value + r
+        return Claim("remainder", left[0].start, rem[1], q.digits_start, rem[1], stated,
+                     a.value, stated == a.value and 0 <= r < b.value,
+                     ((q.digits_start, q.end), rem))
+
+    def answer_claims(self, answer: Fraction) -> list[Claim]:
+        text, markers = self.text, []
+        for pattern in (_ANSWER_IS, _ANSWER_COLON, _BOXED):
+            markers += [(m.start(), m.end(), pattern is _BOXED) for m in pattern.finditer(text)]
+        markers += [(it.start, it.end, False) for it in self.items if it.kind == HASH]
+        out = []
+        for start, pos, boxed in markers:
+            k = self._first_item(pos)
+            while k is not None and self.items[k].kind == OTHER \
+                    and all(c in "*\"'\u201c" for c in text[self.items[k].start:self.items[k].end]):
+                k = self._first_item(self.items[k].end)
+            if k is None:
                 continue
-            front -= 1
-        if not ops or _blocked(text, front):
-            continue
-        result = r.result_at(_skip_spaces(text, eq + 1))
-        if result is None:
-            continue
-        value = _evaluate([n.value for n in r.numbers[first:last + 1]], ops)
-        if value is None:
-            continue
-        start, end, stated, places = result
-        out.append(Claim("equation", front, end, start, end, stated, value,
-                         _matches(value, stated, places)))
-    return out
-
-
-def _answer_claims(r: _Reader, answer: Fraction) -> list[Claim]:
-    text, out = r.text, []
-    markers = []
-    for pattern in (_ANSWER_IS, _ANSWER_COLON):
-        for m in pattern.finditer(text):
-            if m.start() == 0 or not _is_letter(text[m.start() - 1]):
-                markers.append((m.start(), m.end(), False))
-    markers += [(m.start(), m.end(), True) for m in _BOXED.finditer(text)]
-    for start, pos, boxed in markers:
-        result = r.result_at(pos)
-        if result is None:
-            continue
-        res_start, end, stated, places = result
-        if boxed:
-            close = _skip_spaces(text, end)
-            if close >= len(text) or text[close] != "}":
+            items = self.items[k:k + 2] if self.items[k].kind == OP else self.items[k:k + 1]
+            number = _single(items)
+            if number is None:
                 continue
-        out.append(Claim("answer", start, end, res_start, end, stated, answer,
-                         _matches(answer, stated, places)))
-    return out
+            nxt = self.items[k + len(items)] if k + len(items) < len(self.items) else None
+            if nxt is not None and nxt.kind in (OP, EQ, NUM):
+                continue  # an expression or an equation, not a single answer
+            if not _complete_after(text, number.end):
+                continue
+            if boxed and _solid_after(text, number.end) != "}":
+                continue
+            res_start, res_end = _span(items)
+            stated = number.number.value * (-1 if items[0].kind == OP else 1)
+            out.append(Claim("answer", start, res_end, res_start, res_end, stated, answer,
+                             _matches(answer, stated, number.number.places)))
+        return out
+
+    def _first_item(self, pos: int) -> int | None:
+        """The item starting at ``pos`` after spaces, if any."""
+        while pos < len(self.text) and self.text[pos] in SPACES:
+            pos += 1
+        return self.at.get(pos)
+
+
+def find_numbers(text: str) -> list[Number]:
+    """Every number of ``text`` (``docs/claims.md``, Numbers), left to right."""
+    if not isinstance(text, str):
+        raise ValueError(f"text: expected a string, got {type(text).__name__}")
+    return [it.number for it in lex(text) if it.kind == NUM]
 
 
 def parse_answer(answer) -> Fraction:
@@ -283,10 +449,11 @@ def find_claims(text: str, answer=None) -> list[Claim]:
     """
     if not isinstance(text, str):
         raise ValueError(f"text: expected a string, got {type(text).__name__}")
+    expected = None if answer is None else parse_answer(answer)
     reader = _Reader(text)
-    claims = _equation_claims(reader)
-    if answer is not None:
-        claims += _answer_claims(reader, parse_answer(answer))
+    claims = reader.equation_claims()
+    if expected is not None:
+        claims += reader.answer_claims(expected)
     return sorted(claims, key=lambda c: (c.result_start, c.start))
 
 
@@ -296,9 +463,10 @@ def claim_labels(text: str, answer=None) -> str:
     claims = find_claims(text, answer)
     labels = [LABEL_OTHER] * len(text)
     for c in claims:
-        for k in range(c.result_start, c.result_end):
-            if labels[k] != LABEL_WRONG:
-                labels[k] = LABEL_RIGHT if c.correct else LABEL_WRONG
+        for start, end in c.labelled:
+            for k in range(start, end):
+                if labels[k] != LABEL_WRONG:
+                    labels[k] = LABEL_RIGHT if c.correct else LABEL_WRONG
     return "".join(labels)
 
 
@@ -319,6 +487,7 @@ def has_false_claim(text: str, answer=None) -> bool:
 
 
 def final_answer(text: str, answer=None) -> Claim | None:
-    """The response's last answer claim (``answer is``, ``Answer:``, ``\\boxed{}``), or None."""
+    """The response's last answer claim (``answer is``, ``Answer:``, ``\\boxed{}``,
+    ``####``), or None."""
     claims = [c for c in find_claims(text, 0 if answer is None else answer) if c.kind == "answer"]
     return claims[-1] if claims else None
