@@ -291,6 +291,8 @@ def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: flo
     with ``importance`` also its ``input_grad_importance`` (:func:`importance_groups`)."""
     import torch
 
+    from ktae.core.entropy import categorical_entropy
+
     if importance:
         importance_groups(model, tokenizer, groups)
     for g in groups:
@@ -305,7 +307,7 @@ def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: flo
             logits = model(input_ids=ids, attention_mask=att).logits[:, P - 1:P + T - 1].float()
         logp = torch.log_softmax(logits / temperature, dim=-1)
         tok_logp = logp.gather(-1, ids[:, P:, None]).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
+        entropy = categorical_entropy(logp)
         g.logprobs = [tok_logp[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
         g.entropies = [entropy[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
 

@@ -59,7 +59,8 @@ def _answer_summary(logits: torch.Tensor, input_ids: torch.Tensor, answer_mask: 
         return logits[torch.arange(logits.shape[0], device=logits.device), last]
     count = predicts.sum(dim=1).clamp_min(1).to(logits.dtype)
     if outcome == "answer_mean":
-        return (logits * predicts[..., None]).sum(dim=1) / count[:, None]
+        # where, not *: a -inf logit (a masked vocabulary entry) times 0 would be NaN
+        return torch.where(predicts[..., None], logits, 0).sum(dim=1) / count[:, None]
     target = torch.roll(input_ids, -1, dims=1)
     token_lp = F.log_softmax(logits, dim=-1).gather(-1, target[..., None]).squeeze(-1)
     return torch.where(predicts, token_lp, 0).sum(dim=1) / count
@@ -104,7 +105,8 @@ def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.
         if outcome == "answer_joint":
             J = ref - out
         else:
-            J = (p0 * (log_p0 - F.log_softmax(out, dim=-1))).sum(dim=-1)
+            # 0 log 0 = 0: an entry of q(e) = 0 (a -inf logit) adds nothing, not 0 * inf
+            J = torch.where(p0 > 0, p0 * (log_p0 - F.log_softmax(out, dim=-1)), 0).sum(dim=-1)
         (grad,) = torch.autograd.grad(J.sum(), x)
     saliency = (grad.to(dtype) * e.to(dtype)).sum(dim=-1).abs()
     return torch.where(response_mask, saliency, 0).detach()

@@ -22,6 +22,7 @@ from contextlib import nullcontext
 
 import torch
 
+from ktae.core.entropy import categorical_entropy
 from ktae.runs.config import LOGPROB_HEADS as HEADS
 
 FULL_LOGITS_BUDGET = 1 << 30
@@ -69,5 +70,5 @@ def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     entropy = None
     if compute_entropy:
         with nullcontext() if entropy_grad else torch.no_grad():
-            entropy = -(logp.exp() * logp).sum(-1).masked_fill(padding, 0.0)
+            entropy = categorical_entropy(logp).masked_fill(padding, 0.0)
     return per_token, entropy
