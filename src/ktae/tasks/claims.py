@@ -176,7 +176,7 @@ def _solid_after(text: str, k: int) -> str:
 
 
 def _line_start(text: str, k: int) -> bool:
-    return k < 0 or text[k] in "\n\r"
+    return k < 0 or text[k] == "\n"
 
 
 def _span(items: Sequence[Item]) -> tuple[int, int]:
@@ -294,7 +294,7 @@ class _Reader:
         m = _REMAINDER.match(self.text, end)
         if m is None:
             return False
-        d = re.compile(r"[0-9]+(?![^\W_]|[.,][0-9]|%)").match(self.text, m.end())
+        d = re.compile(r"[0-9]+(?![\w%]|[.,][0-9])").match(self.text, m.end())
         if d is None:
             return None
         if m.group(1) == "(" and _solid_after(self.text, d.end()) != ")":

@@ -83,7 +83,7 @@ def _times_x(text: str, k: int) -> bool:
     before and spaces after it, or a digit directly on each side (not ``0x``, a hex
     prefix)."""
     before, after = _char(text, k - 1), _char(text, k + 1)
-    if (before == "" or before in SPACES + "\n\r") and _among(after, SPACES):
+    if (before == "" or before in SPACES + "\n") and _among(after, SPACES):
         return True
     if not (_is_digit(before) and _is_digit(after)):
         return False
@@ -131,8 +131,9 @@ def _number_at(text: str, i: int) -> Number | None:
         if not text.startswith(mark, close) or _char(text, close + len(mark)) == mark[0]:
             continue
         outer = close + len(mark)
-        if _among(_prev_solid(text, i), DIGITS + ")") or _is_digit(_next_solid(text, outer)):
-            continue  # next to a number: an operator, not emphasis
+        if mark == "*" and (_among(_prev_solid(text, i), DIGITS + ")")
+                            or _is_digit(_next_solid(text, outer))):
+            continue  # next to a number: asterisks that multiply, not emphasis
         if _before_ok(text, i) and _after_ok(text, outer):
             return Number(i, lit[0], lit[1], lit[2], lit[3], outer)
     lit = _literal(text, i)
