@@ -196,8 +196,8 @@ class TrainConfig:
     logprob_head: str = field(default="auto", metadata=flag(
         "how the policy's log-probs are computed: auto | full | chunked (docs/step-time.md)"))
     """``full``: the model's logits of the completion positions; ``chunked``: TRL's fused LM
-    head; ``auto``: full on the CPU while a micro-batch's logits fit in 1 GiB
-    (:mod:`ktae.train.logprob_head`)."""
+    head; ``auto``: full on the CPU while its peak memory for a micro-batch (about three
+    times the micro-batch's logits) fits in 1 GiB (:mod:`ktae.train.logprob_head`)."""
     bf16: bool = field(default=False, metadata=flag("bfloat16 (GPU)", kind="switch"))
     """bfloat16 mixed precision (GPU only; fp32 on CPU)."""
     progress: bool = field(default=True, metadata=flag(

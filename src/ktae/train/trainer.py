@@ -633,13 +633,15 @@ class KTAEGRPOTrainer(GRPOTrainer):
         a = call.arguments
         keep, rows = a["logits_to_keep"], input_ids.size(0)
         batch = a["batch_size"] or rows
+        entropy_grad = torch.is_grad_enabled() and getattr(self, "_entropy_bonus_enabled", True)
         if (not self._full_head_fits or a["compute_aux_loss"]
                 or any(a[k] is not None for k in _MULTIMODAL)
                 or choose_head(self.logprob_head, input_ids.device, min(batch, rows), keep,
-                               self.model.config.get_text_config().vocab_size) == "chunked"):
+                               self.model.config.get_text_config().vocab_size,
+                               grad=torch.is_grad_enabled(),
+                               entropy_grad=entropy_grad and a["compute_entropy"]) == "chunked"):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, *args, **kwargs)
-        entropy_grad = torch.is_grad_enabled() and getattr(self, "_entropy_bonus_enabled", True)
         logps, entropies = [], []
         for start in range(0, rows, batch):
             rows_ = slice(start, start + batch)
