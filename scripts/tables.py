@@ -982,6 +982,24 @@ TABLES = {
 }
 
 
+# The real-model verdict (docs/verdict-plan.md): these tables read the study's records
+# (records/verdict/, which scripts/verdict_study.py fills) through
+# scripts/verdict_analysis.py, so they name no run of their own; a partial study renders
+# with the seeds it has, and names the runs still missing.
+def _verdict(name: str) -> Callable[[], str]:
+    def render() -> str:
+        sys.path.insert(0, str(REPO / "scripts"))
+        import verdict_analysis
+
+        return verdict_analysis.table(name)
+    render.__doc__ = f"scripts/verdict_analysis.py's {name!r} table over records/verdict/."
+    return render
+
+
+TABLES.update({"verdict" if name == "verdict" else f"verdict-{name}": Table((), _verdict(name))
+               for name in ("verdict", "length", "credit-mass", "audit")})
+
+
 # --- markers ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
