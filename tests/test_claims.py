@@ -219,6 +219,21 @@ def test_reference_agrees_on_smollm2_samples():
     assert claims > 200  # the samples do make claims
 
 
+def test_disagreement_counts_on_smollm2_samples():
+    """scripts/claims_disagreements.py on the 500 responses: the counts docs/claims.md
+    (Checks) reports, with no verdict that differs and no claim one labeller skips."""
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "scripts" / "claims_disagreements.py"
+    spec = importlib.util.spec_from_file_location("claims_disagreements", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    counts, notes = script.compare(_fixture())
+    assert notes == []
+    assert counts == {"responses": 500, "module": 508, "reference": 508, "agree": 508,
+                      "verdict differs": 0, "module only": 0, "reference only": 0}
+
+
 def test_token_labels_with_smollm2_tokenizer():
     """The fixture's ids decode to its pieces with the real tokenizer, and the labels of a
     result split into " ", "1", "0", "0" mark the digits' tokens."""
