@@ -1,0 +1,246 @@
+"""The real-model verdict study: its plan, and a driver that runs it over several sittings.
+
+The plan (docs/verdict-plan.md, committed before any of its runs) is five arms of the
+SmolLM2 recipe (configs/smollm2-recipe.yaml, arith level 0) in two settings, over the
+seeds :data:`SEEDS`:
+
+* arms (:data:`ARMS`): GRPO; GRPO + KTAE; GRPO with DAPO's overlong shaping (the length
+  control); GRPO + KTAE over 3-token spans; GRPO + SPO's probability mask;
+* settings (:data:`SETTINGS`): a 64-token budget, where truncation is common, and a
+  longer one, where it is rare.
+
+``run`` works through the runs in plan order, ``--jobs`` at a time (one thread each):
+
+* a run whose record (``records/verdict/NAME/``) is complete is skipped;
+* a run whose folder holds a checkpoint resumes from it (``ktae train --resume``);
+* a finished run's files are copied into its record, the marker last, so that the record
+  outlives the machine; the run's ``final/`` model stays in the run folder for ``audit``.
+
+The training runs import the package from one fixed commit (:data:`CODE`, a detached
+worktree beside the run folders), so that work landing on the branch while the study runs
+for hours cannot change it half-way; each record names that commit.
+
+``audit`` then audits the models the plan names (:data:`AUDIT_SEEDS`; and the starting
+model) on the held-out prompts, skipping audits already recorded. ``status`` prints what
+is done. Every sitting can be stopped at any time and started again with the same command.
+
+    python scripts/verdict_study.py status
+    python scripts/verdict_study.py run --jobs 2        # hours; resumable
+    python scripts/verdict_study.py audit --jobs 2      # after the runs; resumable
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDS = REPO / "records" / "verdict"
+CONFIG = "configs/smollm2-recipe.yaml"
+SEEDS = (11, 12, 13, 14, 15)
+"""Seeds of the final table: none of them was used before the plan was committed."""
+ARMS = {
+    "grpo": "--credit none",
+    "ktae": "--credit ktae",
+    "length": "--credit none --overlong-buffer {buffer}",
+    "ktae3": "--credit ktae --ktae-ngram 3",
+    "spo": "--credit grpo+spo-mask",
+}
+"""Arm -> its ``ktae train`` flags. ``length`` is DAPO's overlong shaping with its default
+cache (a fifth of the budget); ``spo`` is the 2026 method with the best blame on the
+development audit of the real model (docs/audit.md)."""
+ARM_LABELS = {"grpo": "GRPO", "ktae": "GRPO + KTAE", "length": "GRPO + overlong shaping",
+              "ktae3": "GRPO + KTAE over 3-grams", "spo": "GRPO + SPO mask"}
+SETTINGS = {"t64": 64, "t128": 128}
+"""Setting -> the response budget (``--max-new-tokens``): truncation common, and rare."""
+STUDY_FLAGS = "--eval-size 200 --rollout-every 1 --rollout-groups 4 --threads 1 --no-progress"
+"""Every run: the 200 held-out problems (200 distinct computations), every step's groups
+recorded for the credit-mass analysis, one thread."""
+AUDIT_SEEDS = (11, 12)
+"""Seeds whose trained models are audited, in each setting and arm."""
+AUDIT_FLAGS = ("--task arith@difficulty=0 --prompts 200 --samples 4 --temperature 0.6 "
+               "--credit grpo,ktae,ktae@ngram=3 --threads 1 --no-progress --overwrite")
+KEEP = ("summary.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "config.yaml")
+"""Files of a finished run kept in its record."""
+CODE = RECORDS / "code.json"
+"""The commit the training runs import the package from: ``{"commit": SHA}``."""
+MARKER = "record.json"
+"""Written last into a record: the command, the seconds, the time it finished."""
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    argv: tuple[str, ...]
+    folder: Path
+    """Where the command writes."""
+    keep: tuple[str, ...]
+    code: Path | None = None
+    """A checkout whose ``src`` the command imports, run from there; None: this one."""
+
+
+def runs_dir() -> Path:
+    """The run folders: ``$KTAE_VERDICT_RUNS``, else ``$KTAE_CACHE/verdict`` or
+    ``~/.cache/ktae/verdict`` (outside the work tree, which a new checkout replaces)."""
+    if os.environ.get("KTAE_VERDICT_RUNS"):
+        return Path(os.environ["KTAE_VERDICT_RUNS"])
+    cache = os.environ.get("KTAE_CACHE")
+    return (Path(cache) if cache else Path.home() / ".cache" / "ktae") / "verdict"
+
+
+def code_tree(root: Path) -> Path:
+    """A worktree of :data:`CODE`'s commit (made once, beside the run folders)."""
+    commit = json.loads(CODE.read_text())["commit"]
+    tree = root / f"code-{commit[:12]}"
+    if not (tree / "src" / "ktae").exists():
+        subprocess.run(["git", "worktree", "add", "--detach", "--force", str(tree), commit],
+                       cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    return tree
+
+
+def run_name(setting: str, arm: str, seed: int) -> str:
+    return f"{setting}-{arm}-s{seed}"
+
+
+def plan() -> list[tuple[str, str, int]]:
+    """(setting, arm, seed) in the order the runs are made: seed by seed, so that a study
+    stopped early holds the same seeds in every arm and setting."""
+    return [(setting, arm, seed) for seed in SEEDS for setting in SETTINGS for arm in ARMS]
+
+
+def train_job(setting: str, arm: str, seed: int, root: Path) -> Job:
+    budget = SETTINGS[setting]
+    name = run_name(setting, arm, seed)
+    folder = root / name
+    flags = ARMS[arm].format(buffer=budget // 5)
+    argv = ["ktae", "train", "--config", CONFIG, *shlex.split(flags), "--seed", str(seed),
+            "--max-new-tokens", str(budget), *shlex.split(STUDY_FLAGS)]
+    if (folder / "checkpoints").exists() or any(folder.glob("checkpoint-*")):
+        argv.append("--resume")
+    elif folder.exists():
+        shutil.rmtree(folder)  # started but no checkpoint yet: nothing to keep
+    return Job(name, (*argv, "-o", str(folder)), folder, KEEP)
+
+
+def audit_jobs(root: Path) -> list[Job]:
+    """The starting model per setting, then each audited run's final model."""
+    jobs = []
+    for setting, budget in SETTINGS.items():
+        name = f"audit-{setting}-start"
+        argv = ["ktae", "audit", "--model", "smollm2-135m", "--max-new-tokens", str(budget),
+                *shlex.split(AUDIT_FLAGS)]
+        jobs.append(Job(name, (*argv, "-o", str(root / name)), root / name, ("audit.json",)))
+    for seed in AUDIT_SEEDS:
+        for setting, budget in SETTINGS.items():
+            for arm in ARMS:
+                run = run_name(setting, arm, seed)
+                name = f"audit-{run}"
+                argv = ["ktae", "audit", "--model", str(root / run / "final"),
+                        "--max-new-tokens", str(budget), *shlex.split(AUDIT_FLAGS)]
+                jobs.append(Job(name, (*argv, "-o", str(root / name)), root / name,
+                                ("audit.json",)))
+    return jobs
+
+
+def recorded(name: str) -> bool:
+    return (RECORDS / name / MARKER).exists()
+
+
+def execute(job: Job, log_dir: Path) -> bool:
+    """Runs ``job``; on success copies its files into its record, the marker last."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    env, cwd, commit = dict(os.environ), REPO, None
+    if job.code is not None:
+        cwd = job.code
+        env["PYTHONPATH"] = os.pathsep.join([str(job.code / "src"), env.get("PYTHONPATH", "")])
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=job.code, text=True,
+                                capture_output=True).stdout.strip() or None
+    print(f"[{time.strftime('%H:%M:%S')}] start {job.name}: {shlex.join(job.argv)}", flush=True)
+    with open(log_dir / f"{job.name}.log", "a") as log:
+        rc = subprocess.run(job.argv, cwd=cwd, env=env, stdout=log,
+                            stderr=subprocess.STDOUT).returncode
+    seconds = time.time() - start
+    if rc != 0:
+        print(f"[{time.strftime('%H:%M:%S')}] FAILED {job.name} (exit {rc}, {seconds:.0f} s; "
+              f"log: {log_dir / job.name}.log)", flush=True)
+        return False
+    record = RECORDS / job.name
+    if record.exists():
+        shutil.rmtree(record)
+    record.mkdir(parents=True)
+    for name in job.keep:
+        if (job.folder / name).exists():
+            shutil.copy2(job.folder / name, record / name)
+    argv = [str(a).replace(str(runs_dir()), "{runs}") for a in job.argv]
+    (record / MARKER).write_text(json.dumps(
+        {"command": shlex.join(argv), "code": commit, "seconds": round(seconds, 1),
+         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
+    print(f"[{time.strftime('%H:%M:%S')}] done {job.name} in {seconds / 60:.1f} min", flush=True)
+    return True
+
+
+def pending_train(root: Path, code: Path | None = None) -> list[Job]:
+    return [dataclasses.replace(train_job(s, a, seed, root), code=code) for s, a, seed in plan()
+            if not recorded(run_name(s, a, seed))]
+
+
+def drive(jobs: list[Job], n_jobs: int, log_dir: Path) -> int:
+    print(f"{len(jobs)} to do, {n_jobs} at a time; logs in {log_dir}", flush=True)
+    with ThreadPoolExecutor(max_workers=n_jobs) as pool:
+        results = list(pool.map(lambda j: execute(j, log_dir), jobs))
+    failed = results.count(False)
+    print(f"{len(results) - failed} finished, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+def status() -> int:
+    done = [run_name(*p) for p in plan() if recorded(run_name(*p))]
+    print(f"training runs recorded: {len(done)} of {len(plan())}")
+    for setting in SETTINGS:
+        for arm in ARMS:
+            seeds = [s for s in SEEDS if recorded(run_name(setting, arm, s))]
+            print(f"  {setting} {arm:7s} seeds {seeds}")
+    audits = [j.name for j in audit_jobs(runs_dir())]
+    print(f"audits recorded: {sum(map(recorded, audits))} of {len(audits)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=("status", "run", "audit"))
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many runs this time")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        print("verdict_study: --jobs: expected a positive integer", file=sys.stderr)
+        return 2
+    if args.action == "status":
+        return status()
+    root = runs_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    if args.action == "run":
+        jobs = pending_train(root, code_tree(root))
+    else:
+        missing = [run_name(s, a, seed) for seed in AUDIT_SEEDS for s in SETTINGS for a in ARMS
+                   if not (root / run_name(s, a, seed) / "final").exists()]
+        if missing:
+            print(f"verdict_study: audit: no final model for {', '.join(missing)}; "
+                  "run them first", file=sys.stderr)
+        jobs = [j for j in audit_jobs(root) if not recorded(j.name)
+                and (j.name.endswith("-start") or (root / j.name[len("audit-"):] / "final").exists())]
+    return drive(jobs[:args.limit], args.jobs, root / "logs")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

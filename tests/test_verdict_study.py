@@ -1,0 +1,87 @@
+"""The verdict study's driver: its plan, what it skips and what it resumes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "verdict_study.py"
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("verdict_study_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "RECORDS", tmp_path / "records")
+    monkeypatch.setenv("KTAE_VERDICT_RUNS", str(tmp_path / "runs"))
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_plan_is_every_arm_setting_and_seed_seed_by_seed(study):
+    plan = study.plan()
+    assert len(plan) == len(set(plan)) == len(study.ARMS) * len(study.SETTINGS) * len(study.SEEDS)
+    assert len(study.SEEDS) >= 5 and len(study.SETTINGS) >= 2
+    # a study stopped early holds whole seeds: every arm and setting of a seed come together
+    block = len(study.ARMS) * len(study.SETTINGS)
+    for k, seed in enumerate(study.SEEDS):
+        assert {s for _, _, s in plan[k * block:(k + 1) * block]} == {seed}
+
+
+def test_train_job_flags_and_resume(study, tmp_path):
+    root = tmp_path / "runs"
+    job = study.train_job("t64", "length", 11, root)
+    argv = list(job.argv)
+    assert argv[:4] == ["ktae", "train", "--config", study.CONFIG]
+    assert argv[argv.index("--overlong-buffer") + 1] == str(64 // 5)
+    assert argv[argv.index("--max-new-tokens") + 1] == "64"
+    assert argv[argv.index("--seed") + 1] == "11" and "--resume" not in argv
+    assert argv[-2:] == ["-o", str(root / "t64-length-s11")]
+    # a folder with a checkpoint resumes; one without is started again
+    (root / "t64-length-s11" / "checkpoint-4").mkdir(parents=True)
+    assert "--resume" in study.train_job("t64", "length", 11, root).argv
+    (root / "t64-grpo-s11").mkdir(parents=True)
+    (root / "t64-grpo-s11" / "metrics.jsonl").write_text("{}\n")
+    assert "--resume" not in study.train_job("t64", "grpo", 11, root).argv
+    assert not (root / "t64-grpo-s11").exists()
+
+
+def test_recorded_runs_are_skipped_and_records_written_last(study, tmp_path):
+    root = tmp_path / "runs"
+    name = study.run_name("t64", "grpo", 11)
+    pending = study.pending_train(root)
+    assert pending[0].name == name and len(pending) == len(study.plan())
+    # a job that succeeds: its files are kept, the marker written
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("{}")
+    job = study.Job(name, (sys.executable, "-c", "pass"), folder, ("summary.json", "eval.jsonl"))
+    assert study.execute(job, root / "logs")
+    record = study.RECORDS / name
+    assert (record / "summary.json").exists() and not (record / "eval.jsonl").exists()
+    assert json.loads((record / study.MARKER).read_text())["seconds"] >= 0
+    assert name not in {j.name for j in study.pending_train(root)}
+    # a job that fails leaves no record
+    other = study.run_name("t64", "ktae", 11)
+    bad = study.Job(other, (sys.executable, "-c", "raise SystemExit(3)"), root / other, ())
+    assert not study.execute(bad, root / "logs")
+    assert not (study.RECORDS / other).exists()
+
+
+def test_runs_import_the_frozen_code(study, tmp_path):
+    code = tmp_path / "code"
+    (code / "src").mkdir(parents=True)
+    out = tmp_path / "seen.txt"
+    script = ("import os, sys; open(sys.argv[1], 'w').write(os.environ['PYTHONPATH'] + '|' "
+              "+ os.getcwd())")
+    job = study.Job("t64-grpo-s12", (sys.executable, "-c", script, str(out)), tmp_path / "f",
+                    (), code=code)
+    assert study.execute(job, tmp_path / "logs")
+    path, cwd = out.read_text().split("|")
+    assert path.split(":")[0] == str(code / "src") and cwd == str(code)
