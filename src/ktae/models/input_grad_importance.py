@@ -48,22 +48,51 @@ from its data (``inputs['conclude']``) and does not show it; this is ktae's choi
 
 
 def _answer_summary(logits: torch.Tensor, input_ids: torch.Tensor, answer_mask: torch.Tensor,
-                    outcome: str) -> torch.Tensor:
+                    outcome: str, columns: torch.Tensor) -> torch.Tensor:
     """``[B, V]`` logits (``answer_mean``, ``last``) or ``[B]`` mean answer log-probability
-    (``answer_joint``) from ``[B, L, V]`` logits."""
+    (``answer_joint``) from ``[B, len(columns), V]`` logits, those of the sequence positions
+    ``columns`` (:func:`_summary_columns`)."""
     predicts = torch.zeros_like(answer_mask)
     predicts[:, :-1] = answer_mask[:, 1:]  # position p predicts the token at p + 1
     if outcome == "last":
         L = answer_mask.shape[1]
         last = torch.where(answer_mask, torch.arange(L, device=logits.device), -1).amax(dim=1)
-        return logits[torch.arange(logits.shape[0], device=logits.device), last]
+        at = torch.searchsorted(columns, last)
+        return logits[torch.arange(logits.shape[0], device=logits.device), at]
+    predicts = predicts[:, columns]
     count = predicts.sum(dim=1).clamp_min(1).to(logits.dtype)
     if outcome == "answer_mean":
         # where, not *: a -inf logit (a masked vocabulary entry) times 0 would be NaN
         return torch.where(predicts[..., None], logits, 0).sum(dim=1) / count[:, None]
-    target = torch.roll(input_ids, -1, dims=1)
+    target = torch.roll(input_ids, -1, dims=1)[:, columns]
     token_lp = F.log_softmax(logits, dim=-1).gather(-1, target[..., None]).squeeze(-1)
     return torch.where(predicts, token_lp, 0).sum(dim=1) / count
+
+
+def _summary_columns(answer_mask: torch.Tensor) -> torch.Tensor:
+    """The sequence positions whose logits the answer summary reads (the answer tokens and
+    the positions that predict them), in order."""
+    predicts = torch.zeros_like(answer_mask)
+    predicts[:, :-1] = answer_mask[:, 1:]
+    return (predicts | answer_mask).any(dim=0).nonzero().squeeze(1)
+
+
+def _logits_at(model, x: torch.Tensor, attention_mask: torch.Tensor,
+               columns: torch.Tensor) -> torch.Tensor:
+    """``[B, len(columns), V]`` logits at the positions ``columns`` under embeddings ``x``.
+    A transformers model that takes ``logits_to_keep`` projects only those positions
+    (the answer's few tokens instead of the whole sequence: the LM head over every position
+    and its backward were most of the cost); another model projects all and is sliced."""
+    if _takes_logits_to_keep(model):
+        return model(inputs_embeds=x, attention_mask=attention_mask,
+                     logits_to_keep=columns).logits
+    return model(inputs_embeds=x, attention_mask=attention_mask).logits[:, columns]
+
+
+def _takes_logits_to_keep(model) -> bool:
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(type(model).forward).parameters
 
 
 def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -89,19 +118,20 @@ def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.
     if not bool(answer_mask.any(dim=1).all()):
         raise ValueError("answer_mask: expected at least one answer token in every row")
     embed = model.get_input_embeddings()
+    columns = _summary_columns(answer_mask)
     with torch.no_grad():
         e = embed(input_ids).detach()
         dtype = torch.promote_types(e.dtype, torch.float32)  # the code's logits.float()
-        ref = _answer_summary(model(inputs_embeds=e, attention_mask=attention_mask).logits
-                              .to(dtype), input_ids, answer_mask, outcome)
+        ref = _answer_summary(_logits_at(model, e, attention_mask, columns).to(dtype),
+                              input_ids, answer_mask, outcome, columns)
         if outcome != "answer_joint":
             p0 = F.softmax(ref, dim=-1)
             log_p0 = torch.log(p0 + KL_EPS)
     noise = torch.randn(e.shape, generator=generator, dtype=e.dtype).to(e.device) * noise_std
     x = (e + torch.where(response_mask[..., None], noise, 0)).requires_grad_(True)
     with torch.enable_grad():
-        out = _answer_summary(model(inputs_embeds=x, attention_mask=attention_mask).logits
-                              .to(dtype), input_ids, answer_mask, outcome)
+        out = _answer_summary(_logits_at(model, x, attention_mask, columns).to(dtype),
+                              input_ids, answer_mask, outcome, columns)
         if outcome == "answer_joint":
             J = ref - out
         else:
