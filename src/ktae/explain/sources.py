@@ -17,6 +17,7 @@ responses to embedded-task prompts are labelled by :func:`ktae.tasks.label_respo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -285,16 +286,24 @@ def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
 
 
 def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: float = 1.0,
-                 importance: bool = False) -> None:
+                 importance: bool = False, on_group: Callable[[str], None] | None = None
+                 ) -> None:
     """Fill each group's per-token ``logprobs`` and ``entropies`` under ``model`` (the
-    prompt tokenised as for generation, responses right-padded, one forward per group);
-    with ``importance`` also its ``input_grad_importance`` (:func:`importance_groups`)."""
+    prompt tokenised as for generation, responses right-padded, one forward per group,
+    the LM head applied to the response positions only when the model takes
+    ``logits_to_keep``); with ``importance`` also its ``input_grad_importance``
+    (:func:`importance_groups`). ``on_group(phase)`` is called after each group of each
+    phase (``"importance"``, ``"scores"``): progress."""
+    import inspect
+
     import torch
 
     from ktae.core.entropy import categorical_entropy
 
     if importance:
-        importance_groups(model, tokenizer, groups)
+        importance_groups(model, tokenizer, groups,
+                          on_group=None if on_group is None else lambda: on_group("importance"))
+    keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
     for g in groups:
         prompt = tokenizer(g.prompt)["input_ids"]
         P, T = len(prompt), max(1, max(len(r) for r in g.responses))
@@ -304,19 +313,26 @@ def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: flo
             ids[i, :P + len(r)] = torch.tensor(prompt + list(r), dtype=torch.long)
             att[i, :P + len(r)] = 1
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=att).logits[:, P - 1:P + T - 1].float()
+            if keep:  # the last T + 1 positions: P - 1 .. P + T - 1
+                logits = model(input_ids=ids, attention_mask=att,
+                               logits_to_keep=T + 1).logits[:, :-1].float()
+            else:
+                logits = model(input_ids=ids, attention_mask=att).logits[:, P - 1:P + T - 1].float()
         logp = torch.log_softmax(logits / temperature, dim=-1)
         tok_logp = logp.gather(-1, ids[:, P:, None]).squeeze(-1)
         entropy = categorical_entropy(logp)
         g.logprobs = [tok_logp[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
         g.entropies = [entropy[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
+        if on_group is not None:
+            on_group("scores")
 
 
-def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int = 0) -> None:
+def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int = 0,
+                      on_group: Callable[[], None] | None = None) -> None:
     """Fill each group's ``input_grad_importance`` under ``model``: each response followed
     by the concluding text and the group's reference answer, as the trainer does
     (:mod:`ktae.models.input_grad_importance`; one extra backward pass per group, noise
-    from a generator seeded with ``seed``)."""
+    from a generator seeded with ``seed``); ``on_group()`` after each group."""
     import torch
 
     from ktae.models.input_grad_importance import answer_tokens, response_importance
@@ -340,3 +356,5 @@ def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int =
                                 [answer] * len(g.responses), pad, conclusion=conclusion,
                                 generator=g_noise)
         g.input_grad_importance = [s[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
+        if on_group is not None:
+            on_group()
