@@ -97,9 +97,9 @@ def test_repeats_are_counted_once_the_small_split_runs_out():
         return arith_input.repeated_problems(stream, prompts)
 
     assert repeats(16, 0, 1) == 0 and repeats(20, 1, 2) == 0
-    # the eval split holds 31 distinct level-1 problems: a second set of 16 repeats one,
-    # a third set of 16 repeats all of them
-    assert repeats(16, 1, 1) == 1 and repeats(16, 2, 1) == 16
+    # the eval split holds 115 distinct level-1 problems: the first six sets of 16 are
+    # distinct, the seventh repeats 8 earlier problems, the eighth 15
+    assert repeats(16, 5, 1) == 0 and repeats(16, 6, 1) == 8 and repeats(16, 7, 1) == 15
 
 
 def test_problem_in_reads_every_kind_back_from_a_decoded_chat_prompt(tok):

@@ -70,7 +70,7 @@ def prompt_set_problems(prompts: int, prompt_set: int, difficulty: int) -> list:
 def repeated_problems(problems: list, prompts: int) -> int:
     """How many problems of the last ``prompts`` of ``problems`` (a prompt-set stream from
     its start) repeat the arithmetic (kind and operands) of an earlier one: 0 while the
-    split lasts; at difficulty 1 the ``eval`` split holds only 31 distinct problems, so
+    split lasts; at difficulty 1 the ``eval`` split holds 115 distinct problems, so
     larger or later sets repeat them (in other wordings)."""
     seen, repeats = set(), 0
     for k, p in enumerate(problems):
@@ -117,10 +117,12 @@ def progress_printer(total: int, samples: int, stream=None) -> Callable[[int], N
 
 def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int, samples: int,
                   seed: int, max_new_tokens: int, temperature: float, prompt_set: int = 0,
-                  on_batch: Callable[[int], None] | None = None):
+                  on_batch: Callable[[int], None] | None = None, on_phase=None):
     """``prompts`` arith problems (:func:`prompt_set_problems`) x ``samples`` responses
     from ``model``, scored by the ``number`` reward and labelled by their claims; an
-    :class:`ktae.credit_audit.run.AuditInput` whose groups' level is the problem's kind."""
+    :class:`ktae.credit_audit.run.AuditInput` whose groups' level is the problem's kind.
+    ``on_phase``: progress of the labelling (:mod:`ktae.credit_audit.progress`)."""
+    from ktae.credit_audit.progress import quiet_phase
     from ktae.credit_audit.run import AuditGroup, AuditInput
     from ktae.explain.report import GroupInput
     from ktae.models.generate import SamplingConfig, generate_hf
@@ -135,6 +137,7 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     out = generate_hf(model, tokenizer, texts, sampling, add_special_tokens=False,
                       batch_size=max(1, SEQUENCES_PER_BATCH // samples), on_batch=on_batch)
     groups = []
+    step = (on_phase or quiet_phase)("labelled", "groups (claims labels)", len(problems))
     for i, (p, text, gens) in enumerate(zip(problems, texts, out, strict=True)):
         correct = [number_check(g.text, p.answer)[0] for g in gens]
         g = GroupInput(prompt=text, responses=[list(x.token_ids) for x in gens],
@@ -142,6 +145,7 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
                        label=f"prompt {i}", answer=p.answer)
         groups.append(AuditGroup(g, claims_labels(tokenizer, g.responses, p.answer),
                                  level=p.kind, key=str(i)))
+        step(1)
     desc = (f"{prompts} arith problems (difficulty {difficulty}, {SPLIT} split, prompt set "
             f"{prompt_set}{f'; {repeats} repeat an earlier problem' if repeats else ''}) x "
             f"{samples} responses sampled from {path} (chat template, "

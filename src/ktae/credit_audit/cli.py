@@ -7,7 +7,8 @@ exactly: the embedded task's for ``--model default`` (the shipped tiny model, of
 labelled by :func:`ktae.tasks.label_response`; the arith word problems for a real chat
 model (``--model smollm2-135m``), labelled by their claims
 (:mod:`ktae.credit_audit.arith_input`). The first line says what is sampled; one line per
-sampled batch on stderr shows the progress (``--no-progress``: none).
+sampled batch on stderr shows the progress, and lines of the same form every phase after it
+(labelling, scoring, each method's credit, the bootstrap; ``--no-progress``: none).
 Writes ``audit.md``, ``audit.json`` and one PNG per figure into ``--output-dir``
 (default ``runs/audit/NAME``, NAME naming the input or model and the settings; an earlier
 result there or at ``--output-dir`` is kept unless ``--overwrite``), and prints a compact
@@ -54,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampling and scoring temperature (default 0.7 on arith, the "
                         "recipe's; a run directory: its own; else 1)")
     parser.add_argument("--no-progress", action="store_true",
-                        help="no progress lines while sampling")
+                        help="no progress lines (sampling, labelling, scoring, credit, "
+                        "bootstrap)")
     parser.add_argument("--tokenizer", help="tokenizer directory (JSONL input; default: the "
                         "model's, or the shipped tiny model's)")
     parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
@@ -89,10 +91,12 @@ def default_output_dir(args: argparse.Namespace) -> Path:
 
 
 def terminal_table(result: dict) -> str:
-    """Every method's figures (means; the intervals are in ``audit.md``)."""
+    """Every method's figures (means; the intervals are in ``audit.md``), then the sanity
+    rules' under a rule."""
     rows = [("method", "blame P(w<r)", "lowest wrong", "contamination", "vs GRPO",
              "mass gap", "changed", "scale")]
-    for name, entry in result["methods"].items():
+    sanity = {f"({name}: sanity rule)": e for name, e in result.get("sanity_rules", {}).items()}
+    for name, entry in {**result["methods"], **sanity}.items():
         fig = entry["all"]
 
         def mean(key, signed=False, fig=fig):
@@ -106,7 +110,10 @@ def terminal_table(result: dict) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
              for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    rule = "  ".join("-" * w for w in widths)
+    lines.insert(1, rule)
+    if sanity:  # the reference rows, apart from the methods
+        lines.insert(len(lines) - len(sanity), rule)
     return "\n".join("  " + line for line in lines)
 
 
@@ -123,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         return error("audit", str(err))
     from ktae.credit_audit.arith_input import progress_printer
+    from ktae.credit_audit.progress import phase_printer
     from ktae.credit_audit.report import summary
     from ktae.credit_audit.run import audit
 
@@ -130,13 +138,14 @@ def run(args: argparse.Namespace) -> int:
         print(line, flush=True)
 
     on_batch = None if args.no_progress else progress_printer(args.prompts, args.samples)
+    on_phase = None if args.no_progress else phase_printer()
     try:
         result = audit(args.input, model=args.model, credit=args.credit, prompts=args.prompts,
                        samples=args.samples, seed=args.seed, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, tokenizer=args.tokenizer,
                        resamples=args.resamples, threads=args.threads,
                        output_dir=out, prompt_set=args.prompt_set, task=args.task,
-                       announce=announce, on_batch=on_batch)
+                       announce=announce, on_batch=on_batch, on_phase=on_phase)
     except ValueError as err:
         return error("audit", str(err))
     print(summary(result))

@@ -27,6 +27,44 @@ MASS_NOTE = (
     "over responses, with bootstrap 95% intervals over groups.")
 
 
+SANITY_NOTE = (
+    "Sanity rules (not credit methods; ktae.credit_audit.sanity): *oracle* gives -|GRPO "
+    "advantage| to the labelled wrong tokens and +|GRPO advantage| to every other token, so "
+    "its blame and lowest must be exactly 1 and its contamination 0; *random* gives "
+    "|GRPO advantage| times a seeded standard normal draw per token, so its blame should be "
+    "0.5 within its interval (and lowest the chance share). Other values mean the figures "
+    "or the labels' token alignment are broken.")
+KIND_NOTE = (
+    "Where the credit goes, by kind of token, over the responses of the blame column "
+    "(ktae.credit_audit.token_kinds): the share of each method's negative credit "
+    "(sum of max(-A, 0)) and of its positive credit on labelled wrong results, other "
+    "number tokens, words, punctuation and spaces, and end-of-turn (special) tokens. "
+    "The first row is the share of the tokens, what a constant credit gives.")
+
+
+def kind_table(by_kind: dict) -> list[str]:
+    """The markdown lines of the credit-by-kind table (``audit.json``'s
+    ``credit_by_kind``)."""
+    from ktae.credit_audit.sanity import SANITY_RULES
+    from ktae.credit_audit.token_kinds import KINDS
+
+    names = list(KINDS.values())
+
+    def cells(shares: dict) -> str:
+        return " | ".join("n/a" if shares[k] is None else f"{shares[k]:.3f}" for k in names)
+
+    first = next(iter(by_kind.values()))
+    lines = ["## Where the credit goes, by kind of token", "", KIND_NOTE, "",
+             "| method | credit | " + " | ".join(names) + " |",
+             "|---|---|" + "---|" * len(names),
+             f"| *share of tokens* | | {cells(first['tokens'])} |"]
+    for name, entry in by_kind.items():
+        label = f"*{name} (sanity rule)*" if name in SANITY_RULES else name
+        for sign in ("negative", "positive"):
+            lines.append(f"| {label} | {sign} | {cells(entry[sign])} |")
+    return [*lines, ""]
+
+
 def _cell(s: dict | None, digits: int = 3) -> str:
     if not s or s["mean"] is None:
         return "n/a"
@@ -91,8 +129,20 @@ def markdown(result: dict) -> str:
             row += (f"{_signed_cell(a['mass_gap'])} | {_cell(a['tokens_changed'])} | "
                     f"{_cell(a['scale'])} | ")
         lines.append(row + f"{a['blame']['responses']} / {a['contamination']['responses']} |")
+    for name, entry in (result.get("sanity_rules") or {}).items():
+        a = entry["all"]
+        row = (f"| *{name} (sanity rule)* | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
+               f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} | ")
+        if mass:
+            row += (f"{_signed_cell(a['mass_gap'])} | {_cell(a['tokens_changed'])} | "
+                    f"{_cell(a['scale'])} | ")
+        lines.append(row + f"{a['blame']['responses']} / {a['contamination']['responses']} |")
     lines += ["", f"Chance share of the lowest-credit token (wrong tokens / labelled tokens, "
               f"what a constant credit gives): {_cell(chance)}.", ""]
+    if result.get("sanity_rules"):
+        lines += [SANITY_NOTE, ""]
+    if result.get("credit_by_kind"):
+        lines += kind_table(result["credit_by_kind"])
     if mass:
         lines += [MASS_NOTE, ""]
     if result.get("levels"):

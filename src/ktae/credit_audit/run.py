@@ -42,6 +42,7 @@ from ktae.credit_audit.metrics import (
     summarise,
     summarise_ratio,
 )
+from ktae.credit_audit.progress import Phase
 
 DEFAULT_PROMPTS = 200
 DEFAULT_SAMPLES = 8
@@ -110,6 +111,9 @@ class AuditGroup:
     level: object = None
     step: int | None = None
     key: str = ""
+    kinds: list[str] | None = None
+    """Per response, one code of :data:`ktae.credit_audit.token_kinds.KINDS` per token
+    (what :func:`audit` adds from the tokenizer; None: no breakdown by kind)."""
 
 
 @dataclass
@@ -165,7 +169,8 @@ def check_prompt_set(prompt_set) -> None:
 
 def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, seed: int,
                   max_new_tokens: int, temperature: float, prompt_set: int = 0,
-                  on_batch: Callable[[int], None] | None = None) -> AuditInput:
+                  on_batch: Callable[[int], None] | None = None,
+                  on_phase: Phase | None = None) -> AuditInput:
     """``prompts`` held-out embedded prompts (:func:`prompt_set_problems`) x ``samples``
     responses from ``model`` (``on_batch``: progress, as :func:`ktae.models.generate.generate_hf`
     calls it)."""
@@ -178,8 +183,14 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
     sampled = sample_groups(model, tokenizer, rows, num_generations=samples,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             on_batch=on_batch)
-    groups = [AuditGroup(g, embedded_labels(g, tokenizer, p.question), level=p.level, key=key)
-              for (key, g), p in zip(sampled, problems, strict=True)]
+    from ktae.credit_audit.progress import quiet_phase
+
+    step = (on_phase or quiet_phase)("labelled", "groups", len(problems))
+    groups = []
+    for (key, g), p in zip(sampled, problems, strict=True):
+        groups.append(AuditGroup(g, embedded_labels(g, tokenizer, p.question), level=p.level,
+                                 key=key))
+        step(1)
     desc = (f"{prompts} held-out embedded prompts (prompt set {prompt_set}) x {samples} "
             f"responses sampled from {path} (temperature {temperature:g}, seed {seed}, at "
             f"most {max_new_tokens} new tokens)")
@@ -292,32 +303,85 @@ def _batches(groups: list[AuditGroup]) -> list[list[int]]:
     return list(steps.values())
 
 
-def per_response(groups: list[AuditGroup], spec, reference=None) -> dict[str, np.ndarray]:
+@dataclass
+class _Batch:
+    """What every method's figures on one batch share, computed once: the labels, the
+    reference's (GRPO's) credit and the token kinds."""
+
+    index: list[int]
+    labels: torch.Tensor
+    mask: torch.Tensor
+    correct: torch.Tensor
+    group: torch.Tensor
+    reference: torch.Tensor | None
+    kinds: torch.Tensor | None
+
+
+def _credit(chosen: list[AuditGroup], spec):
+    from ktae.explain.report import credit_values
+
+    values = credit_values([g.group for g in chosen], spec)
+    return torch.where(values.in_loss & values.mask, values.final.double(), 0.0), values
+
+
+def _prepare(groups: list[AuditGroup], reference=None) -> list[_Batch]:
+    from ktae.credit_audit.token_kinds import kind_tensor
+
+    out = []
+    for batch in _batches(groups):
+        chosen = [groups[i] for i in batch]
+        ref, values = _credit(chosen, reference if reference is not None
+                              else parse_methods(REFERENCE)[REFERENCE])
+        T = values.mask.shape[1]
+        kinds = None
+        if all(g.kinds is not None for g in chosen):
+            kinds = kind_tensor([row for g in chosen for row in g.kinds], T)
+        out.append(_Batch(batch, _label_tensor([row for g in chosen for row in g.labels], T),
+                          values.mask, values.correct, values.group,
+                          ref if reference is not None else None, kinds))
+    return out
+
+
+def per_response(groups: list[AuditGroup], spec, reference=None, *,
+                 batches: list[_Batch] | None = None, sanity_seed: int = 0
+                 ) -> dict[str, np.ndarray]:
     """Per-response figures of one method over ``groups`` (NaN where undefined), with
     each response's group index, level and step; with ``reference`` (a method's spec,
     GRPO in the audit) also the terms of the mass figures against its credit
-    (:func:`ktae.credit_audit.metrics.mass_metrics`)."""
-    from ktae.explain.report import credit_values
+    (:func:`ktae.credit_audit.metrics.mass_metrics`). ``spec`` may be the name of a
+    sanity rule (:mod:`ktae.credit_audit.sanity`, which needs ``reference``; ``random``
+    draws from ``sanity_seed``). ``batches``: what :func:`audit_groups` prepared once for
+    every method (labels, the reference's credit, the token kinds); with token kinds,
+    also each response's negative and positive credit per kind
+    (:mod:`ktae.credit_audit.token_kinds`)."""
+    from ktae.credit_audit.sanity import sanity_credit
+    from ktae.credit_audit.token_kinds import mass_by_kind
 
-    def credit_of(chosen, s):
-        values = credit_values([g.group for g in chosen], s)
-        return torch.where(values.in_loss & values.mask, values.final.double(), 0.0), values
-
+    if batches is None:
+        batches = _prepare(groups, reference)
+    generator = torch.Generator().manual_seed(sanity_seed)
     parts = []
-    for batch in _batches(groups):
-        chosen = [groups[i] for i in batch]
-        credit, values = credit_of(chosen, spec)
-        labels = _label_tensor([row for g in chosen for row in g.labels], values.mask.shape[1])
-        m = response_metrics(credit, labels, values.mask, values.correct, values.group)
-        index = torch.tensor(batch)[values.group]
+    for b in batches:
+        if isinstance(spec, str):
+            if b.reference is None:
+                raise ValueError(f"credit: the sanity rule {spec!r} needs the reference's credit")
+            credit = sanity_credit(spec, b.labels, b.mask, b.reference, generator=generator)
+        else:
+            credit, _ = _credit([groups[i] for i in b.index], spec)
+        m = response_metrics(credit, b.labels, b.mask, b.correct, b.group)
+        index = torch.tensor(b.index)[b.group]
         part = {"group": index.numpy(), **{k: getattr(m, k).numpy()
                                            for k in (*METRICS, "chance")}}
-        if reference is not None:
-            ref, _ = credit_of(chosen, reference)
-            mass = mass_metrics(credit, ref, labels, values.mask, values.correct, values.group)
+        if b.reference is not None:
+            mass = mass_metrics(credit, b.reference, b.labels, b.mask, b.correct, b.group)
             for k in MASS_METRICS:
                 num, den = mass.ratio(k)
                 part[k], part[k + _NORM] = num.numpy(), den.numpy()
+        if b.kinds is not None:
+            negative, positive = mass_by_kind(torch.where(b.mask, credit, 0.0), b.kinds)
+            part["kind_negative"], part["kind_positive"] = negative.numpy(), positive.numpy()
+            ones = torch.where(b.mask, 1.0, 0.0).double()
+            part["kind_tokens"] = mass_by_kind(ones, b.kinds)[1].numpy()
         parts.append(part)
     out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     order = np.argsort(out["group"], kind="stable")
@@ -344,15 +408,27 @@ def check_groups(groups: list[AuditGroup]) -> None:
 
 
 def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DEFAULT_RESAMPLES,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, on_phase: Phase | None = None) -> dict:
     """Every method's figures: ``{"methods": {name: {"all": {figure: summary},
-    "levels": {level: {...}}, "steps": {step: {...}}}}, "levels": [...], "steps": [...]}``
-    with the figures :data:`METRICS`, :data:`EXTRA` and :data:`MASS_METRICS` (summaries
-    as :func:`ktae.credit_audit.metrics.summarise` and ``summarise_ratio``)."""
+    "levels": {level: {...}}, "steps": {step: {...}}}}, "sanity_rules": {rule: the
+    same}, "levels": [...], "steps": [...]}`` with the figures :data:`METRICS`,
+    :data:`EXTRA` and :data:`MASS_METRICS` (summaries as
+    :func:`ktae.credit_audit.metrics.summarise` and ``summarise_ratio``). The sanity
+    rules (:mod:`ktae.credit_audit.sanity`) are scored as the methods are, on the same
+    responses, as reference rows. When every group carries token kinds, also
+    ``"credit_by_kind"``: per method and rule the shares of its negative and positive
+    credit by kind of token (:mod:`ktae.credit_audit.token_kinds`). ``on_phase``:
+    progress of the credit and of the bootstrap (:mod:`ktae.credit_audit.progress`)."""
+    from ktae.credit_audit.progress import quiet_phase
+    from ktae.credit_audit.sanity import SANITY_RULES
+    from ktae.credit_audit.token_kinds import summarise_kinds
+
+    on_phase = on_phase or quiet_phase
     check_groups(groups)
     levels = sorted({g.level for g in groups if g.level is not None}, key=str)
     steps = sorted({g.step for g in groups if g.step is not None})
-    result: dict = {"methods": {}, "levels": [str(x) for x in levels], "steps": steps}
+    result: dict = {"methods": {}, "sanity_rules": {}, "levels": [str(x) for x in levels],
+                    "steps": steps}
 
     def summaries(values: dict, keep: np.ndarray) -> dict:
         out = {k: summarise(np.where(keep, values[k], np.nan), values["group"],
@@ -363,19 +439,38 @@ def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DE
         return out
 
     grpo = parse_methods(REFERENCE)[REFERENCE]
-    reference = per_response(groups, grpo)
-    for name, spec in methods.items():
-        values = per_response(groups, spec, reference=grpo)
+    batches = _prepare(groups, grpo)
+    rows = [*((n, "methods", s) for n, s in methods.items()),
+            *((n, "sanity_rules", n) for n in SANITY_RULES)]
+    step = on_phase("computed", "credit methods and sanity rules", len(rows))
+    values = {}
+    for name, where, spec in rows:
+        values[where, name] = per_response(groups, spec, grpo, batches=batches,
+                                           sanity_seed=seed)
+        step(1)
+    reference = values.get(("methods", REFERENCE)) or per_response(groups, grpo, grpo,
+                                                                   batches=batches)
+    first = next(iter(values.values()))
+    level = np.array([str(groups[i].level) for i in first["group"]])
+    at = np.array([groups[i].step if groups[i].step is not None else -1
+                   for i in first["group"]])
+    every = np.ones(len(level), dtype=bool)
+    step = on_phase("summarised", f"credit methods and sanity rules ({resamples} bootstrap "
+                    "draws per interval)", len(rows))
+    by_kind: dict = {}
+    for (where, name), v in values.items():
         # paired with GRPO on the same response (NaN where either is undefined)
-        values["contamination_vs_grpo"] = values["contamination"] - reference["contamination"]
-        level = np.array([str(groups[i].level) for i in values["group"]])
-        step = np.array([groups[i].step if groups[i].step is not None else -1
-                         for i in values["group"]])
-        every = np.ones(len(level), dtype=bool)
-        entry = {"all": summaries(values, every),
-                 "levels": {str(lv): summaries(values, level == str(lv)) for lv in levels},
-                 "steps": {str(s): summaries(values, step == s) for s in steps}}
-        result["methods"][name] = entry
+        v["contamination_vs_grpo"] = v["contamination"] - reference["contamination"]
+        result[where][name] = {
+            "all": summaries(v, every),
+            "levels": {str(lv): summaries(v, level == str(lv)) for lv in levels},
+            "steps": {str(s): summaries(v, at == s) for s in steps}}
+        if "kind_negative" in v:
+            by_kind[name] = summarise_kinds(v["kind_negative"], v["kind_positive"],
+                                            v["kind_tokens"], ~np.isnan(v["blame"]))
+        step(1)
+    if by_kind:
+        result["credit_by_kind"] = by_kind
     return result
 
 
@@ -385,7 +480,8 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
           resamples: int = DEFAULT_RESAMPLES, threads: int | None = None,
           output_dir: str | Path | None = None, prompt_set: int = 0, task: str | None = None,
           announce: Callable[[str], None] | None = None,
-          on_batch: Callable[[int], None] | None = None) -> dict:
+          on_batch: Callable[[int], None] | None = None,
+          on_phase: Phase | None = None) -> dict:
     """Audit credit methods on labelled groups (see the module docstring); what
     ``ktae audit`` computes, as the ``audit.json`` dictionary.
 
@@ -413,11 +509,15 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
             embedded task for a character-level tokenizer, else ``arith@difficulty=1``.
         announce: called once with a line saying what is sampled, before sampling.
         on_batch: called with the number of prompts after each sampled batch (progress).
+        on_phase: the progress of every phase after sampling (labelling, scoring, each
+            method's credit, the bootstrap; :mod:`ktae.credit_audit.progress`).
 
     Raises:
         ValueError: bad arguments or input (one line naming what was expected).
     """
     from ktae.credit_audit import arith_input
+    from ktae.credit_audit.progress import quiet_phase
+    from ktae.credit_audit.token_kinds import kind_codes
     from ktae.explain import sources
 
     check_arguments(input=input, model=model, prompts=prompts, samples=samples,
@@ -471,12 +571,12 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         if difficulty is None:
             data = sampled_input(m, tok, where, prompts=prompts, samples=samples, seed=seed,
                                  max_new_tokens=max_new, temperature=temperature,
-                                 prompt_set=prompt_set, on_batch=on_batch)
+                                 prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase)
         else:
             data = arith_input.sampled_input(
                 m, tok, where, difficulty=difficulty, prompts=prompts, samples=samples,
                 seed=seed, max_new_tokens=max_new, temperature=temperature,
-                prompt_set=prompt_set, on_batch=on_batch)
+                prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase)
     temperature = 1.0 if temperature is None else temperature
     ignore = sources.ignore_ids(data.tokenizer)
     methods = {n: _with_ignore(s, ignore) for n, s in methods.items()}
@@ -494,9 +594,18 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         if loaded is None:
             loaded = sources.load_model(model or data.scorer or DEFAULT_MODEL)
         scored = loaded[2]
+        phase = on_phase or quiet_phase
+        needs = ", ".join(n for n, s in methods.items() if s.needs_input_grad)
+        steps = {"importance": phase("scored", f"groups (input-gradient importance, for "
+                                     f"{needs}; a forward and backward pass each)",
+                                     len(inputs)) if importance else None,
+                 "scores": phase("scored", "groups (log-probs and entropies)", len(inputs))}
         sources.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature,
-                             importance=importance)
-    result = audit_groups(data.groups, methods, resamples=resamples, seed=0)
+                             importance=importance, on_group=lambda what: steps[what](1))
+    for g in data.groups:
+        g.kinds = kind_codes(data.tokenizer, g.group.responses, g.labels)
+    result = audit_groups(data.groups, methods, resamples=resamples, seed=0,
+                          on_phase=on_phase)
     result.update(input=data.description, kind=data.kind, scored_with=scored,
                   prompt_set=prompt_set if data.kind == "model" else None,
                   resamples=resamples, counts=_counts(data.groups), meta=data.meta,
