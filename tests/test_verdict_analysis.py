@@ -124,6 +124,8 @@ def test_welch_matches_scipy_and_a_hand_computed_case(va):
 
 # --- synthetic records ------------------------------------------------------------------
 
+FIRST, SECOND = list(_load("verdict_analysis").SETTINGS)
+"""The plan's two settings (verdict_study.SETTINGS)."""
 TOKENS = [504, 2988, 314, 216, 36, 34, 13855, 30, 2]
 """'The answer is 42 apples.<|im_end|>' in SmolLM2's tokenizer."""
 
@@ -189,14 +191,14 @@ def test_only_seeds_every_arm_shares_are_used(va, tmp_path):
     seeds = va.SEEDS
     for arm in va.ARMS:
         for seed in seeds[:2]:
-            write_run(tmp_path / va.run_name("t64", arm, seed), va, 0.5, rng, n=10)
-    write_run(tmp_path / va.run_name("t64", "grpo", seeds[2]), va, 0.5, rng, n=10)
-    (tmp_path / va.run_name("t64", "ktae", seeds[3])).mkdir()  # started, no marker
-    assert va.shared_seeds(tmp_path, "t64") == list(seeds[:2])
-    assert va.shared_seeds(tmp_path, "t160") == []
+            write_run(tmp_path / va.run_name(FIRST, arm, seed), va, 0.5, rng, n=10)
+    write_run(tmp_path / va.run_name(FIRST, "grpo", seeds[2]), va, 0.5, rng, n=10)
+    (tmp_path / va.run_name(FIRST, "ktae", seeds[3])).mkdir()  # started, no marker
+    assert va.shared_seeds(tmp_path, FIRST) == list(seeds[:2])
+    assert va.shared_seeds(tmp_path, SECOND) == []
     missing = va.missing_runs(tmp_path)
-    assert va.run_name("t64", "ktae", seeds[2]) in missing
-    assert va.run_name("t64", "grpo", seeds[2]) not in missing
+    assert va.run_name(FIRST, "ktae", seeds[2]) in missing
+    assert va.run_name(FIRST, "grpo", seeds[2]) not in missing
     assert len(missing) == len(va.SEEDS) * len(va.SETTINGS) * len(va.ARMS) - 2 * len(va.ARMS) - 1
 
 
@@ -207,47 +209,47 @@ def test_the_whole_script_on_synthetic_records(va, tmp_path, fake_classes, capsy
         for setting in va.SETTINGS:
             for arm in va.ARMS:
                 write_run(tmp_path / va.run_name(setting, arm, seed), va, gain[arm], rng)
-    write_run(tmp_path / va.run_name("t64", "grpo", va.SEEDS[3]), va, 0.4, rng)
-    write_audit(tmp_path / "audit-t64-start", va, 0.1)
-    write_audit(tmp_path / f"audit-{va.run_name('t64', 'ktae', va.AUDIT_SEEDS[0])}", va, 0.05)
+    write_run(tmp_path / va.run_name(FIRST, "grpo", va.SEEDS[3]), va, 0.4, rng)
+    write_audit(tmp_path / f"audit-{FIRST}-start", va, 0.1)
+    write_audit(tmp_path / f"audit-{va.run_name(FIRST, 'ktae', va.AUDIT_SEEDS[0])}", va, 0.05)
     out = tmp_path / "out" / "figures.json"
     assert va.main(["--records", str(tmp_path), "--json", str(out), "--draws", "2000"]) == 0
     text = capsys.readouterr().out
     result = json.loads(out.read_text())
-    t64 = result["verdict"]["t64"]
-    assert t64["seeds"] == list(va.SEEDS[:3])  # seed 14 of GRPO alone is left out
-    comp = {(c["arm"], c["against"]): c for c in t64["comparisons"]}
+    first = result["verdict"][FIRST]
+    assert first["seeds"] == list(va.SEEDS[:3])  # seed 14 of GRPO alone is left out
+    comp = {(c["arm"], c["against"]): c for c in first["comparisons"]}
     assert set(comp) == {(a, "grpo") for a in va.ARMS if a != "grpo"} | {("ktae", "length")}
     assert comp[("ktae", "grpo")]["verdict"] == "helps"
     assert comp[("spo", "grpo")]["verdict"] == "hurts"
     assert comp[("ktae", "length")]["bootstrap"]["low"] < comp[("ktae", "length")]["diff"]
-    ktae = t64["arms"]["ktae"]
+    ktae = first["arms"]["ktae"]
     assert ktae["after"]["mean"] == pytest.approx(comp[("ktae", "grpo")]["diff"]
-                                                  + t64["arms"]["grpo"]["after"]["mean"])
+                                                  + first["arms"]["grpo"]["after"]["mean"])
     # length: every truncated response is wrong, so accuracy on the rest is higher
-    after = result["length"]["t64"]["arms"]["ktae"]["after"]
+    after = result["length"][FIRST]["arms"]["ktae"]["after"]
     assert after["accuracy_not_truncated"]["mean"] > after["accuracy"]["mean"]
     assert after["truncated"]["low"] <= after["truncated"]["mean"] <= after["truncated"]["high"]
     assert set(after["accuracy_by_kind"]) == {"add", "sub", "mul"}
     assert after["response_tokens"]["mean"] == pytest.approx(
         20 + 44 * after["truncated"]["mean"])
-    assert result["length"]["t64"]["arms"]["grpo"]["train_truncated_last3"]["mean"] == 0.25
+    assert result["length"][FIRST]["arms"]["grpo"]["train_truncated_last3"]["mean"] == 0.25
     # credit mass: right responses +1 on 9 tokens (4 words, 2 digits, the end of turn, 2
     # rest), wrong ones -1 on their first 4 (3 words, 1 rest)
-    m = result["credit_mass"]["t64"]["arms"]["grpo"]
+    m = result["credit_mass"][FIRST]["arms"]["grpo"]
     assert m["positive"] == pytest.approx({"number": 2 / 9, "word": 4 / 9, "end": 1 / 9,
                                            "rest": 2 / 9})
     assert m["negative"] == pytest.approx({"number": 0, "word": 3 / 4, "end": 0, "rest": 1 / 4})
     assert m["totals"]["groups"] == 3 * 12 and len(m["runs"]) == 3
     # audit: what exists, None for the rest
-    audit = result["audit"]["t64"]
+    audit = result["audit"][FIRST]
     assert audit["start"]["rate"]["mean"] == 0.1 and audit["grpo-s11"]["rate"] is None
-    assert result["missing_runs"][0] == va.run_name("t64", "ktae", va.SEEDS[3])
+    assert result["missing_runs"][0] == va.run_name(FIRST, "ktae", va.SEEDS[3])
     for title in ("## Verdict", "## Length and truncation", "## Credit mass", "## Audit"):
         assert title in text
-    assert "| `t64` | GRPO + KTAE | 3 |" in text and "helps" in text
-    assert "| `t64` | starting model | — | 40 | 10.0 [5.0, 20.0] |" in text
-    assert "Not recorded yet (" in text and "audit-t160-start" in text
+    assert f"| `{FIRST}` | GRPO + KTAE | 3 |" in text and "helps" in text
+    assert f"| `{FIRST}` | starting model | — | 40 | 10.0 [5.0, 20.0] |" in text
+    assert "Not recorded yet (" in text and f"audit-{SECOND}-start" in text
 
 
 def test_no_records_is_one_line(va, tmp_path, capsys):
@@ -260,7 +262,7 @@ def test_no_records_is_one_line(va, tmp_path, capsys):
 
 def test_a_record_of_another_run_or_other_problems_is_refused(va, tmp_path):
     rng = np.random.default_rng(0)
-    folder = tmp_path / va.run_name("t64", "grpo", 11)
+    folder = tmp_path / va.run_name(FIRST, "grpo", 11)
     write_run(folder, va, 1.0, rng, n=10, truncate=0.0)
     va.load_run(folder, {"seed": 11, "max_new_tokens": 64})
     with pytest.raises(ValueError, match="max_new_tokens is 64, the plan's 160"):
@@ -283,7 +285,7 @@ def test_tables_renders_the_verdict_from_the_records(va, tmp_path, monkeypatch, 
         assert tables.TABLES[name].runs == ()
         table = tables.render(name)
         assert table.startswith("| setting |") and "\n|---" in table
-    assert "| `t160` | GRPO + SPO mask | 1 |" in tables.render("verdict")
+    assert f"| `{SECOND}` | GRPO + SPO mask | 1 |" in tables.render("verdict")
 
 
 # --- the credit classes of real tokens ---------------------------------------------------
