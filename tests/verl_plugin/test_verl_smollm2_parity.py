@@ -7,8 +7,8 @@ The plugin's side runs verl's own code: the legacy ``ray_trainer.compute_advanta
 the registered ``ktae`` estimator, and the actor loss of the engine workers
 (``engine_workers.ppo_loss``) with the registered ``taco`` loss. The trainer's side is
 what ``KTAEGRPOTrainer`` calls: ``estimator_credit`` with the method of
-``credit_settings(TrainConfig(...))`` and the tokenizer's pad/EOS ids ignored
-(``_advantages``), then ``ktae.calibrate_advantages`` with the policy's log-probs and
+``credit_settings(TrainConfig(...).resolve())`` (as ``preflight``) and the tokenizer's
+pad/EOS ids ignored (``_advantages``), then ``ktae.calibrate_advantages`` with the policy's log-probs and
 entropies (``_calibrate``). Both sides must agree exactly (``rtol=atol=0``). The token ids
 are SmolLM2's own (stored, no model loads); the log-probs and entropies TACO reads are
 seeded numbers on either side of its threshold.
@@ -83,7 +83,8 @@ def rollouts() -> Rollouts:
 def trainer_advantages(b: Rollouts, cfg: TrainConfig) -> torch.Tensor:
     """``KTAEGRPOTrainer._advantages`` on one process: the global batch's token credit,
     float32, times the loss mask."""
-    method = dataclasses.replace(credit_settings(cfg).method, ignore_token_ids=(IM_END,))
+    method = dataclasses.replace(credit_settings(cfg.resolve()).method,
+                                 ignore_token_ids=(IM_END,))
     adv = estimator_credit(method, rewards=b.rewards, group=b.group, token_ids=b.ids,
                            mask=b.mask.bool(), correct=b.correct,
                            compute=ktae.compute_advantages)
@@ -128,13 +129,13 @@ def _order(b: Rollouts, seed: int | None) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("order", list(ORDERS), ids=list(ORDERS))
-@pytest.mark.parametrize("credit, ktae_options", [
-    ("ktae", {}),
-    ("ktae@ngram=3", {"ngram": 3}),
+@pytest.mark.parametrize("train_options, ktae_options", [
+    ({}, {}),
+    ({"ktae_ngram": 3}, {"ngram": 3}),  # ktae train --credit ktae --ktae-ngram 3
 ], ids=["ktae", "ktae-ngram3"])
-def test_verl_estimator_gives_the_trainers_token_advantages(rollouts, credit, ktae_options,
-                                                            order):
-    want = trainer_advantages(rollouts, TrainConfig(credit=credit))
+def test_verl_estimator_gives_the_trainers_token_advantages(rollouts, train_options,
+                                                            ktae_options, order):
+    want = trainer_advantages(rollouts, TrainConfig(credit="ktae", **train_options))
     got = verl_advantages(rollouts, {**ktae_options, "ignore_token_ids": [IM_END]},
                           _order(rollouts, ORDERS[order]))
     assert got.dtype == want.dtype == torch.float32
@@ -149,7 +150,7 @@ def test_verl_estimator_gives_the_trainers_token_advantages(rollouts, credit, kt
 def test_ngram_option_changes_the_credit(rollouts):
     """The 3-gram comparison above is not the unigram one twice."""
     one = trainer_advantages(rollouts, TrainConfig(credit="ktae"))
-    three = trainer_advantages(rollouts, TrainConfig(credit="ktae@ngram=3"))
+    three = trainer_advantages(rollouts, TrainConfig(credit="ktae", ktae_ngram=3))
     assert not torch.equal(one, three)
 
 
@@ -224,7 +225,7 @@ def verl_taco_advantages(b: Rollouts, advantages: torch.Tensor, logp, old, entro
 
 def test_verl_taco_loss_calibrates_as_the_trainer(rollouts, monkeypatch):
     cfg = TrainConfig(credit="ktae+taco", taco_alpha=ALPHA, taco_lambda=LAM)
-    settings = credit_settings(cfg)
+    settings = credit_settings(cfg.resolve())
     adv = trainer_advantages(rollouts, cfg)
     # the plugin's estimator gives the advantages the loss then reads
     torch.testing.assert_close(
