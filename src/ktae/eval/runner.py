@@ -263,7 +263,8 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             if backend == "vllm":
                 gens = vllm_engine.generate_vllm(
                     llm, tokenizer, prompts[name], s, on_batch=advance,
-                    add_special_tokens=not uses_chat_template(resolved))
+                    add_special_tokens=not uses_chat_template(resolved),
+                    warn=False)  # counted in long_prompts.budget_cut
             else:
                 gens = generate_hf(model, tokenizer, prompts[name], s,
                                    batch_size=batch_size, on_batch=advance,

@@ -9,6 +9,14 @@ and the KV-cache dtype, and whether per-request seeds reach the sampler
 (:func:`per_request_seed`). ``ktae eval`` puts them in ``results.json`` and in the cache
 key.
 
+Every prompt gets its own budget against the engine's context, as in the transformers
+backend (:func:`plan_budgets`, :func:`generate_within_context`): a prompt of P tokens asks
+``min(max_new_tokens, max_model_len - P)`` new tokens, and a prompt that fills the context
+is not sent to the engine (vLLM refuses such a request, and with it the whole call) but
+gets an empty, truncated response; one warning per call names the prompts whose budget
+the context cut. ``ktae train``'s colocated engine gets the same rule
+(:mod:`ktae.train.vllm_colocate`).
+
 The environment is set before vLLM is imported (:func:`prepare_environment`): on a CPU,
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB) defaults to :data:`DEFAULT_CPU_KVCACHE_GIB` instead of
 vLLM's half of the machine's memory, and vLLM logs only errors unless ``verbose``. vLLM
@@ -21,9 +29,17 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from ktae.models.generate import Generation, SamplingConfig, prompt_budget, vllm_sampling_kwargs
+from ktae.models.generate import (
+    Generation,
+    SamplingConfig,
+    context_cut_message,
+    prompt_budget,
+    vllm_sampling_kwargs,
+)
 
 DEFAULT_CPU_KVCACHE_GIB = 2
 """KV cache of the CPU build when ``VLLM_CPU_KVCACHE_SPACE`` is unset (vLLM's own default
@@ -154,29 +170,123 @@ def engine_sampling_kwargs(sampling: SamplingConfig) -> dict:
     return kwargs
 
 
+@dataclass(frozen=True)
+class BudgetPlan:
+    """Each prompt's budget of new tokens against an engine's context.
+
+    ``lengths``: the prompts' token lengths; ``budgets``: what each may generate
+    (:func:`~ktae.models.generate.prompt_budget`); ``max_new_tokens`` and ``context`` (the
+    engine's ``max_model_len``; None: no limit) they come from.
+    """
+
+    lengths: tuple[int, ...]
+    budgets: tuple[int, ...]
+    max_new_tokens: int
+    context: int | None
+
+    @property
+    def to_engine(self) -> list[int]:
+        """Indices of the prompts the engine generates for: a budget of at least one token."""
+        return [i for i, b in enumerate(self.budgets) if b > 0]
+
+    @property
+    def filled(self) -> list[int]:
+        """Indices of the prompts that fill the context (budget 0): never sent to the
+        engine, their responses are empty and truncated."""
+        return [i for i, b in enumerate(self.budgets) if b == 0]
+
+    @property
+    def cut(self) -> list[int]:
+        """Token lengths of the prompts whose budget the context cut (filled ones too)."""
+        return [n for n, b in zip(self.lengths, self.budgets, strict=True)
+                if b < self.max_new_tokens]
+
+    def warning(self) -> str | None:
+        """The call's one warning (:func:`~ktae.models.generate.context_cut_message`), or
+        None when every prompt has its whole budget."""
+        cut = self.cut
+        return context_cut_message(cut, self.max_new_tokens, self.context) if cut else None
+
+
+def plan_budgets(lengths: Sequence[int], max_new_tokens: int, context: int | None
+                 ) -> BudgetPlan:
+    """:class:`BudgetPlan` of prompts of ``lengths`` tokens asking ``max_new_tokens`` of an
+    engine whose context is ``context`` tokens."""
+    lengths = tuple(int(n) for n in lengths)
+    return BudgetPlan(lengths, tuple(prompt_budget(n, max_new_tokens, context) for n in lengths),
+                      int(max_new_tokens), context)
+
+
+def with_budget(params, budget: int):
+    """``params`` (a ``vllm.SamplingParams``) asking ``budget`` new tokens: itself when it
+    already does, else a copy."""
+    if params.max_tokens == budget:
+        return params
+    params = params.clone()
+    params.max_tokens = budget
+    return params
+
+
+def generate_within_context(generate: Callable, requests: Sequence[Mapping], params, *,
+                            context: int, warn: bool = True, **kwargs) -> list:
+    """``generate(requests, params, **kwargs)`` (``vllm.LLM.generate``, or the original of
+    a wrapped one) with every prompt's budget cut to the engine's ``context``.
+
+    ``requests``: vLLM prompts holding ``prompt_token_ids``; ``params``: one
+    ``SamplingParams``, whose ``max_tokens`` is the budget asked (None: up to the
+    context, vLLM's meaning). The prompts that fit go to the engine in one call, each
+    with its own budget (:func:`plan_budgets`); a prompt that fills the context does not
+    reach the engine (vLLM refuses a prompt as long as its context, failing every request
+    of the call) and its entry is None. One warning per call names the prompts whose
+    budget the context cut (with ``max_tokens`` None: those that fill it), unless ``warn``
+    is False. Returns one ``RequestOutput`` (or
+    None) per request, in order.
+    """
+    asked = context if params.max_tokens is None else params.max_tokens
+    plan = plan_budgets([len(r["prompt_token_ids"]) for r in requests], asked, context)
+    out: list = [None] * len(requests)
+    sent = plan.to_engine
+    if sent:
+        results = generate([requests[i] for i in sent],
+                           [with_budget(params, plan.budgets[i]) for i in sent], **kwargs)
+        for i, result in zip(sent, results, strict=True):
+            out[i] = result
+    if params.max_tokens is None:  # up to the context asked: only a filled prompt is cut
+        filled = [plan.lengths[i] for i in plan.filled]
+        message = context_cut_message(filled, context, context) if filled else None
+    else:
+        message = plan.warning()
+    if warn and message:
+        warnings.warn(message, stacklevel=3)
+    return out
+
+
 def generate_vllm(llm, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, *,
                   add_special_tokens: bool = True,
-                  on_batch: Callable[[int], None] | None = None) -> list[list[Generation]]:
+                  on_batch: Callable[[int], None] | None = None, warn: bool = True
+                  ) -> list[list[Generation]]:
     """Same contract as :func:`ktae.models.generate.generate_hf`, with the engine of
     :func:`load_vllm` and the parameters of :func:`engine_sampling_kwargs`. The prompts
     are tokenized by ``tokenizer`` as the transformers backend does them (special
     tokens only when ``add_special_tokens``: a chat template already holds them) and
-    passed as token ids. A response that stopped
-    for length (``finish_reason == "length"``) is ``truncated``; every prompt gets its
-    own budget (:func:`~ktae.models.generate.prompt_budget`, from the engine's
-    ``max_model_len``), as vLLM refuses a prompt plus ``max_tokens`` longer than the
-    context instead of generating less."""
+    passed as token ids. A response that stopped for length (``finish_reason ==
+    "length"``) is ``truncated``. Every prompt gets its own budget from the engine's
+    ``max_model_len`` (:func:`generate_within_context`): a prompt that fills the context
+    is not sent to the engine and gets ``k`` empty, truncated responses, as in the
+    transformers backend; one warning per call names the prompts whose budget the
+    context cut, unless ``warn`` is False."""
     from vllm import SamplingParams
 
-    kwargs = engine_sampling_kwargs(sampling)
     ids = [tokenizer(p, add_special_tokens=add_special_tokens, verbose=False)["input_ids"]
            for p in prompts]
-    context = llm.llm_engine.model_config.max_model_len
-    params = [SamplingParams(**{**kwargs, "max_tokens": max(1, prompt_budget(
-        len(i), sampling.max_new_tokens, context))}) for i in ids]
-    results = llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
+    results = generate_within_context(
+        llm.generate, [{"prompt_token_ids": i} for i in ids],
+        SamplingParams(**engine_sampling_kwargs(sampling)),
+        context=llm.llm_engine.model_config.max_model_len, warn=warn, use_tqdm=False)
     if on_batch is not None:
         on_batch(len(prompts))
-    return [[Generation(o.text, len(o.token_ids), tuple(o.token_ids),
+    empty = [Generation("", 0, (), truncated=True)] * sampling.k
+    return [list(empty) if r is None else
+            [Generation(o.text, len(o.token_ids), tuple(o.token_ids),
                         truncated=o.finish_reason == "length") for o in r.outputs]
             for r in results]

@@ -123,6 +123,16 @@ def prompt_budget(prompt_tokens: int, max_new_tokens: int, context: int | None) 
     return max(0, min(max_new_tokens, context - prompt_tokens))
 
 
+def context_cut_message(cut: Sequence[int], max_new_tokens: int, context: int) -> str:
+    """The one warning of a generation call whose prompts of ``cut`` tokens (their token
+    lengths) got less than ``max_new_tokens`` from the model's ``context``: how many, the
+    longest, and its budget (0: the prompt fills the context and its response is empty)."""
+    return (f"max_new_tokens={max_new_tokens} does not fit in the model's context of "
+            f"{context} tokens after {len(cut)} prompt(s) of up to {max(cut)} tokens: "
+            f"generating at most {prompt_budget(max(cut), max_new_tokens, context)} new "
+            "tokens for the longest")
+
+
 def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, *,
                 batch_size: int = 16, add_special_tokens: bool = True,
                 on_batch: Callable[[int], None] | None = None, warn: bool = True
@@ -204,11 +214,7 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
             model.train(was_training)
             tokenizer.padding_side = side
     if cut and warn:
-        warnings.warn(
-            f"max_new_tokens={sampling.max_new_tokens} does not fit in the model's context "
-            f"of {context} tokens after {len(cut)} prompt(s) of up to {max(cut)} tokens: "
-            f"generating at most {prompt_budget(max(cut), sampling.max_new_tokens, context)} "
-            "new tokens for the longest", stacklevel=2)
+        warnings.warn(context_cut_message(cut, sampling.max_new_tokens, context), stacklevel=2)
     return out
 
 

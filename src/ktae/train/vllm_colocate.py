@@ -15,6 +15,14 @@ CPU), and compiling takes minutes at start-up on a small CPU. While the trainer 
 ktae gives that call the policy's dtype and, on the CPU build, eager mode. The policy's
 weights reach the engine before every step's generation (TRL's ``sync_weights``; on the
 CPU build through vLLM's in-place reload, :func:`sync_weights_by_reload`).
+
+Prompts against the engine's context (:func:`generate_within_engine_context`): TRL 1.16
+asks ``max_completion_length`` new tokens for every prompt in one ``llm.generate`` call,
+and vLLM refuses a prompt as long as its context (``max_model_len``, which
+``--trl vllm_max_model_length`` can set below the model's), failing the whole step. The
+engine's ``generate`` gives each prompt its own budget instead, as ``ktae eval
+--backend vllm`` does (:func:`ktae.eval.vllm_engine.generate_within_context`): a prompt
+that fills the context gets an empty, truncated response without reaching the engine.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import contextlib
 import functools
 import types
 import typing
+from collections.abc import Callable, Mapping
 
 SERVER_ON_CPU = ("trl: vllm_mode=server needs a CUDA device: TRL 1.16 sends the policy's "
                  "weights to the server over NCCL, which has no CPU transport; use "
@@ -53,9 +62,10 @@ def colocated_engine_options(settings: dict[str, typing.Any], dtype):
     """While the trainer is built: TRL's colocated ``vllm.LLM`` gets ``dtype`` (the
     policy's) and, on vLLM's CPU build, ``enforce_eager=True``; its KV cache gets
     ktae's default size unless ``VLLM_CPU_KVCACHE_SPACE`` is set. Yields
-    ``attach(trainer)``, to call on the trainer built: on the CPU build it replaces the
-    trainer's weight sync (:func:`sync_weights_by_reload`). Nothing changes without
-    ``use_vllm`` in colocate mode."""
+    ``attach(trainer)``, to call on the trainer built: it gives every prompt its own
+    budget against the engine's context (:func:`generate_within_engine_context`) and, on
+    the CPU build, replaces the trainer's weight sync (:func:`sync_weights_by_reload`).
+    Nothing changes without ``use_vllm`` in colocate mode."""
     if not settings.get("use_vllm") or settings.get("vllm_mode", "colocate") != "colocate":
         yield lambda trainer: None
         return
@@ -77,8 +87,9 @@ def colocated_engine_options(settings: dict[str, typing.Any], dtype):
         return original(*args, **{**extra, **kwargs})
 
     def attach(trainer) -> None:
+        generation = trainer.vllm_generation
+        generation.llm.generate = generate_within_engine_context(generation.llm)
         if cpu:
-            generation = trainer.vllm_generation
             generation.sync_weights = types.MethodType(sync_weights_by_reload, generation)
 
     vllm_generation.LLM = llm
@@ -86,6 +97,55 @@ def colocated_engine_options(settings: dict[str, typing.Any], dtype):
         yield attach
     finally:
         vllm_generation.LLM = original
+
+
+def empty_output(request: Mapping, params):
+    """What vLLM would return for a prompt with no room left in its context: ``params.n``
+    empty completions stopped for length (with empty log-probs when ``params`` asks for
+    them, as TRL 1.16's ``extract_logprobs`` reads them)."""
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    logprobs = None if params.logprobs is None else []
+    outputs = [CompletionOutput(index=j, text="", token_ids=[], cumulative_logprob=None,
+                                logprobs=logprobs, finish_reason="length")
+               for j in range(params.n)]
+    return RequestOutput(request_id="ktae-context-full", prompt=None,
+                         prompt_token_ids=list(request["prompt_token_ids"]),
+                         prompt_logprobs=None, outputs=outputs, finished=True)
+
+
+def generate_within_engine_context(llm) -> Callable:
+    """``llm.generate`` (the colocated engine) giving each prompt its own budget against
+    the engine's ``max_model_len``.
+
+    Replaces the engine's ``generate`` as TRL 1.16's ``VLLMGeneration.generate`` calls it
+    in colocate mode: ``llm.generate([{"prompt_token_ids": ...}, ...],
+    sampling_params=SamplingParams(max_tokens=max_completion_length, ...))``. The prompts
+    that fit go to the engine in one call with ``min(max_tokens, max_model_len - P)`` new
+    tokens each; a prompt that fills the context does not reach it and gets
+    :func:`empty_output`; one warning per call names the prompts whose budget the context
+    cut (:func:`ktae.eval.vllm_engine.generate_within_context`). Other calls (text
+    prompts, one ``SamplingParams`` per prompt) go to the engine unchanged.
+    """
+    from ktae.eval.vllm_engine import generate_within_context
+
+    original = llm.generate
+    context = llm.llm_engine.model_config.max_model_len
+
+    @functools.wraps(original)
+    def generate(prompts, sampling_params=None, *args, **kwargs):
+        by_ids = (not args and sampling_params is not None
+                  and not isinstance(sampling_params, (list, tuple))
+                  and isinstance(prompts, (list, tuple))
+                  and all(isinstance(p, Mapping) and "prompt_token_ids" in p for p in prompts))
+        if not by_ids:
+            return original(prompts, sampling_params, *args, **kwargs)
+        results = generate_within_context(original, prompts, sampling_params, context=context,
+                                          **kwargs)
+        return [empty_output(p, sampling_params) if r is None else r
+                for p, r in zip(prompts, results, strict=True)]
+
+    return generate
 
 
 def sync_weights_by_reload(generation) -> None:
