@@ -58,6 +58,7 @@ from ktae.core.calibration_rules import (
     select_extreme,
 )
 from ktae.core.policy_loss import check_number
+from ktae.core.registry import Alias
 
 __all__ = ["CALIBRATIONS", "TACO_ALPHA", "TACO_FAMILY", "TACO_LAMBDA", "TACO_METRIC_NAMES",
            "soft_weight", "tail_risk"]
@@ -83,11 +84,11 @@ TACO_METRIC_NAMES = {"mean_weight": "weight_mean", "mean_tail_risk": "tail_risk_
 _FAMILY: list[str] = []
 
 
-def _register(name: str, needs=("entropies",)):
+def _register(name: str, needs=("entropies",), aliases=()):
     """Register a rule of the TACO family (all of them report the four metrics above; all
     but ``taco-prob-only`` read the current policy's entropies)."""
     _FAMILY.append(name)
-    return CALIBRATIONS.register(name, needs=needs)
+    return CALIBRATIONS.register(name, needs=needs, aliases=aliases)
 
 
 def _alpha(alpha) -> float:
@@ -96,6 +97,31 @@ def _alpha(alpha) -> float:
 
 def _lam(lam) -> float:
     return check_number(lam, "lam", low=0, high=1)
+
+
+def _check_alpha_setting(value, settings) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"expected > 0, got {value!r}")
+
+
+def _check_lambda_setting(value, settings) -> None:
+    if value is not None and not 0 <= value <= 1:
+        raise ValueError(f"expected in [0, 1], got {value!r}")
+
+
+TACO_ALIASES = (
+    Alias("taco_alpha", "alpha", float | None, None, help="TACO tail threshold alpha",
+          check=_check_alpha_setting, shared=True,
+          doc="Tail-risk threshold alpha of the TACO family (docs/method.md §8); None = its "
+              "default (0.01)."),
+    Alias("taco_lambda", "lam", float | None, None, help="TACO damping lambda",
+          check=_check_lambda_setting, shared=True,
+          doc="TACO damping lambda; None = its default (0.9). Only calibrations taking "
+              "``lam``."),
+)
+"""The ``ktae train`` settings of TACO (:class:`ktae.core.registry.Alias`), read by every
+calibration taking ``alpha`` or ``lam`` (``taco_lambda`` is ``lam``: ``lambda`` is a Python
+keyword; ``taco@lambda=0.5`` works too)."""
 
 
 def tail_risk(logprobs: torch.Tensor, entropies: torch.Tensor | None, mask: torch.Tensor,
@@ -159,7 +185,7 @@ def _budgeted(adv, risk, mask, lam, scores, generator, *, largest: bool = True) 
 
 # -- the TACO family ------------------------------------------------------------------
 
-@_register("taco")
+@_register("taco", aliases=TACO_ALIASES)
 def taco(adv, *, logprobs, entropies, old_logprobs=None, mask, generator=None,
          alpha: float = TACO_ALPHA, lam: float = TACO_LAMBDA) -> RuleResult:
     """TACO (the authors' soft weight, docs/method.md §8): ``A <- w(r) A`` where ``A > 0``, with

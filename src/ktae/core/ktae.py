@@ -60,6 +60,7 @@ from ktae.core.ktae_graded import (
     threshold_membership,
 )
 from ktae.core.ktae_options import (
+    KTAE_ALIASES,
     PAPER_DEFAULTS,
     QWEN_ENDOFTEXT_ID,
     RUNTIME_DEFAULTS,
@@ -377,7 +378,8 @@ def _check_base(base) -> None:
         raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
 
 
-@ADVANTAGE_ESTIMATORS.register("ktae", needs=("token_ids",), correct_unless={"split": "graded"})
+@ADVANTAGE_ESTIMATORS.register("ktae", needs=("token_ids",), correct_unless={"split": "graded"},
+                               aliases=KTAE_ALIASES)
 def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
                     reward_threshold: float | None = None, h1: float | None = None,
                     h2: float | None = None, h3: float | None = None, k1: float = 2.0,

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ktae.core.registry import Alias
+
 #: Qwen2.5's ``<|endoftext|>`` (its EOS and pad), ignored by the released runtime.
 QWEN_ENDOFTEXT_ID = 151643
 
@@ -169,3 +171,62 @@ def check_chunk_tokens(chunk_tokens) -> int | None:
     if chunk_tokens is None:
         return None
     return _integer("chunk_tokens", chunk_tokens, 1, "a positive integer")
+
+
+# --------------------------------------------------------------------------- run settings
+
+
+def _check_mode(value, settings) -> None:
+    if value not in MODES:
+        raise ValueError(f"expected 'exact' or 'reference', got {value!r}")
+
+
+def _check_weight(value, settings) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"expected >= 0, got {value!r}")
+
+
+def _check_ngram(value, settings) -> None:
+    if value < 1:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    if value > 1 and settings.get("ktae_mode") == "reference":
+        raise ValueError("the reference mode reproduces the released runtime, which scores "
+                         "single tokens only; use ktae_mode exact")
+
+
+def _check_ngram_reduce(value, settings) -> None:
+    if value not in NGRAM_REDUCES:
+        raise ValueError(f"expected 'mean' or 'maxabs', got {value!r}")
+
+
+def _weight(h: str, help: str, doc: str) -> Alias:
+    paper = ("" if PAPER_DEFAULTS[h] == RUNTIME_DEFAULTS[h]
+             else f"; {PAPER_DEFAULTS[h]:g} with --estimator-option variant=paper")
+    return Alias(f"ktae_{h}", h, float | None, None, help=help, doc=doc, check=_check_weight,
+                 default_text=f"default {RUNTIME_DEFAULTS[h]:g}{paper}")
+
+
+KTAE_ALIASES = (
+    Alias("advantage_base", "base", always=True, declared=False),
+    Alias("ktae_mode", "mode", str, "exact", help="exact | reference", always=True,
+          check=_check_mode,
+          doc="KTAE statistics: ``exact`` or ``reference`` (the released runtime's float32 "
+              "quirks)."),
+    _weight("h1", "KTAE Fisher weight h1",
+            "KTAE weight of the Fisher score (docs/method.md §3); None = the estimator's "
+            "default (1)."),
+    _weight("h2", "KTAE information-gain weight h2",
+            "KTAE weight of the information gain; None = the estimator's default (1)."),
+    _weight("h3", "KTAE term-frequency weight h3",
+            "KTAE weight of the term-frequency direction; None = the estimator's default (1)."),
+    Alias("ktae_ngram", "ngram", int, 1, help="KTAE span length N (1 = key tokens; "
+          "docs/ngram.md)", check=_check_ngram,
+          doc="KTAE span length N: 1 scores single tokens; N > 1 spans of N tokens "
+              "(docs/ngram.md)."),
+    Alias("ktae_ngram_reduce", "ngram_reduce", str, "mean",
+          help="span values -> token value: mean | maxabs", check=_check_ngram_reduce,
+          doc="How a token's value comes from its spans' (N > 1): ``mean`` or ``maxabs``."),
+)
+"""The ``ktae train`` settings of the ``ktae`` estimator (:class:`ktae.core.registry.Alias`):
+the run's ``advantage_base`` is its ``base`` and ``ktae_mode`` its ``mode``, always passed;
+``ktae_h1``..``ktae_h3``, ``ktae_ngram`` and ``ktae_ngram_reduce`` when set."""

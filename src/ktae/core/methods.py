@@ -7,10 +7,15 @@ a user rule, ...) and an optional loss-time calibration (:data:`ktae.CALIBRATION
     NAME[+NAME][@KEY=VALUE[@KEY=VALUE...]]      e.g. ktae@ngram=3+taco, taco@lambda=0.5
 
 ``none`` stands for "no token credit" (the sequence advantage); KEY is an option of the
-estimator or of the calibration, possibly prefixed by its name as ``ktae train``'s
-settings write it (``ktae_ngram``, ``taco_lambda``; ``lambda`` is TACO's ``lam``),
-checked against the rule's signature with a one-line error listing the valid ones; VALUE
-is read as YAML (``3``, ``0.5``, ``true``, ``[1, 2]``; anything else stays a string).
+estimator or of the calibration, possibly prefixed by its name (``ktae_ngram``), or a run
+setting the part's record declares (:class:`ktae.core.registry.Alias`: ``taco_lambda``,
+also ``lambda``, is TACO's ``lam``), checked against the rule's signature with a one-line
+error listing the valid ones; VALUE is read as YAML (``3``, ``0.5``, ``true``, ``[1, 2]``;
+anything else stays a string).
+
+A run names its method in one setting, ``credit``, with the aliases' settings
+(``ktae_ngram: 3``) and the explicit ``estimator_options``/``calibration_options`` beside
+it; :func:`settings_method` makes the one :class:`Method` of all of them, checked.
 
 :func:`method_credit` computes a method's credit on a padded batch the way the trainer
 does: the verifier's ``correct`` goes to every estimator that takes it
@@ -23,7 +28,7 @@ registries only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -37,14 +42,12 @@ from ktae.core.estimators import (
     estimator_needs_input_grad,
     estimator_needs_logprobs,
 )
+from ktae.core.registry import Alias, Record
 
 CREDIT_NONE = "none"
 """The name of "no token credit": the sequence advantage alone."""
 DEFAULT_ESTIMATOR = "grpo"
 """The estimator of a method that names only a calibration (``taco`` is ``grpo+taco``)."""
-CALIBRATION_ALIASES = {"lambda": "lam"}
-"""Option names a method string may use for a calibration's own (``lambda`` is a Python
-keyword, so TACO's option is ``lam``)."""
 SEQUENCE_LABELS = {"grpo": "GRPO", "drgrpo": "Dr.GRPO", "rloo": "RLOO"}
 """Display names of the sequence-level estimators (the rest: upper case)."""
 CALLER_INPUTS = ("correct",)
@@ -112,22 +115,33 @@ def user_estimator_options(name: str) -> list[str] | None:
     return None if options is None else list(options)
 
 
+def _record(kind: str, name: str | None) -> Record | None:
+    if name is None:
+        return None
+    return (ADVANTAGE_ESTIMATORS if kind == "estimator" else CALIBRATIONS).record(name)
+
+
 def resolve_option(estimator: str | None, calibration: str | None, key: str, *,
                    where: str, also: str = "") -> tuple[str, str]:
-    """Which part ``key`` is an option of: ``("estimator", key)`` or ``("calibration",
-    option)``; else a one-line ``ValueError`` listing both parts' options (``also``: what
-    else the caller would have accepted, appended to the message)."""
+    """Which part ``key`` is an option of: ``("estimator", option)`` or ``("calibration",
+    option)``: an option of the part, the option with the part's name and ``_`` before it
+    (``ktae_top``), or an alias setting that reaches the part (:func:`alias_key`:
+    ``ktae_ngram``, TACO's ``lambda``); else a one-line ``ValueError`` listing both parts'
+    options (``also``: what else the caller would have accepted, appended to the message)."""
     est = [] if estimator is None else user_estimator_options(estimator)
-    own = key.removeprefix(f"{estimator}_") if estimator else key  # ktae_ngram: ngram
     if est is None or key in est:
         return "estimator", key
-    if own in est:
-        return "estimator", own
     cal = [] if calibration is None else calibration_options(calibration)
-    for cal_key in (key, key.removeprefix(f"{calibration}_")):  # taco_lambda: lam
-        cal_key = CALIBRATION_ALIASES.get(cal_key, cal_key)
-        if calibration is not None and (cal is None or cal_key in cal):
-            return "calibration", cal_key
+    for kind, name, options in (("estimator", estimator, est),
+                                ("calibration", calibration, cal)):
+        if name is None:
+            continue
+        own = key.removeprefix(f"{name}_")
+        if options is None or own in options:
+            return kind, own if options is not None else key
+        option = alias_key(_record(kind, name), key)
+        if option is not None:
+            return kind, option
     parts = []
     if estimator is not None:
         parts.append(f"an option of estimator {estimator!r} ({', '.join(est) or 'none'})")
@@ -135,6 +149,158 @@ def resolve_option(estimator: str | None, calibration: str | None, key: str, *,
         parts.append(f"an option of calibration {calibration!r} ({', '.join(cal) or 'none'})")
     own = " or ".join(parts) or "an option of a credit method"
     raise ValueError(f"credit: {key!r} in {where!r} is not {own}{also}")
+
+
+# --------------------------------------------------------------------------- run settings
+
+
+def setting_aliases() -> list[tuple[Record, Alias]]:
+    """Every alias the registries' records declare (:class:`ktae.core.registry.Alias`),
+    with its record: the estimators' first, by name, each in declaration order."""
+    return [(record, alias) for registry in (ADVANTAGE_ESTIMATORS, CALIBRATIONS)
+            for record in registry.records() for alias in record.aliases]
+
+
+def declared_aliases() -> list[Alias]:
+    """The aliases that are settings of their own (``ktae_ngram``, ``taco_alpha``): the
+    trainer's config has a field, ``ktae train`` a flag and a config file a key for each."""
+    out: dict[str, Alias] = {}
+    for record, alias in setting_aliases():
+        if alias.declared:
+            if alias.name in out:
+                raise ValueError(f"{record.kind} {record.name!r}: setting {alias.name!r} is "
+                                 "declared twice")
+            out[alias.name] = alias
+    return list(out.values())
+
+
+def _reaches(owner: Record, alias: Alias, part: Record | None) -> bool:
+    """Whether ``alias`` (declared by ``owner``) sets an option of ``part``."""
+    if part is None:
+        return False
+    if part.name == owner.name and part.kind == owner.kind:
+        return True
+    return alias.shared and part.kind == owner.kind and (
+        part.options is None or alias.option in part.options)
+
+
+def alias_key(part: Record, key: str) -> str | None:
+    """The option of ``part`` that ``key`` names as an alias setting reaching it: the
+    setting's name (``taco_lambda``) or its :attr:`~ktae.core.registry.Alias.short` name
+    (``lambda``); None if none."""
+    for owner, alias in setting_aliases():
+        if _reaches(owner, alias, part) and key in (alias.name, alias.short):
+            return alias.option
+    return None
+
+
+def alias_setting(parts: list[str], key: str) -> str | None:
+    """The declared setting (``ktae_ngram``) a method string's ``key`` (``ngram``) stands
+    for, among the aliases declared by the named ``parts`` (``["ktae", "taco"]``); None if
+    none."""
+    for owner, alias in setting_aliases():
+        if alias.declared and owner.name in parts and key in (alias.name, alias.short):
+            return alias.name
+    return None
+
+
+def check_alias_settings(settings: Mapping[str, object]) -> None:
+    """Each declared alias's own check of its value in ``settings`` (setting -> value),
+    whatever the credit; the ``ValueError`` names the setting (``ktae_ngram: ...``)."""
+    for alias in declared_aliases():
+        if alias.check is not None and alias.name in settings:
+            try:
+                alias.check(settings[alias.name], settings)
+            except ValueError as err:
+                raise ValueError(f"{alias.name}: {err}") from None
+
+
+def alias_options(kind: str, part: str | None, settings: Mapping[str, object], *,
+                  credit: str) -> dict:
+    """The options of the ``kind`` part (``"estimator"`` or ``"calibration"``) named
+    ``part`` that the alias settings in ``settings`` stand for: those reaching it, when
+    ``always`` or not at their default.
+
+    Raises:
+        ValueError: one line naming the setting, for a declared setting off its default
+            that reaches no part of ``credit`` (the first off the ``always`` ones first).
+    """
+    record = _record(kind, part)
+    registry = ADVANTAGE_ESTIMATORS if kind == "estimator" else CALIBRATIONS
+    options, errors = {}, []
+    for owner, alias in setting_aliases():
+        if owner.kind != registry.kind or alias.name not in settings:
+            continue
+        value = settings[alias.name]
+        if not alias.declared and value is None:
+            continue
+        if _reaches(owner, alias, record):
+            if alias.always or value != alias.default:
+                options[alias.option] = value
+        elif alias.declared and value != alias.default:
+            if record is None:
+                text = f"credit {credit!r} has no {kind} to pass it to"
+            elif alias.shared:
+                text = f"{kind} {part!r} takes no {alias.option!r} option (got {value})"
+            else:
+                text = f"only used by the {owner.name!r} {kind}, but credit is {credit!r}"
+            errors.append((alias.always, f"{alias.name}: {text}"))
+    if errors:
+        raise ValueError(sorted(errors, key=lambda e: e[0])[0][1])
+    return options
+
+
+def _merge(aliased: dict, explicit: Mapping, where: str) -> dict:
+    both = sorted(set(aliased) & set(explicit))
+    if both:
+        raise ValueError(f"{where}: {both[0]!r} is given twice (as a field and in {where})")
+    return {**aliased, **explicit}
+
+
+def settings_method(credit: str, *, settings: Mapping[str, object] | None = None,
+                    estimator_options: Mapping | None = None,
+                    calibration_options: Mapping | None = None,
+                    default_estimator: str = DEFAULT_ESTIMATOR, ignore_token_ids=(),
+                    check: bool = True) -> Method:
+    """The one :class:`Method` a run's settings name, checked.
+
+    ``credit``: the method (``ktae+taco``; ``@KEY=VALUE`` settings apply last, on top);
+    ``settings``: the alias settings (``{"ktae_ngram": 3, "advantage_base": "grpo"}``,
+    :func:`alias_options`); ``estimator_options``, ``calibration_options``: the explicit
+    options (an option given both ways is an error); ``default_estimator``: the estimator
+    of a credit naming none (the run's ``advantage_base``). ``check``: run
+    :func:`check_method`.
+
+    Raises:
+        ValueError: one line naming the setting or option: an unknown name, a setting no
+            part takes, an option given twice, an option of the trainer's (``correct``), or
+            a value a rule refuses.
+    """
+    names, pairs = split_method(credit)
+    estimator, calibration = parse_credit(names)
+    estimator = estimator or default_estimator
+    settings = settings or {}
+    explicit_est, explicit_cal = dict(estimator_options or {}), dict(calibration_options or {})
+    est = alias_options("estimator", estimator, settings, credit=credit)
+    for key in CALLER_INPUTS:  # what the trainer passes every estimator that takes it
+        if key in explicit_est:
+            raise ValueError(f"estimator_options: {key!r} is set by the trainer (from the "
+                             "accuracy reward)")
+    est = _merge(est, explicit_est, "estimator_options")
+    if calibration is None and explicit_cal:
+        raise ValueError(f"calibration_options: credit {credit!r} has no calibration to "
+                         "pass it to")
+    cal = alias_options("calibration", calibration, settings, credit=credit)
+    cal = _merge(cal, explicit_cal, "calibration_options")
+    if pairs:
+        return parse_method(credit, estimator_options=est, calibration_options=cal,
+                            ignore_token_ids=ignore_token_ids, default_estimator=estimator,
+                            check=check)
+    method = Method(estimator=estimator, estimator_options=est, calibration=calibration,
+                    calibration_options=cal, ignore_token_ids=tuple(ignore_token_ids))
+    if check:
+        check_method(method)
+    return method
 
 
 @dataclass(frozen=True)

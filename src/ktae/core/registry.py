@@ -2,10 +2,12 @@
 
 Each registered method is one :class:`Record`: its function, the inputs a caller must
 give it, whether it reads the verifier's ``correct``, and the options a user may set,
-read from the function's signature. Every caller (``compute_advantages``,
-``calibrate_advantages``, the method strings of :mod:`ktae.core.methods`, the trainer,
-the verl plugin) reads these records; none keeps its own list of options or names.
-:func:`check_options` is the one check of option names.
+read from the function's signature, and the run settings that stand for one of its options
+(:class:`Alias`: ``--ktae-ngram N`` is KTAE's ``ngram=N``). Every caller
+(``compute_advantages``, ``calibrate_advantages``, the method strings of
+:mod:`ktae.core.methods`, the trainer's config and flags, the verl plugin) reads these
+records; none keeps its own list of options, names or settings. :func:`check_options` is
+the one check of option names.
 """
 
 from __future__ import annotations
@@ -49,6 +51,55 @@ def checked_keywords(what: str) -> Callable[[F], F]:
 
 
 @dataclass(frozen=True)
+class Alias:
+    """A run setting that stands for one option of a method, declared in the method's record.
+
+    ``Alias("ktae_ngram", "ngram", int, 1, ...)`` on the ``ktae`` estimator: the setting
+    ``ktae_ngram`` (``ktae train --ktae-ngram N``, the config key ``ktae_ngram: N``,
+    ``ktae compare --credit ktae@ngram=N``) is option ``ngram=N`` of KTAE. The trainer's
+    config gets one field per declared alias (:func:`ktae.core.methods.declared_aliases`),
+    and :func:`ktae.core.methods.alias_options` turns the settings into options; no other
+    module names it.
+    """
+
+    name: str
+    """The setting, ``PREFIX_KEY``: a ``TrainConfig`` field and config key; its flag is
+    ``--`` and the name with dashes. ``KEY`` alone (:attr:`short`: ``ngram``, TACO's
+    ``lambda``) is also a key of the method string (``ktae@ngram=3``, ``taco@lambda=0.5``)."""
+    option: str
+    """The method's option it sets (``ngram``; TACO's ``lam``)."""
+    type: object = None
+    """The setting's type annotation (``int``, ``float | None``)."""
+    default: object = None
+    """The setting's default: left there, the option is not passed (the method's own
+    default applies), unless ``always``."""
+    help: str = ""
+    """The flag's one-line help."""
+    doc: str = ""
+    """What the setting does, with references (the field's documentation)."""
+    check: Callable[[object, dict], None] | None = None
+    """``check(value, settings)`` raises ``ValueError`` (its text without the setting's
+    name) for a value the setting refuses whatever the credit; ``settings``: every alias
+    setting of the run by name (for a check across two of the method's settings)."""
+    default_text: str | None = None
+    """The default ``--help`` shows when ``default`` is None (else it is read from the
+    signatures of the methods the setting reaches)."""
+    shared: bool = False
+    """Every method of the same kind that takes ``option`` reads it (TACO's ``alpha`` and
+    ``lam``, read by the whole TACO family and ``entropy-adv``); else only this one."""
+    always: bool = False
+    """Passed at its default too (KTAE's ``mode``)."""
+    declared: bool = True
+    """The method declares the setting (a field, flag and config key of its own); False: a
+    setting every run has (``advantage_base``) that this method reads as an option."""
+
+    @property
+    def short(self) -> str:
+        """The name without its prefix (``ngram`` of ``ktae_ngram``)."""
+        return self.name.partition("_")[2] or self.name
+
+
+@dataclass(frozen=True)
 class Record:
     """One registered estimator or calibration.
 
@@ -75,6 +126,7 @@ class Record:
             ``correct`` (KTAE's ``split="graded"`` takes its classes from the rewards).
         user_rule: the user's function for a rule of ``ktae.register_estimator`` /
             ``register_calibration``, else None.
+        aliases: the run settings that stand for its options (:class:`Alias`).
     """
 
     name: str
@@ -86,6 +138,7 @@ class Record:
     keywords: tuple[str, ...] | None = ()
     correct_unless: tuple[tuple[str, object], ...] = ()
     user_rule: Callable | None = None
+    aliases: tuple[Alias, ...] = ()
 
     @property
     def takes_correct(self) -> bool:
@@ -123,12 +176,13 @@ class Registry(Generic[F]):
         self._items: dict[str, Record] = {}
 
     def register(self, name: str, *, needs=(), inputs=(), options=None,
-                 correct_unless: dict | None = None,
-                 user_rule: Callable | None = None) -> Callable[[F], F]:
+                 correct_unless: dict | None = None, user_rule: Callable | None = None,
+                 aliases: tuple[Alias, ...] = ()) -> Callable[[F], F]:
         """Decorator registering ``fn`` as ``name``. ``inputs``: keywords the caller fills
         besides ``correct`` (which a parameter of that name declares); ``options``: the
         user's options when the signature cannot say (a wrapper taking ``**options``);
-        else every other keyword parameter after the first."""
+        else every other keyword parameter after the first. ``aliases``: the run settings
+        that stand for some of its options (:class:`Alias`)."""
         def deco(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
@@ -146,10 +200,15 @@ class Registry(Generic[F]):
             else:
                 own = tuple(n for n in declared if n not in taken)
                 keywords = tuple(declared)
+            for alias in aliases:
+                if own is not None and alias.option not in own:
+                    raise ValueError(f"{self.kind} {name!r}: alias {alias.name!r} names "
+                                     f"{alias.option!r}, which is not one of its options")
             self._items[name] = Record(
                 name=name, kind=self.kind, fn=fn, needs=tuple(needs), inputs=taken,
                 options=own, keywords=keywords,
-                correct_unless=tuple((correct_unless or {}).items()), user_rule=user_rule)
+                correct_unless=tuple((correct_unless or {}).items()), user_rule=user_rule,
+                aliases=tuple(aliases))
             return fn
 
         return deco

@@ -17,6 +17,11 @@ drgrpo     dr_grpo     drgrpo (mean)  0.2 / 0.2      off               off
 advantage), ``ktae`` (docs/method.md §3), ``taco`` (docs/method.md §8), any registered advantage
 estimator or calibration name, or ``estimator+calibration`` (e.g. ``ktae+taco``).
 
+The settings credit methods declare (:class:`ktae.core.registry.Alias`: ``ktae_ngram``,
+``taco_alpha``, ...) are fields too, added from the methods' records after the ones
+written here (:func:`ktae.core.methods.declared_aliases`): a method's record is the one
+place that names them.
+
 Every field is type-checked (:mod:`ktae.runs.fields`) wherever it comes from: a YAML
 file, a flag, or Python. ``trl`` holds extra ``trl.GRPOConfig`` settings, checked against
 TRL's own field types by :mod:`ktae.train.trl_args`. Each field declares its ``ktae train``
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ktae.core.methods import check_alias_settings, declared_aliases
 from ktae.rewards.registry import REWARDS
 from ktae.runs.fields import FieldError, check_value, closest, flag
 
@@ -57,8 +63,8 @@ _ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class TrainConfig:
-    """Resolved settings of one training run (see the module docstring for algo presets)."""
+class _TrainConfig:
+    """The fields of :class:`TrainConfig` written here, and its methods."""
 
     model: str | None = field(default=None, metadata=flag(
         "local path or hub id (default: the warm-started tiny model shipped inside ktae)"))
@@ -154,24 +160,6 @@ class TrainConfig:
     """Overlong shaping cache L_c in tokens (0 = off); None = algo default."""
     overlong_factor: float = field(default=1.0, metadata=flag("overlong penalty factor"))
     """Overlong penalty factor."""
-    ktae_h1: float | None = field(default=None, metadata=flag("KTAE Fisher weight h1"))
-    """KTAE weight of the Fisher score (docs/method.md §3); None = the estimator's default (1)."""
-    ktae_h2: float | None = field(default=None, metadata=flag("KTAE information-gain weight h2"))
-    """KTAE weight of the information gain; None = the estimator's default (1)."""
-    ktae_h3: float | None = field(default=None, metadata=flag("KTAE term-frequency weight h3"))
-    """KTAE weight of the term-frequency direction; None = the estimator's default (1)."""
-    ktae_mode: str = field(default="exact", metadata=flag("exact | reference"))
-    """KTAE statistics: ``exact`` or ``reference`` (the released runtime's float32 quirks)."""
-    ktae_ngram: int = field(default=1, metadata=flag(
-        "KTAE span length N (1 = key tokens; docs/ngram.md)"))
-    """KTAE span length N: 1 scores single tokens; N > 1 spans of N tokens (docs/ngram.md)."""
-    ktae_ngram_reduce: str = field(default="mean", metadata=flag(
-        "span values -> token value: mean | maxabs"))
-    """How a token's value comes from its spans' (N > 1): ``mean`` or ``maxabs``."""
-    taco_alpha: float | None = field(default=None, metadata=flag("TACO tail threshold alpha"))
-    """Tail-risk threshold alpha of the TACO family (docs/method.md §8); None = its default (0.01)."""
-    taco_lambda: float | None = field(default=None, metadata=flag("TACO damping lambda"))
-    """TACO damping lambda; None = its default (0.9). Only calibrations taking ``lam``."""
     estimator_options: dict[str, Any] = field(default_factory=dict, metadata=flag(
         "an option of the advantage estimator, e.g. --estimator-option top=0.5 (repeatable)",
         name="--estimator-option", kind="pairs"))
@@ -301,23 +289,7 @@ class TrainConfig:
         if self.logprob_head not in LOGPROB_HEADS:
             raise ValueError(f"logprob_head: expected one of {', '.join(LOGPROB_HEADS)}, "
                              f"got {self.logprob_head!r}")
-        if self.ktae_mode not in ("exact", "reference"):
-            raise ValueError(f"ktae_mode: expected 'exact' or 'reference', got {self.ktae_mode!r}")
-        for name in ("ktae_h1", "ktae_h2", "ktae_h3"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)!r}")
-        if self.ktae_ngram < 1:
-            raise ValueError(f"ktae_ngram: expected a positive integer, got {self.ktae_ngram!r}")
-        if self.ktae_ngram > 1 and self.ktae_mode == "reference":
-            raise ValueError("ktae_ngram: the reference mode reproduces the released runtime, "
-                             "which scores single tokens only; use ktae_mode exact")
-        if self.ktae_ngram_reduce not in ("mean", "maxabs"):
-            raise ValueError("ktae_ngram_reduce: expected 'mean' or 'maxabs', "
-                             f"got {self.ktae_ngram_reduce!r}")
-        if self.taco_alpha is not None and not self.taco_alpha > 0:
-            raise ValueError(f"taco_alpha: expected > 0, got {self.taco_alpha!r}")
-        if self.taco_lambda is not None and not 0 <= self.taco_lambda <= 1:
-            raise ValueError(f"taco_lambda: expected in [0, 1], got {self.taco_lambda!r}")
+        check_alias_settings({a.name: getattr(self, a.name) for a in declared_aliases()})
         self._validate_data()
         if self.lora_r:
             if not self.lora_alpha > 0:
@@ -412,6 +384,19 @@ class TrainConfig:
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
             raise ValueError(f"config {path}: invalid YAML{where}: {problem}") from None
         return cls.from_dict(data or {}, source=f"config {path}")
+
+
+def _alias_field(alias) -> tuple:
+    return (alias.name, alias.type, field(default=alias.default, metadata={
+        **flag(alias.help), "doc": alias.doc}))
+
+
+TrainConfig = dataclasses.make_dataclass(
+    "TrainConfig", [_alias_field(a) for a in declared_aliases()], bases=(_TrainConfig,),
+    namespace={"__doc__": "Resolved settings of one training run (see the module "
+                          "docstring for algo presets), with the settings of credit "
+                          "methods (``ktae_ngram``, ``taco_alpha``, ...) last."})
+TrainConfig.__module__ = __name__
 
 
 #: Fields that cannot change the steps a run has trained (what is logged, evaluated, saved

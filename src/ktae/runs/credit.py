@@ -1,35 +1,42 @@
-"""Credit settings of the trainer, parsed from ``TrainConfig.credit`` (no TRL import).
+"""Credit settings of the trainer, read from ``TrainConfig``'s ``credit`` (no TRL import).
 
 ``none`` keeps the algo's sequence-level advantage; ``ktae`` (docs/method.md §3) or any registered
 advantage estimator replaces it; ``taco`` (docs/method.md §8) or any registered calibration is applied
 at loss time; ``estimator+calibration`` combines one of each (e.g. ``ktae+taco``).
 
 Options have one namespace per part: ``estimator_options`` go to the estimator and
-``calibration_options`` to the calibration. The shortcut fields (``ktae_h1``..``ktae_h3``,
-``ktae_ngram``, ``ktae_ngram_reduce``, ``taco_alpha``, ``taco_lambda``) are passed only when
-set (the span settings: when not the estimator's default), and only to a method that takes
-them; anything a method does not take is an error before any model loads.
+``calibration_options`` to the calibration. The settings a method's record declares
+(:class:`ktae.core.registry.Alias`: ``ktae_ngram``, ``taco_alpha``, ...) are passed only
+when set (``always`` ones: always), and only to a method that takes them; anything a
+method does not take is an error before any model loads.
 
-Naming, parsing, checking and computing a method live in :mod:`ktae.core.methods`; this
-module maps ``TrainConfig``'s fields onto it (:attr:`CreditSettings.method`,
-:func:`credit_method` for ``ktae explain`` and ``ktae audit`` with a run's settings).
+Naming, parsing, checking and computing a method live in :mod:`ktae.core.methods`: the
+config's credit setting becomes one :class:`ktae.core.methods.Method` there
+(:func:`ktae.core.methods.settings_method`); this module hands it ``TrainConfig``'s
+fields (:func:`credit_settings`; :func:`credit_method` for ``ktae explain`` and ``ktae
+audit`` with a run's settings) and reads one ``CREDIT@KEY=VALUE`` entry of ``ktae train
+--credit`` and ``ktae compare --credit`` (:func:`parse_arm`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ktae.core.calibration import calibration_options
 from ktae.core.methods import (
-    CALLER_INPUTS,
     Method,
-    check_method,
+    alias_setting,
+    option_value,
     parse_credit,
+    resolve_option,
+    setting_aliases,
+    settings_method,
     split_method,
 )
 from ktae.runs.config import TrainConfig
+from ktae.runs.fields import value_type
 
 
 @dataclass(frozen=True)
@@ -61,98 +68,127 @@ class CreditSettings:
                       calibration_options=dict(self.calibration_options))
 
 
-def _merge(shortcuts: dict, explicit: dict, where: str) -> dict:
-    both = sorted(set(shortcuts) & set(explicit))
-    if both:
-        raise ValueError(f"{where}: {both[0]!r} is given twice (as a field and in {where})")
-    return {**shortcuts, **explicit}
+def alias_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The run's value of every setting a method's record reads as an option
+    (``{"advantage_base": "grpo", "ktae_ngram": 1, ...}``)."""
+    return {alias.name: getattr(cfg, alias.name) for _, alias in setting_aliases()}
 
 
 def credit_settings(cfg: TrainConfig) -> CreditSettings:
-    """Translate ``cfg.credit`` and the option fields; checks every option (before loading).
+    """The run's method (:func:`ktae.core.methods.settings_method` of ``cfg.credit``, the
+    alias settings and the option fields), checked before anything loads.
 
     Raises:
         ValueError: unknown names, options given to a method that does not take them, or
             option values the method refuses (the message names the field or option).
     """
-    estimator, calibration = parse_credit(cfg.credit)
-    estimator = estimator or cfg.advantage_base
-
-    ktae_fields = {k: getattr(cfg, f"ktae_{k}") for k in ("h1", "h2", "h3")
-                   if getattr(cfg, f"ktae_{k}") is not None}
-    if cfg.ktae_ngram != 1:  # span settings only when they differ from the estimator's
-        ktae_fields["ngram"] = cfg.ktae_ngram
-    if cfg.ktae_ngram_reduce != "mean":
-        ktae_fields["ngram_reduce"] = cfg.ktae_ngram_reduce
-    if estimator == "ktae":
-        shortcuts = dict(base=cfg.advantage_base, mode=cfg.ktae_mode, **ktae_fields)
-    else:
-        if ktae_fields or cfg.ktae_mode != "exact":
-            name = f"ktae_{next(iter(ktae_fields))}" if ktae_fields else "ktae_mode"
-            raise ValueError(f"{name}: only used by the 'ktae' estimator, but credit is "
-                             f"{cfg.credit!r}")
-        shortcuts = {}
-    for key in CALLER_INPUTS:  # what the trainer passes every estimator that takes it
-        if key in cfg.estimator_options:
-            raise ValueError(f"estimator_options: {key!r} is set by the trainer (from the "
-                             "accuracy reward)")
-    est_opts = _merge(shortcuts, cfg.estimator_options, "estimator_options")
-
-    taco_fields = {k: v for k, v in (("alpha", cfg.taco_alpha), ("lam", cfg.taco_lambda))
-                   if v is not None}
-    if calibration is None:
-        if taco_fields or cfg.calibration_options:
-            name = ("calibration_options" if cfg.calibration_options else
-                    "taco_alpha" if "alpha" in taco_fields else "taco_lambda")
-            raise ValueError(f"{name}: credit {cfg.credit!r} has no calibration to pass it to")
-        cal_opts: dict = {}
-    else:
-        accepted = calibration_options(calibration)
-        for key, value in taco_fields.items():
-            if accepted is not None and key not in accepted:
-                field_name = "taco_alpha" if key == "alpha" else "taco_lambda"
-                raise ValueError(f"{field_name}: calibration {calibration!r} takes no {key!r} "
-                                 f"option (got {value})")
-        cal_opts = _merge(taco_fields, cfg.calibration_options, "calibration_options")
-    settings = CreditSettings(estimator=estimator, estimator_options=est_opts,
-                              calibration=calibration, calibration_options=cal_opts,
-                              dynamic_sampling=bool(cfg.dynamic_sampling),
-                              max_generation_rounds=cfg.max_generation_rounds, seed=cfg.seed)
-    check_credit_options(settings)
-    return settings
-
-
-def check_credit_options(settings: CreditSettings) -> None:
-    """Run the estimator and the calibration once on a tiny batch with the configured
-    options, so a misspelled or out-of-range option fails now, not at step 1
-    (:func:`ktae.core.methods.check_method`)."""
-    check_method(settings.method)
+    method = settings_method(cfg.credit, settings=alias_settings(cfg),
+                             estimator_options=cfg.estimator_options,
+                             calibration_options=cfg.calibration_options,
+                             default_estimator=cfg.advantage_base)
+    return CreditSettings(estimator=method.estimator,
+                          estimator_options=dict(method.estimator_options),
+                          calibration=method.calibration,
+                          calibration_options=dict(method.calibration_options),
+                          dynamic_sampling=bool(cfg.dynamic_sampling),
+                          max_generation_rounds=cfg.max_generation_rounds, seed=cfg.seed)
 
 
 def credit_method(text: str, *, train_config: TrainConfig | None = None,
                   ignore_token_ids=()) -> Method:
     """The method ``text`` names (``ktae``, ``ktae+taco``, ``ktae@ngram=3``, ...; see
-    :mod:`ktae.core.methods`) with a run's hyper-parameters: ``train_config``'s options
+    :mod:`ktae.core.methods`) with a run's hyper-parameters: ``train_config``'s settings
     (``ktae_h1``, ``taco_alpha``, ``estimator_options``, ...) for the parts that are the
     run's own estimator or calibration (default: :class:`TrainConfig`'s), then the
     string's ``@KEY=VALUE`` settings on top. What ``ktae explain`` and ``ktae audit`` read.
     """
-    base = train_config if train_config is not None else TrainConfig()
-    credit, settings = split_method(text)
+    run = (train_config if train_config is not None else TrainConfig()).resolve()
+    credit, _ = split_method(text)
     estimator, calibration = parse_credit(credit)
-    run_estimator, run_calibration = parse_credit(base.credit)
-    changes: dict = {"credit": credit}
-    if (estimator or base.advantage_base) != (run_estimator or base.advantage_base):
-        # the run's estimator options belong to another estimator
-        changes.update(ktae_h1=None, ktae_h2=None, ktae_h3=None, ktae_mode="exact",
-                       ktae_ngram=1, ktae_ngram_reduce="mean", estimator_options={})
-    if calibration != run_calibration:
-        changes.update(taco_alpha=None, taco_lambda=None, calibration_options={})
-    s = credit_settings(dataclasses.replace(base, **changes).resolve())
-    if not settings:
-        return dataclasses.replace(s.method, ignore_token_ids=tuple(ignore_token_ids))
-    from ktae.core.methods import parse_method
+    run_estimator, run_calibration = parse_credit(split_method(run.credit)[0])
+    settings = alias_settings(run)
+    options = {"estimator": dict(run.estimator_options),
+               "calibration": dict(run.calibration_options)}
+    other = {"estimator": (estimator or run.advantage_base)
+             != (run_estimator or run.advantage_base),
+             "calibration": calibration != run_calibration}
+    for record, alias in setting_aliases():  # the run's options of another part's method
+        kind = "estimator" if record.kind == "advantage estimator" else "calibration"
+        if other[kind] and alias.declared:
+            settings[alias.name] = alias.default
+    for kind, differs in other.items():
+        if differs:
+            options[kind] = {}
+    return settings_method(text.strip(), settings=settings,
+                           estimator_options=options["estimator"],
+                           calibration_options=options["calibration"],
+                           default_estimator=run.advantage_base,
+                           ignore_token_ids=ignore_token_ids)
 
-    return parse_method(text, estimator_options=s.estimator_options,
-                        calibration_options=s.calibration_options,
-                        ignore_token_ids=ignore_token_ids, default_estimator=s.estimator)
+
+# --------------------------------------------------------------------------- entries
+
+
+#: Settings an entry may not change: they define ``ktae compare``'s grid itself.
+GRID_FIELDS = ("credit", "seed", "output_dir", "resume")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One entry of ``--credit``: a credit and the settings its runs change."""
+
+    label: str
+    """The entry as written (``ktae@ngram=3``): the row name in the table."""
+    credit: str
+    """The credit part (``ktae``)."""
+    overrides: dict = field(default_factory=dict)
+    """``TrainConfig`` field -> value for this arm's runs."""
+
+    @property
+    def dirname(self) -> str:
+        """Run directory prefix: ``ktae-taco``, ``ktae-ngram=3``."""
+        return self.label.replace("+", "-").replace("@", "-").replace("/", "_")
+
+
+def _value_types() -> dict[str, type]:
+    """``TrainConfig`` field -> what the text of its value flag is read as."""
+    hints = typing.get_type_hints(TrainConfig)
+    return {f.name: value_type(hints[f.name]) for f in dataclasses.fields(TrainConfig)
+            if f.metadata.get("flag", {}).get("kind") == "value"
+            and f.name not in GRID_FIELDS}
+
+
+def parse_arm(text: str) -> Arm:
+    """``CREDIT[@KEY=VALUE...]`` -> :class:`Arm` (values typed as the ``ktae train`` flag).
+
+    The entry is read by :func:`ktae.core.methods.split_method`; KEY is a ``ktae train``
+    setting (a ``TrainConfig`` field such as ``learning_rate``, or a setting a named part's
+    record declares, by its name or without its prefix: ``ktae@ngram=3`` sets
+    ``ktae_ngram``, :func:`ktae.core.methods.alias_setting`), else an option of the entry's
+    estimator or calibration (:func:`ktae.core.methods.resolve_option`), set as
+    ``--estimator-option`` / ``--calibration-option`` after the common ones."""
+    credit, settings = split_method(text)
+    types = _value_types()
+    parts = [p.strip() for p in credit.split("+") if p.strip()]
+    estimator, calibration = parse_credit(credit)
+    overrides: dict = {}
+    for key, raw in settings:
+        name = key if key in types else alias_setting(parts, key)
+        if name is None:
+            also = (f" or a setting an entry can change; expected one of {sorted(types)} "
+                    "(or without the credit's prefix)")
+            kind, option = resolve_option(estimator, calibration, key, where=text.strip(),
+                                          also=also)
+            chosen = overrides.setdefault(f"{kind}_options", {})
+            if option in chosen:
+                raise ValueError(f"credit: {key} set twice in {text!r}")
+            chosen[option] = option_value(raw)
+            continue
+        if name in overrides:
+            raise ValueError(f"credit: {name} set twice in {text!r}")
+        try:
+            overrides[name] = types[name](raw)
+        except ValueError:
+            raise ValueError(f"credit: {key}={raw!r} in {text!r}: expected "
+                             f"{types[name].__name__}") from None
+    return Arm(label=text.strip(), credit=credit, overrides=overrides)

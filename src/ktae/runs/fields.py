@@ -58,6 +58,14 @@ def flag(help: str, *, name: str | None = None, kind: str = "value", short: str 
                      "metavar": metavar, "off_help": off_help}}
 
 
+def value_type(hint) -> type:
+    """``int``/``float``/``str`` of an annotation such as ``float | None``: what the text
+    of a value flag is read as."""
+    members = [m for m in typing.get_args(hint) or (hint,) if m is not type(None)]
+    (only,) = members
+    return only
+
+
 def _members(hint) -> tuple:
     origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:

@@ -13,12 +13,13 @@ stops the command before anything trains, naming the directory and the settings.
 
 An entry of ``--credit`` may change settings for its own runs only:
 ``CREDIT@KEY=VALUE[@KEY=VALUE...]``, where KEY is a ``ktae train`` setting (its
-``TrainConfig`` field name, e.g. ``ktae_ngram``, ``taco_lambda``, ``learning_rate``) or
-that name without the prefix of a credit in the entry (``ktae@ngram=3`` sets
-``ktae_ngram``; ``taco@lambda=0.5`` sets ``taco_lambda``), or an option of the entry's
-advantage estimator or calibration (``prefix-value@weight=0.5``, a user rule's
+``TrainConfig`` field name, e.g. ``ktae_ngram``, ``taco_lambda``, ``learning_rate``), a
+setting a credit in the entry declares, written without its prefix (``ktae@ngram=3``
+sets ``ktae_ngram``; ``taco@lambda=0.5`` sets ``taco_lambda``), or an option of the
+entry's advantage estimator or calibration (``prefix-value@weight=0.5``, a user rule's
 ``mine@scale=2``: as ``--estimator-option`` / ``--calibration-option``, after the common
-ones); entries are read by :mod:`ktae.core.methods`, as every command reads a method. So
+ones); entries are read by :func:`ktae.runs.credit.parse_arm`, through
+:mod:`ktae.core.methods`, as every command reads a method. So
 ``--credit none,ktae,ktae@ngram=3`` compares GRPO, KTAE and KTAE over trigrams; that
 arm's runs live in ``ktae-ngram=3-seed{s}/``.
 """
@@ -30,69 +31,11 @@ import dataclasses
 import json
 import statistics
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from ktae.runs.credit import Arm, parse_arm
 from ktae.runs.rundir import RunDir
 from ktae.train import cli_train
-from ktae.train.flags import VALUE_FLAGS
-
-#: Settings an arm may not change: they define the grid itself.
-_GRID_FIELDS = ("credit", "seed", "output_dir", "resume")
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One entry of ``--credit``: a credit and the settings its runs change."""
-
-    label: str
-    """The entry as written (``ktae@ngram=3``): the row name in the table."""
-    credit: str
-    """The credit part (``ktae``)."""
-    overrides: dict = field(default_factory=dict)
-    """``TrainConfig`` field -> value for this arm's runs."""
-
-    @property
-    def dirname(self) -> str:
-        """Run directory prefix: ``ktae-taco``, ``ktae-ngram=3``."""
-        return self.label.replace("+", "-").replace("@", "-").replace("/", "_")
-
-
-def parse_arm(text: str) -> Arm:
-    """``CREDIT[@KEY=VALUE...]`` -> :class:`Arm` (values typed as the ``ktae train`` flag).
-
-    The entry is read by :func:`ktae.core.methods.split_method`; a KEY that is not a
-    ``ktae train`` setting is an option of the entry's estimator or calibration
-    (:func:`ktae.core.methods.resolve_option`), set as ``--estimator-option`` /
-    ``--calibration-option`` after the common ones."""
-    from ktae.core.methods import option_value, parse_credit, resolve_option, split_method
-
-    credit, settings = split_method(text)
-    types = {f.dest: f.type for f in VALUE_FLAGS if f.dest not in _GRID_FIELDS}
-    prefixes = [p.strip() for p in credit.split("+") if p.strip()]
-    estimator, calibration = parse_credit(credit)
-    overrides: dict = {}
-    for key, raw in settings:
-        names = [key] + [f"{p}_{key}" for p in prefixes]
-        name = next((n for n in names if n in types), None)
-        if name is None:
-            also = (f" or a setting an entry can change; expected one of {sorted(types)} "
-                    "(or without the credit's prefix)")
-            kind, option = resolve_option(estimator, calibration, key, where=text.strip(),
-                                          also=also)
-            chosen = overrides.setdefault(f"{kind}_options", {})
-            if option in chosen:
-                raise ValueError(f"credit: {key} set twice in {text!r}")
-            chosen[option] = option_value(raw)
-            continue
-        if name in overrides:
-            raise ValueError(f"credit: {name} set twice in {text!r}")
-        try:
-            overrides[name] = types[name](raw)
-        except ValueError:
-            raise ValueError(f"credit: {key}={raw!r} in {text!r}: expected "
-                             f"{types[name].__name__}") from None
-    return Arm(label=text.strip(), credit=credit, overrides=overrides)
 
 
 def parse_arms(spec: str) -> list[Arm]:

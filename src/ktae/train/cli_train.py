@@ -16,8 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from ktae.core.calibration import CALIBRATIONS
+from ktae.core.estimators import ADVANTAGE_ESTIMATORS
+from ktae.core.methods import option_value, setting_aliases
 from ktae.runs.config import ALGOS, TrainConfig
-from ktae.runs.credit import credit_settings
+from ktae.runs.credit import credit_settings, parse_arm
 from ktae.train.flags import TRAIN_FLAGS
 
 
@@ -28,11 +31,9 @@ def _shown(value) -> str:
 
 def default_texts() -> dict[str, str]:
     """``TrainConfig`` field -> the default its help shows: the field's own, the value
-    :meth:`TrainConfig.resolve` gives each ``--algo`` (``depends on --algo: ...``), or the
-    credit method's own default for the option fields left None."""
-    import ktae
-    from ktae.core.ktae_options import PAPER_DEFAULTS, RUNTIME_DEFAULTS
-
+    :meth:`TrainConfig.resolve` gives each ``--algo`` (``depends on --algo: ...``), or, for
+    a credit method's setting left None, the method's own default (its alias's
+    ``default_text``, else the signatures of the methods it reaches)."""
     base = TrainConfig()
     per_algo = {a: dataclasses.replace(base, algo=a).resolve() for a in ALGOS}
     out = {}
@@ -57,22 +58,29 @@ def default_texts() -> dict[str, str]:
             out[f.name] = "default depends on --algo: " + ", ".join(parts)
         elif next(iter(resolved.values())) is not None:
             out[f.name] = f"default {_shown(next(iter(resolved.values())))}"
-    for h in ("h1", "h2", "h3"):
-        paper = ("" if PAPER_DEFAULTS[h] == RUNTIME_DEFAULTS[h]
-                 else f"; {PAPER_DEFAULTS[h]:g} with --estimator-option variant=paper")
-        out[f"ktae_{h}"] = f"default {RUNTIME_DEFAULTS[h]:g}{paper}"
-    for dest, option in (("taco_alpha", "alpha"), ("taco_lambda", "lam")):
+    for record, alias in setting_aliases():
+        if not alias.declared or alias.default is not None:
+            continue
+        if alias.default_text is not None:
+            out[alias.name] = alias.default_text
+            continue
         found = {}
-        for name in ktae.CALIBRATIONS.names():
-            param = inspect.signature(ktae.CALIBRATIONS.get(name)).parameters.get(option)
+        for other in _registry(record).records():
+            if other.name != record.name and not alias.shared:
+                continue
+            param = inspect.signature(other.fn).parameters.get(alias.option)
             if param is not None and param.default is not inspect.Parameter.empty:
-                found.setdefault(param.default, []).append(name)
+                found.setdefault(param.default, []).append(other.name)
         if len(found) == 1:
-            out[dest] = f"default {next(iter(found))}"
+            out[alias.name] = f"default {next(iter(found))}"
         elif found:
-            out[dest] = "default depends on the calibration: " + "; ".join(
+            out[alias.name] = "default depends on the calibration: " + "; ".join(
                 f"{v} ({', '.join(names)})" for v, names in found.items())
     return out
+
+
+def _registry(record):
+    return CALIBRATIONS if record.kind == CALIBRATIONS.kind else ADVANTAGE_ESTIMATORS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,8 +114,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _option_pairs(flag: str, pairs: list[str]) -> dict:
     """``["top=0.5"]`` -> ``{"top": 0.5}`` (values read as a method's settings are:
     :func:`ktae.core.methods.option_value`)."""
-    from ktae.core.methods import option_value
-
     out = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -162,13 +168,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def credit_with_settings(cfg: TrainConfig) -> TrainConfig:
     """``credit: ktae@ngram=3`` (flag or config file) read as ``ktae compare`` reads one
-    entry (:func:`ktae.train.cli_compare.parse_arm`): ``credit: ktae`` with ``ktae_ngram: 3``;
+    entry (:func:`ktae.runs.credit.parse_arm`): ``credit: ktae`` with ``ktae_ngram: 3``;
     a KEY that is no setting is an option of the estimator or calibration. A setting also
     given its own value (flag, field or option) is a one-line error."""
     if "@" not in str(cfg.credit):
         return cfg
-    from ktae.train.cli_compare import parse_arm
-
     arm = parse_arm(cfg.credit)
     changes: dict = {"credit": arm.credit}
     defaults = TrainConfig()

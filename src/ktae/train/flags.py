@@ -11,6 +11,7 @@ import typing
 from typing import NamedTuple
 
 from ktae.runs.config import TrainConfig
+from ktae.runs.fields import value_type
 
 
 class Flag(NamedTuple):
@@ -35,13 +36,6 @@ class Flag(NamedTuple):
     """The help of ``--no-NAME`` (``on_off``)."""
 
 
-def _value_type(hint) -> type:
-    """``int``/``float``/``str`` of an annotation such as ``float | None``."""
-    members = [m for m in typing.get_args(hint) or (hint,) if m is not type(None)]
-    (only,) = members
-    return only
-
-
 def _flags() -> tuple[Flag, ...]:
     hints = typing.get_type_hints(TrainConfig)
     out = []
@@ -51,7 +45,7 @@ def _flags() -> tuple[Flag, ...]:
             continue
         kind = spec["kind"]
         out.append(Flag(name=spec["name"] or "--" + f.name.replace("_", "-"), dest=f.name,
-                        type=_value_type(hints[f.name]) if kind == "value" else None,
+                        type=value_type(hints[f.name]) if kind == "value" else None,
                         help=spec["help"], kind=kind, short=spec["short"],
                         metavar=spec["metavar"], off_help=spec["off_help"]))
     return tuple(out)
