@@ -77,8 +77,8 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ktae.eval.model_path import resolve_model_path
     from ktae.eval.vllm_engine import engine_settings, load_vllm
+    from ktae.models.model_path import resolve_model_path
 
     torch.set_num_threads(args.threads)
     path = resolve_model_path(args.model)

@@ -77,11 +77,11 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ktae.eval.model_path import resolve_model_path
     from ktae.eval.prompts import build_prompt, resolve_template
     from ktae.eval.runner import load_records
     from ktae.eval.vllm_engine import engine_settings, generate_vllm, load_vllm
     from ktae.models.generate import SamplingConfig, generate_hf
+    from ktae.models.model_path import resolve_model_path
 
     torch.set_num_threads(args.threads)
     path = resolve_model_path(args.model)

@@ -34,7 +34,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ktae.eval.model_path import resolve_model_path
+    from ktae.models.model_path import resolve_model_path
     from ktae.rewards.registry import get_reward
     from ktae.tasks import arith
 

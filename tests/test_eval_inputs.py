@@ -25,11 +25,11 @@ from ktae.eval import (
 )
 from ktae.eval import runner as runner_mod
 from ktae.eval.benchmarks import BenchmarkRecord
-from ktae.eval.model_path import resolve_model_path
 from ktae.models import build_char_tokenizer, build_tiny_model
 from ktae.models import warmstart as ws
 from ktae.models.generate import Generation, SamplingConfig, context_length, generate_hf
 from ktae.models.generation_defaults import resolve_generation
+from ktae.models.model_path import resolve_model_path
 
 # --------------------------------------------------------------------------- fixtures
 

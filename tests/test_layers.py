@@ -16,7 +16,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "ktae"
 
 LAYERS = (
-    ("core", "checkpoints", "cli_common", "plugins"),  # pure torch or the standard library
+    ("core", "checkpoints", "cli_common", "plugins", "_version"),  # pure torch or the standard library
     ("ktae",),  # the package root: the public API over the core
     ("rewards", "tasks", "data", "viz", "integrations"),
     ("models",),  # the named and shipped models, their prompting and generation

@@ -88,7 +88,7 @@ def test_no_registry_says_how_to_get_the_file(tmp_path, monkeypatch):
 
 
 def test_named_models_resolve_everywhere(tmp_path, monkeypatch):
-    from ktae.eval.model_path import resolve_model_path
+    from ktae.models.model_path import resolve_model_path
 
     monkeypatch.setattr(smollm2, "prepared_path", lambda: tmp_path)
     assert resolve_model_path("smollm2-135m") == str(tmp_path)

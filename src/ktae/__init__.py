@@ -13,6 +13,7 @@ Core API (pure torch):
                                                           for its PNGs)
 """
 
+from ktae._version import __version__ as __version__
 from ktae.core.calibration import CALIBRATIONS, CalibrationResult, calibrate_advantages
 from ktae.core.estimators import ADVANTAGE_ESTIMATORS, compute_advantages
 from ktae.core.ktae import KeyTokenTable, key_token_table
@@ -48,4 +49,3 @@ __all__ = [
     "register_calibration",
     "register_estimator",
 ]
-__version__ = "0.1.0"

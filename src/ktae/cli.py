@@ -14,6 +14,7 @@ import argparse
 import importlib
 import sys
 
+from ktae._version import __version__
 from ktae.cli_common import Parser, UsageError, check_counts, error
 
 DESCRIPTION = """\
@@ -49,8 +50,6 @@ def _version() -> str:
     try:
         return metadata.version("ktae")
     except metadata.PackageNotFoundError:  # a source tree that is not installed
-        from ktae import __version__
-
         return __version__
 
 

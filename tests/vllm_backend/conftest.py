@@ -53,7 +53,7 @@ def default_model() -> str:
 @pytest.fixture(scope="session")
 def smollm2() -> str:
     """SmolLM2-135M-Instruct's float32 directory (``ktae models prepare smollm2-135m``)."""
-    from ktae.eval.model_path import resolve_model_path
+    from ktae.models.model_path import resolve_model_path
 
     try:
         path = resolve_model_path("smollm2-135m")

@@ -244,9 +244,9 @@ def _set_threads(threads: int) -> None:
 
 def _run(args: argparse.Namespace, console) -> int:
     from ktae.eval.cache import cache_key, cached_results, check_replace, default_output_dir
-    from ktae.eval.model_path import resolve_model_path
     from ktae.eval.results import prepare_output_dir
     from ktae.eval.runner import evaluate, load_records
+    from ktae.models.model_path import resolve_model_path
 
     args.model = _one_or_many(args.model)
     if args.responses is not None:

@@ -56,7 +56,7 @@ def _local(path: Path, name: str) -> dict:
 
 def _hub_revision(hub_path: str) -> str | None:
     """The commit of ``hub_path`` in the local hub cache (``refs/main``), if there."""
-    from ktae.eval.model_path import hub_cache_dir
+    from ktae.models.model_path import hub_cache_dir
 
     ref = Path(hub_cache_dir()) / f"datasets--{hub_path.replace('/', '--')}" / "refs" / "main"
     try:

@@ -57,7 +57,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
             settings, vLLM's among them (:mod:`ktae.train.vllm_colocate`), LoRA without
             peft, the task file, too few training problems).
     """
-    from ktae.eval.model_path import resolve_model_path
+    from ktae.models.model_path import resolve_model_path
     from ktae.rewards.registry import get_reward
     from ktae.train.trl_args import check_trl_settings
 
