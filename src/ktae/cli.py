@@ -15,7 +15,8 @@ import importlib
 import sys
 
 from ktae._version import __version__
-from ktae.cli_common import Parser, UsageError, check_counts, error
+from ktae.cli_common import Parser, UsageError, check_counts, error, install_signal_handlers, interrupted
+from ktae.plugins import load_from_argv
 
 DESCRIPTION = """\
 ktae: token-level credit for RL fine-tuning of language models. Train with GRPO, DAPO or
@@ -75,8 +76,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def _dispatch(argv: list[str]) -> int:
     try:  # users' credit rules first, so that their names and options validate
-        from ktae.plugins import load_from_argv
-
         argv = load_from_argv(argv)
     except ValueError as err:
         print(f"ktae: {err}", file=sys.stderr)
@@ -102,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     :func:`ktae.cli_common.interrupted`)."""
     if argv is not None:
         return _dispatch(list(argv))
-    from ktae.cli_common import install_signal_handlers, interrupted
 
     install_signal_handlers()
     argv = sys.argv[1:]

@@ -20,12 +20,34 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ktae.eval.benchmarks import BENCHMARK_NAMES
+from ktae.eval import runner  # runner.evaluate read at call time: tests stand in for it
+from ktae.eval.benchmarks import BENCHMARK_NAMES, saved_benchmarks
+from ktae.eval.cache import (
+    cache_key,
+    cached_results,
+    check_replace,
+    default_output_dir,
+    model_identity,
+    read_results,
+)
 from ktae.eval.choice import CHOICE_BENCHMARKS
 from ktae.eval.graders import GRADERS
+from ktae.eval.multirun import aggregate, expand_models, summary_markdown, unique_labels
 from ktae.eval.prompts import TEMPLATES
-from ktae.eval.protocols import PROTOCOLS
-from ktae.models.generation_defaults import GENERATION_FILE
+from ktae.eval.protocols import PROTOCOLS, get_protocol, resolve_settings
+from ktae.eval.provenance import data_origin, records_sha256
+from ktae.eval.responses import grade_responses, read_responses
+from ktae.eval.results import (
+    prepare_output_dir,
+    results_table,
+    unformatted_notice,
+    write_results,
+    write_samples,
+)
+from ktae.eval.sweep import AVG, incomplete_checkpoints, run_checkpoints, sweep
+from ktae.models.generate import SamplingConfig, vllm_available
+from ktae.models.generation_defaults import GENERATION_FILE, resolve_generation
+from ktae.models.model_path import resolve_model_path
 
 ALL_NAMES = (*BENCHMARK_NAMES, *CHOICE_BENCHMARKS)
 
@@ -124,8 +146,6 @@ def _benchmark_names(spec: str | None, data_dir) -> list[str]:
     ``data_dir``, else ``embedded``). A split of that DatasetDict named by its own name
     (``amc``) becomes the name it is reported under (``amc22-23``), so the protocols' k
     and the results use one name."""
-    from ktae.eval.benchmarks import saved_benchmarks
-
     saved = saved_benchmarks(data_dir) if data_dir is not None else None
     if spec is None and data_dir is not None and not saved:
         what = ("is empty" if Path(data_dir).is_dir() and not any(Path(data_dir).iterdir())
@@ -184,10 +204,6 @@ def _settings(args: argparse.Namespace, names: list[str], model_path: str):
     benchmark's sampling validated (errors name the flag)."""
     from dataclasses import replace
 
-    from ktae.eval.protocols import resolve_settings
-    from ktae.models.generate import SamplingConfig
-    from ktae.models.generation_defaults import resolve_generation
-
     settings = resolve_settings(names, protocol=args.protocol, template=args.template,
                                 temperature=args.temperature, top_p=args.top_p,
                                 max_new_tokens=args.max_new_tokens, k=args.k,
@@ -229,8 +245,6 @@ def _settings_key(args, settings, choice, names: list[str], backend: str,
 
 def _data(records, names: list[str], args) -> tuple[dict, dict]:
     """Each benchmark's origin (results.json ``data``) and the sha256 of its problems."""
-    from ktae.eval.provenance import data_origin, records_sha256
-
     origins = {n: data_origin(n, data_dir=args.data_dir, fixtures=args.fixtures,
                               split=args.split) for n in names}
     return origins, {n: records_sha256(r) for n, r in records.items()}
@@ -243,11 +257,6 @@ def _set_threads(threads: int) -> None:
 
 
 def _run(args: argparse.Namespace, console) -> int:
-    from ktae.eval.cache import cache_key, cached_results, check_replace, default_output_dir
-    from ktae.eval.results import prepare_output_dir
-    from ktae.eval.runner import evaluate, load_records
-    from ktae.models.model_path import resolve_model_path
-
     args.model = _one_or_many(args.model)
     if args.responses is not None:
         return _run_responses(args, console)
@@ -259,7 +268,6 @@ def _run(args: argparse.Namespace, console) -> int:
         if isinstance(args.model, list):
             raise ValueError("--checkpoints: expected one run directory as MODEL")
         return _run_checkpoints(args, console, names)
-    from ktae.eval.multirun import expand_models
 
     models = expand_models([args.model] if isinstance(args.model, str) else args.model)
     if len(models) > 1 or isinstance(args.model, list):
@@ -268,7 +276,7 @@ def _run(args: argparse.Namespace, console) -> int:
     settings, choice = _settings(args, names, model_path)
     output_dir = prepare_output_dir(
         args.output_dir or default_output_dir(args.model), "--output-dir")
-    records = load_records(names, limit=args.limit, data_dir=args.data_dir,
+    records = runner.load_records(names, limit=args.limit, data_dir=args.data_dir,
                            fixtures=args.fixtures, split=args.split,
                            hub_sources=_hub_sources(args))
     backend = _backend(args, console)
@@ -292,7 +300,7 @@ def _run(args: argparse.Namespace, console) -> int:
     _set_threads(args.threads)
     tokenizer, model = _load(model_path, args.model, backend, args.dtype)
     _print(console, settings, choice)
-    results = evaluate(
+    results = runner.evaluate(
         model, tokenizer, records, k=settings.k, temperature=settings.temperature,
         top_p=settings.top_p, max_new_tokens=choice.max_new_tokens, template=choice.template,
         batch_size=args.batch_size, seed=args.seed, output_dir=output_dir,
@@ -321,10 +329,6 @@ def _run_many(args: argparse.Namespace, console, models: list[str]) -> int:
     import copy
     import hashlib
     import json
-
-    from ktae.eval.cache import default_output_dir, model_identity, read_results
-    from ktae.eval.multirun import aggregate, summary_markdown, unique_labels
-    from ktae.eval.results import prepare_output_dir
 
     if args.output_dir is None:
         if isinstance(args.model, str):  # one ktae compare directory
@@ -355,14 +359,6 @@ def _run_many(args: argparse.Namespace, console, models: list[str]) -> int:
 def _run_responses(args: argparse.Namespace, console) -> int:
     """``--responses``: grade a file of generated responses with the grader (given, or
     the protocol's) and print the table; no model is loaded."""
-    from ktae.eval.protocols import get_protocol
-    from ktae.eval.responses import grade_responses, read_responses
-    from ktae.eval.results import (
-        prepare_output_dir,
-        write_results,
-        write_samples,
-    )
-
     if args.model is not None:
         raise ValueError("--responses: grades a file without a model; drop MODEL")
     if not (0 < args.timeout < float("inf")):
@@ -400,15 +396,11 @@ def _run_responses(args: argparse.Namespace, console) -> int:
 
 def _hub_sources(args) -> dict | None:
     """The protocol's own hub datasets (TACO's AIME sets), for benchmarks read from the hub."""
-    from ktae.eval.protocols import get_protocol
-
     return dict(get_protocol(args.protocol).hub_sources) if args.protocol else None
 
 
 def _print_results(console, results) -> None:
     """The results table, then a one-line notice when no response was formatted."""
-    from ktae.eval.results import results_table, unformatted_notice
-
     console.print(results_table(results))
     notice = unformatted_notice(results)
     if notice is not None:
@@ -423,11 +415,6 @@ def _print(console, settings, choice) -> None:
 def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int:
     """``--checkpoints``: everything checked first, then one evaluation per checkpoint
     not already cached (see :mod:`ktae.eval.sweep`)."""
-    from ktae.eval.cache import cache_key, check_replace, default_output_dir
-    from ktae.eval.results import prepare_output_dir
-    from ktae.eval.runner import evaluate, load_records
-    from ktae.eval.sweep import AVG, incomplete_checkpoints, run_checkpoints, sweep
-
     checkpoints = run_checkpoints(args.model, args.checkpoints)
     incomplete = incomplete_checkpoints(args.model)
     if incomplete:
@@ -440,7 +427,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
     plans = [(ck, *_settings(args, names, str(ck.path))) for ck in checkpoints]
     output_dir = prepare_output_dir(args.output_dir or default_output_dir(args.model),
                                     "--output-dir")
-    records = load_records(names, limit=args.limit, data_dir=args.data_dir,
+    records = runner.load_records(names, limit=args.limit, data_dir=args.data_dir,
                            fixtures=args.fixtures, split=args.split,
                            hub_sources=_hub_sources(args))
     backend = _backend(args, console)
@@ -467,7 +454,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
         console.print(f"{ck.label}: evaluating", markup=False, highlight=False)
         _print(console, settings, choice)
         tokenizer, model = _load(str(ck.path), str(ck.path), backend, args.dtype)
-        return evaluate(
+        return runner.evaluate(
             model, tokenizer, records, k=settings.k, temperature=settings.temperature,
             top_p=settings.top_p, max_new_tokens=choice.max_new_tokens,
             template=choice.template, batch_size=args.batch_size, seed=args.seed,
@@ -501,8 +488,6 @@ def _backend(args, console) -> str:
     """``--backend``, with ``auto`` decided: vLLM with a GPU, else transformers (one line
     says why when vLLM is installed but there is no GPU)."""
     import importlib.util
-
-    from ktae.models.generate import vllm_available
 
     if args.backend != "auto":
         return args.backend

@@ -15,6 +15,11 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from ktae.eval import choice
+from ktae.eval.benchmarks import BENCHMARKS, _data_file, _is_saved, fixture_path
+from ktae.models.model_path import hub_cache_dir
+from ktae.tasks.arith import DEFAULT_DIFFICULTY, EVAL_SEED
+
 _CHUNK = 1 << 20
 
 
@@ -45,8 +50,6 @@ def tree_sha256(path: Path) -> str:
 
 
 def _local(path: Path, name: str) -> dict:
-    from ktae.eval.benchmarks import _data_file, _is_saved
-
     found = path if _is_saved(path) else _data_file(path, name)
     if found.is_dir():
         return {"source": "saved", "directory": str(found.resolve()),
@@ -56,8 +59,6 @@ def _local(path: Path, name: str) -> dict:
 
 def _hub_revision(hub_path: str) -> str | None:
     """The commit of ``hub_path`` in the local hub cache (``refs/main``), if there."""
-    from ktae.models.model_path import hub_cache_dir
-
     ref = Path(hub_cache_dir()) / f"datasets--{hub_path.replace('/', '--')}" / "refs" / "main"
     try:
         return ref.read_text().strip() or None
@@ -69,14 +70,9 @@ def data_origin(name: str, *, data_dir: str | Path | None = None, fixtures: bool
                 split: str | None = None) -> dict:
     """Where :func:`ktae.eval.runner.load_records` reads benchmark ``name`` from (same
     arguments); see the module docstring."""
-    from ktae.eval import choice
-    from ktae.eval.benchmarks import BENCHMARKS, fixture_path
-
     if name == "embedded":
         return {"source": "embedded", "split": split or "test", "seed": 0}
     if name == "arith":
-        from ktae.tasks.arith import DEFAULT_DIFFICULTY, EVAL_SEED
-
         return {"source": "arith", "split": split or "eval", "seed": EVAL_SEED,
                 "difficulty": DEFAULT_DIFFICULTY}
     if fixtures:

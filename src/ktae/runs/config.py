@@ -40,8 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from ktae.core.methods import check_alias_settings, declared_aliases
-from ktae.rewards.registry import REWARDS
+from ktae.data import FIELDS, check_filters, parse_source
+from ktae.eval.prompts import TEMPLATES
+from ktae.rewards.registry import REWARDS, get_reward
 from ktae.runs.fields import FieldError, check_value, closest, flag
+from ktae.runs.rundir import atomic_write
+from ktae.tasks import TEMPLATES as EMBEDDED_TEMPLATES
+from ktae.tasks.arith import parse_task_name
 
 ALGOS = ("grpo", "dapo", "drgrpo")
 """Algorithms accepted by ``TrainConfig.algo``."""
@@ -300,12 +305,6 @@ class _TrainConfig:
                 raise ValueError("lora_target_modules: expected at least one module name")
 
     def _validate_data(self) -> None:
-        from ktae.data import FIELDS, parse_source
-        from ktae.eval.prompts import TEMPLATES
-        from ktae.rewards.registry import get_reward
-        from ktae.tasks import TEMPLATES as EMBEDDED_TEMPLATES
-        from ktae.tasks.arith import parse_task_name
-
         for name in ("task", "eval_task"):
             value = getattr(self, name)
             if value is not None and value not in ("embedded", "math500") and (
@@ -338,8 +337,6 @@ class _TrainConfig:
 
     def save(self, path: str | Path) -> None:
         """Write the config as YAML (``.yaml``/``.yml``) or JSON (anything else), atomically."""
-        from ktae.runs.rundir import atomic_write
-
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):
             import yaml
@@ -431,8 +428,6 @@ def resume_changes(run: TrainConfig, new: TrainConfig) -> tuple[dict, dict]:
 
 def _filters(filters: dict) -> dict[str, list[str]]:
     """``task_filters`` with each value a list of strings (``"a,b"`` -> ``["a", "b"]``)."""
-    from ktae.data import check_filters
-
     out = {}
     for column, values in filters.items():
         if isinstance(values, str):

@@ -33,6 +33,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from ktae import cli_common  # read at call time: tests stand in for set_interrupt_hint
 from ktae.runs.credit import Arm, parse_arm
 from ktae.runs.rundir import RunDir
 from ktae.train import cli_train
@@ -200,14 +201,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"ktae compare: {flag}: the grid sets it (seeds K..K+N-1 with --first-seed K "
                   "--seeds N; finished runs are reused, interrupted ones resumed)", file=sys.stderr)
             return 2
-    from ktae.cli_common import check_counts, check_output_dir, set_interrupt_hint
 
     root = Path(args.output_dir)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     base_args = argparse.Namespace(**vars(args))
     configs = []
     try:
-        check_output_dir(root)
+        cli_common.check_output_dir(root)
         for arm in arms:
             for seed in seeds:
                 ns = argparse.Namespace(**{**vars(base_args), **arm.overrides})
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
                 ns.output_dir = str(root / f"{arm.dirname}-seed{seed}")
                 ns.resume = None
                 configs.append(cli_train.config_from_args(ns))
-                check_counts(configs[-1], {"torch_threads": "--threads"})
+                cli_common.check_counts(configs[-1], {"torch_threads": "--threads"})
     except ValueError as err:
         print(f"ktae compare: {err}", file=sys.stderr)
         return 2
@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"ktae compare: {err}", file=sys.stderr)
         return 2
-    set_interrupt_hint("finished runs are kept; run the same command again to continue")
+    cli_common.set_interrupt_hint("finished runs are kept; run the same command again to continue")
     for i, (cfg, plan) in enumerate(zip(configs, plans, strict=True)):
         out = Path(cfg.output_dir)
         if plan.complete:

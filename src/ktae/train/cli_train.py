@@ -16,12 +16,15 @@ import sys
 import time
 from pathlib import Path
 
+from ktae import cli_common  # read at call time: tests stand in for set_interrupt_hint
 from ktae.core.calibration import CALIBRATIONS
 from ktae.core.estimators import ADVANTAGE_ESTIMATORS
 from ktae.core.methods import option_value, setting_aliases
+from ktae.plugins import PLUGIN_FLAG, split_plugin_args
 from ktae.runs.config import ALGOS, TrainConfig
 from ktae.runs.credit import credit_settings, parse_arm
 from ktae.train.flags import TRAIN_FLAGS
+from ktae.train.trl_args import parse_trl_pairs
 
 
 def _shown(value) -> str:
@@ -142,8 +145,6 @@ def _data_pairs(flag: str, pairs: list[str], split: bool) -> dict:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults < ``--config`` file < explicit flags; resolved and validated (types, ranges,
     credit options, TRL settings; see :func:`ktae.train.session.preflight` for the rest)."""
-    from ktae.train.trl_args import parse_trl_pairs
-
     cfg = TrainConfig.from_file(args.config) if getattr(args, "config", None) else TrainConfig()
     overrides = {}
     for f in dataclasses.fields(TrainConfig):
@@ -197,8 +198,6 @@ def resume_command(output_dir: str, argv: list[str] | None = None) -> str:
     a ``--plugin`` given before ``train`` stays before it."""
     import shlex
 
-    from ktae.plugins import PLUGIN_FLAG, split_plugin_args
-
     argv = list(sys.argv[1:] if argv is None else argv)
     at = argv.index("train") + 1 if "train" in argv else 0
     # ``ktae --plugin X train ...``: the rules the run's credit names must load again
@@ -217,12 +216,10 @@ def resume_command(output_dir: str, argv: list[str] | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae train``."""
-    from ktae.cli_common import check_counts, check_output_dir, set_interrupt_hint
-
     try:  # the arguments first: trl and transformers load only once they are right
         cfg = config_from_args(args)
-        check_counts(cfg, {"torch_threads": "--threads"})  # --config files included
-        check_output_dir(cfg.output_dir)
+        cli_common.check_counts(cfg, {"torch_threads": "--threads"})  # --config files included
+        cli_common.check_output_dir(cfg.output_dir)
     except ValueError as err:
         print(f"ktae train: {err}", file=sys.stderr)
         return 2
@@ -239,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ktae train: --resume: {cfg.output_dir} is complete ({cfg.max_steps} steps); "
               "nothing to do", file=sys.stderr)
         return 0
-    set_interrupt_hint(f"continue with: {resume_command(cfg.output_dir)}")
+    cli_common.set_interrupt_hint(f"continue with: {resume_command(cfg.output_dir)}")
     start = time.perf_counter()
     try:
         summary = train(cfg, checked=checked)

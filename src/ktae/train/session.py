@@ -19,6 +19,9 @@ import torch
 
 from ktae.checkpoints import checkpoint_step
 from ktae.models.generation_defaults import save_generation_defaults
+from ktae.models.model_path import resolve_model_path
+from ktae.models.warmstart import default_model_path
+from ktae.rewards.registry import get_reward
 from ktae.runs.config import TrainConfig, resume_changes
 from ktae.runs.credit import CreditSettings, credit_settings
 from ktae.runs.rollouts import ROLLOUTS_FILE, RolloutRecorder
@@ -31,10 +34,19 @@ from ktae.runs.rundir import (
     prepare_output_dir,
     start_segment,
 )
+from ktae.train.callbacks import (
+    EvalCallback,
+    MetricsCallback,
+    NoSignalCallback,
+    ProgressCallback,
+)
 from ktae.train.data import TaskRows, default_template, format_task, read_task
+from ktae.train.flags import flag_names
 from ktae.train.no_signal import find_no_signal
+from ktae.train.reward_funcs import make_reward_funcs
 from ktae.train.step_timing import mean_step_seconds
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
+from ktae.train.trl_args import check_trl_settings
 from ktae.train.vllm_colocate import check_vllm_settings, colocated_engine_options
 
 
@@ -57,10 +69,6 @@ def preflight(cfg: TrainConfig) -> Preflight:
             settings, vLLM's among them (:mod:`ktae.train.vllm_colocate`), LoRA without
             peft, the task file, too few training problems).
     """
-    from ktae.models.model_path import resolve_model_path
-    from ktae.rewards.registry import get_reward
-    from ktae.train.trl_args import check_trl_settings
-
     credit = credit_settings(cfg)
     trl = check_trl_settings(cfg.trl)
     check_vllm_settings(trl)  # vLLM installed; server mode only with CUDA
@@ -104,8 +112,6 @@ class RunPlan:
 
 def describe_changes(changes: dict) -> str:
     """``{"learning_rate": (3e-05, 0.01)}`` -> ``"lr 3e-05 -> 0.01"`` (flag names)."""
-    from ktae.train.flags import flag_names
-
     names = flag_names()
     return ", ".join(f"{names.get(k, k)} {old} -> {new}" for k, (old, new) in changes.items())
 
@@ -147,8 +153,6 @@ def load_model(cfg: TrainConfig, path: str | None = None):
 
     path = cfg.model if path is None else path
     if path is None:
-        from ktae.models.warmstart import default_model_path
-
         path = str(default_model_path())
     dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -280,14 +284,6 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     from accelerate import PartialState
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
-
-    from ktae.train.callbacks import (
-        EvalCallback,
-        MetricsCallback,
-        NoSignalCallback,
-        ProgressCallback,
-    )
-    from ktae.train.reward_funcs import make_reward_funcs
 
     _quiet()
     torch.set_num_threads(cfg.torch_threads)
