@@ -131,7 +131,7 @@ def test_every_phase_after_sampling_shows_progress(tmp_path, capsys):
     captured = capsys.readouterr()
     err, out = captured.err, captured.out
     for line in ("  labelled 20/20 groups", "  scored 20/20 groups (input-gradient importance, "
-                 "for oar-g", "  scored 20/20 groups (log-probs and entropies)",
+                 "for oar-g, with log-probs and entropies",
                  "  computed 6/6 credit methods and sanity rules",
                  "  summarised 6/6 credit methods and sanity rules (50 bootstrap draws"):
         assert line in err, line

@@ -596,10 +596,13 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         scored = loaded[2]
         phase = on_phase or quiet_phase
         needs = ", ".join(n for n, s in methods.items() if s.needs_input_grad)
+        # with the importance, its clean forward pass gives the log-probs and entropies
         steps = {"importance": phase("scored", f"groups (input-gradient importance, for "
-                                     f"{needs}; a forward and backward pass each)",
+                                     f"{needs}, with log-probs and entropies; a forward "
+                                     "pass, then a forward and backward pass, each)",
                                      len(inputs)) if importance else None,
-                 "scores": phase("scored", "groups (log-probs and entropies)", len(inputs))}
+                 "scores": None if importance else phase(
+                     "scored", "groups (log-probs and entropies)", len(inputs))}
         sources.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature,
                              importance=importance, on_group=lambda what: steps[what](1))
     for g in data.groups:

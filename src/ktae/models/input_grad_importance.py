@@ -36,6 +36,8 @@ self.args.device)``); this module follows the function's definition.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -190,6 +192,150 @@ def response_importance(model, prompt_ids, prompt_mask, response_ids, response_m
                               **options)
     P, T = prompt_ids.shape[1], response_ids.shape[1]
     return s[:, P:P + T]
+
+
+def prompt_cache(model, prompt: list[int]):
+    """The key/value cache of ``prompt[:-1]`` for one row (None for a one-token prompt),
+    computed without gradient: the shared prefix of a group's rows, computed once
+    (:func:`group_importance`, :func:`response_logits`)."""
+    if len(prompt) < 2:
+        return None
+    device = model.get_input_embeddings().weight.device
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt[:-1]], device=device), use_cache=True,
+                    **({"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}))
+    return out[_cache_name(model)]
+
+
+def _cache_name(model) -> str:
+    """The forward's argument (and output) that holds the key/value cache: ``cache`` in
+    recent transformers, ``past_key_values`` before (still taken, with a warning)."""
+    import inspect
+
+    return ("cache" if "cache" in inspect.signature(type(model).forward).parameters
+            else "past_key_values")
+
+
+def _continue(model, cache, rows: int, x: torch.Tensor, attention_mask: torch.Tensor,
+              columns: torch.Tensor | None):
+    """Logits at the segment positions ``columns`` (all when None) of ``rows`` rows that
+    continue the one-row ``cache`` with embeddings ``x`` ``[rows, S, H]``;
+    ``attention_mask`` ``[rows, S]`` covers the segment (the prefix is all real tokens).
+    The cache is copied: a forward pass appends to the one it is given."""
+    past = None
+    if cache is not None:
+        past = copy.deepcopy(cache)
+        past.batch_repeat_interleave(rows)
+        prefix = past.get_seq_length()
+        attention_mask = torch.cat([attention_mask.new_ones((rows, prefix)), attention_mask],
+                                   dim=1)
+    keep = columns is not None and _takes_logits_to_keep(model)
+    kwargs = {"logits_to_keep": columns} if keep else {}
+    if past is not None:
+        kwargs[_cache_name(model)] = past
+    logits = model(inputs_embeds=x, attention_mask=attention_mask, use_cache=past is not None,
+                   **kwargs).logits
+    return logits if columns is None or keep else logits[:, columns]
+
+
+def _segment(prompt: list[int], responses: list[list[int]], tail: list[int], pad_id: int,
+             device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids, attention, response)`` ``[B, 1 + T + len(tail)]``: each row the prompt's
+    last token, its response, then ``tail``, right-padded; ``response`` marks the
+    response's tokens."""
+    B, T, K = len(responses), max(1, max(len(r) for r in responses)), len(tail)
+    ids = torch.full((B, 1 + T + K), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros_like(ids, dtype=torch.bool)
+    for i, r in enumerate(responses):
+        n = 1 + len(r) + K
+        ids[i, :n] = torch.tensor([prompt[-1], *r, *tail], dtype=torch.long)
+        attn[i, :n] = 1
+        resp[i, 1:1 + len(r)] = True
+    return ids.to(device), attn.to(device), resp.to(device)
+
+
+class _no_weight_grad:
+    """The model's parameters without ``requires_grad`` for a block: the backward pass
+    to the input embeddings then neither computes nor keeps what a weight gradient needs."""
+
+    def __init__(self, model):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def __enter__(self):
+        for p in self.params:
+            p.requires_grad_(False)
+
+    def __exit__(self, *exc):
+        for p in self.params:
+            p.requires_grad_(True)
+
+
+def group_importance(model, prompt: list[int], responses: list[list[int]],
+                     answer: list[int], pad_id: int, *, conclusion: list[int] = (),
+                     outcome: str = "answer_mean", noise_std: float = NOISE_STD,
+                     generator: torch.Generator | None = None,
+                     logits: bool = False):
+    """``[B, T]`` importance of each response token to one prompt (0 on padding), equal to
+    :func:`response_importance` with the prompt repeated on every row and the same
+    generator (the same noise), computed with the prompt's cache computed once: the
+    prompt is not noised, so it is the same in both passes, and the gradient is wanted at
+    the response's positions only. With ``logits``, ``(importance, logits)``: also the
+    ``[B, T, V]`` logits of the clean pass that predict each response token (a response's
+    log-probabilities and entropies, without another forward pass)."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
+    if not answer:
+        raise ValueError("answer: expected at least one answer token")
+    embed = model.get_input_embeddings()
+    device = embed.weight.device
+    tail = [*conclusion, *answer]
+    ids, attn, response = _segment(prompt, responses, tail, pad_id, device)
+    B, S = ids.shape
+    T = S - 1 - len(tail)
+    after = response.sum(dim=1, keepdim=True) + 1 + len(conclusion)
+    col = torch.arange(S, device=device)[None]
+    answer_mask = (col >= after) & (col < after + len(answer))
+    columns = _summary_columns(answer_mask)
+    cache = prompt_cache(model, prompt)
+    with torch.no_grad():
+        e = embed(ids).detach()
+        dtype = torch.promote_types(e.dtype, torch.float32)
+        clean = _continue(model, cache, B, e, attn, None if logits else columns)
+        kept = clean if logits else None
+        ref = _answer_summary((clean[:, columns] if logits else clean).to(dtype), ids,
+                              answer_mask, outcome, columns)
+        if outcome != "answer_joint":
+            p0 = F.softmax(ref, dim=-1)
+            log_p0 = torch.log(p0 + KL_EPS)
+    # the noise of the whole row (prompt included) as response_importance draws it
+    P = len(prompt)
+    noise = torch.randn((B, P - 1 + S, e.shape[-1]), generator=generator, dtype=e.dtype)
+    noise = noise[:, P - 1:].to(device) * noise_std
+    x = (e + torch.where(response[..., None], noise, 0)).requires_grad_(True)
+    with torch.enable_grad(), _no_weight_grad(model):
+        out = _answer_summary(_continue(model, cache, B, x, attn, columns).to(dtype), ids,
+                              answer_mask, outcome, columns)
+        if outcome == "answer_joint":
+            J = ref - out
+        else:
+            J = torch.where(p0 > 0, p0 * (log_p0 - F.log_softmax(out, dim=-1)), 0).sum(dim=-1)
+        (grad,) = torch.autograd.grad(J.sum(), x)
+    saliency = (grad.to(dtype) * e.to(dtype)).sum(dim=-1).abs()
+    s = torch.where(response, saliency, 0).detach()[:, 1:1 + T]
+    return (s, kept[:, :T]) if logits else s
+
+
+def response_logits(model, prompt: list[int], responses: list[list[int]], pad_id: int,
+                    cache=None) -> torch.Tensor:
+    """``[B, T, V]`` logits that predict each response token after ``prompt`` (no
+    gradient), the prompt computed once (``cache``: its :func:`prompt_cache`)."""
+    embed = model.get_input_embeddings()
+    ids, attn, _ = _segment(prompt, responses, [], pad_id, embed.weight.device)
+    cache = prompt_cache(model, prompt) if cache is None else cache
+    with torch.no_grad():
+        columns = torch.arange(ids.shape[1] - 1, device=ids.device)  # not the last token
+        return _continue(model, cache, len(responses), embed(ids), attn, columns)
 
 
 def answer_tokens(tokenizer, answers: list) -> tuple[list[int], list[list[int]]]:

@@ -1,0 +1,93 @@
+"""The per-group path of the audit and ``ktae explain`` (the prompt computed once, one
+clean pass giving both the log-probs/entropies and the importance's reference) equals a
+plain per-row computation: :func:`response_importance` with the prompt repeated, and a
+full forward pass over prompt and response."""
+
+import pytest
+import torch
+
+from ktae.core.entropy import categorical_entropy
+from ktae.models.input_grad_importance import (
+    group_importance,
+    response_importance,
+    response_logits,
+)
+
+VOCAB = 40
+TOL = {"rtol": 1e-4, "atol": 1e-6}
+"""float32: the prompt computed once for a row and the rows' padding change the order of
+a few sums, nothing else."""
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).float().eval()
+
+
+def _rows(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def _plain(model, prompt, responses, answer, conclusion, outcome, seed):
+    B, T = len(responses), max(1, max(len(r) for r in responses))
+    p = torch.tensor([prompt] * B)
+    ids = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(responses):
+        ids[i, :len(r)] = torch.tensor(r)
+        mask[i, :len(r)] = 1
+    return response_importance(model, p, torch.ones_like(p), ids, mask, [answer] * B, 0,
+                               conclusion=conclusion, outcome=outcome,
+                               generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("outcome", ["answer_mean", "last", "answer_joint"])
+@pytest.mark.parametrize("conclusion", [[], [5, 6, 7]])
+@pytest.mark.parametrize("prompt_len", [1, 2, 9])
+def test_group_importance_equals_the_plain_computation(outcome, conclusion, prompt_len):
+    model = _llama()
+    prompt = _rows([prompt_len], seed=2)[0]
+    responses = _rows([7, 3, 12, 1, 12])
+    want = _plain(model, prompt, responses, [8, 9], conclusion, outcome, seed=4)
+    got = group_importance(model, prompt, responses, [8, 9], 0, conclusion=conclusion,
+                           outcome=outcome, generator=torch.Generator().manual_seed(4))
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=TOL["rtol"], atol=1e-4 * want.abs().max())
+    assert (got[1, 3:] == 0).all() and (got[0, :7] > 0).all()
+
+
+def test_the_clean_pass_logits_equal_a_full_forward():
+    model = _llama()
+    prompt = _rows([9], seed=2)[0]
+    responses = _rows([7, 3, 12, 1])
+    B, P, T = len(responses), len(prompt), 12
+    ids = torch.zeros((B, P + T), dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, r in enumerate(responses):
+        ids[i, :P + len(r)] = torch.tensor(prompt + r)
+        att[i, :P + len(r)] = 1
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=att).logits[:, P - 1:P + T - 1]
+    _, clean = group_importance(model, prompt, responses, [8], 0,
+                                generator=torch.Generator().manual_seed(0), logits=True)
+    plain = response_logits(model, prompt, responses, 0)
+    for got in (clean, plain):
+        assert got.shape == want.shape
+        for i, r in enumerate(responses):  # padding positions are not read
+            torch.testing.assert_close(got[i, :len(r)], want[i, :len(r)], **TOL)
+            torch.testing.assert_close(categorical_entropy(got[i, :len(r)].log_softmax(-1)),
+                                       categorical_entropy(want[i, :len(r)].log_softmax(-1)),
+                                       **TOL)
+
+
+def test_the_weights_keep_requires_grad_and_get_no_gradient():
+    model = _llama()
+    group_importance(model, [3, 4, 5], _rows([4, 2]), [8], 0,
+                     generator=torch.Generator().manual_seed(0))
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())
