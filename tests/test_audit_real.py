@@ -300,13 +300,14 @@ def test_audit_of_smollm2_end_to_end(tmp_path, capsys):
         pytest.skip("smollm2-135m is not prepared (`ktae models prepare smollm2-135m`); "
                     "KTAE_REQUIRE_REAL_MODEL=1 requires it")
     start = time.monotonic()
-    code, out, err = run_cli(capsys, "--model", "smollm2-135m", "--prompts", "4", "--samples",
-                             "4", "--threads", "1", "-o", str(tmp_path / "audit"))
+    # 6 x 6: five of the six groups are mixed, with wrong tokens to audit (4 x 4 had none)
+    code, out, err = run_cli(capsys, "--model", "smollm2-135m", "--prompts", "6", "--samples",
+                             "6", "--threads", "1", "-o", str(tmp_path / "audit"))
     took = time.monotonic() - start
     assert code == 0, err
-    assert out.splitlines()[0].startswith("ktae audit: sampling 4 prompts x 4 responses from "
+    assert out.splitlines()[0].startswith("ktae audit: sampling 6 prompts x 6 responses from "
                                           "smollm2-135m on arith@difficulty=1")
-    assert "  sampled 4/4 prompts (16 responses)" in err
+    assert "  sampled 6/6 prompts (36 responses)" in err
     result = json.loads((tmp_path / "audit" / "audit.json").read_text())
     from ktae.credit_audit.run import default_methods
 
@@ -314,4 +315,4 @@ def test_audit_of_smollm2_end_to_end(tmp_path, capsys):
     rate, counts = result["right_answer_wrong_tokens"]["all"], result["counts"]
     assert rate["responses"] == counts["responses"] - counts["wrong_answers"]
     assert "right answers holding a locally wrong token" in out
-    assert result["counts"]["responses"] == 16 and took < 300
+    assert result["counts"]["responses"] == 36 and took < 600
