@@ -51,7 +51,7 @@ def test_cli_names_a_prompt_set_in_the_default_folder(capsys):
 
 
 def test_the_chosen_set_is_what_gets_sampled(monkeypatch):
-    from ktae.explain import sources
+    from ktae.groups import sampling
 
     seen = []
 
@@ -59,7 +59,7 @@ def test_the_chosen_set_is_what_gets_sampled(monkeypatch):
         seen.append([r["answer"] for r in rows])
         raise RuntimeError("stop after the prompts are chosen")
 
-    monkeypatch.setattr(sources, "sample_groups", capture)
+    monkeypatch.setattr(sampling, "sample_groups", capture)
     for k in (0, 1):
         with pytest.raises(RuntimeError, match="stop after"):
             audit(model="default", prompts=30, samples=2, prompt_set=k, credit="grpo")

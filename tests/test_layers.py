@@ -22,6 +22,7 @@ LAYERS = (
     ("models",),  # the named and shipped models, their prompting and generation
     ("eval",),
     ("runs",),  # the run directory's format, below its writer and its readers
+    ("groups",),  # scored response groups: what the explainers and the audit both read
     ("explain", "sim", "credit_audit"),  # they read runs, never the trainer
     ("train",),
     ("cli",),  # ktae.cli and ktae.__main__
@@ -178,8 +179,10 @@ def test_every_eval_module_imports_without_the_trainer(tmp_path):
 
 
 def test_the_run_readers_import_without_the_trainer():
-    """ktae.runs, the explainers and the audit, every module imported in a fresh interpreter."""
-    modules = [*_modules("ktae.runs"), *_modules("ktae.explain"), *_modules("ktae.credit_audit")]
+    """ktae.runs, the groups, the explainers and the audit, every module imported in a fresh
+    interpreter."""
+    modules = [*_modules("ktae.runs"), *_modules("ktae.groups"), *_modules("ktae.explain"),
+               *_modules("ktae.credit_audit")]
     assert "ktae.runs.reader" in modules and "ktae.credit_audit.run" in modules
     loaded = _imported_after(modules)
     assert "ktae.runs.config" in loaded and not _train(loaded)

@@ -122,9 +122,9 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     from ``model``, scored by the ``number`` reward and labelled by their claims; an
     :class:`ktae.credit_audit.run.AuditInput` whose groups' level is the problem's kind.
     ``on_phase``: progress of the labelling (:mod:`ktae.credit_audit.progress`)."""
+    from ktae.credit_audit.inputs import AuditGroup, AuditInput
     from ktae.credit_audit.progress import quiet_phase
-    from ktae.credit_audit.run import AuditGroup, AuditInput
-    from ktae.explain.report import GroupInput
+    from ktae.groups.input import GroupInput
     from ktae.models.generate import SamplingConfig, generate_hf
     from ktae.rewards.answer_line import number_check
 

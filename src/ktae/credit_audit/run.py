@@ -15,7 +15,7 @@ Groups come with per-token local-error labels (:mod:`ktae.credit_audit.metrics`)
 Every method is named, parsed and computed by :mod:`ktae.core.methods`, as ``ktae
 explain``, ``ktae compare`` and ``ktae train`` do (``CREDIT[@KEY=VALUE...]``, with a run's
 own settings through :func:`ktae.runs.credit.credit_method`; the credit through
-:func:`ktae.explain.report.credit_values`, which pads the groups for
+:func:`ktae.groups.credit.credit_values`, which pads the groups for
 :func:`ktae.core.methods.method_credit`, from the scoring policy's log-probs and
 entropies). A token a calibration's loss mask removes receives no credit.
 """
@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
+from ktae.core.calibration import CALIBRATIONS
+from ktae.core.estimators import ADVANTAGE_ESTIMATORS
+from ktae.credit_audit.inputs import AuditGroup, AuditInput
 from ktae.credit_audit.metrics import (
     MASS_METRICS,
     METRICS,
@@ -62,9 +65,7 @@ _CODES = {"w": WRONG, "r": RIGHT, ".": OTHER}
 def default_methods() -> list[str]:
     """Every registered estimator and calibration (on GRPO), ``ktae+taco`` and KTAE over
     spans of 2, 3 and 4 tokens."""
-    import ktae
-
-    return [*ktae.ADVANTAGE_ESTIMATORS.names(), *ktae.CALIBRATIONS.names(), "ktae+taco",
+    return [*ADVANTAGE_ESTIMATORS.names(), *CALIBRATIONS.names(), "ktae+taco",
             "ktae@ngram=2", "ktae@ngram=3", "ktae@ngram=4"]
 
 
@@ -99,34 +100,6 @@ def needs_scores(spec) -> bool:
     """The method reads per-token log-probs/entropies (a calibration, GTPO, a rule that
     declares them): :attr:`ktae.core.methods.Method.needs_scores`."""
     return spec.needs_scores
-
-
-@dataclass
-class AuditGroup:
-    """One group and its labels: ``labels[i]`` holds one of ``"w"``, ``"r"``, ``"."``
-    per token of response ``i``; ``level`` and ``step`` break the figures down."""
-
-    group: object  # ktae.explain.report.GroupInput
-    labels: list[str]
-    level: object = None
-    step: int | None = None
-    key: str = ""
-    kinds: list[str] | None = None
-    """Per response, one code of :data:`ktae.credit_audit.token_kinds.KINDS` per token
-    (what :func:`audit` adds from the tokenizer; None: no breakdown by kind)."""
-
-
-@dataclass
-class AuditInput:
-    """What is audited: groups, the tokenizer, a description and, for a run directory,
-    where to find a model that can score its responses."""
-
-    groups: list[AuditGroup]
-    tokenizer: object
-    description: str
-    kind: str
-    scorer: str | None = None
-    meta: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- labels
@@ -174,13 +147,13 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
     """``prompts`` held-out embedded prompts (:func:`prompt_set_problems`) x ``samples``
     responses from ``model`` (``on_batch``: progress, as :func:`ktae.models.generate.generate_hf`
     calls it)."""
-    from ktae.explain.sources import sample_groups
+    from ktae.groups import sampling
     from ktae.tasks import format_prompt
 
     template = "compact" if len(tokenizer) < 1000 else "qwen-math"
     problems = prompt_set_problems(prompts, prompt_set)
     rows = [{"prompt": format_prompt(p, template), "answer": p.answer} for p in problems]
-    sampled = sample_groups(model, tokenizer, rows, num_generations=samples,
+    sampled = sampling.sample_groups(model, tokenizer, rows, num_generations=samples,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             on_batch=on_batch)
     from ktae.credit_audit.progress import quiet_phase
@@ -205,7 +178,7 @@ def run_input(run: Path, *, tokenizer: str | None = None, task: str | None = Non
     kind; other runs by :func:`ktae.tasks.label_response` on their embedded prompts.
     ``model`` is the run's model, the scorer when the run kept no full ``final/`` model."""
     from ktae.credit_audit.arith_input import check_task, run_labels
-    from ktae.explain.report import GroupInput
+    from ktae.groups.input import GroupInput
     from ktae.runs.reader import read_run_rollouts, recorded_credit_name, run_tokenizer
     from ktae.runs.rollouts import ROLLOUTS_FILE
     from ktae.tasks import level_of, question_of
@@ -258,8 +231,8 @@ def _is_arith(task: str) -> bool:
 
 def jsonl_input(path: Path, tokenizer) -> AuditInput:
     """Groups with user-given ``wrong`` spans (see the module docstring), read by
-    :func:`ktae.explain.sources.load_jsonl`."""
-    from ktae.explain.sources import load_jsonl
+    :func:`ktae.groups.input.load_jsonl`."""
+    from ktae.groups.input import load_jsonl
     from ktae.tasks import token_labels
     from ktae.viz.tokens import token_pieces
 
@@ -318,7 +291,7 @@ class _Batch:
 
 
 def _credit(chosen: list[AuditGroup], spec):
-    from ktae.explain.report import credit_values
+    from ktae.groups.credit import credit_values
 
     values = credit_values([g.group for g in chosen], spec)
     return torch.where(values.in_loss & values.mask, values.final.double(), 0.0), values
@@ -518,7 +491,9 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     from ktae.credit_audit import arith_input
     from ktae.credit_audit.progress import quiet_phase
     from ktae.credit_audit.token_kinds import kind_codes
-    from ktae.explain import sources
+    from ktae.groups import input as group_input
+    from ktae.groups import sampling, scoring
+    from ktae.runs.reader import load_tokenizer
 
     check_arguments(input=input, model=model, prompts=prompts, samples=samples,
                     resamples=resamples, temperature=temperature, max_new_tokens=max_new_tokens)
@@ -545,10 +520,10 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
             if temperature is None:
                 temperature = run_settings.temperature
     elif path is not None:
-        tok = sources.load_tokenizer(tokenizer or sources.model_tokenizer_path(model))
+        tok = load_tokenizer(tokenizer or sampling.model_tokenizer_path(model))
         data = jsonl_input(path, tok)
     else:
-        loaded = sources.load_model(model or DEFAULT_MODEL)
+        loaded = sampling.load_model(model or DEFAULT_MODEL)
         m, tok, where = loaded
         char_level = len(tok) < 1000
         task = task or ("embedded" if char_level else arith_input.DEFAULT_TASK)
@@ -578,7 +553,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
                 seed=seed, max_new_tokens=max_new, temperature=temperature,
                 prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase)
     temperature = 1.0 if temperature is None else temperature
-    ignore = sources.ignore_ids(data.tokenizer)
+    ignore = group_input.ignore_ids(data.tokenizer)
     methods = {n: _with_ignore(s, ignore) for n, s in methods.items()}
     check_groups(data.groups)
     scored = "recorded"
@@ -592,7 +567,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
             g.logprobs is not None and g.entropies is not None
             and all(r is not None for r in g.logprobs) for g in inputs)):
         if loaded is None:
-            loaded = sources.load_model(model or data.scorer or DEFAULT_MODEL)
+            loaded = sampling.load_model(model or data.scorer or DEFAULT_MODEL)
         scored = loaded[2]
         phase = on_phase or quiet_phase
         needs = ", ".join(n for n, s in methods.items() if s.needs_input_grad)
@@ -603,7 +578,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
                                      len(inputs)) if importance else None,
                  "scores": None if importance else phase(
                      "scored", "groups (log-probs and entropies)", len(inputs))}
-        sources.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature,
+        scoring.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature,
                              importance=importance, on_group=lambda what: steps[what](1))
     for g in data.groups:
         g.kinds = kind_codes(data.tokenizer, g.group.responses, g.labels)

@@ -95,6 +95,9 @@ def _check_args(args) -> None:
 def load_source(args):
     """The :class:`ktae.explain.sources.Source` named by the arguments."""
     from ktae.explain import sources
+    from ktae.groups import input as group_input
+    from ktae.groups import sampling
+    from ktae.runs.reader import load_tokenizer
 
     _check_args(args)
     if args.input is not None:
@@ -106,12 +109,12 @@ def load_source(args):
                                     credit=args.credit)
         if args.step is not None:
             raise ValueError("step: only a run directory has recorded steps")
-        tok_path = args.tokenizer or sources.model_tokenizer_path(args.model)
-        tok = sources.load_tokenizer(tok_path)
-        ignore = sources.ignore_ids(tok)
+        tok_path = args.tokenizer or sampling.model_tokenizer_path(args.model)
+        tok = load_tokenizer(tok_path)
+        ignore = group_input.ignore_ids(tok)
         name = args.credit or "ktae"
         return sources.Source(
-            groups=sources.load_jsonl(path, tokenizer=tok), tokenizer=tok,
+            groups=group_input.load_jsonl(path, tokenizer=tok), tokenizer=tok,
             credit=sources.credit_spec(name, ignore_token_ids=ignore),
             title=f"ktae explain: {path.name}", meta=[f"tokenizer: {tok_path}"],
             credit_name=name)
@@ -122,17 +125,19 @@ def load_source(args):
 
 def _sampled_source(args, model, tok, path):
     from ktae.explain import sources
+    from ktae.groups import input as group_input
+    from ktae.groups import sampling
 
     first, n = 0, args.groups or DEFAULT_GROUPS
     if args.group is not None:
         if not args.group.isdigit():
             raise ValueError(f"group: expected a prompt index, got {args.group!r}")
         first, n = int(args.group), int(args.group) + 1
-    rows = sources.prompt_rows(Path(args.prompts) if args.prompts else None, tok, n)[first:]
+    rows = sampling.prompt_rows(Path(args.prompts) if args.prompts else None, tok, n)[first:]
     if not rows:
         raise ValueError(f"group: prompt index {first} is past the last prompt")
     max_new = args.max_new_tokens or (40 if len(tok) < 1000 else 1024)
-    groups = sources.sample_groups(model, tok, rows, num_generations=args.num_generations,
+    groups = sampling.sample_groups(model, tok, rows, num_generations=args.num_generations,
                                    max_new_tokens=max_new, temperature=args.temperature,
                                    seed=args.seed, first_index=first)
     name = args.credit or "ktae"
@@ -141,15 +146,15 @@ def _sampled_source(args, model, tok, path):
             f"temperature {args.temperature:g} (seed {args.seed}, at most {max_new} new tokens) "
             f"from {where}"]
     return sources.Source(groups=groups, tokenizer=tok,
-                          credit=sources.credit_spec(name, ignore_token_ids=sources.ignore_ids(tok)),
+                          credit=sources.credit_spec(name, ignore_token_ids=group_input.ignore_ids(tok)),
                           title="ktae explain: sampled responses", meta=meta, credit_name=name)
 
 
 def build(args):
     """``(report, selected groups)`` for the arguments (raises ValueError on bad input)."""
     from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
-    from ktae.explain import sources
     from ktae.explain.report import build_report
+    from ktae.groups import sampling, scoring
 
     source = load_source(args)
     model = None
@@ -158,7 +163,7 @@ def build(args):
         import torch
 
         torch.set_num_threads(args.threads)
-        model, tok, path = sources.load_model(args.model)
+        model, tok, path = sampling.load_model(args.model)
         if source is None:
             source = _sampled_source(args, model, tok, path)
     groups = _select(source.groups, args)
@@ -177,7 +182,7 @@ def build(args):
     estimator_unscored |= importance
     if model is not None and (estimator_unscored
                               or (cal is not None and not source.use_recorded)):
-        sources.score_groups(model, source.tokenizer, groups, temperature=args.temperature,
+        scoring.score_groups(model, source.tokenizer, groups, temperature=args.temperature,
                              importance=importance)
     _add_labels(groups, source.tokenizer)
     meta = [*source.meta, _credit_line(source)]

@@ -323,8 +323,9 @@ def group_credit(*, rewards, token_ids, mask, group_index: int = 0, group=None, 
         (with ``"text"`` when ``decode`` is given). ``credit_html(**result)`` and
         ``credit_png(**result, path=...)`` take it as is.
     """
-    import ktae
+    from ktae.core.estimators import compute_advantages
     from ktae.core.groups import group_index as dense_groups
+    from ktae.core.ktae import key_token_table
 
     ids = as_tensor(token_ids, "token_ids")
     if ids.dim() != 2:
@@ -339,8 +340,8 @@ def group_credit(*, rewards, token_ids, mask, group_index: int = 0, group=None, 
     if isinstance(top_rows, bool) or not isinstance(top_rows, int) or top_rows < 0:
         raise ValueError(f"top_rows: expected a non-negative integer, got {top_rows!r}")
     kwargs = dict(rewards=rewards, group=group, token_ids=ids, mask=mask)
-    adv = ktae.compute_advantages("ktae", **kwargs, **ktae_options)
-    table = ktae.key_token_table(**kwargs, **ktae_options)
+    adv = compute_advantages("ktae", **kwargs, **ktae_options)
+    table = key_token_table(**kwargs, **ktae_options)
     keep = check_mask(as_tensor(mask, "mask"), "mask", tuple(ids.shape))
     rew = as_tensor(rewards, "rewards").reshape(-1).double()
     if "correct" in ktae_options:
