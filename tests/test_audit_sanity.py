@@ -162,3 +162,15 @@ def test_sanity_rules_on_a_small_audit_of_smollm2():
     # a real response ends its turn: the special tokens are a kind of their own
     assert by_kind["grpo"]["tokens"]["end of turn"] > 0
     assert by_kind["grpo"]["tokens"]["word"] > 0
+
+
+def test_random_rule_interval_holds_its_draws_on_a_single_response():
+    # one group with one blame response: an interval over groups alone would be a point;
+    # the random rule's resamples its draws too, so it is wide and holds 0.5
+    result = audit_groups(synthetic_groups(1, seed=3), parse_methods("grpo"), resamples=500)
+    random = result["sanity_rules"]["random"]["all"]["blame"]
+    grpo = result["methods"]["grpo"]["all"]["blame"]
+    assert random["groups"] == grpo["groups"] == 1
+    assert random["responses"] == grpo["responses"]
+    assert random["low"] < 0.5 < random["high"] and random["high"] - random["low"] > 0.1
+    assert grpo["low"] == grpo["high"] == 0.5

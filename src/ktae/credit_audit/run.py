@@ -315,6 +315,32 @@ def _prepare(groups: list[AuditGroup], reference=None) -> list[_Batch]:
     return out
 
 
+RANDOM_DRAWS = 64
+"""Independent draws of the ``random`` sanity rule: each response's figures are their mean
+over the draws, and the rule's intervals resample the draws with the groups."""
+DRAWS = "draws"
+"""Key of a rule's per-draw figures in :func:`per_response`'s result."""
+
+
+def _response_part(credit: torch.Tensor, b: _Batch) -> dict[str, np.ndarray]:
+    """One credit's per-response figures on batch ``b`` (see :func:`per_response`)."""
+    from ktae.credit_audit.token_kinds import mass_by_kind
+
+    m = response_metrics(credit, b.labels, b.mask, b.correct, b.group)
+    part = {k: getattr(m, k).numpy() for k in (*METRICS, "chance")}
+    if b.reference is not None:
+        mass = mass_metrics(credit, b.reference, b.labels, b.mask, b.correct, b.group)
+        for k in MASS_METRICS:
+            num, den = mass.ratio(k)
+            part[k], part[k + _NORM] = num.numpy(), den.numpy()
+    if b.kinds is not None:
+        negative, positive = mass_by_kind(torch.where(b.mask, credit, 0.0), b.kinds)
+        part["kind_negative"], part["kind_positive"] = negative.numpy(), positive.numpy()
+        ones = torch.where(b.mask, 1.0, 0.0).double()
+        part["kind_tokens"] = mass_by_kind(ones, b.kinds)[1].numpy()
+    return part
+
+
 def per_response(groups: list[AuditGroup], spec, reference=None, *,
                  batches: list[_Batch] | None = None, sanity_seed: int = 0
                  ) -> dict[str, np.ndarray]:
@@ -328,37 +354,52 @@ def per_response(groups: list[AuditGroup], spec, reference=None, *,
     also each response's negative and positive credit per kind
     (:mod:`ktae.credit_audit.token_kinds`)."""
     from ktae.credit_audit.sanity import sanity_credit
-    from ktae.credit_audit.token_kinds import mass_by_kind
 
     if batches is None:
         batches = _prepare(groups, reference)
     generator = torch.Generator().manual_seed(sanity_seed)
     parts = []
     for b in batches:
-        if isinstance(spec, str):
-            if b.reference is None:
-                raise ValueError(f"credit: the sanity rule {spec!r} needs the reference's credit")
-            credit = sanity_credit(spec, b.labels, b.mask, b.reference, generator=generator)
-        else:
-            credit, _ = _credit([groups[i] for i in b.index], spec)
-        m = response_metrics(credit, b.labels, b.mask, b.correct, b.group)
-        index = torch.tensor(b.index)[b.group]
-        part = {"group": index.numpy(), **{k: getattr(m, k).numpy()
-                                           for k in (*METRICS, "chance")}}
-        if b.reference is not None:
-            mass = mass_metrics(credit, b.reference, b.labels, b.mask, b.correct, b.group)
-            for k in MASS_METRICS:
-                num, den = mass.ratio(k)
-                part[k], part[k + _NORM] = num.numpy(), den.numpy()
-        if b.kinds is not None:
-            negative, positive = mass_by_kind(torch.where(b.mask, credit, 0.0), b.kinds)
-            part["kind_negative"], part["kind_positive"] = negative.numpy(), positive.numpy()
-            ones = torch.where(b.mask, 1.0, 0.0).double()
-            part["kind_tokens"] = mass_by_kind(ones, b.kinds)[1].numpy()
+        draws = []
+        for _ in range(RANDOM_DRAWS if spec == "random" else 1):
+            if isinstance(spec, str):
+                if b.reference is None:
+                    raise ValueError(f"credit: the sanity rule {spec!r} needs the reference's "
+                                     "credit")
+                credit = sanity_credit(spec, b.labels, b.mask, b.reference, generator=generator)
+            else:
+                credit, _ = _credit([groups[i] for i in b.index], spec)
+            draws.append(_response_part(credit, b))
+        # the random rule: each response's figures are their mean over the draws (the
+        # rule's expectation), and every draw is kept for the interval (DRAWS)
+        part = {k: np.mean([d[k] for d in draws], axis=0) for k in draws[0]}
+        if len(draws) > 1:
+            part[DRAWS] = {k: np.stack([d[k] for d in draws]) for k in draws[0]}
+        part["group"] = torch.tensor(b.index)[b.group].numpy()
         parts.append(part)
-    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0] if k != DRAWS}
     order = np.argsort(out["group"], kind="stable")
-    return {k: v[order] for k, v in out.items()}
+    out = {k: v[order] for k, v in out.items()}
+    if DRAWS in parts[0]:
+        out[DRAWS] = {k: np.concatenate([p[DRAWS][k] for p in parts], axis=1)[:, order]
+                      for k in parts[0][DRAWS]}
+    return out
+
+
+def _by_draw(values: dict, keep: np.ndarray, reference: dict) -> tuple[dict, np.ndarray, int]:
+    """A rule's per-response figures with one row per (draw, response), each draw's groups
+    counted apart (so that the bootstrap over groups also resamples the draws), and
+    ``keep`` repeated to match; the figures unchanged when the rule has no draws."""
+    if DRAWS not in values:
+        return values, keep, 1
+    draws = values[DRAWS]
+    R = next(iter(draws.values())).shape[0]
+    G = int(values["group"].max()) + 1
+    out = {k: v.reshape(-1) for k, v in draws.items()}
+    out["group"] = (np.arange(R)[:, None] * G + values["group"][None, :]).reshape(-1)
+    out["contamination_vs_grpo"] = (draws["contamination"]
+                                    - reference["contamination"][None, :]).reshape(-1)
+    return out, np.tile(keep, R), R
 
 
 def check_groups(groups: list[AuditGroup]) -> None:
@@ -404,11 +445,15 @@ def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DE
                     "steps": steps}
 
     def summaries(values: dict, keep: np.ndarray) -> dict:
+        values, keep, draws = _by_draw(values, keep, reference)
         out = {k: summarise(np.where(keep, values[k], np.nan), values["group"],
                             resamples=resamples, seed=seed) for k in (*METRICS, *EXTRA)}
         for k in MASS_METRICS:
             out[k] = summarise_ratio(np.where(keep, values[k], np.nan), values[k + _NORM],
                                      values["group"], resamples=resamples, seed=seed)
+        for figure in out.values():  # counts of responses and groups, not of draws
+            figure["responses"] //= draws
+            figure["groups"] //= draws
         return out
 
     grpo = parse_methods(REFERENCE)[REFERENCE]

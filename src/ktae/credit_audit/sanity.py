@@ -11,9 +11,12 @@ labels (:mod:`ktae.core.credit_metrics`):
     other value means the figures (or the labels' alignment with the tokens) are broken.
 ``random``
     ``|A^G| z_t`` with ``z_t`` independent standard normal draws, from a CPU generator
-    seeded with ``seed`` (one per batch of groups, in order), blind to the labels: blame
-    is 0.5 and lowest the chance share in expectation, so their 95% intervals should hold
-    them (they miss in about one audit in twenty).
+    seeded with ``seed`` (in order over the batches of groups), blind to the labels. The
+    audit draws it :data:`ktae.credit_audit.run.RANDOM_DRAWS` times: a response's figures
+    are their mean over the draws (the rule's expectation: blame 0.5 and lowest the chance
+    share), and the intervals resample the draws as well as the groups, so that they hold
+    both sources of variance. Blame's interval holds 0.5 unless the figures are biased
+    (or in about one audit in twenty).
 
 Both keep GRPO's scale per response, so the mass figures stay comparable with the
 methods'.
