@@ -5,7 +5,7 @@ SmolLM2 recipe (configs/smollm2-recipe.yaml, arith level 0) in two settings, ove
 seeds :data:`SEEDS`:
 
 * arms (:data:`ARMS`): GRPO; GRPO + KTAE; GRPO with DAPO's overlong shaping (the length
-  control); GRPO + KTAE over 3-token spans; GRPO + SPO's probability mask;
+  control); GRPO + KTAE over 3-token spans; GRPO + OAR-G;
 * settings (:data:`SETTINGS`): a 64-token budget, where truncation is common, and a
   longer one, where it is rare.
 
@@ -54,13 +54,14 @@ ARMS = {
     "ktae": "--credit ktae",
     "length": "--credit none --overlong-buffer {buffer}",
     "ktae3": "--credit ktae --ktae-ngram 3",
-    "spo": "--credit grpo+spo-mask",
+    "oarg": "--credit oar-g",
 }
 """Arm -> its ``ktae train`` flags. ``length`` is DAPO's overlong shaping with its default
-cache (a fifth of the budget); ``spo`` is the 2026 method with the best blame on the
-development audit of the real model (docs/audit.md)."""
+cache (a fifth of the budget); ``oarg`` is OAR-G, the 2026 method with the best blame on
+the development audit of the real model under the corrected claim labels (docs/audit.md,
+docs/verdict-plan.md)."""
 ARM_LABELS = {"grpo": "GRPO", "ktae": "GRPO + KTAE", "length": "GRPO + overlong shaping",
-              "ktae3": "GRPO + KTAE over 3-grams", "spo": "GRPO + SPO mask"}
+              "ktae3": "GRPO + KTAE over 3-grams", "oarg": "GRPO + OAR-G"}
 SETTINGS = {"t64": 64, "t128": 128}
 """Setting -> the response budget (``--max-new-tokens``): truncation common, and rare."""
 STUDY_FLAGS = "--eval-size 200 --rollout-every 1 --rollout-groups 4 --threads 1 --no-progress"

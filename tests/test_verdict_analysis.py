@@ -204,7 +204,7 @@ def test_only_seeds_every_arm_shares_are_used(va, tmp_path):
 
 def test_the_whole_script_on_synthetic_records(va, tmp_path, fake_classes, capsys):
     rng = np.random.default_rng(5)
-    gain = {"grpo": 0.4, "ktae": 0.6, "length": 0.58, "ktae3": 0.4, "spo": 0.2}
+    gain = {"grpo": 0.4, "ktae": 0.6, "length": 0.58, "ktae3": 0.4, "oarg": 0.2}
     for seed in va.SEEDS[:3]:
         for setting in va.SETTINGS:
             for arm in va.ARMS:
@@ -221,7 +221,7 @@ def test_the_whole_script_on_synthetic_records(va, tmp_path, fake_classes, capsy
     comp = {(c["arm"], c["against"]): c for c in first["comparisons"]}
     assert set(comp) == {(a, "grpo") for a in va.ARMS if a != "grpo"} | {("ktae", "length")}
     assert comp[("ktae", "grpo")]["verdict"] == "helps"
-    assert comp[("spo", "grpo")]["verdict"] == "hurts"
+    assert comp[("oarg", "grpo")]["verdict"] == "hurts"
     assert comp[("ktae", "length")]["bootstrap"]["low"] < comp[("ktae", "length")]["diff"]
     ktae = first["arms"]["ktae"]
     assert ktae["after"]["mean"] == pytest.approx(comp[("ktae", "grpo")]["diff"]
@@ -285,7 +285,7 @@ def test_tables_renders_the_verdict_from_the_records(va, tmp_path, monkeypatch, 
         assert tables.TABLES[name].runs == ()
         table = tables.render(name)
         assert table.startswith("| setting |") and "\n|---" in table
-    assert f"| `{SECOND}` | GRPO + SPO mask | 1 |" in tables.render("verdict")
+    assert f"| `{SECOND}` | GRPO + OAR-G | 1 |" in tables.render("verdict")
 
 
 # --- the credit classes of real tokens ---------------------------------------------------
