@@ -121,22 +121,17 @@ def markdown(result: dict) -> str:
     lines += [head + "responses (blame / contamination) |",
               "|---|---|---|---|---|" + ("---|---|---|" if mass else "") + "---|"]
     chance = first["chance"]
-    for name, entry in methods.items():
-        a = entry["all"]
-        row = (f"| {name} | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
-               f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} | ")
+    def row(label: str, a: dict) -> str:
+        cells = (f"| {label} | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
+                 f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} | ")
         if mass:
-            row += (f"{_signed_cell(a['mass_gap'])} | {_cell(a['tokens_changed'])} | "
-                    f"{_cell(a['scale'])} | ")
-        lines.append(row + f"{a['blame']['responses']} / {a['contamination']['responses']} |")
-    for name, entry in (result.get("sanity_rules") or {}).items():
-        a = entry["all"]
-        row = (f"| *{name} (sanity rule)* | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
-               f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} | ")
-        if mass:
-            row += (f"{_signed_cell(a['mass_gap'])} | {_cell(a['tokens_changed'])} | "
-                    f"{_cell(a['scale'])} | ")
-        lines.append(row + f"{a['blame']['responses']} / {a['contamination']['responses']} |")
+            cells += (f"{_signed_cell(a['mass_gap'])} | {_cell(a['tokens_changed'])} | "
+                      f"{_cell(a['scale'])} | ")
+        return cells + f"{a['blame']['responses']} / {a['contamination']['responses']} |"
+
+    lines += [row(name, entry["all"]) for name, entry in methods.items()]
+    lines += [row(f"*{name} (sanity rule)*", entry["all"])
+              for name, entry in (result.get("sanity_rules") or {}).items()]
     lines += ["", f"Chance share of the lowest-credit token (wrong tokens / labelled tokens, "
               f"what a constant credit gives): {_cell(chance)}.", ""]
     if result.get("sanity_rules"):

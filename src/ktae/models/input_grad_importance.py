@@ -97,6 +97,15 @@ def _takes_logits_to_keep(model) -> bool:
     return "logits_to_keep" in inspect.signature(type(model).forward).parameters
 
 
+
+def _objective(outcome: str, ref, out, p0, log_p0):
+    """Per-row objective whose input gradient is the importance: the answer's drop
+    (``answer_joint``) or the KL from the clean answer distribution, with 0 log 0 = 0
+    (an entry of q(e) = 0, a -inf logit, adds nothing, not 0 * inf)."""
+    if outcome == "answer_joint":
+        return ref - out
+    return torch.where(p0 > 0, p0 * (log_p0 - F.log_softmax(out, dim=-1)), 0).sum(dim=-1)
+
 def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                           response_mask: torch.Tensor, answer_mask: torch.Tensor, *,
                           outcome: str = "answer_mean", noise_std: float = NOISE_STD,
@@ -126,6 +135,7 @@ def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.
         dtype = torch.promote_types(e.dtype, torch.float32)  # the code's logits.float()
         ref = _answer_summary(_logits_at(model, e, attention_mask, columns).to(dtype),
                               input_ids, answer_mask, outcome, columns)
+        p0 = log_p0 = None  # read only by the distribution outcomes
         if outcome != "answer_joint":
             p0 = F.softmax(ref, dim=-1)
             log_p0 = torch.log(p0 + KL_EPS)
@@ -134,12 +144,7 @@ def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.
     with torch.enable_grad():
         out = _answer_summary(_logits_at(model, x, attention_mask, columns).to(dtype),
                               input_ids, answer_mask, outcome, columns)
-        if outcome == "answer_joint":
-            J = ref - out
-        else:
-            # 0 log 0 = 0: an entry of q(e) = 0 (a -inf logit) adds nothing, not 0 * inf
-            J = torch.where(p0 > 0, p0 * (log_p0 - F.log_softmax(out, dim=-1)), 0).sum(dim=-1)
-        (grad,) = torch.autograd.grad(J.sum(), x)
+        (grad,) = torch.autograd.grad(_objective(outcome, ref, out, p0, log_p0).sum(), x)
     saliency = (grad.to(dtype) * e.to(dtype)).sum(dim=-1).abs()
     return torch.where(response_mask, saliency, 0).detach()
 
@@ -305,6 +310,7 @@ def group_importance(model, prompt: list[int], responses: list[list[int]],
         kept = clean if logits else None
         ref = _answer_summary((clean[:, columns] if logits else clean).to(dtype), ids,
                               answer_mask, outcome, columns)
+        p0 = log_p0 = None  # read only by the distribution outcomes
         if outcome != "answer_joint":
             p0 = F.softmax(ref, dim=-1)
             log_p0 = torch.log(p0 + KL_EPS)
@@ -316,11 +322,7 @@ def group_importance(model, prompt: list[int], responses: list[list[int]],
     with torch.enable_grad(), _no_weight_grad(model):
         out = _answer_summary(_continue(model, cache, B, x, attn, columns).to(dtype), ids,
                               answer_mask, outcome, columns)
-        if outcome == "answer_joint":
-            J = ref - out
-        else:
-            J = torch.where(p0 > 0, p0 * (log_p0 - F.log_softmax(out, dim=-1)), 0).sum(dim=-1)
-        (grad,) = torch.autograd.grad(J.sum(), x)
+        (grad,) = torch.autograd.grad(_objective(outcome, ref, out, p0, log_p0).sum(), x)
     saliency = (grad.to(dtype) * e.to(dtype)).sum(dim=-1).abs()
     s = torch.where(response, saliency, 0).detach()[:, 1:1 + T]
     return (s, kept[:, :T]) if logits else s
