@@ -113,3 +113,18 @@ def oar_g_advantages(batch: AdvantageBatch, *, base: str = "grpo",
                     gating_beta=gating_beta,
                     min_weight=min_weight, sum_to_length=sum_to_length)
     return (seq[:, None].to(torch.float64) * w).to(batch.rewards.dtype)
+
+
+def importance_read(rewards, *, base: str = "grpo", **_options) -> bool:
+    """Whether OAR-G's credit of one group (its rewards) reads the importance at all: the
+    credit ``A * w_t`` is 0 on every token of a group whose base advantages ``A`` are all 0
+    (GRPO's, Dr. GRPO's and RLOO's for equal rewards), whatever the weights. A caller that
+    computes the importance from a model (the audit) skips such groups."""
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    seq = SEQUENCE_BASELINES[base](r, torch.zeros(len(r), dtype=torch.long), 1)
+    return bool((seq != 0).any())
+
+
+oar_g_advantages.importance_read = importance_read
+"""Read by a caller through the estimator's function (``getattr(fn, "importance_read")``):
+an estimator without it reads the importance of every group."""

@@ -125,6 +125,7 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     from ktae.credit_audit.inputs import AuditGroup, AuditInput
     from ktae.credit_audit.progress import quiet_phase
     from ktae.groups.input import GroupInput
+    from ktae.groups.sampling import generation_scores
     from ktae.models.generate import SamplingConfig, generate_hf
     from ktae.rewards.answer_line import number_check
 
@@ -134,15 +135,17 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     texts = [chat_prompt(tokenizer, p) for p in problems]
     sampling = SamplingConfig(k=samples, temperature=temperature, max_new_tokens=max_new_tokens,
                               seed=seed)
+    # the log-probs and entropies at the sampling temperature come from the sampling steps
     out = generate_hf(model, tokenizer, texts, sampling, add_special_tokens=False,
-                      batch_size=max(1, SEQUENCES_PER_BATCH // samples), on_batch=on_batch)
+                      batch_size=max(1, SEQUENCES_PER_BATCH // samples), on_batch=on_batch,
+                      scores=temperature)
     groups = []
     step = (on_phase or quiet_phase)("labelled", "groups (claims labels)", len(problems))
     for i, (p, text, gens) in enumerate(zip(problems, texts, out, strict=True)):
         correct = [number_check(g.text, p.answer)[0] for g in gens]
         g = GroupInput(prompt=text, responses=[list(x.token_ids) for x in gens],
                        rewards=[float(c) for c in correct], correct=correct,
-                       label=f"prompt {i}", answer=p.answer)
+                       label=f"prompt {i}", answer=p.answer, **generation_scores(gens))
         groups.append(AuditGroup(g, claims_labels(tokenizer, g.responses, p.answer),
                                  level=p.kind, key=str(i)))
         step(1)

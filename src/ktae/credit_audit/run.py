@@ -155,7 +155,7 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
     rows = [{"prompt": format_prompt(p, template), "answer": p.answer} for p in problems]
     sampled = sampling.sample_groups(model, tokenizer, rows, num_generations=samples,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                            on_batch=on_batch)
+                            on_batch=on_batch, scores=temperature)
     from ktae.credit_audit.progress import quiet_phase
 
     step = (on_phase or quiet_phase)("labelled", "groups", len(problems))
@@ -616,15 +616,21 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         scored = loaded[2]
         phase = on_phase or quiet_phase
         needs = ", ".join(n for n, s in methods.items() if s.needs_input_grad)
+        reads = _reads_importance([s for s in methods.values() if s.needs_input_grad])
+        read = sum(reads(g) for g in inputs) if importance else 0
+        scored_already = all(g.logprobs is not None for g in inputs)
         # with the importance, its clean forward pass gives the log-probs and entropies
         steps = {"importance": phase("scored", f"groups (input-gradient importance, for "
-                                     f"{needs}, with log-probs and entropies; a forward "
-                                     "pass, then a forward and backward pass, each)",
-                                     len(inputs)) if importance else None,
+                                     f"{needs}, of the {read} of {len(inputs)} groups whose "
+                                     "credit reads it; "
+                                     + ("" if scored_already else "with log-probs and "
+                                        "entropies; ") + "a forward pass, then a forward and "
+                                     "backward pass, each)", read) if importance else None,
                  "scores": None if importance else phase(
                      "scored", "groups (log-probs and entropies)", len(inputs))}
         scoring.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature,
-                             importance=importance, on_group=lambda what: steps[what](1))
+                             importance=importance, on_group=lambda what: steps[what](1),
+                             reads_importance=reads)
     for g in data.groups:
         g.kinds = kind_codes(data.tokenizer, g.group.responses, g.labels)
     result = audit_groups(data.groups, methods, resamples=resamples, seed=0,
@@ -640,6 +646,20 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
 
         result["files"] = write_outputs(result, Path(output_dir))
     return result
+
+
+def _reads_importance(specs) -> Callable:
+    """``reads(group)``: whether the credit of any of ``specs`` (methods that need the
+    input-gradient importance) reads the group's importance; an estimator may say where it
+    does not (``importance_read`` on its function, OAR-G's: not where every base advantage
+    is 0), else every group's is read."""
+    rules = []
+    for spec in specs:
+        rule = getattr(ADVANTAGE_ESTIMATORS.get(spec.estimator), "importance_read", None)
+        if rule is None:
+            return lambda g: True
+        rules.append((rule, dict(spec.estimator_options)))
+    return lambda g: any(rule(g.rewards, **options) for rule, options in rules)
 
 
 def right_answer_wrong_tokens(groups: list[AuditGroup], *, resamples: int = DEFAULT_RESAMPLES,

@@ -82,21 +82,34 @@ def prompt_rows(prompts: Path | None, tokenizer, n: int) -> list[dict]:
 
 def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
                   max_new_tokens: int, temperature: float, seed: int, first_index: int = 0,
-                  on_batch=None) -> list[tuple[str, GroupInput]]:
+                  on_batch=None, scores: float | None = None) -> list[tuple[str, GroupInput]]:
     """``num_generations`` sampled responses per prompt, scored by ``math_reward``; groups
     are keyed and labelled by prompt index (``first_index`` for ``rows[0]``); ``on_batch``
-    as :func:`ktae.models.generate.generate_hf` takes it (progress)."""
+    as :func:`ktae.models.generate.generate_hf` takes it (progress). ``scores``: a
+    temperature at which each group's ``logprobs`` and ``entropies`` are read from the
+    sampling steps (:func:`ktae.models.generate.generate_hf`; left None where the model's
+    generation config changes the logits first)."""
     from ktae.models.generate import SamplingConfig, generate_hf
     from ktae.rewards import math_reward
 
     sampling = SamplingConfig(k=num_generations, temperature=temperature,
                               max_new_tokens=max_new_tokens, seed=seed)
-    out = generate_hf(model, tokenizer, [r["prompt"] for r in rows], sampling, on_batch=on_batch)
+    out = generate_hf(model, tokenizer, [r["prompt"] for r in rows], sampling, on_batch=on_batch,
+                      scores=scores)
     groups = []
     for i, (row, gens) in enumerate(zip(rows, out, strict=True), first_index):
         results = [math_reward(g.text, row["answer"]) for g in gens]
         groups.append((str(i), GroupInput(
             prompt=row["prompt"], responses=[list(g.token_ids) for g in gens],
             rewards=[r.score for r in results], correct=[r.correct for r in results],
-            label=f"prompt {i}", answer=row["answer"])))
+            label=f"prompt {i}", answer=row["answer"], **generation_scores(gens))))
     return groups
+
+
+def generation_scores(gens) -> dict:
+    """``{"logprobs", "entropies"}`` of a group's generations when the sampling recorded
+    them (:func:`ktae.models.generate.generate_hf`'s ``scores``), else ``{}``."""
+    if not gens or any(g.logprobs is None for g in gens):
+        return {}
+    return {"logprobs": [list(g.logprobs) for g in gens],
+            "entropies": [list(g.entropies) for g in gens]}

@@ -25,12 +25,17 @@ _CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_l
 class Generation:
     """One sampled response: decoded ``text``, its length in tokens, its token ids (up to
     and including the first end-of-sequence token), and whether it stopped at the budget
-    (or the model's context) instead of an end-of-sequence token."""
+    (or the model's context) instead of an end-of-sequence token. ``logprobs`` and
+    ``entropies``: per token, the model's log-probability of the token and the entropy of
+    its distribution there, at the scoring temperature (:func:`generate_hf`'s ``scores``;
+    None when not asked for)."""
 
     text: str
     num_tokens: int
     token_ids: tuple[int, ...] = ()
     truncated: bool = False
+    logprobs: tuple[float, ...] | None = None
+    entropies: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -133,10 +138,64 @@ def context_cut_message(cut: Sequence[int], max_new_tokens: int, context: int) -
             "tokens for the longest")
 
 
+_PRE_PROCESSORS = {"repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
+                   "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0),
+                   "bad_words_ids": (None,), "min_length": (None, 0),
+                   "min_new_tokens": (None, 0), "forced_bos_token_id": (None,),
+                   "forced_eos_token_id": (None,), "exponential_decay_length_penalty": (None,),
+                   "suppress_tokens": (None,), "begin_suppress_tokens": (None,),
+                   "sequence_bias": (None,), "guidance_scale": (None, 1.0),
+                   "watermarking_config": (None,)}
+"""Generation settings under which transformers changes the logits before a caller's own
+logits processor sees them, with their neutral values."""
+
+
+def raw_logits_seen(model) -> bool:
+    """Whether a logits processor passed to ``model.generate`` sees the model's own logits:
+    no setting of its generation config (:data:`_PRE_PROCESSORS`) changes them first."""
+    config = getattr(model, "generation_config", None)
+    return config is None or all(getattr(config, k, None) in neutral
+                                 for k, neutral in _PRE_PROCESSORS.items())
+
+
+class _ScoreRecorder:
+    """A logits processor that leaves the logits as they are and records, per step and
+    row, the entropy of ``softmax(logits / temperature)`` and, one step later (when the
+    token is known), the log-probability of the token sampled there."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.logprobs: list = []
+        self.entropies: list = []
+        self._last = None
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        from ktae.core.entropy import categorical_entropy
+
+        if self._last is not None:
+            self.logprobs.append(self._last.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.entropies.append(categorical_entropy(logp))
+        self._last = logp
+        return scores
+
+    def finish(self, last_tokens):
+        """``([B, steps], [B, steps])`` log-probs and entropies, given the last column of
+        tokens generated."""
+        import torch
+
+        if self._last is not None:
+            self.logprobs.append(self._last.gather(-1, last_tokens[:, None]).squeeze(-1))
+            self._last = None
+        return torch.stack(self.logprobs, dim=1), torch.stack(self.entropies, dim=1)
+
+
 def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, *,
                 batch_size: int = 16, add_special_tokens: bool = True,
-                on_batch: Callable[[int], None] | None = None, warn: bool = True
-                ) -> list[list[Generation]]:
+                on_batch: Callable[[int], None] | None = None, warn: bool = True,
+                scores: float | None = None) -> list[list[Generation]]:
     """``k`` generations per prompt with ``model.generate`` (left padding, no gradient).
 
     Returns ``out[i][j]``: sample ``j`` of prompt ``i``. ``on_batch(n)`` is called after
@@ -151,6 +210,14 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     that fills the context gets an empty, truncated response. One warning per call names
     the prompts whose budget the context cut, unless ``warn`` is False
     (:func:`ktae.eval.runner.evaluate` counts them in its results instead).
+
+    ``scores``: a temperature; each generation then carries its tokens' log-probabilities
+    and entropies under ``softmax(logits / scores)``, read from the logits of the sampling
+    steps themselves (a logits processor that changes nothing), so no forward pass over
+    the responses is needed for them. They equal a forward pass's up to float rounding
+    (the incremental decoding's sums are ordered differently). None (and a model whose
+    generation config changes the logits before a caller's processor sees them,
+    :func:`raw_logits_seen`) leaves them None.
     """
     import torch
 
@@ -169,6 +236,10 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = pad_id
     out: list[list[Generation]] = []
+    if scores is not None and (isinstance(scores, bool) or not isinstance(scores, (int, float))
+                               or not scores > 0):
+        raise ValueError(f"scores: expected a positive temperature or None, got {scores!r}")
+    recorder_on = scores is not None and raw_logits_seen(model)
     context = context_length(model)
     cut: list[int] = []  # token lengths of the prompts whose budget the context cut
     # Seeded sampling that leaves the caller's global RNG as it was (evaluating during
@@ -185,6 +256,7 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
                 cut += [n for n, b in zip(lengths, budgets, strict=True)
                         if b < sampling.max_new_tokens]
                 rows: list[list[list[int]]] = [[] for _ in chunk]
+                row_scores: list[list | None] = [None for _ in chunk]
                 for budget in sorted(set(budgets), reverse=True):
                     idx = [i for i, b in enumerate(budgets) if b == budget]
                     if budget == 0:
@@ -194,19 +266,38 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
                     enc = tokenizer([chunk[i] for i in idx], return_tensors="pt", padding=True,
                                     add_special_tokens=add_special_tokens).to(device)
                     width = enc["input_ids"].shape[1]
+                    extra = {}
+                    if recorder_on:
+                        from transformers import LogitsProcessorList
+
+                        recorder = _ScoreRecorder(scores)
+                        extra["logits_processor"] = LogitsProcessorList([recorder])
                     with torch.no_grad():
-                        seqs = model.generate(**enc, **{**kwargs, "max_new_tokens": budget})
+                        seqs = model.generate(**enc, **{**kwargs, "max_new_tokens": budget},
+                                              **extra)
                     new = seqs[:, width:].tolist()
+                    if recorder_on:
+                        lp, ent = recorder.finish(seqs[:, -1])
+                        lp, ent = lp.tolist(), ent.tolist()
                     for pos, i in enumerate(idx):
-                        rows[i] = new[pos * sampling.k:(pos + 1) * sampling.k]
-                for samples in rows:
+                        part = slice(pos * sampling.k, (pos + 1) * sampling.k)
+                        rows[i] = new[part]
+                        if recorder_on:
+                            row_scores[i] = list(zip(lp[part], ent[part], strict=True))
+                for samples, scored in zip(rows, row_scores, strict=True):
                     gens = []
-                    for row in samples:
+                    for j, row in enumerate(samples):
                         stop = next((t + 1 for t, tok in enumerate(row) if tok in eos), None)
                         n = len(row) if stop is None else stop
+                        lp = ent = None
+                        if scored is not None:
+                            lp, ent = tuple(scored[j][0][:n]), tuple(scored[j][1][:n])
+                        elif recorder_on:  # a prompt that fills the context: no tokens
+                            lp = ent = ()
                         gens.append(Generation(
                             tokenizer.decode(row[:n], skip_special_tokens=True), n,
-                            tuple(row[:n]), truncated=stop is None))
+                            tuple(row[:n]), truncated=stop is None, logprobs=lp,
+                            entropies=ent))
                     out.append(gens)
                 if on_batch is not None:
                     on_batch(len(chunk))

@@ -328,6 +328,17 @@ def group_importance(model, prompt: list[int], responses: list[list[int]],
     return (s, kept[:, :T]) if logits else s
 
 
+def skip_noise(generator: torch.Generator | None, prompt_len: int,
+               responses: list[list[int]], tail_len: int, weight: torch.Tensor) -> None:
+    """Advance ``generator`` as :func:`group_importance` would for this group (its one noise
+    draw), without computing anything: a caller that skips a group leaves every later
+    group's noise, and so its importance, as it would be."""
+    B, T = len(responses), max(1, max(len(r) for r in responses))
+    S = 1 + T + tail_len
+    torch.randn((B, prompt_len - 1 + S, weight.shape[-1]), generator=generator,
+                dtype=weight.dtype)
+
+
 def response_logits(model, prompt: list[int], responses: list[list[int]], pad_id: int,
                     cache=None) -> torch.Tensor:
     """``[B, T, V]`` logits that predict each response token after ``prompt`` (no
