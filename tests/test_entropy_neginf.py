@@ -12,7 +12,8 @@ import torch
 
 import ktae
 from ktae.core.entropy import categorical_entropy
-from ktae.core.methods import estimator_needs_entropies, method_credit, parse_method
+from ktae.core.advantages import estimator_needs_entropies
+from ktae.core.methods import method_credit, parse_method
 
 VOCAB = 41
 BANNED = torch.tensor([0, 3, 7, 19, 40])  # the vocabulary entries whose logit is -inf

@@ -605,7 +605,8 @@ def test_method_estimator_without_its_scores_is_an_error(restore_rules):
             "(needs=logprobs), which this caller does not have") + "$"):
         estimator_credit(Method("needs-logp"), **_batch())
     with pytest.raises(ValueError, match=re.escape(
-            "credit: estimator 'gtpo' reads the rollout policy's entropies, which this caller "
+            "credit: estimator 'gtpo' reads the rollout policy's entropies (needs=entropies), "
+            "which this caller "
             "does not have") + "$"):
         estimator_credit(Method("gtpo"), **_batch())
 

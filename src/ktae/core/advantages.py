@@ -5,13 +5,14 @@ registered by name in :data:`ADVANTAGE_ESTIMATORS`; they return ``[B]`` (sequenc
 or ``[B, T]`` (token level). :func:`compute_advantages` broadcasts sequence-level
 results over the mask, so every estimator is usable at token level. Each is registered
 with what it needs (``@ADVANTAGE_ESTIMATORS.register("gtpo", needs=("mask", "entropies"))``;
-:class:`ktae.core.registry.Record`); its options are its keyword parameters. The built-in
-estimators register in :mod:`ktae.core.estimators`.
+:class:`ktae.core.registry.Record`, each need a :class:`ktae.core.needs.Need`); its options
+are its keyword parameters. The built-in estimators register in :mod:`ktae.core.estimators`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +20,7 @@ from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor, check_float, check_mask
 from ktae.core.chunk_pool import one_thread_caller
 from ktae.core.groups import group_index
+from ktae.core.needs import NEEDS, SCORES
 from ktae.core.registry import Registry
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
@@ -34,11 +36,13 @@ class AdvantageBatch:
         num_groups: P.
         token_ids: ``[B, T]`` int64, or None for sequence-level calls.
         mask: ``[B, T]`` bool (True = real response token), or None.
-        entropies: ``[B, T]`` float per-token entropies (0 on padding, never negative), or
-            None; read only by estimators that need them (e.g. ``gtpo``).
-        input_grad_importance: ``[B, T]`` float per-token input-gradient importance (0 on
-            padding, never negative; :mod:`ktae.models.input_grad_importance`), or None;
-            read only by estimators that need it (``oar-g``).
+        entropies, input_grad_importance: ``scores["entropies"]`` and
+            ``scores["input_grad_importance"]`` (or None), kept as attributes for code
+            that builds or reads batches by them.
+        scores: the per-token scores the caller gave, by need name
+            (:data:`ktae.core.needs.NEEDS`, those passed as ``scores``: ``entropies``,
+            ``input_grad_importance``, ...): ``[B, T]`` float, 0 on padding, never
+            negative; an estimator reads the ones it declares (``batch.scores[name]``).
     """
 
     rewards: torch.Tensor
@@ -48,15 +52,27 @@ class AdvantageBatch:
     mask: torch.Tensor | None = None
     entropies: torch.Tensor | None = None
     input_grad_importance: torch.Tensor | None = None
+    scores: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self):
+        given = {name: value for name, value in (("entropies", self.entropies),
+                                                 ("input_grad_importance",
+                                                  self.input_grad_importance))
+                 if value is not None}
+        scores = {**given, **self.scores}
+        object.__setattr__(self, "scores", scores)
+        object.__setattr__(self, "entropies", scores.get("entropies"))
+        object.__setattr__(self, "input_grad_importance", scores.get("input_grad_importance"))
 
     @property
     def device(self) -> torch.device:
         return self.rewards.device
 
 
-def make_batch(*, rewards, group, token_ids=None, mask=None, entropies=None,
-               input_grad_importance=None) -> AdvantageBatch:
-    """Validate user input into an :class:`AdvantageBatch` (errors name the argument)."""
+def make_batch(*, rewards, group, token_ids=None, mask=None,
+               scores: Mapping | None = None) -> AdvantageBatch:
+    """Validate user input into an :class:`AdvantageBatch` (errors name the argument);
+    ``scores``: per-token scores by need name (None values left out)."""
     device = rewards.device if isinstance(rewards, torch.Tensor) else None
     rewards = check_float(as_tensor(rewards, "rewards", device=device), "rewards", ndim=1)
     device = rewards.device
@@ -90,13 +106,9 @@ def make_batch(*, rewards, group, token_ids=None, mask=None, entropies=None,
         _check_int64_range(token_ids, mask)
     # Token values are checked (non-negative where mask is 1) by the estimators that read
     # them, on the real tokens they gather anyway: see ktae.core.token_counts.
-    if entropies is not None:
-        entropies = _check_token_scores(entropies, mask, device, "entropies")
-    if input_grad_importance is not None:
-        input_grad_importance = _check_token_scores(input_grad_importance, mask, device,
-                                                    "input_grad_importance")
-    return AdvantageBatch(rewards, gid, num_groups, token_ids, mask, entropies,
-                          input_grad_importance)
+    checked = {name: _check_token_scores(value, mask, device, name)
+               for name, value in (scores or {}).items() if value is not None}
+    return AdvantageBatch(rewards, gid, num_groups, token_ids, mask, scores=checked)
 
 
 def _check_token_scores(values, mask, device, name: str) -> torch.Tensor:
@@ -137,7 +149,7 @@ def broadcast(seq_adv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 @one_thread_caller
 def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
-                       entropies=None, input_grad_importance=None, **options) -> torch.Tensor:
+                       entropies=None, **options) -> torch.Tensor:
     """Advantages from a registered estimator.
 
     Args:
@@ -151,11 +163,13 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
         entropies: ``[B, T]`` per-token entropies of the policy that generated the batch
             (required by ``gtpo``; ignored by estimators that do not read them). Needs
             ``token_ids`` or ``mask``; negative values count as 0.
-        input_grad_importance: ``[B, T]`` per-token input-gradient importance under the
-            policy (required by ``oar-g``; :func:`ktae.models.input_grad_importance.
-            input_grad_importance` computes it from a model). Needs ``token_ids`` or
-            ``mask``; negative values count as 0.
-        **options: estimator options (e.g. KTAE's ``h1``, ``mode``; GTPO's ``a1``).
+        **options: estimator options (e.g. KTAE's ``h1``, ``mode``; GTPO's ``a1``), and
+            any other per-token score by its need's name (:data:`ktae.core.needs.NEEDS`):
+            ``input_grad_importance``, ``[B, T]``, the input-gradient importance of each
+            token under the policy (required by ``oar-g``;
+            :func:`ktae.models.input_grad_importance.input_grad_importance` computes it
+            from a model). Each needs ``token_ids`` or ``mask``; negative values count as
+            0; an estimator that does not declare one ignores it.
 
     Returns:
         ``[B, T]`` (zero where mask is 0) when ``token_ids`` or ``mask`` is given, else
@@ -176,34 +190,43 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
         tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
     """
     record = ADVANTAGE_ESTIMATORS.record(name)
+    scores = {"entropies": entropies}
+    scores.update({n: options.pop(n) for n, need in NEEDS.items()
+                   if need.via == SCORES and n in options})
     record.check(options)
-    if "input_grad_importance" in record.needs and input_grad_importance is None:
-        raise ValueError(f"input_grad_importance: required by advantage estimator {name!r} "
-                         "(the [B, T] input-gradient importance of each response token, "
-                         "computed from the model; see ktae.models.input_grad_importance)")
+    for need in record.need_records:  # a sequence-level call: the estimator names what lacks
+        if need.via == SCORES and scores.get(need.name) is None and (
+                token_ids is not None or mask is not None):
+            raise ValueError(f"{need.name}: required by advantage estimator {name!r} "
+                             f"({need.shape}: {need.what})")
     batch = make_batch(rewards=rewards, group=group, token_ids=token_ids, mask=mask,
-                       entropies=entropies, input_grad_importance=input_grad_importance)
+                       scores=scores)
     out = record.fn(batch, **options)
     if out.dim() == 1:
         out = broadcast(out, batch.mask)
     return out
 
 
+def estimator_needs(name: str) -> tuple:
+    """The :class:`ktae.core.needs.Need` records estimator ``name`` declares, in order."""
+    return ADVANTAGE_ESTIMATORS.record(name).need_records
+
+
 def estimator_needs_entropies(name: str) -> bool:
-    """Whether estimator ``name`` reads per-token entropies (``compute_advantages``'s
-    ``entropies``), so that a trainer computes them only when needed."""
+    """Whether estimator ``name`` declares the need ``entropies`` (for callers that name
+    the need; the others loop over :func:`estimator_needs`)."""
     return "entropies" in ADVANTAGE_ESTIMATORS.record(name).needs
 
 
 def estimator_needs_input_grad(name: str) -> bool:
-    """Whether estimator ``name`` reads the per-token input-gradient importance
-    (``compute_advantages``'s ``input_grad_importance``): one extra forward and backward
-    pass through the model, made only for such estimators."""
+    """Whether estimator ``name`` declares the need ``input_grad_importance`` (as
+    :func:`estimator_needs_entropies`)."""
     return "input_grad_importance" in ADVANTAGE_ESTIMATORS.record(name).needs
 
 
 def estimator_needs_logprobs(name: str) -> bool:
-    """Whether estimator ``name`` reads the sampling policy's ``logprobs``."""
+    """Whether estimator ``name`` declares the need ``logprobs`` (as
+    :func:`estimator_needs_entropies`)."""
     return "logprobs" in ADVANTAGE_ESTIMATORS.record(name).needs
 
 

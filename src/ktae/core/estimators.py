@@ -18,10 +18,11 @@ from ktae.core import (  # noqa: F401  (each registers its estimator)
 from ktae.core.advantages import (  # grpo, drgrpo and rloo register there
     ADVANTAGE_ESTIMATORS,
     compute_advantages,
+    estimator_needs,
     estimator_needs_entropies,
     estimator_needs_input_grad,
     estimator_needs_logprobs,
 )
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "compute_advantages", "estimator_needs_entropies",
-           "estimator_needs_input_grad", "estimator_needs_logprobs"]
+__all__ = ["ADVANTAGE_ESTIMATORS", "compute_advantages", "estimator_needs",
+           "estimator_needs_entropies", "estimator_needs_input_grad", "estimator_needs_logprobs"]

@@ -35,13 +35,8 @@ import torch
 
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.calibration import CALIBRATIONS, calibrate_advantages, calibration_options
-from ktae.core.estimators import (
-    ADVANTAGE_ESTIMATORS,
-    compute_advantages,
-    estimator_needs_entropies,
-    estimator_needs_input_grad,
-    estimator_needs_logprobs,
-)
+from ktae.core.estimators import ADVANTAGE_ESTIMATORS, compute_advantages
+from ktae.core.needs import ARGUMENT, NEEDS, Need
 from ktae.core.registry import Alias, Record
 
 CREDIT_NONE = "none"
@@ -338,18 +333,36 @@ class Method:
         return self.estimator_options.get("base", DEFAULT_ESTIMATOR)
 
     @property
+    def estimator_needs(self) -> tuple[Need, ...]:
+        """What its estimator reads (:class:`ktae.core.needs.Need` records, in order)."""
+        return ADVANTAGE_ESTIMATORS.record(self.estimator).need_records
+
+    @property
+    def model_needs(self) -> tuple[Need, ...]:
+        """The estimator's needs that come from a model (``entropies``,
+        ``input_grad_importance``, ...): a caller computes them, or reads a record."""
+        return tuple(n for n in self.estimator_needs if n.model)
+
+    @property
+    def needs(self) -> tuple[Need, ...]:
+        """Every need of the estimator, then those of the calibration not already listed."""
+        out = list(self.estimator_needs)
+        if self.calibration is not None:
+            out += [n for n in CALIBRATIONS.record(self.calibration).need_records
+                    if n not in out]
+        return tuple(out)
+
+    @property
     def needs_scores(self) -> bool:
-        """Whether computing it reads per-token scores of a model: log-probs or entropies (a
-        calibration, an estimator that reads the rollout entropies (GTPO), a rule declaring
-        them) or the input-gradient importance (``oar-g``)."""
-        return (self.calibration is not None or estimator_needs_entropies(self.estimator)
-                or estimator_needs_logprobs(self.estimator) or self.needs_input_grad)
+        """Whether computing it reads per-token scores of a model: a calibration (the current
+        policy's log-probs), or an estimator with a need from a model (:attr:`model_needs`)."""
+        return self.calibration is not None or bool(self.model_needs)
 
     @property
     def needs_input_grad(self) -> bool:
-        """Whether its estimator reads the model's input-gradient importance (``oar-g``, a
-        rule declaring ``needs=("input_grad_importance",)``): a caller needs the model."""
-        return estimator_needs_input_grad(self.estimator)
+        """Whether its estimator declares the need ``input_grad_importance`` (for callers
+        that name the need; the others loop over :attr:`model_needs`)."""
+        return any(n.name == "input_grad_importance" for n in self.estimator_needs)
 
     @property
     def name(self) -> str:
@@ -431,13 +444,13 @@ def check_method(method: Method, *, estimator_where: str = "estimator_options",
     rewards = torch.tensor([1.0, 0.0])
     ones = torch.ones(ids.shape)
     logp = torch.full(ids.shape, -1.0)
+    scores = {n.name: ids.double() if n.example is None else torch.full(ids.shape, n.example)
+              for n in method.model_needs}
     try:
         ADVANTAGE_ESTIMATORS.record(method.estimator).check(method.estimator_options,
                                                             inputs=False)
         adv = estimator_credit(method, rewards=rewards, group=torch.tensor([0, 0]),
-                               token_ids=ids, mask=mask, correct=rewards > 0.5,
-                               logprobs=logp, entropies=ones,
-                               input_grad_importance=ids.double())
+                               token_ids=ids, mask=mask, correct=rewards > 0.5, **scores)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{estimator_where} ({method.estimator}): {err}") from None
     if method.calibration is None:
@@ -460,10 +473,8 @@ def sequence_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tenso
 
 def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor,
                      token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
-                     logprobs: torch.Tensor | None = None,
-                     entropies: torch.Tensor | None = None,
-                     input_grad_importance: torch.Tensor | None = None,
-                     compute: Callable = compute_advantages) -> torch.Tensor:
+                     compute: Callable = compute_advantages,
+                     **scores: torch.Tensor | None) -> torch.Tensor:
     """The estimator's advantages (``[B, T]`` token credit, or ``[B]`` for a sequence
     estimator), computed as the trainer does.
 
@@ -471,15 +482,16 @@ def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tens
         rewards: ``[B]``; group: ``[B]`` group ids; token_ids, mask: ``[B, T]``.
         correct: ``[B]`` bool, the verifier's verdict, given to every estimator that takes
             it (:func:`passes_correct`).
-        logprobs: ``[B, T]`` sampling-policy log-probs, for a rule that declares them.
-        entropies: ``[B, T]`` rollout-policy entropies, for an estimator that reads them.
-        input_grad_importance: ``[B, T]`` the model's input-gradient importance of each
-            token (:mod:`ktae.models.input_grad_importance`), for an estimator that reads it.
         compute: the function called, :func:`ktae.compute_advantages` (the trainer passes
             the package's, so that a wrapper a user puts there sees its calls).
+        **scores: the caller's ``[B, T]`` per-token inputs by need name
+            (:data:`ktae.core.needs.NEEDS`: ``logprobs``, the sampling policy's;
+            ``entropies``, the rollout policy's; ``input_grad_importance``, ...), or None;
+            each goes to the estimator only when it declares the need.
 
     Raises:
-        ValueError: the estimator reads log-probs or entropies the caller does not have.
+        ValueError: the estimator reads a need the caller does not have.
+        TypeError: a keyword that names no need.
     """
     name = method.estimator
     record = ADVANTAGE_ESTIMATORS.record(name)
@@ -489,22 +501,19 @@ def estimator_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tens
     if "ignore_token_ids" in (record.options or ()):
         options["ignore_token_ids"] = sorted(
             set(method.ignore_token_ids) | {int(i) for i in options.get("ignore_token_ids") or ()})
-    if estimator_needs_logprobs(name):
-        if logprobs is None:
-            raise ValueError(f"credit: estimator {name!r} reads the sampling policy's "
-                             "log-probs (needs=logprobs), which this caller does not have")
-        options["logprobs"] = logprobs
-    if estimator_needs_entropies(name) and entropies is None:
-        raise ValueError(f"credit: estimator {name!r} reads the rollout policy's entropies, "
-                         "which this caller does not have")
-    if estimator_needs_input_grad(name):
-        if input_grad_importance is None:
-            raise ValueError(f"credit: estimator {name!r} reads the model's input-gradient "
-                             "importance (needs=input_grad_importance), which this caller "
-                             "does not have (it needs the model itself)")
-        options["input_grad_importance"] = input_grad_importance
+    unknown = sorted(set(scores) - set(NEEDS))
+    if unknown:
+        raise TypeError(f"estimator_credit: {unknown[0]!r} is not a need; expected some of "
+                        f"{', '.join(NEEDS)}")
+    for need in record.need_records:
+        if need.via == ARGUMENT:
+            continue
+        if scores.get(need.name) is None:
+            raise ValueError(f"credit: estimator {name!r} reads {need.what} "
+                             f"(needs={need.name}), which this caller does not have")
+        options[need.name] = scores[need.name]
     return compute(name, rewards=rewards, group=group, token_ids=token_ids, mask=mask,
-                   entropies=entropies, **options)
+                   **options)
 
 
 def calibrate(method: Method, advantages: torch.Tensor, *, logprobs: torch.Tensor,
@@ -540,11 +549,12 @@ def method_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor,
                   token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
                   logprobs: torch.Tensor | None = None, entropies: torch.Tensor | None = None,
                   old_entropies: torch.Tensor | None = None,
-                  input_grad_importance: torch.Tensor | None = None) -> MethodCredit:
+                  **scores: torch.Tensor | None) -> MethodCredit:
     """The method's credit on a padded batch: sequence advantage, the estimator's token
     credit (:func:`estimator_credit`; ``old_entropies``, else ``entropies``, for an
-    estimator that reads the rollout policy's) and the calibration (:func:`calibrate`,
-    from ``logprobs`` and ``entropies``)."""
+    estimator that reads the rollout policy's; ``scores``: its other needs by name,
+    ``input_grad_importance``, ...) and the calibration (:func:`calibrate`, from
+    ``logprobs`` and ``entropies``)."""
     seq_b = sequence_credit(method, rewards=rewards, group=group)
     seq = torch.where(mask, seq_b[:, None], 0.0)
     token = None
@@ -552,8 +562,7 @@ def method_credit(method: Method, *, rewards: torch.Tensor, group: torch.Tensor,
         token = estimator_credit(method, rewards=rewards, group=group, token_ids=token_ids,
                                  mask=mask, correct=correct, logprobs=logprobs,
                                  entropies=old_entropies if old_entropies is not None
-                                 else entropies,
-                                 input_grad_importance=input_grad_importance)
+                                 else entropies, **scores)
         if token.dim() == 1:
             token = torch.where(mask, token[:, None], 0.0)
     adv = token if token is not None else seq

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from ktae.core.needs import Need, get_need, needs_of
+
 F = TypeVar("F", bound=Callable)
 
 
@@ -107,13 +109,12 @@ class Record:
         name: the registered name (``"ktae"``, ``"taco"``).
         kind: ``"advantage estimator"`` or ``"calibration"``.
         fn: the function the registry calls.
-        needs: the inputs a caller must have to call it: of an estimator, some of
-            ``token_ids``, ``mask``, ``logprobs`` (the sampling policy's), ``entropies``
-            (the rollout policy's), ``input_grad_importance`` (each token's input-gradient
-            importance, from a backward pass through the model: a caller without the model
-            refuses it); of a calibration, ``entropies`` and ``old_logprobs``. A trainer
-            computes log-probs, entropies and the importance only for methods that need
-            them.
+        needs: the names of the inputs a caller must have to call it, each a declared
+            :class:`ktae.core.needs.Need` (:attr:`need_records`): of an estimator, some of
+            ``token_ids``, ``mask``, ``logprobs``, ``entropies``,
+            ``input_grad_importance``; of a calibration, ``entropies`` and
+            ``old_logprobs``. A caller computes a need from a model only for the methods
+            that declare it.
         inputs: keyword arguments the caller fills from its batch rather than from the
             user, in signature order: ``correct`` (the verifier's verdict, for an
             estimator that reads it), and inputs derived from a model or tokenizer as they
@@ -139,6 +140,11 @@ class Record:
     correct_unless: tuple[tuple[str, object], ...] = ()
     user_rule: Callable | None = None
     aliases: tuple[Alias, ...] = ()
+
+    @property
+    def need_records(self) -> tuple[Need, ...]:
+        """The records of :attr:`needs` (:data:`ktae.core.needs.NEEDS`), in order."""
+        return needs_of(self.needs)
 
     @property
     def takes_correct(self) -> bool:
@@ -182,7 +188,15 @@ class Registry(Generic[F]):
         besides ``correct`` (which a parameter of that name declares); ``options``: the
         user's options when the signature cannot say (a wrapper taking ``**options``);
         else every other keyword parameter after the first. ``aliases``: the run settings
-        that stand for some of its options (:class:`Alias`)."""
+        that stand for some of its options (:class:`Alias`). ``needs``: names or
+        :class:`ktae.core.needs.Need` records a method of this kind may read."""
+        needs = tuple(get_need(n).name for n in ((needs,) if isinstance(needs, (str, Need))
+                                                 else needs))
+        for need in needs:
+            if self.kind not in get_need(need).readers:
+                raise ValueError(f"{self.kind} {name!r}: needs={need!r} is not read by a "
+                                 f"{self.kind}")
+
         def deco(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")

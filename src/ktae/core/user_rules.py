@@ -30,19 +30,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
 from ktae.core.calibration_rules import CALIBRATIONS, RULE_ARGS, RuleResult
 from ktae.core.gtpo import _correctness
+from ktae.core.needs import CALIBRATION, ESTIMATOR, SCORES, get_need, readable_by
 from ktae.core.policy_loss import token_tensor
 
-#: What an estimator may declare in ``needs`` (rewards, correct and group are always given).
-ESTIMATOR_NEEDS = ("token_ids", "mask", "logprobs", "entropies", "input_grad_importance")
-#: What a calibration may declare in ``needs`` (advantages, logprobs and mask always are).
-CALIBRATION_NEEDS = ("entropies", "old_logprobs")
 #: Inputs the caller passes to a user estimator, so no rule option may take these names.
 _CALLER_INPUTS = ("correct", "logprobs")
 
@@ -65,7 +62,9 @@ class RuleBatch:
             None where the caller has none.
         input_grad_importance: ``[B, T]`` each token's input-gradient importance under the
             policy (:mod:`ktae.models.input_grad_importance`; 0 on padding), or None where
-            the caller has no model to differentiate.
+            the caller has no model to differentiate: ``scores["input_grad_importance"]``.
+        scores: every per-token score the caller gave, by need name
+            (:data:`ktae.core.needs.NEEDS`; ``entropies``, ``input_grad_importance``, ...).
     """
 
     rewards: torch.Tensor
@@ -77,6 +76,7 @@ class RuleBatch:
     logprobs: torch.Tensor | None
     entropies: torch.Tensor | None
     input_grad_importance: torch.Tensor | None = None
+    scores: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,12 @@ def _rule_options(fn: Callable, kind: str, name: str, reserved) -> list[str] | N
     return options
 
 
-def _check_needs(needs, allowed: tuple[str, ...], kind: str, name: str) -> tuple[str, ...]:
+def _check_needs(needs, kind: str, name: str) -> tuple[str, ...]:
+    """The declared needs' names; one a ``kind`` may not read is a ``ValueError``
+    listing those it may (:func:`ktae.core.needs.readable_by`)."""
     needs = (needs,) if isinstance(needs, str) else tuple(needs)
+    needs = tuple(n if isinstance(n, str) else get_need(n).name for n in needs)
+    allowed = readable_by(kind)
     bad = [n for n in needs if n not in allowed]
     if bad:
         raise ValueError(f"{kind} {name!r}: needs={bad[0]!r} is not an input; expected some "
@@ -169,15 +173,16 @@ def register_estimator(name: str, *, needs=()) -> Callable:
         needs: inputs the rule reads beyond ``rewards``, ``correct`` and ``group``: some of
             ``"token_ids"``, ``"mask"``, ``"logprobs"``, ``"entropies"``,
             ``"input_grad_importance"`` (the model's input-gradient importance of each
-            token: one extra backward pass). A caller that lacks one gets a one-line error;
-            the trainer computes ``entropies``, ``logprobs`` and the importance only for
-            rules that declare them.
+            token: one extra backward pass), or any other need an estimator may read
+            (:data:`ktae.core.needs.NEEDS`; the rule reads it as ``batch.scores[name]``).
+            A caller that lacks one gets a one-line error; the trainer computes each from
+            the model only for rules that declare it.
 
     The rule's keyword options (every parameter after the batch) are what
     ``compute_advantages(name, ..., key=value)``, ``--estimator-option key=value`` and a
     compare arm ``name@key=value`` set; other names are refused, listing these.
     """
-    needs = _check_needs(needs, ESTIMATOR_NEEDS, "advantage estimator", name)
+    needs = _check_needs(needs, ESTIMATOR, name)
 
     def deco(fn: Callable) -> Callable:
         accepted = _rule_options(fn, "advantage estimator", name, _CALLER_INPUTS)
@@ -194,9 +199,12 @@ def register_estimator(name: str, *, needs=()) -> Callable:
                            group=batch.gid, num_groups=batch.num_groups,
                            token_ids=batch.token_ids, mask=mask, logprobs=logprobs,
                            entropies=batch.entropies,
-                           input_grad_importance=batch.input_grad_importance)
+                           input_grad_importance=batch.input_grad_importance,
+                           scores=dict(batch.scores))
             for need in needs:
-                if getattr(rb, need) is None:
+                missing = (need not in rb.scores if get_need(need).via == SCORES
+                           else getattr(rb, need) is None)
+                if missing:
                     raise ValueError(f"{need}: required by advantage estimator {name!r} "
                                      f"(declared in its needs)")
             out = check_rule_output(fn(rb, **options), "advantage estimator", name,
@@ -221,7 +229,7 @@ def register_calibration(name: str, *, needs=()) -> Callable:
     ``"entropies"``, ``"old_logprobs"``. Options as for :func:`register_estimator`
     (``--calibration-option key=value``, ``ktae.calibrate_advantages(name, ..., key=value)``).
     """
-    needs = _check_needs(needs, CALIBRATION_NEEDS, "calibration", name)
+    needs = _check_needs(needs, CALIBRATION, name)
 
     def deco(fn: Callable) -> Callable:
         accepted = _rule_options(fn, "calibration", name, RULE_ARGS | {"adv"})
