@@ -313,21 +313,21 @@ def test_train_steps(tiny_model, tmp_path, algo, extra):
     (DAPO's refill rounds each get their pass), and the advantages are OAR-G's on it."""
     from test_train_helpers import contains_digit, read_jsonl, tiny_config
 
-    from ktae.train.dynamic_sampling import INPUT_GRAD_IMPORTANCE
+    from ktae.train.dynamic_sampling import need_key
     from ktae.train.session import train
     from ktae.train.trainer import KTAEGRPOTrainer
 
     seen, rounds = [], []
 
     class Rec(KTAEGRPOTrainer):
-        def _input_grad_importance(self, batch, inputs):
-            out = super()._input_grad_importance(batch, inputs)
-            rounds.append(out.clone())
+        def _rollout_needs(self, batch, inputs):
+            out = super()._rollout_needs(batch, inputs)
+            rounds.append(out[need_key("input_grad_importance")].clone())
             return out
 
         def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
             entry = {"rewards": rewards.clone(), "mask": batch["ktae_token_mask"].bool(),
-                     "importance": batch[INPUT_GRAD_IMPORTANCE].clone()}
+                     "importance": batch[need_key("input_grad_importance")].clone()}
             out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
             entry["advantages"] = out["advantages"].clone()
             seen.append(entry)

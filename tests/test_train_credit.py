@@ -16,7 +16,7 @@ from test_train_helpers import contains_digit, read_jsonl, tiny_config
 
 import ktae
 from ktae.runs.credit import credit_settings
-from ktae.train.dynamic_sampling import OLD_ENTROPIES
+from ktae.train.dynamic_sampling import need_key
 from ktae.train.session import train
 from ktae.train.trainer import KTAEGRPOTrainer
 
@@ -28,16 +28,17 @@ class Recorder(KTAEGRPOTrainer):
 
     rec: dict
 
-    def _old_policy_entropies(self, batch):
-        out = super()._old_policy_entropies(batch)
-        self.rec["old_entropies"].append(out.clone())
+    def _rollout_needs(self, batch, inputs):
+        out = super()._rollout_needs(batch, inputs)
+        if need_key("entropies") in out:
+            self.rec["old_entropies"].append(out[need_key("entropies")].clone())
         return out
 
     def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
         entry = {"rewards": rewards.clone(), "correct": correct.clone(),
                  "mask": batch["ktae_token_mask"].clone(),
                  "ids": torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
-                 "entropies": batch.get(OLD_ENTROPIES)}
+                 "entropies": batch.get(need_key("entropies"))}
         out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
         entry["advantages"] = out["advantages"].clone()
         self.rec["batches"].append(entry)

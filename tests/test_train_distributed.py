@@ -125,7 +125,7 @@ GTPO_SCRIPT = PRELUDE + """
 class Dump(KTAEGRPOTrainer):
     def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
         mask = batch["ktae_token_mask"].clone()
-        entropies = batch["ktae_old_entropies"].clone()
+        entropies = batch["ktae_need_entropies"].clone()
         out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
         torch.save({{"mask": mask, "entropies": entropies, "rewards": rewards,
                     "correct": correct, "adv": out["advantages"]}},

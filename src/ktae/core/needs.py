@@ -128,6 +128,22 @@ def readable_by(kind: str) -> tuple[str, ...]:
     return tuple(n.name for n in NEEDS.values() if kind in n.readers)
 
 
+def held(groups, need: Need) -> bool:
+    """Whether every one of ``groups`` holds ``need`` in one of its :attr:`Need.fields`."""
+    return any(all(getattr(g, f, None) is not None for g in groups) for f in need.fields)
+
+
+def group_calls(needs: Iterable[Need]) -> dict[str, dict]:
+    """The group providers that fill ``needs``, each once, with its needs' options merged:
+    ``{"module:function": options}``, in the needs' order."""
+    calls: dict[str, dict] = {}
+    for need in needs:
+        if need.group_provider is None:
+            raise ValueError(f"need {need.name!r}: no provider computes it for scored groups")
+        calls.setdefault(need.group_provider, {}).update(need.group_options)
+    return calls
+
+
 def load(ref: str) -> Callable:
     """``"package.module:function"`` -> the function (the module imported now)."""
     module, _, name = ref.partition(":")
@@ -170,6 +186,10 @@ class ModelResponses:
             self._scores = self.policy_pass()
         return self._scores
 
+
+CALIBRATION_SCORES = ("logprobs", "entropies")
+"""What a caller scores for any calibration: the current policy's log-probs and entropies
+(a calibration reads both; its record's needs say what else)."""
 
 _PROVIDERS = "ktae.models.need_providers"
 _SCORING = "ktae.groups.scoring:score_groups"

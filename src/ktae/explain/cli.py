@@ -152,9 +152,9 @@ def _sampled_source(args, model, tok, path):
 
 def build(args):
     """``(report, selected groups)`` for the arguments (raises ValueError on bad input)."""
-    from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
+    from ktae.core.needs import CALIBRATION_SCORES, group_calls, held, load, needs_of
     from ktae.explain.report import build_report
-    from ktae.groups import sampling, scoring
+    from ktae.groups import sampling
 
     source = load_source(args)
     model = None
@@ -167,23 +167,17 @@ def build(args):
         if source is None:
             source = _sampled_source(args, model, tok, path)
     groups = _select(source.groups, args)
-    cal = source.credit.calibration
-    # A calibration reads the current policy's log-probs and entropies, an estimator such
-    # as GTPO the rollout policy's entropies, a user rule the log-probs it declares: score
-    # the responses unless they are recorded.
-    estimator_unscored = estimator_needs_entropies(source.credit.estimator) and not any(
-        all(getattr(g, attr) is not None for g in groups)
-        for attr in ("old_entropies", "entropies"))
-    estimator_unscored |= estimator_needs_logprobs(source.credit.estimator) and not all(
-        g.logprobs is not None for g in groups)
-    # oar-g: the model's input-gradient importance, unless recorded
-    importance = source.credit.needs_input_grad and not all(
-        g.input_grad_importance is not None for g in groups)
-    estimator_unscored |= importance
-    if model is not None and (estimator_unscored
-                              or (cal is not None and not source.use_recorded)):
-        scoring.score_groups(model, source.tokenizer, groups, temperature=args.temperature,
-                             importance=importance)
+    # Each need of the estimator from a model (GTPO's rollout entropies, a rule's
+    # log-probs, OAR-G's importance), unless every group holds it (a run records some); a
+    # calibration reads the current policy's log-probs and entropies: score the responses
+    # unless they are recorded.
+    todo = [n for n in source.credit.model_needs if not held(groups, n)]
+    if source.credit.calibration is not None and not source.use_recorded:
+        todo += needs_of(CALIBRATION_SCORES)
+    if model is not None:
+        for provider, options in group_calls(todo).items():
+            load(provider)(model, source.tokenizer, groups, temperature=args.temperature,
+                           **options)
     _add_labels(groups, source.tokenizer)
     meta = [*source.meta, _credit_line(source)]
     report = build_report(groups, credit=source.credit, tokenizer=source.tokenizer,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ktae.core.methods import Method
+from ktae.core.needs import NEEDS
 from ktae.groups.input import GroupInput as GroupInput
 from ktae.groups.input import ignore_ids as ignore_ids
 from ktae.groups.input import load_jsonl as load_jsonl
@@ -89,10 +90,9 @@ def load_run(run: Path, *, step: int | None = None, tokenizer: str | None = None
         g = GroupInput(prompt=r["prompt"], responses=r["responses"], rewards=r["rewards"],
                        correct=r["correct"], label=f"step {step} \u00b7 group {r['group']}",
                        trained=r.get("advantages"), logprobs=r.get("logprobs"),
-                       entropies=r.get("entropies"), old_entropies=r.get("old_entropies"),
-                       input_grad_importance=r.get("input_grad_importance"),
-                       weights=r.get("weights"),
-                       flagged=r.get("flagged"), loss_mask=r.get("loss_mask"))
+                       entropies=r.get("entropies"), weights=r.get("weights"),
+                       flagged=r.get("flagged"), loss_mask=r.get("loss_mask"),
+                       **{n.fields[0]: r.get(n.fields[0]) for n in NEEDS.values() if n.recorded})
         groups.append((str(r["group"]), g))
     meta = [f"run {run}: trained with credit {run_name}; step {step} (recorded steps "
             f"{_ranges(steps)})", f"tokenizer: {tok_path}"]

@@ -27,7 +27,8 @@ the loss reads ``weights * advantages`` on the tokens where ``loss_mask`` is 1 (
 them when it is absent). ``old_entropies`` are the rollout policy's per-token entropies
 that the estimator read (GTPO); ``entropies`` are the current policy's, which the
 calibration read. ``input_grad_importance`` is the per-token importance the estimator
-read (OAR-G, docs/method.md §16). Floats carry 6 significant digits. A calibration or loss-mask
+read (OAR-G, docs/method.md §16): each need the estimator read that its record marks
+``recorded`` (:class:`ktae.core.needs.Need`), under the need's first field. Floats carry 6 significant digits. A calibration or loss-mask
 list is ``null`` for a row the main process does not hold (a group split across
 processes).
 
@@ -44,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ktae.core.needs import get_need
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 """Name of the rollout file in the run directory."""
@@ -156,8 +159,7 @@ class RolloutRecorder:
     def on_advantages(self, trainer, *, batch: dict, ids: torch.Tensor, mask: torch.Tensor,
                       rewards: torch.Tensor, correct: torch.Tensor, advantages: torch.Tensor,
                       loss_mask: torch.Tensor | None = None,
-                      old_entropies: torch.Tensor | None = None,
-                      input_grad_importance: torch.Tensor | None = None) -> None:
+                      scores: dict[str, torch.Tensor] | None = None) -> None:
         """Keep the first groups of a recorded training step.
 
         ``batch``: this process's generation batch (``prompt_ids``, ``prompt_mask``,
@@ -165,9 +167,10 @@ class RolloutRecorder:
         ``advantages``: the gathered global batch (``[B, T]`` / ``[B]``) the advantages
         were computed on; ``loss_mask``: this process's ``[b, T]`` tokens that reach the
         loss (e.g. without truncated responses), or None when every real token does;
-        ``old_entropies``: the gathered ``[B, T]`` rollout-policy entropies the estimator
-        read, or None; ``input_grad_importance``: the gathered ``[B, T]`` importance the
-        estimator read, or None.
+        ``scores``: the gathered ``[B, T]`` values of the needs the estimator read, by need
+        name (the rollout policy's ``entropies``, the ``input_grad_importance``); those
+        whose record is ``recorded`` are kept, each under its first field
+        (``old_entropies``, ``input_grad_importance``).
         """
         if not trainer.model.training or not trainer.accelerator.is_main_process:
             return
@@ -185,6 +188,8 @@ class RolloutRecorder:
         records = []
         if loss_mask is not None:
             loss_mask = loss_mask.bool().cpu()
+        kept = {get_need(name).fields[0]: value for name, value in (scores or {}).items()
+                if value is not None and get_need(name).recorded}
         for g in range(n_groups):
             first = g * G
             pmask = batch["prompt_mask"][first].bool()
@@ -194,10 +199,8 @@ class RolloutRecorder:
                 "prompt": tok.decode(prompt_ids, skip_special_tokens=True),
                 "responses": [], "rewards": [], "correct": [], "advantages": [],
                 "loss_mask": []}
-            if old_entropies is not None:
-                rec["old_entropies"] = []
-            if input_grad_importance is not None:
-                rec["input_grad_importance"] = []
+            for key in kept:
+                rec[key] = []
             for r in range(first, first + G):
                 m = mask[r].bool().cpu()
                 n = int(m.sum())
@@ -206,11 +209,8 @@ class RolloutRecorder:
                 rec["correct"].append(bool(correct[r]))
                 adv = advantages[r].cpu()
                 rec["advantages"].append(_floats(adv[m] if adv.dim() else adv.expand(n)))
-                if old_entropies is not None:
-                    rec["old_entropies"].append(_floats(old_entropies[r].cpu()[m]))
-                if input_grad_importance is not None:
-                    rec["input_grad_importance"].append(
-                        _floats(input_grad_importance[r].cpu()[m]))
+                for key, value in kept.items():
+                    rec[key].append(_floats(value[r].cpu()[m]))
                 # real tokens are a prefix of the row (right padding)
                 in_loss = _bits(loss_mask[r][:n]) if loss_mask is not None and r < local else None
                 rec["loss_mask"].append(in_loss)

@@ -25,18 +25,23 @@ _PAD_SIDE = {
     "sampling_per_token_logps": "right",
     "importance_sampling_ratio": "right",
     "tool_mask": "right",
-    "ktae_old_entropies": "right",
-    "ktae_old_logprobs": "right",
-    "ktae_input_grad_importance": "right",
 }
-OLD_ENTROPIES = "ktae_old_entropies"
-"""Batch key of the generating policy's per-token entropies (estimators that need them)."""
-OLD_LOGPROBS = "ktae_old_logprobs"
-"""Batch key of the generating policy's per-token log-probs (users' rules that need them)."""
-INPUT_GRAD_IMPORTANCE = "ktae_input_grad_importance"
-"""Batch key of the generating policy's per-token input-gradient importance (``oar-g``)."""
+NEED_PREFIX = "ktae_need_"
+"""Batch keys of the needs the trainer computes at rollout time (:func:`need_key`), each a
+``[b, T]`` per-token value, right-padded like the completions."""
 MERGEABLE_KEYS = frozenset(_PAD_SIDE)
-"""Keys of a generation batch that :func:`merge_rows` knows how to concatenate."""
+"""TRL's keys of a generation batch that :func:`merge_rows` knows how to concatenate
+(besides the needs': :func:`mergeable`)."""
+
+
+def need_key(name: str) -> str:
+    """The batch key of need ``name``'s value (:class:`ktae.core.needs.Need`)."""
+    return NEED_PREFIX + name
+
+
+def mergeable(key: str) -> bool:
+    """Whether :func:`merge_rows` concatenates batch key ``key``."""
+    return key in _PAD_SIDE or key.startswith(NEED_PREFIX)
 
 
 def informative_groups(correct: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -93,11 +98,11 @@ def merge_rows(batches: list[dict], rows: list[torch.Tensor], pad_values: dict,
         extra: more per-row keys to merge, key -> padding side (``"left"``/``"right"``).
 
     Returns:
-        A dict with the keys of :data:`MERGEABLE_KEYS` (and ``extra``) present in the
-        first batch, each ``[sum k_r, max T_r]``: prompts left-padded, completions
+        A dict with the :func:`mergeable` keys (and ``extra``) present in the first batch, each ``[sum k_r, max T_r]``: prompts left-padded, completions
         right-padded.
     """
     sides = {**_PAD_SIDE, **(extra or {})}
+    sides.update({k: "right" for k in batches[0] if k.startswith(NEED_PREFIX)})
     keys = [k for k in batches[0] if k in sides]
     out = {}
     for key in keys:

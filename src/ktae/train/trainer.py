@@ -15,13 +15,14 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    batch trained on (:mod:`ktae.train.batch_metrics`), and so does the completion table.
    With ``mask_truncated_completions`` KTAE's statistics still see every generated token:
    TRL's masking is applied afterwards, to the loss mask only.
-   An estimator that reads per-token entropies (GTPO) gets the generating (old) policy's,
-   from one extra no-grad forward pass right after generation, made only for such
-   estimators. An estimator that reads the input-gradient importance (OAR-G) gets it from
-   one extra no-grad and one forward-and-backward pass of the generating policy on each
+   Each need of the estimator that comes from a model (:class:`ktae.core.needs.Need`) is
+   computed right after generation by its provider, only for estimators that declare
+   it: the generating (old) policy's entropies (GTPO) and log-probs (a user's rule) from
+   one extra no-grad forward pass, shared; the input-gradient importance (OAR-G) from one
+   extra no-grad and one forward-and-backward pass of the generating policy on each
    response followed by a concluding text and the row's reference answer (dataset column
-   ``answer``; :mod:`ktae.models.input_grad_importance`), made only for such estimators;
-   the parameters get no gradient from it.
+   ``answer``; :mod:`ktae.models.input_grad_importance`); the parameters get no gradient
+   from it.
 2. ``_compute_loss`` / ``_get_per_token_logps_and_entropies``: when a calibration (TACO,
    docs/method.md §8) is configured, the current policy's per-token log-probs and entropies computed
    inside ``_compute_loss`` (``compute_entropy=True``) calibrate a copy of the advantages,
@@ -77,13 +78,9 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 import ktae
-from ktae.core.advantages import (
-    estimator_needs_entropies,
-    estimator_needs_input_grad,
-    estimator_needs_logprobs,
-)
 from ktae.core.calibration import logged_metrics
 from ktae.core.methods import estimator_credit
+from ktae.core.needs import ModelResponses
 from ktae.runs.credit import CreditSettings
 from ktae.runs.rundir import (
     claim_checkpoint,
@@ -93,12 +90,10 @@ from ktae.runs.rundir import (
 )
 from ktae.train.batch_metrics import trained_batch_metrics, truncated_rows
 from ktae.train.dynamic_sampling import (
-    INPUT_GRAD_IMPORTANCE,
-    MERGEABLE_KEYS,
-    OLD_ENTROPIES,
-    OLD_LOGPROBS,
     informative_groups,
     merge_rows,
+    mergeable,
+    need_key,
     select_groups,
 )
 from ktae.train.logprob_head import check_head, choose_head, full_logps, takes_logits_to_keep
@@ -303,11 +298,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
             out = super()._generate_and_score_completions(inputs)
         finally:
             self.mask_truncated_completions = masking
-        if (estimator_needs_entropies(self.credit.estimator)
-                or estimator_needs_logprobs(self.credit.estimator)):
-            out[OLD_ENTROPIES] = self._old_policy_entropies(out)
-        if estimator_needs_input_grad(self.credit.estimator):
-            out[INPUT_GRAD_IMPORTANCE] = self._input_grad_importance(out, inputs)
+        out.update(self._rollout_needs(out, inputs))
         token_mask = out["completion_mask"]
         if "tool_mask" in out:
             token_mask = token_mask * out["tool_mask"]
@@ -328,16 +319,39 @@ class KTAEGRPOTrainer(GRPOTrainer):
     def _stop_ids(self) -> list[int]:
         return [*self.eos_token_ids, self._tokenizer.pad_token_id]
 
-    def _old_policy_entropies(self, batch: dict) -> torch.Tensor:
-        """``[b, T]`` entropies of the policy that generated ``batch`` (GTPO's old-policy
-        entropies): one no-grad pass like TRL 1.16's old log-prob pass in
+    def _rollout_needs(self, batch: dict, inputs: list[dict]) -> dict:
+        """The value of each need of the estimator that comes from a model, under the policy
+        that generated ``batch``, by its batch key (:func:`need_key`): each computed by its
+        provider (:attr:`ktae.core.needs.Need.provider`)."""
+        needs = self._method.model_needs
+        if not needs:
+            return {}
+        g = torch.Generator(device="cpu").manual_seed(derived_seed(
+            self.credit.seed, self.state.global_step, -2, self.accelerator.process_index))
+        responses = ModelResponses(
+            model=self.accelerator.unwrap_model(self.model), tokenizer=self._tokenizer,
+            prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
+            completion_ids=batch["completion_ids"], completion_mask=batch["completion_mask"],
+            rows=inputs, generator=g, policy_pass=lambda: self._policy_pass(batch))
+        out = {}
+        with self.step_clock.part("logprobs"):
+            for need in needs:
+                try:
+                    out[need_key(need.name)] = need.load_provider()(responses)
+                except ValueError as err:
+                    raise ValueError(f"credit: estimator {self.credit.estimator!r} "
+                                     f"{err}") from None
+        return out
+
+    def _policy_pass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([b, T] log-probs, [b, T] entropies)`` of the policy that generated ``batch``
+        (GTPO's old-policy entropies): one no-grad pass like TRL 1.16's old log-prob pass in
         ``_generate_and_score_completions``, on the same inputs."""
-        unknown = sorted(k for k in batch if k not in MERGEABLE_KEYS
+        unknown = sorted(k for k in batch if not mergeable(k)
                          and k not in ("advantages", "num_items_in_batch"))
         if unknown:
-            raise ValueError(f"credit: estimator {self.credit.estimator!r} needs the old "
-                             f"policy's entropies, which ktae computes for text-only batches; "
-                             f"this batch also holds {unknown}")
+            raise ValueError("needs the old policy's entropies, which ktae computes for "
+                             f"text-only batches; this batch also holds {unknown}")
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         size = (self.args.per_device_train_batch_size if self.model.training
@@ -346,30 +360,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
             logps, entropies, _ = self._get_per_token_logps_and_entropies(
                 self.model, ids, attention, batch["completion_ids"].size(1), batch_size=size,
                 compute_entropy=True)
-        if estimator_needs_logprobs(self.credit.estimator):  # a user rule's sampling logprobs
-            batch[OLD_LOGPROBS] = logps.detach()
-        return entropies.detach()
-
-    def _input_grad_importance(self, batch: dict, inputs: list[dict]) -> torch.Tensor:
-        """``[b, T]`` input-gradient importance of each response token under the policy that
-        generated ``batch`` (OAR-G's; :func:`ktae.models.input_grad_importance.
-        response_importance`), the answer being each row's reference ``answer``."""
-        from ktae.models.input_grad_importance import answer_tokens, response_importance
-
-        try:
-            conclusion, answers = answer_tokens(self._tokenizer,
-                                                [row.get("answer") for row in inputs])
-        except ValueError as err:
-            raise ValueError(f"credit: estimator {self.credit.estimator!r} needs each prompt's "
-                             f"reference answer (dataset column 'answer'): {err}") from None
-        g = torch.Generator(device="cpu").manual_seed(derived_seed(
-            self.credit.seed, self.state.global_step, -2, self.accelerator.process_index))
-        model = self.accelerator.unwrap_model(self.model)
-        with self.step_clock.part("logprobs"):
-            return response_importance(model, batch["prompt_ids"], batch["prompt_mask"],
-                                       batch["completion_ids"], batch["completion_mask"],
-                                       answers, self._tokenizer.pad_token_id,
-                                       conclusion=conclusion, generator=g).detach()
+        return logps.detach(), entropies.detach()
 
     # ------------------------------------------------------------------ step time
 
@@ -461,7 +452,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     def _merge(self, rounds: list[dict], rows: list[torch.Tensor]) -> dict:
         recomputed = ("advantages", "num_items_in_batch")
         unknown = sorted(k for k in rounds[0]["batch"]
-                         if k not in MERGEABLE_KEYS and k not in recomputed and k != _TOKEN_MASK)
+                         if not mergeable(k) and k not in recomputed and k != _TOKEN_MASK)
         if unknown:
             raise ValueError(f"dynamic sampling: cannot merge generation batches holding {unknown} "
                              "(multimodal inputs); turn dynamic sampling off")
@@ -486,8 +477,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                         rewards=adv["rewards"], correct=adv["correct"],
                                         advantages=adv["advantages"],
                                         loss_mask=adv["loss_mask"],
-                                        old_entropies=adv["entropies"],
-                                        input_grad_importance=adv["importance"])
+                                        scores=adv["scores"])
         return batch
 
     def _advantages(self, batch: dict, rewards: torch.Tensor, correct: torch.Tensor,
@@ -497,9 +487,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         ids = batch["completion_ids"]
         mask = batch.pop(_TOKEN_MASK)
         loss_mask = batch["completion_mask"]
-        entropies = batch.pop(OLD_ENTROPIES, None)
-        logprobs = batch.pop(OLD_LOGPROBS, None)
-        importance = batch.pop(INPUT_GRAD_IMPORTANCE, None)
+        scores = {n.name: batch.pop(need_key(n.name)) for n in self._method.model_needs
+                  if need_key(n.name) in batch}
         if "tool_mask" in batch:
             loss_mask = loss_mask * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
@@ -509,15 +498,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
             ids = self.accelerator.pad_across_processes(ids, dim=1, pad_index=pad)
             mask = self.accelerator.pad_across_processes(mask, dim=1, pad_index=0)
             ids, mask = self.accelerator.gather(ids), self.accelerator.gather(mask)
-            if entropies is not None:
-                entropies = self.accelerator.gather(
-                    self.accelerator.pad_across_processes(entropies, dim=1, pad_index=0))
-            if logprobs is not None:
-                logprobs = self.accelerator.gather(
-                    self.accelerator.pad_across_processes(logprobs, dim=1, pad_index=0))
-            if importance is not None:
-                importance = self.accelerator.gather(
-                    self.accelerator.pad_across_processes(importance, dim=1, pad_index=0))
+            scores = {name: self.accelerator.gather(
+                self.accelerator.pad_across_processes(value, dim=1, pad_index=0))
+                for name, value in scores.items()}
             rewards = self.accelerator.gather(rewards)
             per_func = self.accelerator.gather(per_func)
             correct = self.accelerator.gather(correct.to(torch.uint8)).bool()  # gloo: no bool
@@ -529,9 +512,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         # one computation for every command: correct, logprobs, KTAE's ignored ids; through
         # the public ktae.compute_advantages, as the trainer's docstring promises
         adv = estimator_credit(self._method, rewards=rewards, group=group, token_ids=ids,
-                               mask=mask.bool(), correct=correct, logprobs=logprobs,
-                               entropies=entropies, input_grad_importance=importance,
-                               compute=ktae.compute_advantages)
+                               mask=mask.bool(), correct=correct, compute=ktae.compute_advantages,
+                               **scores)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
         batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
         lengths = mask.sum(dim=1)
@@ -543,8 +525,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
             self._metrics[mode][key].append(value)
         self._log_trained_completions(batch, adv, mask, per_func, prompts)
         return {"ids": ids, "mask": mask, "rewards": rewards, "correct": correct,
-                "advantages": adv, "loss_mask": loss_mask, "entropies": entropies,
-                "importance": importance}
+                "advantages": adv, "loss_mask": loss_mask, "scores": scores}
 
     def _log_trained_completions(self, batch: dict, adv: torch.Tensor, mask: torch.Tensor,
                                  per_func: torch.Tensor, prompts: list) -> None:

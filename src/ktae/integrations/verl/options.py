@@ -82,6 +82,13 @@ def load_user_rules() -> list[str]:
     return load_from_env()
 
 
+VERL_NEEDS = ("entropies",)
+"""The needs from a model that verl 0.9.1 gives an estimator: the rollout policy's
+per-token entropies (its ``entropys`` of the old log-prob pass; :func:`missing_entropies_reason`).
+An estimator declaring another (log-probs, the input-gradient importance) is refused at
+start-up."""
+
+
 def estimator_needs_entropies(name: str) -> bool:
     """Whether the estimator reads the rollout policy's per-token entropies, as its record
     says (see :func:`missing_entropies_reason` for when verl 0.9.1 has them); False for a
@@ -200,15 +207,13 @@ def estimator_settings(name: str, algorithm: Any) -> EstimatorSettings:
                          f"{', '.join(allowed)}")
     options = dict(block)
     record = _record(name)
-    if "logprobs" in record.needs:
-        raise ValueError(f"algorithm.adv_estimator={name}: the rule reads the sampling "
-                         "policy's log-probs (needs=logprobs), which the ktae verl plugin "
-                         "does not pass to estimators")
-    if "input_grad_importance" in record.needs:
-        raise ValueError(f"algorithm.adv_estimator={name}: the estimator reads the model's "
-                         "input-gradient importance (needs=input_grad_importance), which the "
-                         "ktae verl plugin cannot compute: verl computes advantages on the "
-                         "driver, away from the actor's model; use ktae train")
+    for need in record.need_records:
+        if need.model and need.name not in VERL_NEEDS:
+            kind = "rule" if is_user_rule(name) else "estimator"
+            raise ValueError(f"algorithm.adv_estimator={name}: the {kind} reads "
+                             f"{need.what} (needs={need.name}), which the ktae verl plugin "
+                             "does not pass to estimators: verl computes advantages on the "
+                             "driver, away from the actor's model; use ktae train")
     if is_user_rule(name):
         correct_key = options.pop("correct_key", DEFAULT_CORRECT_KEY)
         if correct_key is not None and not isinstance(correct_key, str):
@@ -295,9 +300,8 @@ def _check_estimator_values(settings: EstimatorSettings) -> None:
 
     import ktae
 
-    extra = {}
-    if estimator_needs_entropies(settings.name):
-        extra["entropies"] = torch.ones(2, 2)
+    extra = {need.name: torch.ones(2, 2) for need in _record(settings.name).need_records
+             if need.model}
     try:
         ktae.compute_advantages(settings.name, rewards=torch.tensor([1.0, 0.0]), group=[0, 0],
                                 token_ids=torch.tensor([[1, 2], [1, 3]]), **settings.options,
