@@ -28,7 +28,8 @@ them when it is absent). ``old_entropies`` are the rollout policy's per-token en
 that the estimator read (GTPO); ``entropies`` are the current policy's, which the
 calibration read. ``input_grad_importance`` is the per-token importance the estimator
 read (OAR-G, docs/method.md §16): each need the estimator read that its record marks
-``recorded`` (:class:`ktae.core.needs.Need`), under the need's first field. Floats carry 6 significant digits. A calibration or loss-mask
+``recorded`` (:class:`ktae.core.needs.Need`), under the need's first field. Floats carry
+6 significant digits. A calibration or loss-mask
 list is ``null`` for a row the main process does not hold (a group split across
 processes).
 

@@ -98,7 +98,8 @@ def merge_rows(batches: list[dict], rows: list[torch.Tensor], pad_values: dict,
         extra: more per-row keys to merge, key -> padding side (``"left"``/``"right"``).
 
     Returns:
-        A dict with the :func:`mergeable` keys (and ``extra``) present in the first batch, each ``[sum k_r, max T_r]``: prompts left-padded, completions
+        A dict with the :func:`mergeable` keys (and ``extra``) present in the first batch,
+        each ``[sum k_r, max T_r]``: prompts left-padded, completions
         right-padded.
     """
     sides = {**_PAD_SIDE, **(extra or {})}
