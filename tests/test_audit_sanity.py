@@ -6,6 +6,7 @@ every phase after sampling."""
 from __future__ import annotations
 
 import io
+import json
 import os
 
 import numpy as np
@@ -130,8 +131,11 @@ def test_every_phase_after_sampling_shows_progress(tmp_path, capsys):
     assert main([*args, "-o", str(tmp_path / "a")]) == 0
     captured = capsys.readouterr()
     err, out = captured.err, captured.out
-    for line in ("  labelled 20/20 groups", "  scored 20/20 groups (input-gradient importance, "
-                 "for oar-g, with log-probs and entropies",
+    read = [x for x in err.splitlines() if x.startswith("  scored ")]
+    assert read and "(input-gradient importance, for oar-g, of the " in read[-1]
+    done, total = read[-1].split()[1].split("/")
+    assert done == total and f"of the {total} of 20 groups whose credit reads it" in read[-1]
+    for line in ("  labelled 20/20 groups",
                  "  computed 6/6 credit methods and sanity rules",
                  "  summarised 6/6 credit methods and sanity rules (50 bootstrap draws"):
         assert line in err, line
@@ -139,6 +143,9 @@ def test_every_phase_after_sampling_shows_progress(tmp_path, capsys):
     md = (tmp_path / "a" / "audit.md").read_text()
     assert "| *oracle (sanity rule)* | 1.000 | 1.000 | 0.000 |" in md
     assert "## Where the credit goes, by kind of token" in md
+    assert "  time: loading " in out and "after sampling" in out
+    seconds = json.loads((tmp_path / "a" / "audit.json").read_text())["seconds"]
+    assert list(seconds) == ["loading", "sampling", "scoring", "credit and bootstrap"]
     assert main([*args, "--no-progress", "-o", str(tmp_path / "b")]) == 0
     err = capsys.readouterr().err
     assert "labelled" not in err and "scored" not in err and "computed" not in err

@@ -283,4 +283,13 @@ def summary(result: dict) -> str:
         paired = _signed_cell(m[con]["all"].get("contamination_vs_grpo"))
         lines.append(f"  least contamination: {con} ({_cell(m[con]['all']['contamination'])}"
                      f"{ref}; paired difference from GRPO {paired})")
+    seconds = result.get("seconds")
+    if seconds:
+        parts = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
+        names = list(seconds)
+        after = sum(seconds[k] for k in names[names.index("sampling") + 1:]) \
+            if "sampling" in seconds else 0.0
+        ratio = (f"; after sampling {after / seconds['sampling']:.2f} x the sampling"
+                 if seconds.get("sampling") else "")
+        lines.append(f"  time: {parts}{ratio}")
     return "\n".join(lines)

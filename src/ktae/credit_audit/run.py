@@ -551,6 +551,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     if threads is not None:
         torch.set_num_threads(threads)
     methods = parse_methods(credit)
+    clock = _Clock()
     loaded = None
     path = None if input is None else Path(input)
     if path is not None and path.is_dir():
@@ -569,6 +570,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         data = jsonl_input(path, tok)
     else:
         loaded = sampling.load_model(model or DEFAULT_MODEL)
+        clock.lap("loading")
         m, tok, where = loaded
         char_level = len(tok) < 1000
         task = task or ("embedded" if char_level else arith_input.DEFAULT_TASK)
@@ -597,6 +599,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
                 m, tok, where, difficulty=difficulty, prompts=prompts, samples=samples,
                 seed=seed, max_new_tokens=max_new, temperature=temperature,
                 prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase)
+    clock.lap("sampling" if path is None else "reading")
     temperature = 1.0 if temperature is None else temperature
     ignore = group_input.ignore_ids(data.tokenizer)
     methods = {n: _with_ignore(s, ignore) for n, s in methods.items()}
@@ -613,6 +616,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
             and all(r is not None for r in g.logprobs) for g in inputs)):
         if loaded is None:
             loaded = sampling.load_model(model or data.scorer or DEFAULT_MODEL)
+            clock.lap("loading")
         scored = loaded[2]
         phase = on_phase or quiet_phase
         needs = ", ".join(n for n, s in methods.items() if s.needs_input_grad)
@@ -631,21 +635,40 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         scoring.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature,
                              importance=importance, on_group=lambda what: steps[what](1),
                              reads_importance=reads)
+        clock.lap("scoring")
     for g in data.groups:
         g.kinds = kind_codes(data.tokenizer, g.group.responses, g.labels)
     result = audit_groups(data.groups, methods, resamples=resamples, seed=0,
                           on_phase=on_phase)
-    result.update(input=data.description, kind=data.kind, scored_with=scored,
+    result_rates = right_answer_wrong_tokens(data.groups, resamples=resamples)
+    clock.lap("credit and bootstrap")
+    result.update(seconds=clock.seconds, input=data.description, kind=data.kind, scored_with=scored,
                   prompt_set=prompt_set if data.kind == "model" else None,
                   resamples=resamples, counts=_counts(data.groups), meta=data.meta,
                   credit={n: _describe(s) for n, s in methods.items()},
-                  right_answer_wrong_tokens=right_answer_wrong_tokens(
-                      data.groups, resamples=resamples))
+                  right_answer_wrong_tokens=result_rates)
     if output_dir is not None:
         from ktae.credit_audit.report import write_outputs
 
         result["files"] = write_outputs(result, Path(output_dir))
     return result
+
+
+class _Clock:
+    """Wall-clock seconds of the audit's phases, in order (``seconds``: ``{phase: s}``; the
+    model's loading counts in the phase that loads it)."""
+
+    def __init__(self):
+        import time
+
+        self._now = time.monotonic
+        self._last = self._now()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = self._now()
+        self.seconds[phase] = round(now - self._last, 3)
+        self._last = now
 
 
 def _reads_importance(specs) -> Callable:
