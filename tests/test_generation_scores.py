@@ -82,3 +82,32 @@ def test_scores_must_be_a_positive_temperature(tiny, bad):
     with pytest.raises(ValueError, match="^scores: expected a positive temperature"):
         generate_hf(model, tok, _prompts(1), SamplingConfig(k=1, max_new_tokens=4),
                     scores=bad)
+
+
+def test_tails_continue_the_sampling_cache_as_a_forward_pass_would(tiny):
+    """Each generation continued by its prompt's tail from the sampling's cache: the tail's
+    logits equal a plain forward pass over prompt + response + tail, for prompts of
+    different lengths (left padding), responses that stop early (masked columns after their
+    end) or run to the budget, and tails of different lengths."""
+    model, tok = tiny
+    prompts = _prompts(5)
+    tails = [tok(t, add_special_tokens=False)["input_ids"] for t in
+             ("=12", "=7", "=1000", "=3", "=45")]
+    seen = {}
+    out = generate_hf(model, tok, prompts, SamplingConfig(k=3, temperature=0.9,
+                                                          max_new_tokens=20, seed=2),
+                      batch_size=3, tails=tails,
+                      on_tail=lambda i, gens, logits: seen.setdefault(i, (gens, logits)))
+    assert sorted(seen) == list(range(5))
+    kinds = set()
+    for i, (prompt, gens) in enumerate(zip(prompts, out, strict=True)):
+        assert seen[i][0] == gens
+        logits = seen[i][1]
+        assert logits.shape[:2] == (3, len(tails[i]))
+        for j, g in enumerate(gens):
+            kinds.add(g.truncated)
+            ids = tok(prompt)["input_ids"] + list(g.token_ids) + tails[i]
+            with torch.no_grad():
+                want = model(input_ids=torch.tensor([ids])).logits[0, -len(tails[i]):]
+            torch.testing.assert_close(logits[j, :len(tails[i])], want, **TOL)
+    assert kinds == {True, False}

@@ -91,3 +91,33 @@ def test_the_weights_keep_requires_grad_and_get_no_gradient():
     group_importance(model, [3, 4, 5], _rows([4, 2]), [8], 0,
                      generator=torch.Generator().manual_seed(0))
     assert all(p.requires_grad and p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("outcome", ["answer_mean", "last", "answer_joint"])
+def test_a_reference_from_the_tail_equals_the_clean_pass(outcome):
+    """The clean answer summary read from logits at the tail's positions (as the sampling's
+    cache gives them, :func:`tail_reference`) gives the importance of the clean pass; float64,
+    where the objective's amplification of rounding (a KL between two distributions 1e-3
+    apart) stays far below the tolerance."""
+    from ktae.models.input_grad_importance import tail_reference
+
+    model = _llama().double()
+    prompt = _rows([6], seed=2)[0]
+    responses = _rows([7, 3, 12, 1])
+    conclusion, answer = [5, 6, 7], [8, 9]
+    logits = []
+    for r in responses:
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([prompt + r + conclusion + answer])).logits
+        logits.append(out[0, -5:])
+    ref = tail_reference(torch.stack(logits), conclusion, answer, outcome=outcome)
+    want = group_importance(model, prompt, responses, answer, 0, conclusion=conclusion,
+                            outcome=outcome, generator=torch.Generator().manual_seed(4))
+    got = group_importance(model, prompt, responses, answer, 0, conclusion=conclusion,
+                           outcome=outcome, generator=torch.Generator().manual_seed(4),
+                           reference=ref)
+    torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-12)
+    assert tail_reference(torch.stack(logits), [], [*conclusion, *answer]) is None
+    with pytest.raises(ValueError, match="^logits: not with a reference"):
+        group_importance(model, prompt, responses, answer, 0, conclusion=conclusion,
+                         reference=ref, logits=True)

@@ -117,11 +117,15 @@ def progress_printer(total: int, samples: int, stream=None) -> Callable[[int], N
 
 def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int, samples: int,
                   seed: int, max_new_tokens: int, temperature: float, prompt_set: int = 0,
-                  on_batch: Callable[[int], None] | None = None, on_phase=None):
+                  on_batch: Callable[[int], None] | None = None, on_phase=None,
+                  references: Callable[[list[float]], bool] | None = None):
     """``prompts`` arith problems (:func:`prompt_set_problems`) x ``samples`` responses
     from ``model``, scored by the ``number`` reward and labelled by their claims; an
     :class:`ktae.credit_audit.run.AuditInput` whose groups' level is the problem's kind.
-    ``on_phase``: progress of the labelling (:mod:`ktae.credit_audit.progress`)."""
+    ``on_phase``: progress of the labelling (:mod:`ktae.credit_audit.progress`).
+    ``references(rewards)`` True for a group: its clean answer summaries for the
+    input-gradient importance are read from the sampling's cache (each response continued
+    by the concluding text and the answer; :class:`AuditInput`'s ``references``)."""
     from ktae.credit_audit.inputs import AuditGroup, AuditInput
     from ktae.credit_audit.progress import quiet_phase
     from ktae.groups.input import GroupInput
@@ -135,11 +139,25 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     texts = [chat_prompt(tokenizer, p) for p in problems]
     sampling = SamplingConfig(k=samples, temperature=temperature, max_new_tokens=max_new_tokens,
                               seed=seed)
+    refs: dict[int, object] = {}
+    tails = on_tail = None
+    if references is not None:
+        from ktae.models.input_grad_importance import answer_tokens, tail_reference
+
+        conclusion, answers = answer_tokens(tokenizer, [p.answer for p in problems])
+        tails = [conclusion + a for a in answers]
+
+        def on_tail(i, gens, logits):
+            rewards = [float(number_check(g.text, problems[i].answer)[0]) for g in gens]
+            if references(rewards):
+                refs[i] = tail_reference(logits, conclusion, answers[i])
+
     # the log-probs and entropies at the sampling temperature come from the sampling steps
     out = generate_hf(model, tokenizer, texts, sampling, add_special_tokens=False,
                       batch_size=max(1, SEQUENCES_PER_BATCH // samples), on_batch=on_batch,
-                      scores=temperature)
+                      scores=temperature, tails=tails, on_tail=on_tail)
     groups = []
+    group_refs: dict[int, object] = {}
     step = (on_phase or quiet_phase)("labelled", "groups (claims labels)", len(problems))
     for i, (p, text, gens) in enumerate(zip(problems, texts, out, strict=True)):
         correct = [number_check(g.text, p.answer)[0] for g in gens]
@@ -148,6 +166,8 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
                        label=f"prompt {i}", answer=p.answer, **generation_scores(gens))
         groups.append(AuditGroup(g, claims_labels(tokenizer, g.responses, p.answer),
                                  level=p.kind, key=str(i)))
+        if refs.get(i) is not None and g.logprobs is not None:
+            group_refs[id(g)] = refs[i]
         step(1)
     desc = (f"{prompts} arith problems (difficulty {difficulty}, {SPLIT} split, prompt set "
             f"{prompt_set}{f'; {repeats} repeat an earlier problem' if repeats else ''}) x "
@@ -155,7 +175,8 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
             f"temperature {temperature:g}, seed {seed}, at most {max_new_tokens} new tokens; "
             "reward number; labels: claims)")
     return AuditInput(groups, tokenizer, desc, "model",
-                      meta=["labels: ktae.tasks.claims.claim_token_labels"])
+                      meta=["labels: ktae.tasks.claims.claim_token_labels"],
+                      references=group_refs)
 
 
 def run_labels(prompt: str, responses, tokenizer):

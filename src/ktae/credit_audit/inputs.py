@@ -32,3 +32,7 @@ class AuditInput:
     kind: str
     scorer: str | None = None
     meta: list[str] = field(default_factory=list)
+    references: dict = field(default_factory=dict)
+    """``{id(group): [B, V] tensor}``: the clean answer summaries of the input-gradient
+    importance, read from the sampling's own cache for the groups whose credit reads it
+    (:func:`ktae.groups.scoring.importance_groups`' ``references``)."""

@@ -595,10 +595,13 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
                                  max_new_tokens=max_new, temperature=temperature,
                                  prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase)
         else:
+            grad = [s for s in methods.values() if s.needs_input_grad]
+            reads = _reads_importance(grad)
             data = arith_input.sampled_input(
                 m, tok, where, difficulty=difficulty, prompts=prompts, samples=samples,
                 seed=seed, max_new_tokens=max_new, temperature=temperature,
-                prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase)
+                prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase,
+                references=(lambda r: reads(_Rewards(r))) if grad else None)
     clock.lap("sampling" if path is None else "reading")
     temperature = 1.0 if temperature is None else temperature
     ignore = group_input.ignore_ids(data.tokenizer)
@@ -623,18 +626,22 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         reads = _reads_importance([s for s in methods.values() if s.needs_input_grad])
         read = sum(reads(g) for g in inputs) if importance else 0
         scored_already = all(g.logprobs is not None for g in inputs)
+        cached = importance and all(id(g) in data.references for g in inputs if reads(g))
         # with the importance, its clean forward pass gives the log-probs and entropies
+        passes = ("a forward and backward pass each, the clean pass read from the sampling's "
+                  "cache" if cached else "a forward pass, then a forward and backward pass, "
+                  "each")
         steps = {"importance": phase("scored", f"groups (input-gradient importance, for "
                                      f"{needs}, of the {read} of {len(inputs)} groups whose "
                                      "credit reads it; "
                                      + ("" if scored_already else "with log-probs and "
-                                        "entropies; ") + "a forward pass, then a forward and "
-                                     "backward pass, each)", read) if importance else None,
+                                        "entropies; ") + passes + ")", read)
+                 if importance else None,
                  "scores": None if importance else phase(
                      "scored", "groups (log-probs and entropies)", len(inputs))}
         scoring.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature,
                              importance=importance, on_group=lambda what: steps[what](1),
-                             reads_importance=reads)
+                             reads_importance=reads, references=data.references)
         clock.lap("scoring")
     for g in data.groups:
         g.kinds = kind_codes(data.tokenizer, g.group.responses, g.labels)
@@ -652,6 +659,13 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
 
         result["files"] = write_outputs(result, Path(output_dir))
     return result
+
+
+@dataclass
+class _Rewards:
+    """A group's rewards alone, as :func:`_reads_importance`'s rule reads a group."""
+
+    rewards: list[float]
 
 
 class _Clock:

@@ -10,7 +10,8 @@ from ktae.groups.input import GroupInput
 
 def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: float = 1.0,
                  importance: bool = False, on_group: Callable[[str], None] | None = None,
-                 reads_importance: Callable[[GroupInput], bool] | None = None) -> None:
+                 reads_importance: Callable[[GroupInput], bool] | None = None,
+                 references: dict | None = None) -> None:
     """Fill each group's per-token ``logprobs`` and ``entropies`` under ``model`` (the
     prompt tokenised as for generation and computed once per group, its responses
     continuing it right-padded, the LM head applied to the response positions only when
@@ -18,7 +19,7 @@ def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: flo
     ``input_grad_importance`` (:func:`importance_groups`), whose clean forward pass gives
     the log-probs and entropies too (a group that holds them already keeps them, and its
     clean pass computes the answer's logits only). ``reads_importance``: as
-    :func:`importance_groups` takes it. ``on_group(phase)`` is called after each group
+    :func:`importance_groups` takes it, and ``references``. ``on_group(phase)`` is called after each group
     whose importance is computed (``"importance"``), or scored (``"scores"``): progress."""
     import torch
 
@@ -38,7 +39,7 @@ def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: flo
     if importance:
         importance_groups(model, tokenizer, groups, on_logits=fill,
                           on_group=None if on_group is None else lambda: on_group("importance"),
-                          reads_importance=reads_importance)
+                          reads_importance=reads_importance, references=references)
         return
     pad = tokenizer.pad_token_id or 0
     for g in groups:
@@ -51,7 +52,8 @@ def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: flo
 def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int = 0,
                       on_group: Callable[[], None] | None = None,
                       on_logits: Callable[[GroupInput, object], None] | None = None,
-                      reads_importance: Callable[[GroupInput], bool] | None = None) -> None:
+                      reads_importance: Callable[[GroupInput], bool] | None = None,
+                      references: dict | None = None) -> None:
     """Fill each group's ``input_grad_importance`` under ``model``: each response followed
     by the concluding text and the group's reference answer, as the trainer does
     (:func:`ktae.models.input_grad_importance.group_importance`: the prompt computed once,
@@ -65,7 +67,11 @@ def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int =
     (OAR-G's ``A * w_t`` where every base advantage ``A`` is 0); its importance is not
     computed and reads 0 on every token, and the noise generator is advanced by that
     group's draw, so every other group's importance is the same as with every group
-    computed. None: every group's is computed."""
+    computed. None: every group's is computed.
+
+    ``references``: ``{id(group): [B, V] tensor}``, a group's clean answer summaries read
+    from its sampling's cache (:func:`ktae.models.input_grad_importance.tail_reference`);
+    such a group skips the clean forward pass (it must hold its log-probs already)."""
     import torch
 
     from ktae.models.input_grad_importance import answer_tokens, group_importance, skip_noise
@@ -85,8 +91,10 @@ def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int =
             g.input_grad_importance = [[0.0] * len(r) for r in g.responses]
             continue
         want = on_logits is not None and g.logprobs is None
+        ref = None if references is None or want else references.get(id(g))
         out = group_importance(model, prompt, [list(r) for r in g.responses], answer, pad,
-                               conclusion=conclusion, generator=g_noise, logits=want)
+                               conclusion=conclusion, generator=g_noise, logits=want,
+                               reference=ref)
         s, logits = out if want else (out, None)
         g.input_grad_importance = [s[i, :len(r)].tolist() for i, r in enumerate(g.responses)]
         if want:

@@ -195,7 +195,8 @@ class _ScoreRecorder:
 def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConfig, *,
                 batch_size: int = 16, add_special_tokens: bool = True,
                 on_batch: Callable[[int], None] | None = None, warn: bool = True,
-                scores: float | None = None) -> list[list[Generation]]:
+                scores: float | None = None, tails: Sequence[Sequence[int]] | None = None,
+                on_tail: Callable | None = None) -> list[list[Generation]]:
     """``k`` generations per prompt with ``model.generate`` (left padding, no gradient).
 
     Returns ``out[i][j]``: sample ``j`` of prompt ``i``. ``on_batch(n)`` is called after
@@ -218,6 +219,13 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     (the incremental decoding's sums are ordered differently). None (and a model whose
     generation config changes the logits before a caller's processor sees them,
     :func:`raw_logits_seen`) leaves them None.
+
+    ``tails`` (one token list per prompt) with ``on_tail``: after each batch, every
+    generation is continued by its prompt's tail from the sampling's own key/value cache
+    (the prompt and response are not computed again), and ``on_tail(i, gens, logits)`` is
+    called for prompt ``i`` with its generations and the ``[k, len(tail), V]`` logits at
+    the tail's positions, as a forward pass over prompt + response + tail gives them (up
+    to float rounding). A prompt whose budget is 0 gets no call.
     """
     import torch
 
@@ -257,6 +265,7 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
                         if b < sampling.max_new_tokens]
                 rows: list[list[list[int]]] = [[] for _ in chunk]
                 row_scores: list[list | None] = [None for _ in chunk]
+                row_tails: list = [None for _ in chunk]
                 for budget in sorted(set(budgets), reverse=True):
                     idx = [i for i, b in enumerate(budgets) if b == budget]
                     if budget == 0:
@@ -272,9 +281,22 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
 
                         recorder = _ScoreRecorder(scores)
                         extra["logits_processor"] = LogitsProcessorList([recorder])
+                    if on_tail is not None:
+                        extra["return_dict_in_generate"] = True
                     with torch.no_grad():
                         seqs = model.generate(**enc, **{**kwargs, "max_new_tokens": budget},
                                               **extra)
+                    if on_tail is not None:
+                        cache = getattr(seqs, "cache", None)
+                        seqs, cache = seqs.sequences, (seqs.past_key_values if cache is None
+                                                       else cache)
+                        logits = _tail_logits(model, seqs, enc["attention_mask"], cache,
+                                              [tails[start + i] for i in idx], sampling.k,
+                                              eos, pad_id)
+                        for pos, i in enumerate(idx):
+                            row_tails[i] = logits[pos * sampling.k:(pos + 1) * sampling.k,
+                                                  :len(tails[start + i])]
+                        del cache
                     new = seqs[:, width:].tolist()
                     if recorder_on:
                         lp, ent = recorder.finish(seqs[:, -1])
@@ -298,6 +320,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
                             tokenizer.decode(row[:n], skip_special_tokens=True), n,
                             tuple(row[:n]), truncated=stop is None, logprobs=lp,
                             entropies=ent))
+                    if row_tails[len(out) - start] is not None:
+                        on_tail(len(out), gens, row_tails[len(out) - start])
                     out.append(gens)
                 if on_batch is not None:
                     on_batch(len(chunk))
@@ -307,6 +331,54 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     if cut and warn:
         warnings.warn(context_cut_message(cut, sampling.max_new_tokens, context), stacklevel=2)
     return out
+
+
+def _tail_logits(model, seqs, prompt_mask, cache, tails, k: int, eos: set[int], pad_id: int):
+    """``[R, K, V]`` logits at the positions of each row's tail (K its longest), the rows of
+    one ``model.generate`` call (``seqs``: left-padded prompts then the generated columns;
+    ``cache``: its key/value cache, which holds every column but the last) each continued
+    by its prompt's tail right after its response's end (its first end-of-sequence token,
+    or the budget). The generated columns past a response's end are masked, and the tail's
+    positions follow the response's, as generation numbered them (the prompt's real
+    tokens from 0)."""
+    import inspect
+
+    import torch
+
+    R, width = seqs.shape[0], prompt_mask.shape[1]
+    T = seqs.shape[1] - width
+    device = seqs.device
+    mask = prompt_mask.repeat_interleave(k, dim=0)
+    gen = seqs[:, width:]
+    is_eos = torch.zeros_like(gen, dtype=torch.bool)
+    for e in eos:
+        is_eos |= gen == e
+    first = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, T)  # n per row
+    col = torch.arange(T, device=device)[None]
+    live = col < first[:, None]
+    tails = [list(tails[r // k]) for r in range(R)]
+    K = max(1, max(len(t) for t in tails))
+    c = cache.get_seq_length() - width  # generated columns the cache holds (T - 1)
+    if not 0 <= c <= T:
+        raise RuntimeError(f"the sampling's cache holds {c} generated columns of {T}")
+    ids = torch.full((R, T - c + K), pad_id, dtype=torch.long, device=device)
+    tail_mask = torch.zeros((R, T - c + K), dtype=mask.dtype, device=device)
+    ids[:, :T - c] = gen[:, c:]
+    tail_mask[:, :T - c] = live[:, c:].to(mask.dtype)
+    for r, t in enumerate(tails):
+        ids[r, T - c:T - c + len(t)] = torch.tensor(t, dtype=torch.long)
+        tail_mask[r, T - c:T - c + len(t)] = 1
+    prompt_len = mask.sum(dim=1)
+    pos = torch.empty((R, T - c + K), dtype=torch.long, device=device)
+    pos[:, :T - c] = prompt_len[:, None] + torch.arange(c, T, device=device)[None]
+    pos[:, T - c:] = (prompt_len + first)[:, None] + torch.arange(K, device=device)[None]
+    full = torch.cat([mask, live[:, :c].to(mask.dtype), tail_mask], dim=1)
+    name = ("cache" if "cache" in inspect.signature(type(model).forward).parameters
+            else "past_key_values")
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=full, position_ids=pos, use_cache=True,
+                    **{name: cache}).logits
+    return out[:, T - c:]
 
 
 def vllm_available() -> bool:

@@ -280,14 +280,16 @@ def group_importance(model, prompt: list[int], responses: list[list[int]],
                      answer: list[int], pad_id: int, *, conclusion: list[int] = (),
                      outcome: str = "answer_mean", noise_std: float = NOISE_STD,
                      generator: torch.Generator | None = None,
-                     logits: bool = False):
+                     logits: bool = False, reference: torch.Tensor | None = None):
     """``[B, T]`` importance of each response token to one prompt (0 on padding), equal to
     :func:`response_importance` with the prompt repeated on every row and the same
     generator (the same noise), computed with the prompt's cache computed once: the
     prompt is not noised, so it is the same in both passes, and the gradient is wanted at
     the response's positions only. With ``logits``, ``(importance, logits)``: also the
     ``[B, T, V]`` logits of the clean pass that predict each response token (a response's
-    log-probabilities and entropies, without another forward pass)."""
+    log-probabilities and entropies, without another forward pass). ``reference``: the
+    clean pass's answer summary of every row (:func:`tail_reference`, from the sampling's
+    own cache), which then is not computed again (and ``logits`` cannot be asked)."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
     if not answer:
@@ -302,14 +304,20 @@ def group_importance(model, prompt: list[int], responses: list[list[int]],
     col = torch.arange(S, device=device)[None]
     answer_mask = (col >= after) & (col < after + len(answer))
     columns = _summary_columns(answer_mask)
+    if reference is not None and logits:
+        raise ValueError("logits: not with a reference (no clean pass is run)")
     cache = prompt_cache(model, prompt)
     with torch.no_grad():
         e = embed(ids).detach()
         dtype = torch.promote_types(e.dtype, torch.float32)
-        clean = _continue(model, cache, B, e, attn, None if logits else columns)
-        kept = clean if logits else None
-        ref = _answer_summary((clean[:, columns] if logits else clean).to(dtype), ids,
-                              answer_mask, outcome, columns)
+        kept = None
+        if reference is not None:
+            ref = reference.to(device=device, dtype=dtype)
+        else:
+            clean = _continue(model, cache, B, e, attn, None if logits else columns)
+            kept = clean if logits else None
+            ref = _answer_summary((clean[:, columns] if logits else clean).to(dtype), ids,
+                                  answer_mask, outcome, columns)
         p0 = log_p0 = None  # read only by the distribution outcomes
         if outcome != "answer_joint":
             p0 = F.softmax(ref, dim=-1)
@@ -326,6 +334,30 @@ def group_importance(model, prompt: list[int], responses: list[list[int]],
     saliency = (grad.to(dtype) * e.to(dtype)).sum(dim=-1).abs()
     s = torch.where(response, saliency, 0).detach()[:, 1:1 + T]
     return (s, kept[:, :T]) if logits else s
+
+
+def tail_reference(logits: torch.Tensor, conclusion: list[int], answer: list[int], *,
+                   outcome: str = "answer_mean") -> torch.Tensor | None:
+    """The clean answer summary of :func:`group_importance` (``ref``) from ``[B, K, V]``
+    logits at the positions of the tail ``conclusion + answer`` after each response (as
+    :func:`ktae.models.generate.generate_hf` gives them with ``tails``): ``[B, V]``
+    (``answer_mean``, ``last``) or ``[B]`` (``answer_joint``). None without a conclusion:
+    the first answer token is then predicted from the response's last position, which the
+    tail does not hold."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
+    if not conclusion:
+        return None
+    B, K = logits.shape[:2]
+    if K != len(conclusion) + len(answer):
+        raise ValueError(f"logits: expected {len(conclusion) + len(answer)} tail positions, "
+                         f"got {K}")
+    ids = torch.tensor([[*conclusion, *answer]] * B, device=logits.device)
+    answer_mask = torch.zeros((B, K), dtype=torch.bool, device=logits.device)
+    answer_mask[:, len(conclusion):] = True
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return _answer_summary(logits.to(dtype), ids, answer_mask, outcome,
+                           torch.arange(K, device=logits.device))
 
 
 def skip_noise(generator: torch.Generator | None, prompt_len: int,
