@@ -132,7 +132,8 @@ def test_every_phase_after_sampling_shows_progress(tmp_path, capsys):
     captured = capsys.readouterr()
     err, out = captured.err, captured.out
     read = [x for x in err.splitlines() if x.startswith("  scored ")]
-    assert read and "(input-gradient importance, for oar-g, of the " in read[-1]
+    assert read and "input-gradient importance of each response token, for oar-g, of the " in read[-1]
+    assert "the clean pass read from the sampling's cache" in read[-1]
     done, total = read[-1].split()[1].split("/")
     assert done == total and f"of the {total} of 20 groups whose credit reads it" in read[-1]
     for line in ("  labelled 20/20 groups",

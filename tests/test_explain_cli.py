@@ -87,7 +87,7 @@ def test_jsonl_with_a_byte_level_tokenizer(tmp_path):
     ([{"prompt": "p", "responses": ["a", "b"], "rewards": [1]}], [], "expected 'rewards' as 2"),
     (GROUPS, ["--credit", "bogus"], "credit: 'bogus' is not a registered"),
     (GROUPS, ["--credit", "ktae+taco"], "needs per-token log-probs and entropies"),
-    (GROUPS, ["--credit", "gtpo"], "estimator 'gtpo' needs the rollout policy's per-token"),
+    (GROUPS, ["--credit", "gtpo"], "estimator 'gtpo' needs the rollout policy's entropies"),
     (GROUPS, ["--group", "zzz"], "group: no group with id 'zzz'"),
     (GROUPS, ["--step", "3"], "step: only a run directory"),
     (GROUPS, ["--groups", "0"], "groups: expected a positive integer"),

@@ -292,5 +292,5 @@ def test_gtpo_reads_the_rollout_entropies_and_correctness(bpe):
     groups[0].old_entropies = None  # without them (and with no scores) it says what is missing
     for g in groups:
         g.entropies = None
-    with pytest.raises(ValueError, match="estimator 'gtpo' needs the rollout policy's"):
+    with pytest.raises(ValueError, match="estimator 'gtpo' needs the rollout policy's entropies"):
         build_report(groups, credit=Method(estimator="gtpo"), tokenizer=bpe)

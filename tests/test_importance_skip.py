@@ -30,7 +30,10 @@ def test_importance_read_where_a_base_advantage_is_not_zero(base):
     assert not importance_read([1.0, 1.0, 1.0], base=base)
     assert not importance_read([0.0, 0.0], base=base)
     assert importance_read([1.0, 0.0, 0.0], base=base)
-    assert ADVANTAGE_ESTIMATORS.get("oar-g").importance_read is importance_read
+    rule = ADVANTAGE_ESTIMATORS.get("oar-g").reads_need
+    assert not rule("input_grad_importance", [1.0, 1.0], base=base)
+    assert rule("input_grad_importance", [1.0, 0.0], base=base)
+    assert rule("mask", [1.0, 1.0], base=base)
 
 
 def test_a_group_skipped_has_no_oar_g_credit_whatever_its_importance():

@@ -125,6 +125,12 @@ def importance_read(rewards, *, base: str = "grpo", **_options) -> bool:
     return bool((seq != 0).any())
 
 
-oar_g_advantages.importance_read = importance_read
-"""Read by a caller through the estimator's function (``getattr(fn, "importance_read")``):
-an estimator without it reads the importance of every group."""
+def reads_need(need: str, rewards, **options) -> bool:
+    """Whether OAR-G's credit of one group reads ``need`` there: the importance only where
+    :func:`importance_read` says so; any other need everywhere."""
+    return need != "input_grad_importance" or importance_read(rewards, **options)
+
+
+oar_g_advantages.reads_need = reads_need
+"""Read by a caller through the estimator's function (``getattr(fn, "reads_need")``): an
+estimator without it reads its needs on every group."""

@@ -139,19 +139,11 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     texts = [chat_prompt(tokenizer, p) for p in problems]
     sampling = SamplingConfig(k=samples, temperature=temperature, max_new_tokens=max_new_tokens,
                               seed=seed)
-    refs: dict[int, object] = {}
-    tails = on_tail = None
-    if references is not None:
-        from ktae.models.input_grad_importance import answer_tokens, tail_reference
+    from ktae.groups.sampling import importance_references
 
-        conclusion, answers = answer_tokens(tokenizer, [p.answer for p in problems])
-        tails = [conclusion + a for a in answers]
-
-        def on_tail(i, gens, logits):
-            rewards = [float(number_check(g.text, problems[i].answer)[0]) for g in gens]
-            if references(rewards):
-                refs[i] = tail_reference(logits, conclusion, answers[i])
-
+    tails, on_tail, refs = importance_references(
+        tokenizer, [p.answer for p in problems], references,
+        lambda gens, answer: [float(number_check(g.text, answer)[0]) for g in gens])
     # the log-probs and entropies at the sampling temperature come from the sampling steps
     out = generate_hf(model, tokenizer, texts, sampling, add_special_tokens=False,
                       batch_size=max(1, SEQUENCES_PER_BATCH // samples), on_batch=on_batch,

@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ktae.core.advantages import estimator_needs_entropies, estimator_needs_logprobs
 from ktae.core.calibration import CALIBRATIONS
 from ktae.core.estimators import ADVANTAGE_ESTIMATORS
 from ktae.credit_audit.inputs import AuditGroup, AuditInput
@@ -143,19 +142,24 @@ def check_prompt_set(prompt_set) -> None:
 def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, seed: int,
                   max_new_tokens: int, temperature: float, prompt_set: int = 0,
                   on_batch: Callable[[int], None] | None = None,
-                  on_phase: Phase | None = None) -> AuditInput:
+                  on_phase: Phase | None = None,
+                  references: Callable[[list[float]], bool] | None = None) -> AuditInput:
     """``prompts`` held-out embedded prompts (:func:`prompt_set_problems`) x ``samples``
     responses from ``model`` (``on_batch``: progress, as :func:`ktae.models.generate.generate_hf`
-    calls it)."""
+    calls it; ``references``: as :func:`ktae.credit_audit.arith_input.sampled_input` takes
+    it)."""
     from ktae.groups import sampling
     from ktae.tasks import format_prompt
 
     template = "compact" if len(tokenizer) < 1000 else "qwen-math"
     problems = prompt_set_problems(prompts, prompt_set)
     rows = [{"prompt": format_prompt(p, template), "answer": p.answer} for p in problems]
+    tails, on_tail, refs = sampling.importance_references(
+        tokenizer, [p.answer for p in problems], references, _math_rewards)
     sampled = sampling.sample_groups(model, tokenizer, rows, num_generations=samples,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                            on_batch=on_batch, scores=temperature)
+                            on_batch=on_batch, scores=temperature, tails=tails,
+                            on_tail=on_tail)
     from ktae.credit_audit.progress import quiet_phase
 
     step = (on_phase or quiet_phase)("labelled", "groups", len(problems))
@@ -164,10 +168,18 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
         groups.append(AuditGroup(g, embedded_labels(g, tokenizer, p.question), level=p.level,
                                  key=key))
         step(1)
+    group_refs = {id(a.group): refs[i] for i, a in enumerate(groups)
+                  if refs.get(i) is not None and a.group.logprobs is not None}
     desc = (f"{prompts} held-out embedded prompts (prompt set {prompt_set}) x {samples} "
             f"responses sampled from {path} (temperature {temperature:g}, seed {seed}, at "
             f"most {max_new_tokens} new tokens)")
-    return AuditInput(groups, tokenizer, desc, "model")
+    return AuditInput(groups, tokenizer, desc, "model", references=group_refs)
+
+
+def _math_rewards(gens, answer) -> list[float]:
+    from ktae.rewards import math_reward
+
+    return [math_reward(g.text, answer).score for g in gens]
 
 
 def run_input(run: Path, *, tokenizer: str | None = None, task: str | None = None,
@@ -537,7 +549,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     from ktae.credit_audit.progress import quiet_phase
     from ktae.credit_audit.token_kinds import kind_codes
     from ktae.groups import input as group_input
-    from ktae.groups import sampling, scoring
+    from ktae.groups import sampling
     from ktae.runs.reader import load_tokenizer
 
     check_arguments(input=input, model=model, prompts=prompts, samples=samples,
@@ -590,18 +602,22 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
                      f"{model or DEFAULT_MODEL} on {what}, prompt set {prompt_set}, seed "
                      f"{seed}, temperature {temperature:g}, at most {max_new} new tokens "
                      f"(budget: {prompts * samples * max_new} new tokens)")
+        # a need beyond the plain scoring (the importance) reads its clean pass from the
+        # sampling's cache
+        grad = [s for s in methods.values() if any(n.group_options for n in s.model_needs)]
+        reads = _reads_importance(grad)
+        refs = (lambda r: reads(_Rewards(r))) if grad else None
         if difficulty is None:
             data = sampled_input(m, tok, where, prompts=prompts, samples=samples, seed=seed,
                                  max_new_tokens=max_new, temperature=temperature,
-                                 prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase)
+                                 prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase,
+                                 references=refs)
         else:
-            grad = [s for s in methods.values() if s.needs_input_grad]
-            reads = _reads_importance(grad)
             data = arith_input.sampled_input(
                 m, tok, where, difficulty=difficulty, prompts=prompts, samples=samples,
                 seed=seed, max_new_tokens=max_new, temperature=temperature,
                 prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase,
-                references=(lambda r: reads(_Rewards(r))) if grad else None)
+                references=refs)
     clock.lap("sampling" if path is None else "reading")
     temperature = 1.0 if temperature is None else temperature
     ignore = group_input.ignore_ids(data.tokenizer)
@@ -609,39 +625,14 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     check_groups(data.groups)
     scored = "recorded"
     inputs = [g.group for g in data.groups]
-    # oar-g reads the model's input-gradient importance; the others, log-probs/entropies
-    importance = any(s.needs_input_grad for s in methods.values()) and not all(
-        g.input_grad_importance is not None for g in inputs)
-    scores = any(s.calibration is not None or estimator_needs_entropies(s.estimator)
-                 or estimator_needs_logprobs(s.estimator) for s in methods.values())
-    if importance or (scores and not all(
-            g.logprobs is not None and g.entropies is not None
-            and all(r is not None for r in g.logprobs) for g in inputs)):
+    todo = _todo_needs(methods.values(), inputs)
+    if todo:
         if loaded is None:
             loaded = sampling.load_model(model or data.scorer or DEFAULT_MODEL)
             clock.lap("loading")
         scored = loaded[2]
-        phase = on_phase or quiet_phase
-        needs = ", ".join(n for n, s in methods.items() if s.needs_input_grad)
-        reads = _reads_importance([s for s in methods.values() if s.needs_input_grad])
-        read = sum(reads(g) for g in inputs) if importance else 0
-        scored_already = all(g.logprobs is not None for g in inputs)
-        cached = importance and all(id(g) in data.references for g in inputs if reads(g))
-        # with the importance, its clean forward pass gives the log-probs and entropies
-        passes = ("a forward and backward pass each, the clean pass read from the sampling's "
-                  "cache" if cached else "a forward pass, then a forward and backward pass, "
-                  "each")
-        steps = {"importance": phase("scored", f"groups (input-gradient importance, for "
-                                     f"{needs}, of the {read} of {len(inputs)} groups whose "
-                                     "credit reads it; "
-                                     + ("" if scored_already else "with log-probs and "
-                                        "entropies; ") + passes + ")", read)
-                 if importance else None,
-                 "scores": None if importance else phase(
-                     "scored", "groups (log-probs and entropies)", len(inputs))}
-        scoring.score_groups(loaded[0], data.tokenizer, inputs, temperature=temperature,
-                             importance=importance, on_group=lambda what: steps[what](1),
-                             reads_importance=reads, references=data.references)
+        _score(loaded[0], data, methods, todo, temperature=temperature,
+               on_phase=on_phase or quiet_phase)
         clock.lap("scoring")
     for g in data.groups:
         g.kinds = kind_codes(data.tokenizer, g.group.responses, g.labels)
@@ -661,9 +652,84 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     return result
 
 
+def _todo_needs(specs, inputs) -> list:
+    """The needs from a model (:mod:`ktae.core.needs`) that some method of ``specs`` reads
+    and not every group holds: each estimator's own, and a calibration's log-probs and
+    entropies of the current policy."""
+    from ktae.core.needs import CALIBRATION_SCORES, needs_of
+
+    out = []
+    for spec in specs:
+        wanted = [*spec.model_needs,
+                  *(needs_of(CALIBRATION_SCORES) if spec.calibration is not None else ())]
+        out += [n for n in wanted if n not in out and not _held(inputs, n)]
+    return out
+
+
+def _held(groups, need) -> bool:
+    """Whether every group holds ``need`` on every response, in one of its fields."""
+    return any(all(getattr(g, f, None) is not None
+                   and all(r is not None for r in getattr(g, f)) for g in groups)
+               for f in need.fields)
+
+
+def _score(model, data: AuditInput, methods: dict, todo: list, *, temperature: float,
+           on_phase: Phase) -> None:
+    """Fill the groups' needs ``todo`` under ``model``: each group provider called once
+    (:func:`ktae.core.needs.group_calls`), with the audit's progress and, where the
+    provider takes them, which groups' credit reads each need (:func:`_reads`) and the
+    references read from the sampling's cache."""
+    import inspect
+
+    from ktae.core.needs import group_calls, load
+
+    inputs = [g.group for g in data.groups]
+    for provider, options in group_calls(todo).items():
+        fn = load(provider)
+        mine = [n for n in todo if n.group_provider == provider]
+        costly = [n for n in mine if n.group_options]  # a pass beyond the plain scoring
+        readers = [name for name, s in methods.items() if any(n in s.model_needs
+                                                             for n in costly)]
+        reads = _reads([methods[name] for name in readers], costly)
+        read = sum(reads(g) for g in inputs) if costly else len(inputs)
+        cached = costly and all(id(g) in data.references for g in inputs if reads(g))
+        unscored = any(g.logprobs is None for g in inputs)
+        if costly:
+            passes = ("a forward and backward pass each, the clean pass read from the "
+                      "sampling's cache" if cached else "a forward pass, then a forward and "
+                      "backward pass, each")
+            what = (f"groups ({', '.join(n.what.split(' (')[0] for n in costly)}, for "
+                    f"{', '.join(readers)}, of the {read} of {len(inputs)} groups whose credit "
+                    f"reads it; {'with log-probs and entropies; ' if unscored else ''}{passes})")
+        else:
+            names = (n.name.replace("logprobs", "log-probs") for n in mine)
+            what = f"groups ({' and '.join(names)})"
+        step = on_phase("scored", what, read)
+        extra = {"on_group": lambda _phase, step=step: step(1), "reads_importance": reads,
+                 "references": data.references}
+        takes = inspect.signature(fn).parameters
+        fn(model, data.tokenizer, inputs, temperature=temperature, **options,
+           **{k: v for k, v in extra.items() if k in takes})
+
+
+def _reads(specs, needs) -> Callable:
+    """``reads(group)``: whether the credit of any of ``specs`` reads the group's ``needs``;
+    an estimator may say where it does not (``reads_need(need, rewards, **options)`` on its
+    function: OAR-G's importance, not where every base advantage is 0), else it reads
+    every group's."""
+    rules = []
+    for spec in specs:
+        rule = getattr(ADVANTAGE_ESTIMATORS.get(spec.estimator), "reads_need", None)
+        if rule is None:
+            return lambda g: True
+        rules.append((rule, dict(spec.estimator_options)))
+    return lambda g: any(rule(n.name, g.rewards, **options) for rule, options in rules
+                         for n in needs)
+
+
 @dataclass
 class _Rewards:
-    """A group's rewards alone, as :func:`_reads_importance`'s rule reads a group."""
+    """A group's rewards alone, as :func:`_reads`' rules read a group."""
 
     rewards: list[float]
 
@@ -686,17 +752,10 @@ class _Clock:
 
 
 def _reads_importance(specs) -> Callable:
-    """``reads(group)``: whether the credit of any of ``specs`` (methods that need the
-    input-gradient importance) reads the group's importance; an estimator may say where it
-    does not (``importance_read`` on its function, OAR-G's: not where every base advantage
-    is 0), else every group's is read."""
-    rules = []
-    for spec in specs:
-        rule = getattr(ADVANTAGE_ESTIMATORS.get(spec.estimator), "importance_read", None)
-        if rule is None:
-            return lambda g: True
-        rules.append((rule, dict(spec.estimator_options)))
-    return lambda g: any(rule(g.rewards, **options) for rule, options in rules)
+    """``reads(group)``: whether the credit of any of ``specs`` reads the group's
+    model-computed needs (:func:`_reads` over their needs)."""
+    needs = [n for s in specs for n in s.model_needs]
+    return _reads(specs, needs)
 
 
 def right_answer_wrong_tokens(groups: list[AuditGroup], *, resamples: int = DEFAULT_RESAMPLES,

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from ktae.core import methods
-from ktae.core.advantages import estimator_needs_entropies
 from ktae.core.methods import Method
 from ktae.groups.input import GroupInput
 
@@ -132,16 +131,10 @@ def credit_values(groups: Sequence[GroupInput], credit: Method, *,
     views = {"seq": seq}
     notes: list = []
     if credit.token_level:
-        logprobs = per_response(groups, "logprobs")
-        entropies = (_rollout_entropies(groups, credit.estimator, T)
-                     if estimator_needs_entropies(credit.estimator) else None)
         token = methods.estimator_credit(
             credit, rewards=rewards, group=gid, token_ids=ids, mask=mask, correct=correct,
-            logprobs=None if logprobs is None or None in logprobs
-            else _pad(logprobs, T, torch.float64, 0.0),
-            entropies=entropies,
-            input_grad_importance=(_input_grad_importance(groups, credit.estimator, T)
-                                   if credit.needs_input_grad else None))
+            **{n.name: _need_rows(groups, n, credit.estimator, T)
+               for n in credit.estimator_needs if n.per_token})
         if token.dim() == 1:
             token = torch.where(mask, token[:, None], 0.0)
         trained = per_response(groups, "trained") if use_recorded else None
@@ -170,24 +163,17 @@ def credit_values(groups: Sequence[GroupInput], credit: Method, *,
                         in_loss=in_loss, calibration=cal, notes=notes)
 
 
-def _rollout_entropies(groups, estimator: str, T: int) -> torch.Tensor:
-    """``[B, T]`` rollout-policy entropies for an estimator that reads them."""
-    for attr in ("old_entropies", "entropies"):
+def _need_rows(groups, need, estimator: str, T: int) -> torch.Tensor:
+    """``[B, T]`` float64 values of ``need`` (:class:`ktae.core.needs.Need`) for an
+    estimator that reads it: the first of its fields that every response holds."""
+    for attr in need.fields:
         rows = per_response(groups, attr)
         if rows is not None and all(r is not None for r in rows):
             return _pad(rows, T, torch.float64, 0.0)
-    raise ValueError(f"credit: estimator {estimator!r} needs the rollout policy's per-token "
-                     "entropies of every response (a run trained with it records them; "
-                     "otherwise pass --model to score the responses)")
-
-
-def _input_grad_importance(groups, estimator: str, T: int) -> torch.Tensor:
-    """``[B, T]`` input-gradient importance for an estimator that reads it."""
-    rows = per_response(groups, "input_grad_importance")
-    if rows is None or any(r is None for r in rows):
-        raise ValueError(f"credit: estimator {estimator!r} needs the model's input-gradient "
-                         "importance of every response; pass --model to compute it")
-    return _pad(rows, T, torch.float64, 0.0)
+    how = ("a run trained with it records them; otherwise pass --model to compute them"
+           if need.recorded else "pass --model to compute them")
+    raise ValueError(f"credit: estimator {estimator!r} needs {need.what.split(' (')[0]}, for "
+                     f"every response ({how})")
 
 
 def _calibration(groups, credit: Method, adv: torch.Tensor, mask: torch.Tensor, T: int,

@@ -82,20 +82,23 @@ def prompt_rows(prompts: Path | None, tokenizer, n: int) -> list[dict]:
 
 def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
                   max_new_tokens: int, temperature: float, seed: int, first_index: int = 0,
-                  on_batch=None, scores: float | None = None) -> list[tuple[str, GroupInput]]:
+                  on_batch=None, scores: float | None = None, tails=None,
+                  on_tail=None) -> list[tuple[str, GroupInput]]:
     """``num_generations`` sampled responses per prompt, scored by ``math_reward``; groups
     are keyed and labelled by prompt index (``first_index`` for ``rows[0]``); ``on_batch``
     as :func:`ktae.models.generate.generate_hf` takes it (progress). ``scores``: a
     temperature at which each group's ``logprobs`` and ``entropies`` are read from the
     sampling steps (:func:`ktae.models.generate.generate_hf`; left None where the model's
-    generation config changes the logits first)."""
+    generation config changes the logits first). ``tails``, ``on_tail``: as
+    :func:`ktae.models.generate.generate_hf` takes them (``on_tail``'s index counts from
+    ``rows[0]``)."""
     from ktae.models.generate import SamplingConfig, generate_hf
     from ktae.rewards import math_reward
 
     sampling = SamplingConfig(k=num_generations, temperature=temperature,
                               max_new_tokens=max_new_tokens, seed=seed)
     out = generate_hf(model, tokenizer, [r["prompt"] for r in rows], sampling, on_batch=on_batch,
-                      scores=scores)
+                      scores=scores, tails=tails, on_tail=on_tail)
     groups = []
     for i, (row, gens) in enumerate(zip(rows, out, strict=True), first_index):
         results = [math_reward(g.text, row["answer"]) for g in gens]
@@ -113,3 +116,23 @@ def generation_scores(gens) -> dict:
         return {}
     return {"logprobs": [list(g.logprobs) for g in gens],
             "entropies": [list(g.entropies) for g in gens]}
+
+
+def importance_references(tokenizer, answers: list, references, rewards_of):
+    """``(tails, on_tail, refs)`` for :func:`ktae.models.generate.generate_hf`: each
+    prompt's tail (the concluding text and its reference answer) and a callback that keeps,
+    in ``refs[i]``, the clean answer summaries of prompt ``i``'s responses when
+    ``references(rewards_of(gens, answers[i]))`` says its credit reads the importance;
+    ``(None, None, {})`` when ``references`` is None."""
+    refs: dict[int, object] = {}
+    if references is None:
+        return None, None, refs
+    from ktae.models.input_grad_importance import answer_tokens, tail_reference
+
+    conclusion, ids = answer_tokens(tokenizer, answers)
+
+    def on_tail(i, gens, logits):
+        if references(rewards_of(gens, answers[i])):
+            refs[i] = tail_reference(logits, conclusion, ids[i])
+
+    return [conclusion + a for a in ids], on_tail, refs
