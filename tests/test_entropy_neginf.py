@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import ktae
-from ktae.core.entropy import categorical_entropy
 from ktae.core.advantages import estimator_needs_entropies
+from ktae.core.entropy import categorical_entropy
 from ktae.core.methods import method_credit, parse_method
 
 VOCAB = 41
