@@ -44,6 +44,17 @@ def test_no_new_cycle_between_packages():
     assert len(cycles) <= PACKAGE_CYCLES, f"{len(cycles)} cycles:\n{_shown(cycles)}"
 
 
+def test_no_module_imports_the_package_root():
+    """Modules import the module that defines a name (``ktae.core.estimators``), never the
+    root's re-exports (``import ktae``, ``from ktae import compute_advantages``): the root
+    is the users' door, and a module reaching back through it hides its real layer. The
+    verl plugin is no exception: it reads the registries, which the root only re-exports."""
+    _, graph = _graph()
+    back = sorted(f"{e.source}:{e.line}" for e in graph.edges
+                  if e.target == "ktae" and e.source != "ktae")
+    assert not back, "imports of the package root: " + ", ".join(back)
+
+
 def test_the_graph_reads_lazy_and_relative_imports(tmp_path):
     module, _ = _graph()
     pkg = tmp_path / "pkg"

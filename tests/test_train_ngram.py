@@ -12,6 +12,7 @@ from test_train_helpers import save_tiny_model
 
 import ktae
 from ktae.cli import main
+from ktae.core import estimators
 from ktae.runs.config import TrainConfig
 from ktae.runs.credit import credit_settings
 from ktae.train import cli_train
@@ -123,7 +124,7 @@ def test_compare_arm_reaches_the_estimator(tmp_path, monkeypatch, capsys):
         seen.append((name, kw.get("ngram")))
         return real(name, **kw)
 
-    monkeypatch.setattr(ktae, "compute_advantages", spy)
+    monkeypatch.setattr(estimators, "compute_advantages", spy)  # the trainer reads it there
     root = tmp_path / "cmp"
     argv = ["compare", "--model", str(model), "--credit", "ktae,ktae@ngram=2", "--seeds", "1",
             "--max-steps", "1", "--num-prompts", "2", "--num-generations", "4",

@@ -121,7 +121,7 @@ def test_taco_loss_equals_ktae_on_calibrated_advantages_with_current_entropy(mon
         seen.update(kwargs, name=name)
         return real(name, advantages, **kwargs)
 
-    monkeypatch.setattr(ktae, "calibrate_advantages", spy)
+    monkeypatch.setattr("ktae.core.calibration.calibrate_advantages", spy)  # the loss reads it
     logp = mb.logp_values.clone().requires_grad_(True)
     model_output, data = mb.verl_inputs(logp)
     loss, metrics = worker_loss_fn(actor_config(options={"alpha": ALPHA, "lam": LAM}))(
@@ -133,7 +133,7 @@ def test_taco_loss_equals_ktae_on_calibrated_advantages_with_current_entropy(mon
     torch.testing.assert_close(seen["logprobs"], mb.logp_values, rtol=0, atol=0)
     assert not seen["logprobs"].requires_grad
 
-    monkeypatch.setattr(ktae, "calibrate_advantages", real)
+    monkeypatch.setattr("ktae.core.calibration.calibrate_advantages", real)
     res = ktae.calibrate_advantages("taco", mb.adv, logprobs=mb.logp_values, entropies=mb.entropy,
                                     mask=mb.mask, alpha=ALPHA, lam=LAM)
     assert torch.equal(res.flagged, mb.flagged)

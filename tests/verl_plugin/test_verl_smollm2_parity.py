@@ -196,7 +196,7 @@ def verl_taco_advantages(b: Rollouts, advantages: torch.Tensor, logp, old, entro
         seen.append(result)
         return result
 
-    monkeypatch.setattr(ktae, "calibrate_advantages", keep_result)
+    monkeypatch.setattr("ktae.core.calibration.calibrate_advantages", keep_result)
     lengths = b.mask.sum(-1).tolist()
 
     def rows(x):

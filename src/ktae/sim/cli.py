@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ktae import CALIBRATIONS
+from ktae.core.calibration import CALIBRATIONS
 from ktae.sim.config import PRESETS, SimConfig
 
 QUICK_METHODS = ",".join(PRESETS["quick"]["methods"])

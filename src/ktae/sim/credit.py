@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-import ktae
+from ktae.core.calibration import CALIBRATIONS, CalibrationResult, calibrate_advantages
+from ktae.core.estimators import ADVANTAGE_ESTIMATORS, compute_advantages
 
 BASES = ("broadcast", "step", "ktae", "ktae-graded")
 
@@ -76,12 +77,12 @@ class Method:
 
 def all_methods() -> tuple[str, ...]:
     """The bases, every registered calibration on broadcast, and ``ktae+taco``."""
-    return (*BASES, *ktae.CALIBRATIONS.names(), "ktae+taco")
+    return (*BASES, *CALIBRATIONS.names(), "ktae+taco")
 
 
 def parse_method(name: str) -> Method:
     """``"step"``, ``"taco"`` (= ``broadcast+taco``), ``"ktae+taco"`` -> :class:`Method`."""
-    calibrations = ktae.CALIBRATIONS.names()
+    calibrations = CALIBRATIONS.names()
     if name in BASES:
         return Method(name, name)
     if name in calibrations:
@@ -93,8 +94,8 @@ def parse_method(name: str) -> Method:
     from ktae.core.methods import split_method
 
     estimator = split_method(name)[0].partition("+")[0]
-    if estimator not in ktae.ADVANTAGE_ESTIMATORS.names() or (estimator in BASES
-                                                             and "@" not in name):
+    if estimator not in ADVANTAGE_ESTIMATORS.names() or (estimator in BASES
+                                                        and "@" not in name):
         raise ValueError(
             f"methods: unknown method {name!r}; expected one of {', '.join(BASES)}, a "
             f"calibration ({', '.join(calibrations)}), BASE+CALIBRATION such as 'ktae+taco', "
@@ -109,7 +110,7 @@ def parse_method(name: str) -> Method:
 
 def _other_estimators() -> list[str]:
     """The registered estimators the simulator reaches through the trainer's path."""
-    return [n for n in ktae.ADVANTAGE_ESTIMATORS.names() if n not in BASES]
+    return [n for n in ADVANTAGE_ESTIMATORS.names() if n not in BASES]
 
 
 def parse_methods(names) -> tuple[Method, ...]:
@@ -170,29 +171,29 @@ def base_advantages(base: str, batch: CreditBatch, *,
                     ktae_threshold: float | None = None, ktae_ngram: int = 1) -> torch.Tensor:
     """``[B, T]`` token advantages of a base credit (0 on padding)."""
     if base == "broadcast":
-        return ktae.compute_advantages("grpo", rewards=batch.returns, group=batch.group,
-                                       mask=batch.mask)
+        return compute_advantages("grpo", rewards=batch.returns, group=batch.group,
+                                  mask=batch.mask)
     if base == "step":
         T = batch.mask.shape[1]
         steps = torch.arange(T, device=batch.mask.device)
         per_step_group = (batch.group[:, None] * T + steps)[batch.mask]
-        adv = ktae.compute_advantages("grpo", rewards=batch.step_rewards[batch.mask],
-                                      group=per_step_group)
+        adv = compute_advantages("grpo", rewards=batch.step_rewards[batch.mask],
+                                 group=per_step_group)
         return torch.zeros_like(batch.step_rewards).masked_scatter_(batch.mask, adv)
     if base == "ktae-graded":
         spans = {"ngram": ktae_ngram} if ktae_ngram != 1 else {}
-        return ktae.compute_advantages("ktae", rewards=batch.returns, group=batch.group,
-                                       token_ids=batch.token_ids, mask=batch.mask,
-                                       split="graded", **spans)
+        return compute_advantages("ktae", rewards=batch.returns, group=batch.group,
+                                  token_ids=batch.token_ids, mask=batch.mask,
+                                  split="graded", **spans)
     if base == "ktae":
         if ktae_threshold is None:
             correctness = {"correct": batch.above_group_mean()}
         else:
             correctness = {"reward_threshold": float(ktae_threshold)}
         spans = {"ngram": ktae_ngram} if ktae_ngram != 1 else {}
-        return ktae.compute_advantages("ktae", rewards=batch.returns, group=batch.group,
-                                       token_ids=batch.token_ids, mask=batch.mask,
-                                       **correctness, **spans)
+        return compute_advantages("ktae", rewards=batch.returns, group=batch.group,
+                                  token_ids=batch.token_ids, mask=batch.mask,
+                                  **correctness, **spans)
     raise ValueError(f"base: expected one of {', '.join(BASES)}, got {base!r}")
 
 
@@ -207,7 +208,7 @@ class Credit:
     flagged: torch.Tensor
 
 
-def _loss_mask(result: ktae.CalibrationResult, mask: torch.Tensor) -> torch.Tensor:
+def _loss_mask(result: CalibrationResult, mask: torch.Tensor) -> torch.Tensor:
     return getattr(result, "loss_mask", mask)
 
 
@@ -237,7 +238,7 @@ def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
                   old_logprobs=batch.logprobs)
     options = dict(options or {})
     if rule in TOKEN_LOCAL_RULES:
-        result = ktae.calibrate_advantages(rule, adv, **kwargs, **options)
+        result = calibrate_advantages(rule, adv, **kwargs, **options)
         return Credit(result.advantages, _loss_mask(result, batch.mask), result.flagged)
     out = torch.zeros_like(adv)
     loss_mask = torch.zeros_like(batch.mask)
@@ -245,7 +246,7 @@ def calibrate(rule: str, adv: torch.Tensor, batch: CreditBatch,
     for k, (s, e) in enumerate(batch.run_slices):
         part = {key: value[s:e] for key, value in kwargs.items()}
         gen = None if generators is None else generators[k]
-        result = ktae.calibrate_advantages(rule, adv[s:e], generator=gen, **part, **options)
+        result = calibrate_advantages(rule, adv[s:e], generator=gen, **part, **options)
         out[s:e] = result.advantages
         loss_mask[s:e] = _loss_mask(result, part["mask"])
         flagged[s:e] = result.flagged

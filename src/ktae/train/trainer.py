@@ -77,7 +77,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-import ktae
+from ktae.core import calibration, estimators
 from ktae.core.calibration import logged_metrics
 from ktae.core.methods import estimator_credit
 from ktae.core.needs import ModelResponses
@@ -510,10 +510,10 @@ class KTAEGRPOTrainer(GRPOTrainer):
                              f"of groups of num_generations={G}")
         group = torch.arange(rewards.numel(), device=rewards.device) // G
         # one computation for every command: correct, logprobs, KTAE's ignored ids; through
-        # the public ktae.compute_advantages, as the trainer's docstring promises
+        # the public compute_advantages (ktae.compute_advantages), looked up at call time
         adv = estimator_credit(self._method, rewards=rewards, group=group, token_ids=ids,
-                               mask=mask.bool(), correct=correct, compute=ktae.compute_advantages,
-                               **scores)
+                               mask=mask.bool(), correct=correct,
+                               compute=estimators.compute_advantages, **scores)
         local = adv[self._local_slice(batch["completion_ids"].shape[0])][:, :T]
         batch["advantages"] = local.to(torch.float32) * loss_mask.to(torch.float32)
         lengths = mask.sum(dim=1)
@@ -648,10 +648,10 @@ class KTAEGRPOTrainer(GRPOTrainer):
         old = logps if old is None else old.detach()
         g = torch.Generator(device="cpu").manual_seed(derived_seed(
             self.credit.seed, self.state.global_step, -1, self.accelerator.process_index))
-        result = ktae.calibrate_advantages(self.credit.calibration, adv.detach(), logprobs=logps,
-                                           entropies=entropies, mask=mask.bool(),
-                                           old_logprobs=old, generator=g,
-                                           **self.credit.calibration_options)
+        result = calibration.calibrate_advantages(self.credit.calibration, adv.detach(),
+                                                  logprobs=logps, entropies=entropies,
+                                                  mask=mask.bool(), old_logprobs=old, generator=g,
+                                                  **self.credit.calibration_options)
         inputs["advantages"] = result.advantages.detach().to(adv.dtype)
         self._narrow_loss_mask(inputs, mask.bool(), result.loss_mask)
         if not result.ppo_clip:  # TRL 1.16's _compute_loss reads them after this pass

@@ -388,11 +388,11 @@ def _append(record: dict) -> None:
 def _install_recorder() -> None:
     import functools
 
-    import ktae
+    from ktae.core import calibration, estimators  # where the plugin reads them
 
-    if getattr(ktae.compute_advantages, "_ktae_cpu", False):
+    if getattr(estimators.compute_advantages, "_ktae_cpu", False):
         return
-    estimate, calibrate = ktae.compute_advantages, ktae.calibrate_advantages
+    estimate, calibrate = estimators.compute_advantages, calibration.calibrate_advantages
 
     @functools.wraps(estimate)
     def compute_advantages(name, **kwargs):
@@ -443,8 +443,8 @@ def _install_recorder() -> None:
         return result
 
     compute_advantages._ktae_cpu = True
-    ktae.compute_advantages = compute_advantages
-    ktae.calibrate_advantages = calibrate_advantages
+    estimators.compute_advantages = compute_advantages
+    calibration.calibrate_advantages = calibrate_advantages
 
 
 def install() -> None:

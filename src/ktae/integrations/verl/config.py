@@ -16,7 +16,7 @@ from typing import Any
 
 from verl.workers.config import PolicyLossConfig
 
-import ktae
+from ktae.core.calibration import CALIBRATIONS
 from ktae.integrations.verl.options import calibration_settings, check_calibration_values
 
 
@@ -30,5 +30,5 @@ class CalibratedPolicyLossConfig(PolicyLossConfig):
         parent = getattr(super(), "__post_init__", None)
         if parent is not None:
             parent()
-        if self.ktae or self.loss_mode in ktae.CALIBRATIONS:
+        if self.ktae or self.loss_mode in CALIBRATIONS:
             check_calibration_values(calibration_settings(self))

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-import ktae
+from ktae.core import estimators as core_estimators  # read at call time: tests wrap it
 from ktae.integrations.verl.fields import LEGACY_SOURCE, ResponseFields, current_responses
 from ktae.integrations.verl.options import (
     BYPASS_MODE_PATH,
@@ -149,9 +149,9 @@ def make_estimator(name: str) -> Callable:
             fields = current_responses()
             layout = turn_layout(fields.keys, response_mask, fields.lengths)
             if layout is None:
-                adv = ktae.compute_advantages(name, **kwargs)
+                adv = core_estimators.compute_advantages(name, **kwargs)
             else:  # multi-turn: one response per trajectory, as verl's GRPO
-                joined = ktae.compute_advantages(name, **join_inputs(layout, kwargs))
+                joined = core_estimators.compute_advantages(name, **join_inputs(layout, kwargs))
                 adv = layout.split(joined, response_mask.shape[1])
         adv = adv.to(token_level_rewards.dtype)
         return adv, adv

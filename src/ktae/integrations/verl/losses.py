@@ -85,9 +85,10 @@ from typing import Any
 
 import torch
 
-import ktae
+from ktae.core import calibration as core_calibration  # read at call time: tests wrap it
 from ktae.core.calibration import logged_metrics
 from ktae.core.calibration_taco import TACO_FAMILY, TACO_METRIC_NAMES
+from ktae.core.policy_loss import policy_loss as ktae_policy_loss
 from ktae.integrations.verl.estimators import PLUGIN_MARK
 from ktae.integrations.verl.fields import current_step
 from ktae.integrations.verl.options import (
@@ -166,9 +167,10 @@ def _calibrate(name: str, settings_options: dict, advantages, log_prob, old_log_
                mask, entropies):
     extra = {"old_logprobs": old_log_prob.detach()} if calibration_accepts("old_logprobs") else {}
     try:
-        return ktae.calibrate_advantages(name, advantages, logprobs=log_prob.detach(),
-                                         entropies=entropies, mask=mask, **extra,
-                                         **settings_options)
+        return core_calibration.calibrate_advantages(name, advantages,
+                                                     logprobs=log_prob.detach(),
+                                                     entropies=entropies, mask=mask, **extra,
+                                                     **settings_options)
     except ValueError as e:
         if entropies is None and str(e).startswith("entropies:"):
             raise ValueError(f"{POLICY_LOSS_PATH}.loss_mode={name} needs the current policy's "
@@ -212,7 +214,7 @@ def make_policy_loss(name: str) -> Callable:
         aggregation, max_len, factor = aggregation_plan(loss_agg_mode, mask,
                                                         config.get("global_batch_info"), keep)
         clip_low, clip_high, dual_clip = _clip_ratios(config)
-        loss, stats = ktae.policy_loss(log_prob, old_log_prob, adv, keep, clip_low=clip_low,
+        loss, stats = ktae_policy_loss(log_prob, old_log_prob, adv, keep, clip_low=clip_low,
                                        clip_high=clip_high, dual_clip=dual_clip,
                                        aggregation=aggregation, max_response_length=max_len,
                                        ppo_clip=res.ppo_clip)

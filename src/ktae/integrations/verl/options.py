@@ -22,6 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ktae.core import calibration as core_calibration  # read at call time: tests wrap it
+from ktae.core import estimators as core_estimators
+from ktae.core.calibration import CALIBRATIONS
+
 #: Options of an estimator's block that say how correctness is read, for an estimator
 #: that reads the verifier's ``correct``: ``reward_threshold`` and the reward extra-info
 #: field ``correct_key`` (``correct_key`` stays here; the rest go to the estimator).
@@ -275,21 +279,17 @@ class CalibrationSettings:
 
 def calibration_settings(policy_loss: Any) -> CalibrationSettings:
     """Parse the policy-loss block (names only; values are checked by :func:`check_config`)."""
-    import ktae
-
     name = _get(policy_loss, "loss_mode", "vanilla")
     block = _section(policy_loss, POLICY_LOSS_KEY, f"{POLICY_LOSS_PATH}.{POLICY_LOSS_KEY}")
-    if name not in ktae.CALIBRATIONS:
+    if name not in CALIBRATIONS:
         raise ValueError(f"{POLICY_LOSS_PATH}.loss_mode: {name!r} is not a ktae calibration; "
-                         f"expected one of {', '.join(ktae.CALIBRATIONS.names())}")
+                         f"expected one of {', '.join(CALIBRATIONS.names())}")
     return CalibrationSettings(name, block)
 
 
 def calibration_accepts(argument: str) -> bool:
     """Whether the installed :func:`ktae.calibrate_advantages` takes ``argument``."""
-    import ktae
-
-    return argument in inspect.signature(ktae.calibrate_advantages).parameters
+    return argument in inspect.signature(core_calibration.calibrate_advantages).parameters
 
 
 # -- start-up checks --------------------------------------------------------------------
@@ -298,14 +298,12 @@ def _check_estimator_values(settings: EstimatorSettings) -> None:
     """Run the real estimator on two responses: bad option values raise here."""
     import torch
 
-    import ktae
-
     extra = {need.name: torch.ones(2, 2) for need in _record(settings.name).need_records
              if need.model}
     try:
-        ktae.compute_advantages(settings.name, rewards=torch.tensor([1.0, 0.0]), group=[0, 0],
-                                token_ids=torch.tensor([[1, 2], [1, 3]]), **settings.options,
-                                **extra)
+        core_estimators.compute_advantages(settings.name, rewards=torch.tensor([1.0, 0.0]),
+                                           group=[0, 0], token_ids=torch.tensor([[1, 2], [1, 3]]),
+                                           **settings.options, **extra)
     except (TypeError, ValueError) as e:
         raise ValueError(f"algorithm.{settings.name}: {e}") from None
 
@@ -313,14 +311,12 @@ def _check_estimator_values(settings: EstimatorSettings) -> None:
 def _dry_run_calibration(settings: CalibrationSettings, with_entropy: bool) -> None:
     import torch
 
-    import ktae
-
     lp = torch.log(torch.tensor([[0.5, 0.001], [0.9, 0.2]]))
     extra = {"old_logprobs": lp} if calibration_accepts("old_logprobs") else {}
-    ktae.calibrate_advantages(settings.name, torch.tensor([1.0, -1.0]), logprobs=lp,
-                              entropies=torch.ones(2, 2) if with_entropy else None,
-                              mask=torch.ones(2, 2), generator=torch.Generator(), **extra,
-                              **settings.options)
+    core_calibration.calibrate_advantages(settings.name, torch.tensor([1.0, -1.0]), logprobs=lp,
+                                          entropies=torch.ones(2, 2) if with_entropy else None,
+                                          mask=torch.ones(2, 2), generator=torch.Generator(),
+                                          **extra, **settings.options)
 
 
 def calibration_needs_entropy(settings: CalibrationSettings) -> bool:
@@ -354,10 +350,8 @@ def check_clip_range(settings: CalibrationSettings, actor: Any) -> None:
     ``clip_ratio_low``/``clip_ratio_high`` (each defaulting to ``clip_ratio``, 0.2)."""
     if settings.name not in CLIP_RANGE_RULES:
         return
-    import ktae
-
     clip = _get(actor, "clip_ratio", VERL_CLIP_RATIO)
-    defaults = inspect.signature(ktae.CALIBRATIONS.get(settings.name)).parameters
+    defaults = inspect.signature(CALIBRATIONS.get(settings.name)).parameters
     for own, verl_key in (("clip_low", "clip_ratio_low"), ("clip_high", "clip_ratio_high")):
         verl_value = _get(actor, verl_key)
         verl_value = clip if verl_value is None else verl_value
@@ -386,8 +380,6 @@ def check_config(config: Any) -> PluginConfig:
     (legacy trainer, rollout-correction bypass mode), or a combination verl 0.9.1's
     legacy trainer cannot run. Configs that use no part of the plugin pass unchanged.
     """
-    import ktae
-
     algorithm = _get(config, "algorithm")
     actor = _get(_get(config, "actor_rollout_ref"), "actor")
     policy_loss = _get(actor, "policy_loss")
@@ -412,7 +404,7 @@ def check_config(config: Any) -> PluginConfig:
 
     loss_mode = _get(policy_loss, "loss_mode", "vanilla")
     calibration = None
-    if loss_mode in ktae.CALIBRATIONS:
+    if loss_mode in CALIBRATIONS:
         calibration = calibration_settings(policy_loss)
         check_calibration_values(calibration)
         entropy_on = bool(_get(actor, "calculate_entropy", False)) or \
@@ -426,7 +418,7 @@ def check_config(config: Any) -> PluginConfig:
         raise ValueError(f"{POLICY_LOSS_PATH}.{POLICY_LOSS_KEY}: calibration options are set "
                          f"but loss_mode={loss_mode} is not a ktae calibration; set "
                          f"{POLICY_LOSS_PATH}.loss_mode to one of "
-                         f"{', '.join(ktae.CALIBRATIONS.names())}")
+                         f"{', '.join(CALIBRATIONS.names())}")
 
     if (estimator or calibration) and not use_v1:
         groups = _get(algorithm, "filter_groups")

@@ -36,7 +36,7 @@ from types import ModuleType
 
 import torch
 
-import ktae
+from ktae.core.calibration import CALIBRATIONS
 from ktae.integrations.verl.estimators import PLUGIN_MARK
 from ktae.integrations.verl.fields import (
     LEGACY_SOURCE,
@@ -184,7 +184,7 @@ def patch_ppo_loss(module: ModuleType) -> None:
 
     def make(upstream):
         def ppo_loss(config, model_output, data, dp_group=None):
-            if config.policy_loss.get("loss_mode", "vanilla") not in ktae.CALIBRATIONS:
+            if config.policy_loss.get("loss_mode", "vanilla") not in CALIBRATIONS:
                 return upstream(config, model_output, data, dp_group)
             entropy = model_output.get("entropy", None)
             if entropy is not None:

@@ -50,7 +50,7 @@ def _refusing(message: str):
 
 def _install_refusal(version) -> None:
     """Unknown verl: register refusing stand-ins and refuse such configs at start-up."""
-    import ktae
+    from ktae.core.calibration import CALIBRATIONS
     from ktae.integrations.verl.estimators import PLUGIN_MARK
     from ktae.integrations.verl.hooks import when_imported
     from ktae.integrations.verl.options import _get, plugin_estimators
@@ -64,7 +64,7 @@ def _install_refusal(version) -> None:
     for name in names:
         if name not in core_algos.ADV_ESTIMATOR_REGISTRY:
             core_algos.register_adv_est(name)(_refusing(message))
-    for name in ktae.CALIBRATIONS.names():
+    for name in CALIBRATIONS.names():
         if name not in core_algos.POLICY_LOSS_REGISTRY:
             core_algos.register_policy_loss(name)(_refusing(message))
 
@@ -77,7 +77,7 @@ def _install_refusal(version) -> None:
             algorithm = _get(config, "algorithm")
             policy_loss = _get(_get(_get(config, "actor_rollout_ref"), "actor"), "policy_loss")
             if _get(algorithm, "adv_estimator") in names or \
-                    _get(policy_loss, "loss_mode") in ktae.CALIBRATIONS:
+                    _get(policy_loss, "loss_mode") in CALIBRATIONS:
                 raise RuntimeError(message)
             return upstream(config, *args, **kwargs)
 
@@ -103,7 +103,7 @@ def install() -> None:
     """Register the plugin's names in verl and arrange the wrappers (idempotent)."""
     import verl
 
-    import ktae
+    from ktae.core.calibration import CALIBRATIONS
     from ktae.integrations.verl import SUPPORTED_VERL_VERSIONS
 
     version = getattr(verl, "__version__", None)
@@ -123,7 +123,7 @@ def install() -> None:
     for name in plugin_estimators():
         _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, name,
                   make_estimator(name), "advantage estimator")
-    for name in ktae.CALIBRATIONS.names():
+    for name in CALIBRATIONS.names():
         _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, name,
                   make_policy_loss(name), "policy loss")
     for module_name, patch in PATCHES.items():
