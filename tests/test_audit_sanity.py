@@ -182,3 +182,26 @@ def test_random_rule_interval_holds_its_draws_on_a_single_response():
     assert random["responses"] == grpo["responses"]
     assert random["low"] < 0.5 < random["high"] and random["high"] - random["low"] > 0.1
     assert grpo["low"] == grpo["high"] == 0.5
+
+
+def test_the_plots_show_the_sanity_rules_beside_the_methods(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from ktae.credit_audit.report import plot_metric
+
+    cell = {"mean": 0.5, "low": 0.4, "high": 0.6}
+    result = {"methods": {"grpo": {"all": {"blame": cell}}, "ktae": {"all": {"blame": cell}}},
+              "sanity_rules": {"oracle": {"all": {"blame": {**cell, "mean": 1.0, "high": 1.0}}},
+                               "random": {"all": {"blame": cell}}}}
+    seen = {}
+    real = matplotlib.axes.Axes.bar
+
+    def bar(self, x, height, *args, **kwargs):
+        seen["heights"], seen["colors"] = list(height), list(kwargs["color"])
+        return real(self, x, height, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", bar)
+    path = plot_metric(result, "blame", tmp_path / "blame.png")
+    assert path.is_file() and path.stat().st_size > 0
+    assert seen["heights"] == [0.5, 0.5, 1.0, 0.5]
+    assert seen["colors"][:2] != seen["colors"][2:]  # the rules set apart

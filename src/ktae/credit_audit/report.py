@@ -197,13 +197,19 @@ def plot_metric(result: dict, metric: str, path: Path) -> Path:
         ax.set_xlabel("training step (recorded rollouts; identical methods overlap)")
         ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(names) + 2), 4.8))
-        entries = [methods[n]["all"][metric] for n in names]
+        # the sanity rules after the methods, grey: what a perfect and a random rule give
+        rules = {n: e for n, e in (result.get("sanity_rules") or {}).items()
+                 if metric in e.get("all", {})}
+        labels = [*names, *(f"{n} (sanity rule)" for n in rules)]
+        entries = [methods[n]["all"][metric] for n in names] + \
+            [e["all"][metric] for e in rules.values()]
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(labels) + 2), 4.8))
         mean = [e["mean"] if e["mean"] is not None else float("nan") for e in entries]
         err = [[m - e["low"] if e["mean"] is not None else 0 for m, e in zip(mean, entries, strict=True)],
                [e["high"] - m if e["mean"] is not None else 0 for m, e in zip(mean, entries, strict=True)]]
-        ax.bar(range(len(names)), mean, yerr=err, capsize=3, color="#4c72b0")
-        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
+        colors = ["#4c72b0"] * len(names) + ["#9a9a9a"] * len(rules)
+        ax.bar(range(len(labels)), mean, yerr=err, capsize=3, color=colors)
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
         if metric == "blame":
             ax.axhline(0.5, color="black", linestyle="--", linewidth=1, label="chance (GRPO)")
             ax.legend(fontsize=8)
