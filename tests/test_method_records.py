@@ -17,7 +17,8 @@ import torch
 
 import ktae
 from ktae.core.baselines import SEQUENCE_BASELINES
-from ktae.core.methods import parse_method, passes_correct
+from ktae.core.ktae import key_token_table
+from ktae.core.methods import Method, parse_method, passes_correct
 from ktae.integrations.verl import options as verl
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "ktae"
@@ -185,3 +186,17 @@ def test_every_module_registering_an_estimator_is_imported_by_the_registry_door(
                    if decorator.search(p.read_text(encoding="utf-8"))}
     assert {"ktae.core.ktae", "ktae.core.gtpo", "ktae.core.prefix_value"} <= registering
     assert registering <= _ktae_imports(SRC / "core" / "estimators.py")
+
+
+def test_the_table_options_are_declared_by_the_estimator_built_on_the_table():
+    """``Method.table_options``: the options ``ktae explain`` and the audit pass to the
+    key-token table, read from the estimator's record (KTAE declares them), none named
+    by the caller; an estimator not built on the table shares none."""
+    shared = ktae.ADVANTAGE_ESTIMATORS.record("ktae").table_options
+    table = inspect.signature(key_token_table).parameters
+    estimator = ktae.ADVANTAGE_ESTIMATORS.record("ktae").keywords
+    assert shared and set(shared) <= set(table) and set(shared) <= set(estimator)
+    assert [r.name for r in ktae.ADVANTAGE_ESTIMATORS.records() if r.table_options] == ["ktae"]
+    options = {"h1": 0.5, "ngram": 2, "base": "rloo", "chunk_tokens": 64}
+    assert Method("ktae", options).table_options == {"h1": 0.5, "ngram": 2}
+    assert Method("gtpo", {}).table_options == {}

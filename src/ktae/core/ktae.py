@@ -378,8 +378,14 @@ def _check_base(base) -> None:
         raise ValueError(f"base: expected one of {sorted(SEQUENCE_BASELINES)}, got {base!r}")
 
 
+#: KTAE's options that :func:`key_token_table` takes too: ``ktae explain`` and the audit
+#: build the table of a KTAE run with them.
+TABLE_OPTIONS = ("correct", "reward_threshold", "h1", "h2", "h3", "k1", "b", "top",
+                 "ignore_token_ids", "mode", "variant", "ngram", "split")
+
+
 @ADVANTAGE_ESTIMATORS.register("ktae", needs=("token_ids",), correct_unless={"split": "graded"},
-                               aliases=KTAE_ALIASES)
+                               aliases=KTAE_ALIASES, table_options=TABLE_OPTIONS)
 def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
                     reward_threshold: float | None = None, h1: float | None = None,
                     h2: float | None = None, h3: float | None = None, k1: float = 2.0,

@@ -326,6 +326,15 @@ class Method:
         return self.estimator not in SEQUENCE_BASELINES
 
     @property
+    def table_options(self) -> dict:
+        """Its estimator options that the key-token table takes too
+        (:func:`ktae.core.ktae.key_token_table`): those its estimator's record declares
+        (KTAE's, :attr:`ktae.core.registry.Record.table_options`); empty for an estimator
+        not built on the table."""
+        shared = ADVANTAGE_ESTIMATORS.record(self.estimator).table_options
+        return {k: v for k, v in self.estimator_options.items() if k in shared}
+
+    @property
     def base(self) -> str:
         """The sequence-level advantage the token credit refines."""
         if not self.token_level:

@@ -128,6 +128,10 @@ class Record:
         user_rule: the user's function for a rule of ``ktae.register_estimator`` /
             ``register_calibration``, else None.
         aliases: the run settings that stand for its options (:class:`Alias`).
+        table_options: of an estimator built on the key-token table (KTAE), the options
+            the table takes too (:func:`ktae.core.ktae.key_token_table`), so that ``ktae
+            explain`` and the audit show the table the estimator used; empty for the
+            others.
     """
 
     name: str
@@ -140,6 +144,7 @@ class Record:
     correct_unless: tuple[tuple[str, object], ...] = ()
     user_rule: Callable | None = None
     aliases: tuple[Alias, ...] = ()
+    table_options: tuple[str, ...] = ()
 
     @property
     def need_records(self) -> tuple[Need, ...]:
@@ -183,13 +188,15 @@ class Registry(Generic[F]):
 
     def register(self, name: str, *, needs=(), inputs=(), options=None,
                  correct_unless: dict | None = None, user_rule: Callable | None = None,
-                 aliases: tuple[Alias, ...] = ()) -> Callable[[F], F]:
+                 aliases: tuple[Alias, ...] = (),
+                 table_options: tuple[str, ...] = ()) -> Callable[[F], F]:
         """Decorator registering ``fn`` as ``name``. ``inputs``: keywords the caller fills
         besides ``correct`` (which a parameter of that name declares); ``options``: the
         user's options when the signature cannot say (a wrapper taking ``**options``);
         else every other keyword parameter after the first. ``aliases``: the run settings
         that stand for some of its options (:class:`Alias`). ``needs``: names or
-        :class:`ktae.core.needs.Need` records a method of this kind may read."""
+        :class:`ktae.core.needs.Need` records a method of this kind may read.
+        ``table_options``: see :class:`Record`."""
         needs = tuple(get_need(n).name for n in ((needs,) if isinstance(needs, (str, Need))
                                                  else needs))
         for need in needs:
@@ -222,7 +229,7 @@ class Registry(Generic[F]):
                 name=name, kind=self.kind, fn=fn, needs=tuple(needs), inputs=taken,
                 options=own, keywords=keywords,
                 correct_unless=tuple((correct_unless or {}).items()), user_rule=user_rule,
-                aliases=tuple(aliases))
+                aliases=tuple(aliases), table_options=tuple(table_options))
             return fn
 
         return deco

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.methods import check_alias_settings, declared_aliases
 from ktae.data import FIELDS, check_filters, parse_source
 from ktae.eval.prompts import TEMPLATES
@@ -260,8 +261,9 @@ class _TrainConfig:
     def _validate(self) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type: expected one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.advantage_base not in ("grpo", "drgrpo", "rloo"):
-            raise ValueError("advantage_base: expected 'grpo', 'drgrpo' or 'rloo', "
+        if self.advantage_base not in SEQUENCE_BASELINES:
+            raise ValueError("advantage_base: expected one of "
+                             f"{', '.join(repr(n) for n in SEQUENCE_BASELINES)}, "
                              f"got {self.advantage_base!r}")
         for name in ("max_steps", "num_prompts", "max_new_tokens", "max_generation_rounds",
                      "torch_threads", "train_size", "eval_size"):
