@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from ktae.core.ngrams import find_spans
+
 #: The float columns, in display order.
 STAT_COLUMNS = ("p_value", "fisher", "info_gain", "tf_correct", "tf_incorrect", "direction",
                 "value")
@@ -121,8 +123,6 @@ class KeyTokenTable:
             token. N-gram tables: the row of the covering span of largest ``|value|`` (the
             first one on ties), -1 for a token no span covers.
         """
-        from ktae.core.ngrams import find_spans
-
         B, T = token_ids.shape
         group, token_ids, mask = group.long(), token_ids.long(), mask.bool()
         out = torch.full((B, T), -1, dtype=torch.int64, device=token_ids.device)

@@ -19,6 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from ktae.core import stats
+from ktae.core.ktae_reference import (
+    runtime_fisher_pvalue,
+    runtime_fisher_score,
+    runtime_table_terms,
+)
 
 #: Beyond this many tables (huge groups with many compositions), the caller evaluates the
 #: distinct tables of each chunk instead.
@@ -88,11 +93,6 @@ class ReferenceTableStats(TableStats):
 def reference_table_stats(n_correct: torch.Tensor, n_incorrect: torch.Tensor
                           ) -> ReferenceTableStats | None:
     """:func:`table_stats` for reference mode, or None when too large."""
-    from ktae.core.ktae_reference import (
-        runtime_fisher_pvalue,
-        runtime_fisher_score,
-        runtime_table_terms,
-    )
 
     found = _all_tables(n_correct, n_incorrect)
     width = int(n_correct.max()) + 1 if n_correct.numel() else 1  # K <= n_T + 1
