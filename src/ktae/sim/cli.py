@@ -17,8 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from ktae.cli_common import check_output_dir, slug
 from ktae.core.calibration import CALIBRATIONS
+from ktae.sim import plots, report
+from ktae.sim.blame_report import audit_summary_lines
 from ktae.sim.config import PRESETS, SimConfig
+from ktae.sim.run import plan_blocks, simulate
 
 QUICK_METHODS = ",".join(PRESETS["quick"]["methods"])
 DEFAULT_ROOT = "runs/simulate"
@@ -149,8 +153,6 @@ def default_output_dir(args: argparse.Namespace) -> Path:
     the result (a hash stands in for a list too long for a file name)."""
     import hashlib
 
-    from ktae.cli_common import slug
-
     parts = []
     for name in _NAMED:
         value = getattr(args, name, None)
@@ -167,8 +169,6 @@ def default_output_dir(args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae simulate``."""
-    from ktae.cli_common import check_output_dir
-
     given = args.output_dir is not None
     out = Path(args.output_dir) if given else default_output_dir(args)
     try:
@@ -187,9 +187,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import torch
 
-    from ktae.sim import plots, report
-    from ktae.sim.run import plan_blocks, simulate
-
     torch.set_num_threads(args.threads)
     out.mkdir(parents=True, exist_ok=True)
     n_blocks = len(plan_blocks(config))
@@ -206,8 +203,6 @@ def run(args: argparse.Namespace) -> int:
     report.write_json(result, out / "curves.json")
     pngs = plots.plot_all(result, out)
     print(report.summary_paragraph(result))
-    from ktae.sim.blame_report import audit_summary_lines
-
     for line in audit_summary_lines(result):
         print(line)
     print(f"ktae simulate: {result.seconds:.0f} s; wrote {out / 'results.md'}, "

@@ -51,6 +51,8 @@ import torch
 
 from ktae.core.calibration import CALIBRATIONS, CalibrationResult, calibrate_advantages
 from ktae.core.estimators import ADVANTAGE_ESTIMATORS, compute_advantages
+from ktae.core.methods import estimator_credit, split_method
+from ktae.core.methods import parse_method as parse_credit_method
 
 BASES = ("broadcast", "step", "ktae", "ktae-graded")
 
@@ -90,9 +92,6 @@ def parse_method(name: str) -> Method:
     base, plus, rule = name.partition("+")
     if plus and base in BASES and rule in calibrations:
         return Method(name, base, rule)
-    from ktae.core.methods import parse_method as parse_credit_method
-    from ktae.core.methods import split_method
-
     estimator = split_method(name)[0].partition("+")[0]
     if estimator not in ADVANTAGE_ESTIMATORS.names() or (estimator in BASES
                                                         and "@" not in name):
@@ -216,8 +215,6 @@ def rule_advantages(method, batch: CreditBatch) -> torch.Tensor:
     """``[B, T]`` advantages of a registered estimator's :class:`ktae.core.methods.Method`
     (0 on padding), one call over the block of runs (each run one group). Given the mask,
     ``compute_advantages`` spreads a per-trajectory result over the real steps."""
-    from ktae.core.methods import estimator_credit
-
     adv = estimator_credit(method, rewards=batch.returns, group=batch.group,
                            token_ids=batch.token_ids, mask=batch.mask,
                            correct=batch.above_group_mean(), logprobs=batch.logprobs,
