@@ -22,6 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ktae.data import Example, load_examples
+from ktae.eval.context import LONG_PROMPT_RULES, truncate_prompt
+from ktae.eval.prompts import render_prompt, resolve_template
+from ktae.models.generate import context_length
+from ktae.models.tokenizer import warn_unknown_characters
+from ktae.rewards.registry import get_reward, warn_if_prompts_miss_the_format
+from ktae.tasks import arith, format_prompt, generate, has_carry_or_borrow
+from ktae.tasks.arith import parse_task_name
 from ktae.tasks.embedded import EVAL_SEED
 from ktae.tasks.embedded import TEMPLATES as EMBEDDED_TEMPLATES
 
@@ -53,8 +61,6 @@ def _source(task: str) -> str:
 
 
 def _load(task: str, *, option: str, fields=None, filters=None, check=None) -> list:
-    from ktae.data import load_examples
-
     source = _source(task)
     try:
         examples = load_examples(source, fields=fields, filters=filters, check=check,
@@ -93,11 +99,8 @@ def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
         if fields or filters or eval_task:
             raise ValueError("task: the embedded task takes no task_fields, task_filters or "
                              "eval_task (it has its own held-out split)")
-        from ktae.tasks import generate
-
         return TaskRows(generate(train_size, split="train", seed=seed),
                         generate(eval_size, split="test", seed=EVAL_SEED), embedded=True)
-    from ktae.tasks.arith import parse_task_name
 
     difficulty = parse_task_name(task)
     if difficulty is not None:
@@ -121,9 +124,6 @@ def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
 def _arith_examples(n: int, split: str, seed: int | None, difficulty: int) -> list:
     """``arith`` problems as chat rows: the user message is the question and its instruction
     (the held-out ``test`` problems use the task's fixed seed, the same for every run)."""
-    from ktae.data import Example
-    from ktae.tasks import arith
-
     problems = arith.generate(n, split=split, difficulty=difficulty,
                               seed=arith.TEST_SEED if seed is None else seed)
     return [Example(id=p.id, problem=p.question, answer=p.answer,
@@ -135,8 +135,6 @@ def default_template(rows: TaskRows, tokenizer, reward: str = "boxed") -> str:
     """The template of a run that names none: ``compact`` for character-level tokenizers
     (the shipped model); else ``chat`` for rows with their own chat prompts, the reward's
     own template (``dapo``) when the tokenizer has a chat template, or ``qwen-math``."""
-    from ktae.rewards.registry import get_reward
-
     if len(tokenizer) < 1000:
         return "compact"
     has_chat = bool(getattr(tokenizer, "chat_template", None))
@@ -163,16 +161,11 @@ def format_task(rows: TaskRows, template: str, tokenizer=None, reward: str = "bo
     the model's context (:func:`check_context`; ``long_prompts`` is ``"error"``,
     ``"skip"`` or ``"truncate"``)."""
     train, held = _format(rows, template, tokenizer, reward)
-    from ktae.rewards.registry import warn_if_prompts_miss_the_format
-
     warn_if_prompts_miss_the_format(reward, [r["prompt"] for r in train], template)
     if tokenizer is not None:
-        from ktae.models.tokenizer import warn_unknown_characters
-
         warn_unknown_characters([r["prompt"] for r in (*train, *held)], tokenizer)
     if model is None or tokenizer is None or max_new_tokens is None:
         return train, held
-    from ktae.models.generate import context_length
 
     context = context_length(model)
     return (check_context(train, tokenizer, context, max_new_tokens, long_prompts, "training"),
@@ -191,8 +184,6 @@ def check_context(rows: list[dict], tokenizer, context: int | None, max_new_toke
         ValueError: a row does not fit (``"error"``), ``max_new_tokens`` leaves no room
             for any prompt, no row is left, or an unknown ``long_prompts``.
     """
-    from ktae.eval.context import LONG_PROMPT_RULES, truncate_prompt
-
     if long_prompts not in LONG_PROMPT_RULES:
         raise ValueError(f"long_prompts: expected one of {', '.join(LONG_PROMPT_RULES)}, "
                          f"got {long_prompts!r}")
@@ -226,8 +217,6 @@ def check_context(rows: list[dict], tokenizer, context: int | None, max_new_toke
 def _format(rows: TaskRows, template: str, tokenizer, reward: str
             ) -> tuple[list[dict], list[dict]]:
     if rows.embedded:
-        from ktae.tasks import format_prompt, has_carry_or_borrow
-
         if template not in EMBEDDED_TEMPLATES:
             raise ValueError(f"template: the embedded task takes {EMBEDDED_TEMPLATES}, "
                              f"got {template!r}")
@@ -237,8 +226,6 @@ def _format(rows: TaskRows, template: str, tokenizer, reward: str
                      "carry": has_carry_or_borrow(p)} for p in problems]
 
         return fmt(rows.train), fmt(rows.eval)
-    from ktae.eval.prompts import render_prompt, resolve_template
-    from ktae.rewards.registry import get_reward
 
     template = resolve_template(template, tokenizer)
     plain = get_reward(reward).template if template == "chat" else None

