@@ -173,7 +173,7 @@ def _plan(cfg):
     already in its directory is reused when finished with these settings and resumed when
     not; one trained with other settings is refused, naming the directory.
     """
-    from ktae.train.session import plan_run
+    from ktae.train.session import plan_run  # trl: only when a grid is planned
 
     try:
         return plan_run(cfg)

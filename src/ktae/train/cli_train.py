@@ -223,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"ktae train: {err}", file=sys.stderr)
         return 2
+    # TRL and transformers: imported once the arguments are right (``ktae train --help``
+    # stays light)
     from ktae.train.session import plan_run, preflight, train
     from ktae.train.trainer import DiskFullError
 
