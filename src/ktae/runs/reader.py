@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ktae.checkpoints import latest_complete_checkpoint
 from ktae.core.methods import Method
+from ktae.models.warmstart import default_model_path
 from ktae.runs.config import TrainConfig
+from ktae.runs.rollouts import ROLLOUTS_FILE, read_rollouts
 
 CONFIG_FILE = "config.yaml"
 """The run's settings, written by ``ktae train`` at the start of the run."""
@@ -27,8 +30,6 @@ def run_config(run: Path) -> TrainConfig | None:
 def read_run_rollouts(run: Path) -> tuple[dict, list[dict]]:
     """The header and records of a run directory's rollouts file; a one-line error (naming
     ``INPUT``) when there is none or it is empty."""
-    from ktae.runs.rollouts import ROLLOUTS_FILE, read_rollouts
-
     path = run / ROLLOUTS_FILE
     if not path.is_file():
         raise ValueError(f"INPUT: {run} holds no {ROLLOUTS_FILE} (run directories of ktae train "
@@ -66,8 +67,6 @@ def load_tokenizer(path: str | Path):
 
 
 def default_tokenizer_path() -> Path:
-    from ktae.models.warmstart import default_model_path
-
     return default_model_path(progress=False)
 
 
@@ -77,7 +76,6 @@ def run_tokenizer(run: Path, header: dict, tokenizer: str | None):
     shipped default model's."""
     if tokenizer:
         return load_tokenizer(tokenizer), tokenizer
-    from ktae.checkpoints import latest_complete_checkpoint
 
     for c in (run / "final", latest_complete_checkpoint(run)):
         if c and (Path(c) / "tokenizer_config.json").is_file():
