@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ktae.data.sources import Rows
+from ktae.rewards.extract import extract_boxed
 
 FIELDS = ("id", "problem", "answer", "solution", "data_source")
 """Fields a field map may name (``--task-field FIELD=COLUMN``)."""
@@ -102,8 +103,6 @@ def answer_text(value) -> str | tuple[str, ...]:
 
 def boxed_answer(solution) -> str:
     """The content of a worked solution's last ``\\boxed{}`` (MATH's answers)."""
-    from ktae.rewards.extract import extract_boxed
-
     if not isinstance(solution, str):
         raise ValueError("solution: expected a string, got "
                          f"{'null' if solution is None else type(solution).__name__}")

@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ktae.rewards.answer_line import ANSWER_CLIP
 from ktae.rewards.extract import extract_boxed, normalize_answer
 from ktae.rewards.pool import VerifierTimeout, WorkerError, get_pool
 
@@ -297,7 +298,6 @@ def scorer_reward(completion: str, reference, *, scorer: str, timeout: float = 5
         raise ValueError(f"completion: expected a string, got {type(completion).__name__}")
     if scorer not in SCORER_VALUES:
         raise ValueError(f"scorer: expected one of {tuple(SCORER_VALUES)}, got {scorer!r}")
-    from ktae.rewards.answer_line import ANSWER_CLIP
 
     refs = reference_alternatives(reference)
     timeout = _check_timeout(timeout)

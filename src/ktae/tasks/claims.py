@@ -38,6 +38,7 @@ from ktae.tasks.claims_lexer import (
     lex,
 )
 from ktae.tasks.embedded import LABEL_OTHER, LABEL_RIGHT, LABEL_WRONG, token_labels
+from ktae.viz.tokens import token_pieces
 
 __all__ = ["Claim", "Number", "claim_labels", "claim_token_labels", "final_answer",
            "find_claims", "find_numbers", "has_false_claim", "parse_answer"]
@@ -475,8 +476,6 @@ def claim_token_labels(tokenizer, ids: Sequence[int], answer=None) -> list[str]:
     piece (:func:`ktae.viz.tokens.token_pieces`, leading spaces kept with their token), and
     a token is ``"w"`` when any of its characters is, else ``"r"`` when any is, else
     ``"."``."""
-    from ktae.viz.tokens import token_pieces
-
     pieces = [p.text for p in token_pieces(tokenizer, ids)]
     return token_labels(claim_labels("".join(pieces), answer), pieces)
 
