@@ -25,6 +25,7 @@ from ktae.groups.sampling import prompt_rows as prompt_rows
 from ktae.groups.sampling import sample_groups as sample_groups
 from ktae.groups.scoring import importance_groups as importance_groups
 from ktae.groups.scoring import score_groups as score_groups
+from ktae.runs.credit import credit_method
 from ktae.runs.reader import (
     read_run_rollouts,
     recorded_credit_name,
@@ -55,8 +56,6 @@ def credit_spec(name: str, *, train_config=None, ignore_token_ids=()) -> Method:
     """Parse ``--credit`` (``ktae``, ``ktae+taco``, ``grpo``, ``taco``, ``ktae@ngram=3``,
     ...) the way ``ktae train`` does, with that run's hyper-parameters when
     ``train_config`` is given: :func:`ktae.runs.credit.credit_method`."""
-    from ktae.runs.credit import credit_method
-
     return credit_method(name, train_config=train_config, ignore_token_ids=ignore_token_ids)
 
 
