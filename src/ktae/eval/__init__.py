@@ -32,6 +32,8 @@ __all__ = ["BENCHMARKS", "BENCHMARK_NAMES", "CHOICE_BENCHMARKS", "GENERATION_FIL
 
 def __getattr__(name: str):
     if name in ("evaluate", "load_records"):
+        # on first use: the runner loads the benchmarks, graders and models, which
+        # ``ktae.eval.prompts`` (read by ktae train) does not need
         from ktae.eval import runner
 
         return getattr(runner, name)

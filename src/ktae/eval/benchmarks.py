@@ -25,6 +25,8 @@ from pathlib import Path
 
 from ktae.data import Rows, answer_text, load_examples, read_source
 from ktae.data.sources import dataset_rows, read_saved_splits
+from ktae.tasks import arith
+from ktae.tasks.embedded import generate
 
 FIXTURE_DIR = Path(__file__).with_name("fixtures")
 EMBEDDED_DEFAULT_N = 200
@@ -222,8 +224,6 @@ def benchmark_rows(name: str, spec=None, *, path: str | Path | None = None,
 
 
 def _load_embedded(split: str | None, limit: int | None) -> list[BenchmarkRecord]:
-    from ktae.tasks.embedded import generate
-
     problems = generate(limit if limit is not None else EMBEDDED_DEFAULT_N,
                         split=split or "test", seed=0)
     return [BenchmarkRecord(id=p.id, problem=p.question, answer=p.answer, source="embedded")
@@ -231,8 +231,6 @@ def _load_embedded(split: str | None, limit: int | None) -> list[BenchmarkRecord
 
 
 def _load_arith(split: str | None, limit: int | None) -> list[BenchmarkRecord]:
-    from ktae.tasks import arith
-
     problems = arith.generate(limit if limit is not None else EMBEDDED_DEFAULT_N,
                               split=split or "eval", seed=arith.EVAL_SEED)
     return [BenchmarkRecord(id=p.id, problem=p.question, answer=p.answer, source="arith")

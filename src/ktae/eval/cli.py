@@ -45,6 +45,7 @@ from ktae.eval.results import (
     write_samples,
 )
 from ktae.eval.sweep import AVG, incomplete_checkpoints, run_checkpoints, sweep
+from ktae.eval.vllm_engine import expected_settings, prepare_environment
 from ktae.models.generate import SamplingConfig, vllm_available
 from ktae.models.generation_defaults import GENERATION_FILE, resolve_generation
 from ktae.models.model_path import resolve_model_path
@@ -508,8 +509,6 @@ def _engine(args, backend: str, model_path: str) -> dict | None:
     if backend != "vllm":
         return None
     from rich.console import Console
-
-    from ktae.eval.vllm_engine import expected_settings, prepare_environment
 
     def say(line: str) -> None:
         Console(stderr=True).print(line, markup=False, highlight=False, soft_wrap=True)

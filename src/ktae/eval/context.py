@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ktae.models.generate import context_length
+
 LONG_PROMPT_RULES = ("error", "skip", "truncate")
 
 
 def model_context(model, model_path: str | None = None) -> int | None:
     """The model's context in tokens: from the loaded model's config, else (vLLM, where
     no transformers model is loaded) from the config at ``model_path``; None if unknown."""
-    from ktae.models.generate import context_length
-
     if model is not None:
         return context_length(model)
     if model_path is None:

@@ -38,6 +38,8 @@ Templates:
 from __future__ import annotations
 
 from ktae.eval.benchmarks import BenchmarkRecord
+from ktae.tasks.arith import user_message
+from ktae.tasks.embedded import format_prompt
 
 TEMPLATES = ("auto", "compact", "qwen-math", "chat", "qwen-math-system", "ktae-train", "dapo",
              "raw")
@@ -121,8 +123,6 @@ def render_prompt(problem: str, template: str, tokenizer=None, *, messages: list
 
 def _message(record: BenchmarkRecord, template: str) -> str:
     if record.source == "embedded":
-        from ktae.tasks.embedded import format_prompt
-
         return format_prompt(record.problem, template)
     return render_prompt(record.problem, template)
 
@@ -130,8 +130,6 @@ def _message(record: BenchmarkRecord, template: str) -> str:
 def build_prompt(record: BenchmarkRecord, template: str, tokenizer=None) -> str:
     """The prompt text for ``record`` under a resolved template (see module docstring)."""
     if record.source == "arith":  # the task's own instruction, as ktae train prompts it
-        from ktae.tasks.arith import user_message
-
         if template == "chat":
             if tokenizer is None:
                 raise ValueError("tokenizer: required by the 'chat' template")

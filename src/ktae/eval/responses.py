@@ -27,6 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ktae.data.sources import read_json
+from ktae.eval.benchmarks import BenchmarkRecord
+from ktae.eval.graders import get_grader
+from ktae.eval.results import benchmark_metrics, sample_rows, summarize
+from ktae.eval.runner import verify_responses, vote_classes
+from ktae.models.generate import Generation
+from ktae.rewards import reward_stats
 
 BENCHMARK_KEYS = ("benchmark", "task_name", "task", "data_source")
 REFERENCE_KEYS = ("answer", "reference", "ground_truth", "gt")
@@ -161,13 +167,6 @@ def grade_responses(problems: dict[str, list[GradedProblem]], *, grader: str = "
                     timeout: float = 5.0, config: dict | None = None) -> dict:
     """The results document (as :func:`ktae.eval.runner.evaluate` returns it, ``samples``
     included) of already generated responses, graded by ``grader``."""
-    from ktae.eval.benchmarks import BenchmarkRecord
-    from ktae.eval.graders import get_grader
-    from ktae.eval.results import benchmark_metrics, sample_rows, summarize
-    from ktae.eval.runner import verify_responses, vote_classes
-    from ktae.models.generate import Generation
-    from ktae.rewards import reward_stats
-
     get_grader(grader)
     before = reward_stats()["timeouts"]
     per_bench, samples, ks = {}, {}, {}

@@ -10,9 +10,18 @@ from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
-from ktae.eval import choice
-from ktae.eval.benchmarks import GENERATED, BenchmarkRecord, fixture_path, load_benchmark
+from ktae.data import load_examples
+from ktae.eval import choice, vllm_engine
+from ktae.eval.benchmarks import (
+    BENCHMARKS,
+    GENERATED,
+    BenchmarkRecord,
+    benchmark_rows,
+    fixture_path,
+    load_benchmark,
+)
 from ktae.eval.context import check_prompts, model_context
+from ktae.eval.graders import get_grader
 from ktae.eval.metrics import answer_classes, candidate_pairs
 from ktae.eval.prompts import build_prompt, resolve_template, uses_chat_template
 from ktae.eval.provenance import records_sha256
@@ -31,7 +40,9 @@ from ktae.models.generate import (
     hf_generate_kwargs,
 )
 from ktae.models.generation_defaults import resolve_generation
+from ktae.models.tokenizer import warn_unknown_characters
 from ktae.rewards import RewardResult, batch_math_reward, reward_stats
+from ktae.rewards.registry import get_reward
 
 
 def load_records(names: Sequence[str], *, limit: int | None = None,
@@ -68,9 +79,6 @@ def _load_hub_source(name: str, hub_path: str, hub_split: str, *, limit, split
                      ) -> list[BenchmarkRecord]:
     from dataclasses import replace
 
-    from ktae.data import load_examples
-    from ktae.eval.benchmarks import BENCHMARKS, benchmark_rows
-
     spec = replace(BENCHMARKS[name], hub_path=hub_path, hub_config=None, split=hub_split)
     rows = benchmark_rows(name, spec, split=split)
     examples = load_examples(rows, limit=limit, preferred=spec.fields,
@@ -92,13 +100,9 @@ def verify_responses(name: str, texts: list[str], answers: list, timeout: float,
                      grader: str = "default") -> list[RewardResult]:
     """Scores of one benchmark's responses: the option letter for multiple-choice
     benchmarks, the ``grader`` of :mod:`ktae.eval.graders` otherwise."""
-    from ktae.eval.graders import get_grader
-
     if name in choice.CHOICE_BENCHMARKS:
         return [choice.letter_reward(t, a) for t, a in zip(texts, answers, strict=True)]
     if name == "arith":  # the task's own answer format, whatever the grader
-        from ktae.rewards.registry import get_reward
-
         return get_reward("number").score(texts, answers, timeout=timeout)
     return get_grader(grader).grade(texts, answers, timeout=timeout)
 
@@ -205,7 +209,6 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
     """
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend: expected 'hf' or 'vllm', got {backend!r}")
-    from ktae.eval.graders import get_grader
 
     get_grader(grader)
     choice_of = resolve_generation(_model_dir(model, model_path), template=template,
@@ -230,7 +233,6 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
     resolved = resolve_template(choice_of.template, tokenizer)
     prompts = {n: [build_prompt(r, resolved, tokenizer) for r in recs]
                for n, recs in records.items()}
-    from ktae.models.tokenizer import warn_unknown_characters
 
     warn_unknown_characters([p for ps in prompts.values() for p in ps], tokenizer)
     # Every benchmark's prompts are checked against the context before anything runs.
@@ -247,8 +249,6 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
     timeouts_before = reward_stats()["timeouts"]
     llm, engine = None, {}
     if backend == "vllm":  # tests/vllm_backend, in an environment with vLLM
-        from ktae.eval import vllm_engine
-
         llm = vllm_engine.load_vllm(model_path, dtype=dtype, seed=seed, verbose=verbose)
         engine = {"engine": vllm_engine.engine_settings(llm, requested_dtype=dtype)}
         to_backend = vllm_engine.engine_sampling_kwargs
