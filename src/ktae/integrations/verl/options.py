@@ -24,7 +24,10 @@ from typing import Any
 
 from ktae.core import calibration as core_calibration  # read at call time: tests wrap it
 from ktae.core import estimators as core_estimators
+from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.calibration import CALIBRATIONS
+from ktae.core.estimators import ADVANTAGE_ESTIMATORS
+from ktae.plugins import load_entry_points, load_from_env
 
 #: Options of an estimator's block that say how correctness is read, for an estimator
 #: that reads the verifier's ``correct``: ``reward_threshold`` and the reward extra-info
@@ -34,8 +37,6 @@ RULE_CORRECTNESS_OPTIONS = ("reward_threshold", "correct_key")
 
 def _record(name: str):
     """The core's registry record of estimator ``name``, or None for a name ktae lacks."""
-    from ktae.core.estimators import ADVANTAGE_ESTIMATORS
-
     return ADVANTAGE_ESTIMATORS.record(name) if name in ADVANTAGE_ESTIMATORS else None
 
 
@@ -62,9 +63,6 @@ def plugin_estimators() -> dict[str, tuple[str, ...] | None]:
     ``rloo`` stay verl's; ``drgrpo`` is verl's ``grpo`` with
     ``algorithm.norm_adv_by_std_in_grpo=false``.
     """
-    from ktae.core.baselines import SEQUENCE_BASELINES
-    from ktae.core.estimators import ADVANTAGE_ESTIMATORS
-
     return {name: block_options(name) for name in ADVANTAGE_ESTIMATORS.names()
             if name not in SEQUENCE_BASELINES}
 
@@ -80,8 +78,6 @@ def load_user_rules() -> list[str]:
     modules or files of ``KTAE_PLUGINS`` (:mod:`ktae.plugins`). verl imports the plugin in
     the driver and in every Ray worker, so each process loads the same rules; returns the
     specs of ``KTAE_PLUGINS``."""
-    from ktae.plugins import load_entry_points, load_from_env
-
     load_entry_points()
     return load_from_env()
 
