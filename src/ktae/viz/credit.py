@@ -21,6 +21,9 @@ from collections.abc import Sequence
 import torch
 
 from ktae.core.checks import as_tensor, check_float, check_mask
+from ktae.core.estimators import compute_advantages
+from ktae.core.groups import group_index as dense_groups
+from ktae.core.ktae import key_token_table
 
 NEGATIVE_RGB = (33, 102, 172)
 """The colour of the most negative advantage shown (blue)."""
@@ -323,10 +326,6 @@ def group_credit(*, rewards, token_ids, mask, group_index: int = 0, group=None, 
         (with ``"text"`` when ``decode`` is given). ``credit_html(**result)`` and
         ``credit_png(**result, path=...)`` take it as is.
     """
-    from ktae.core.estimators import compute_advantages
-    from ktae.core.groups import group_index as dense_groups
-    from ktae.core.ktae import key_token_table
-
     ids = as_tensor(token_ids, "token_ids")
     if ids.dim() != 2:
         raise ValueError(f"token_ids: expected [B, T], got shape {tuple(ids.shape)}")
