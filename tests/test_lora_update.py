@@ -1,0 +1,131 @@
+"""The LoRA update's log-prob pass (``ktae.train.logprob_head.full_logps`` with gradients)
+against autograd's plain chain on a small random Llama with peft LoRA adapters: the same
+log-probabilities, entropies, GRPO loss and adapter gradients, within float rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ktae.train.logprob_head import TokenLogProbs, full_logps
+
+peft = pytest.importorskip("peft")
+
+
+def _lora_llama(vocab: int = 53):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True)).float()
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                             task_type="CAUSAL_LM", init_lora_weights=False)
+    return peft.get_peft_model(model, config)
+
+
+def _batch(vocab: int = 53):
+    """Left-padded prompts of 6 positions, right-padded completions of 7."""
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(2, vocab, (4, 13), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    mask[3, :1] = 0
+    mask[0, 10:] = 0
+    mask[2, 8:] = 0
+    ids[mask == 0] = 0
+    return ids, mask, 7
+
+
+def _autograd_logps(model, ids, mask, keep, temperature):
+    """The head as autograd's chain: logits of the kept positions, log-softmax, gather."""
+    logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep + 1,
+                   use_cache=False).logits
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    padding = mask[:, -keep:] == 0
+    per_token = logp.gather(-1, ids[:, -keep:, None]).squeeze(-1).masked_fill(padding, 0.0)
+    with torch.no_grad():
+        p = logp.exp()
+        entropy = -(p * logp).sum(-1).masked_fill(padding, 0.0)
+    return per_token, entropy
+
+
+def _grpo_loss(logps, mask, advantages, epsilon=0.2):
+    """TRL 1.16's clipped GRPO loss, one micro-batch, on-policy (old = current, detached)."""
+    ratio = torch.exp(logps - logps.detach())
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    m = mask.float()
+    return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1)).mean()
+
+
+def _adapter_grads(model):
+    out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.0])
+def test_loss_and_lora_gradients_equal_autograds_chain(temperature):
+    model = _lora_llama()
+    model.train()
+    ids, mask, keep = _batch()
+    advantages = torch.randn(4, keep, generator=torch.Generator().manual_seed(7))
+    completion_mask = mask[:, -keep:]
+
+    lp_ref, ent_ref = _autograd_logps(model, ids, mask, keep, temperature)
+    loss_ref = _grpo_loss(lp_ref, completion_mask, advantages)
+    loss_ref.backward()
+    g_ref = _adapter_grads(model)
+
+    lp, ent = full_logps(model, ids, mask, keep, temperature, compute_entropy=True,
+                         entropy_grad=False)
+    loss = _grpo_loss(lp, completion_mask, advantages)
+    loss.backward()
+    g_new = _adapter_grads(model)
+
+    assert not ent.requires_grad
+    assert type(lp.grad_fn.next_functions[0][0]).__name__ == "TokenLogProbsBackward"
+    torch.testing.assert_close(lp, lp_ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ent, ent_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-6, atol=1e-7)
+    assert g_ref and set(g_new) == set(g_ref)
+    assert all("lora_" in name for name in g_new)  # the frozen weights get none
+    for name, g in g_ref.items():
+        assert g.abs().max() > 0, name
+        torch.testing.assert_close(g_new[name], g, rtol=1e-5, atol=1e-7, msg=name)
+    head = model.get_output_embeddings()
+    assert not head._forward_pre_hooks  # the contiguous-input hook is removed
+
+
+def test_token_logprobs_backward_is_the_log_softmax_derivative():
+    """``g (onehot - softmax) / T`` at every kept position, 0 at the last one, in float64."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 5, 11, dtype=torch.float64, generator=g, requires_grad=True)
+    logits.data[0, 1, 3] = float("-inf")  # a banned entry: probability 0, gradient 0
+    targets = torch.randint(0, 11, (2, 4), generator=g)
+    targets[0, 1] = 4
+    per_token, logp = TokenLogProbs.apply(logits, targets, 0.7)
+    assert per_token.dtype == torch.float32 and not logp.requires_grad
+    weight = torch.randn(2, 4, generator=g)
+    (per_token * weight).sum().backward()
+    with torch.no_grad():
+        p = torch.softmax(logits[:, :-1].float() / 0.7, dim=-1)
+        expected = torch.nn.functional.one_hot(targets, 11).float() - p
+        expected = torch.cat([expected * weight[..., None] / 0.7,
+                              torch.zeros(2, 1, 11)], dim=1).double()
+    torch.testing.assert_close(logits.grad, expected, rtol=1e-5, atol=1e-6)
+    assert logits.grad[0, 1, 3] == 0
+
+
+def test_no_gradient_pass_is_unchanged():
+    """Without gradients (the old-policy and reference passes) the same values come back."""
+    model = _lora_llama()
+    ids, mask, keep = _batch()
+    with torch.no_grad():
+        lp_ref, ent_ref = _autograd_logps(model, ids, mask, keep, 0.8)
+        lp, ent = full_logps(model, ids, mask, keep, 0.8, compute_entropy=True,
+                             entropy_grad=False)
+    torch.testing.assert_close(lp, lp_ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ent, ent_ref, rtol=1e-6, atol=1e-6)
