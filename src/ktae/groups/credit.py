@@ -15,10 +15,6 @@ from ktae.core import methods
 from ktae.core.methods import Method
 from ktae.groups.input import GroupInput
 
-TABLE_OPTIONS = ("correct", "reward_threshold", "h1", "h2", "h3", "k1", "b", "top",
-                 "ignore_token_ids", "mode", "variant", "ngram", "split")
-"""The estimator options :func:`ktae.key_token_table` takes too."""
-
 
 def _check_groups(groups: Sequence[GroupInput]) -> None:
     if not groups:
@@ -114,12 +110,12 @@ def credit_values(groups: Sequence[GroupInput], credit: Method, *,
     mask = torch.arange(T)[None, :] < lengths[:, None]
     gid = torch.repeat_interleave(torch.arange(len(groups)), torch.tensor(sizes))
     rewards = torch.tensor([float(r) for g in groups for r in g.rewards], dtype=torch.float64)
-    opts = dict(credit.estimator_options) if credit.estimator == "ktae" else {}
+    opts = credit.table_options  # its options the key-token table takes (KTAE's)
     threshold = float(opts.get("reward_threshold", 0.0))
     correct = torch.tensor([flag for g in groups for flag in (
         [bool(c) for c in g.correct] if g.correct is not None
         else [float(r) > threshold for r in g.rewards])])
-    table_opts = {k: v for k, v in opts.items() if k in TABLE_OPTIONS}
+    table_opts = dict(opts)
     table_opts.setdefault("ignore_token_ids", list(credit.ignore_token_ids))
     # the graded split takes its classes from the rewards, as the trainer gives them
     if table_opts.get("mode", "exact") != "reference" and table_opts.get("split") != "graded":
