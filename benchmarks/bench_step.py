@@ -4,6 +4,8 @@ Usage:
     python benchmarks/bench_step.py                        # SmolLM2-135M, 4 x 8, 64 tokens
     python benchmarks/bench_step.py --prompts 2 --generations 4 --new-tokens 32 --rounds 3
     python benchmarks/bench_step.py --only matmul,generation --compile
+    python benchmarks/bench_step.py --lora --kinds ktae      # the LoRA recipe's step
+    python benchmarks/bench_step_ab.py OLD_SRC               # two ktae trees side by side
 
 Five measurements, in one process, at one torch thread count (``--threads``):
 
@@ -31,6 +33,34 @@ Five measurements, in one process, at one torch thread count (``--threads``):
    rounds; medians and their ratio. Each step is timed by the same callback, from
    ``on_step_begin`` to ``on_step_end`` (optimizer step included).
 
+**LoRA** (``--lora [RECIPE]``, default ``configs/smollm2-recipe.yaml``): the recipe's
+model, batch (``num_prompts x num_generations``), ``max_new_tokens``, temperature, thread
+count, ``trl`` settings (its 4 micro-batches) and LoRA adapters (rank, alpha, targets,
+dropout), on prompts of the recipe's task. Both trainers train the same adapters; 1b
+measures the model with the adapters. The update's floor is then LoRA's
+(:func:`lora_update_flops`): the frozen weights get no gradient, only the activations
+and the adapters do::
+
+    4 N_b T + 4 N_h T_c + 6 N_a T
+
+* ``N_b T`` (the body): each frozen ``in x out`` matrix costs ``2 in out`` FLOPs a token
+  forward and ``2 in out`` for the gradient of its input, none for its weight: ``4 N_b``
+  a token over the ``T`` tokens of the batch (prompts included), ``N_b`` the parameters
+  of every linear layer but the LM head (the input embedding is a lookup);
+* ``N_h T_c`` (the LM head, ``vocab x hidden``): the same ``4 N_h`` a token, but only at
+  the ``T_c`` scored positions (the responses' tokens: the log-prob head asks for the
+  logits of those alone, ``logits_to_keep``);
+* ``N_a T`` (the adapters ``A: in x r``, ``B: r x out`` of each target, ``N_a`` their
+  parameters): ``2 N_a`` forward, and in the backward pass the gradients of ``A`` and
+  ``B`` (``2 N_a``) and of their inputs (``2 N_a``): ``6 N_a`` a token.
+
+Left out, as in ``6 N T``: attention's own products (``QK^T`` and the weighted sum, about
+5% of the body at the recipe's 120 positions), elementwise work and the optimizer (AdamW
+over ``N_a`` parameters: negligible). The table names each row's floor. ``--ktae-src``
+imports ktae from another source tree (the code before a change, e.g. a ``git worktree``),
+``--kinds ktae`` skips TRL's trainer; ``benchmarks/bench_step_ab.py`` runs two trees'
+steps alternately and prints them part by part against the floor.
+
 The 1-minute load average is printed before each measurement: a shared machine is rarely
 idle, and every ratio printed compares times taken side by side in the same run.
 ``--json PATH`` writes every number.
@@ -46,6 +76,7 @@ import statistics
 import sys
 import tempfile
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import torch
@@ -267,15 +298,16 @@ class StepTimes:
 
 
 def trainer_args(path: str, out: str, *, prompts: int, generations: int, new_tokens: int,
-                 threads: int, steps: int, trl: dict):
+                 threads: int, steps: int, trl: dict, temperature: float | None = None):
     from ktae.runs.config import TrainConfig
     from ktae.runs.credit import credit_settings
     from ktae.train.session import grpo_config
 
+    more = {} if temperature is None else {"temperature": temperature}
     cfg = TrainConfig(model=path, algo="grpo", credit="none", num_prompts=prompts,
                       num_generations=generations, max_new_tokens=new_tokens,
                       max_steps=steps, output_dir=out, torch_threads=threads,
-                      save_every=0, eval_every=0, progress=False).resolve()
+                      save_every=0, eval_every=0, progress=False, **more).resolve()
     settings = {"generation_kwargs": {"min_new_tokens": new_tokens}, "save_strategy": "no",
                 **trl}
     return grpo_config(cfg, 1, settings), credit_settings(cfg)
@@ -292,7 +324,7 @@ def run_steps(kind: str, state: dict, tokenizer, rows, args, credit, timer: Step
     model = state["factory"]()
     kwargs = dict(model=model, reward_funcs=[contains_answer], args=args,
                   train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                  callbacks=[timer.callback])
+                  callbacks=[timer.callback], peft_config=state.get("peft_config"))
     trainer = (KTAEGRPOTrainer(credit=credit, logprob_head=state["head"], **kwargs)
                if kind == "ktae"
                else GRPOTrainer(**kwargs))
@@ -308,14 +340,67 @@ def steady_steps(xs: list, per_turn: int) -> list:
 
 
 def floors(n_params: int, batch: int, prompt_tokens: int, new_tokens: int,
-           rate_train: float, rate_decode: float, passes: int) -> dict[str, float]:
+           rate_train: float, rate_decode: float, passes: int,
+           lora_flops: float | None = None) -> dict[str, float]:
+    """Seconds of each part's FLOPs at the measured rates; the update's are ``6 N T`` (full
+    fine-tuning) or ``lora_flops`` (:func:`lora_update_flops`) when given."""
     tokens = batch * (prompt_tokens + new_tokens)
+    update = 6 * n_params * tokens if lora_flops is None else lora_flops
     return {
         "generation": (2 * n_params * batch * prompt_tokens / rate_train
                        + 2 * n_params * batch * new_tokens / rate_decode),
         "logprobs": passes * 2 * n_params * tokens / rate_train,
-        "update": 6 * n_params * tokens / rate_train,
+        "update": update / rate_train,
     }
+
+
+#: What each part's floor counts (``N`` parameters, ``T`` tokens of the batch).
+FLOOR_OF = {"generation": "2 N a prompt token + 2 N a new token",
+            "logprobs": "2 N T a pass", "update": "6 N T (full fine-tuning)"}
+LORA_FLOOR_OF = "4 N_b T + 4 N_h T_c + 6 N_a T (LoRA)"
+
+
+def lora_sizes(model) -> dict[str, int]:
+    """``N_b``, ``N_h`` and ``N_a`` of a peft LoRA model (module docstring): the frozen
+    linear layers' parameters but the LM head's, the LM head's, the adapters'."""
+    head = model.get_output_embeddings()
+    adapters = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    body = sum(m.weight.numel() for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and m is not head and "lora_" not in n)
+    return {"body": body, "head": head.weight.numel(), "adapters": adapters}
+
+
+def lora_update_flops(sizes: dict[str, int], tokens: int, scored: int) -> float:
+    """FLOPs of a LoRA update over ``tokens`` tokens of which ``scored`` are scored:
+    ``4 N_b T + 4 N_h T_c + 6 N_a T`` (the derivation is in the module docstring)."""
+    return 4 * sizes["body"] * tokens + 4 * sizes["head"] * scored + 6 * sizes["adapters"] * tokens
+
+
+def read_recipe(path: str):
+    """``(cfg, rows)``: the resolved recipe and its task's first 64 training prompts
+    (``prompt`` and ``answer``, as ``ktae train`` formats them)."""
+    from ktae.runs.config import TrainConfig
+    from ktae.train.data import format_task
+    from ktae.train.session import default_template, preflight
+
+    cfg = TrainConfig.from_file(path).resolve()
+    checked = preflight(cfg)
+    model, tokenizer = load_model(checked.model)
+    template = cfg.template or default_template(checked.task, tokenizer, cfg.reward)
+    rows, _ = format_task(checked.task, template, tokenizer, cfg.reward, model=model,
+                          max_new_tokens=cfg.max_new_tokens)
+    return cfg, [{"prompt": r["prompt"], "answer": str(r["answer"])} for r in rows[:64]]
+
+
+def use_ktae_from(src: str | None) -> None:
+    """Import ktae from the source tree ``src`` (a directory holding ``ktae/``)."""
+    if src is None:
+        return
+    if not (Path(src) / "ktae" / "__init__.py").is_file():
+        raise SystemExit(f"--ktae-src: {src} holds no ktae package")
+    if "ktae" in sys.modules:
+        raise SystemExit("--ktae-src: ktae is already imported")
+    sys.path.insert(0, str(Path(src).resolve()))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -343,14 +428,36 @@ def main(argv: list[str] | None = None) -> dict:
                    help="comma-separated: matmul, passes, generation, step")
     p.add_argument("--logprob-head", default="auto", choices=("auto", "full", "chunked"),
                    help="ktae's log-prob head (docs/step-time.md); TRL's is its fused head")
+    p.add_argument("--lora", nargs="?", const=str(ROOT / "configs" / "smollm2-recipe.yaml"),
+                   metavar="RECIPE", help="the LoRA recipe's step (module docstring): its "
+                   "model, batch, tokens, temperature, threads, trl settings, adapters and "
+                   "prompts, against the LoRA floor (default recipe: configs/smollm2-recipe.yaml)")
+    p.add_argument("--kinds", default="ktae,trl", help="the trainers of 3-4: ktae, trl or both")
+    p.add_argument("--ktae-src", help="import ktae from this source directory (holding ktae/)")
+    p.add_argument("--rate-repeats", type=int, default=3,
+                   help="timed rounds of the matmul rate at the step's shapes")
     p.add_argument("--json", help="write every number here")
     a = p.parse_args(argv)
+    use_ktae_from(a.ktae_src)
     only = set(a.only.split(","))
+    kinds = [k for k in ("ktae", "trl") if k in a.kinds.split(",")]
+    if "ktae" not in kinds:
+        p.error("--kinds: expected ktae or ktae,trl")
     from ktae.train.session import _quiet
     from ktae.train.trl_args import parse_trl_pairs
 
     _quiet()
     trl = parse_trl_pairs(a.trl)
+    recipe, temperature, peft_config = None, None, None
+    if a.lora:
+        from ktae.train.session import lora_config
+
+        recipe, rows = read_recipe(a.lora)
+        a.model, a.prompts, a.generations = recipe.model, recipe.num_prompts, recipe.num_generations
+        a.new_tokens, a.threads, temperature = (recipe.max_new_tokens, recipe.torch_threads,
+                                                recipe.temperature)
+        trl = {**recipe.trl, **trl}
+        peft_config = lora_config(recipe)
     trl["beta"] = a.beta
     torch.set_num_threads(a.threads)
     path = resolve_model(a.model)
@@ -358,20 +465,37 @@ def main(argv: list[str] | None = None) -> dict:
     model.eval()
     n_params = parameter_count(model)
     batch = a.prompts * a.generations
-    rows = prompts_of(tokenizer, 64)
+    if recipe is None:
+        rows = prompts_of(tokenizer, 64)
     sample = [r["prompt"] for r in rows[:a.prompts] for _ in range(a.generations)]
     prompt_tokens = max(len(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in sample)
     result: dict = {"model": path, "parameters": n_params, "threads": a.threads,
                     "load_start": load(), "logprob_head": a.logprob_head,
-                    "batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": a.new_tokens}
+                    "batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": a.new_tokens,
+                    "lora": a.lora, "ktae_src": str(Path(find_spec("ktae").origin).parent),
+                    "trl_settings": {k: v for k, v in trl.items() if k != "beta"}}
+    lora_flops = None
+    tokens = batch * (prompt_tokens + a.new_tokens)
+    shapes = linear_shapes(model)  # the frozen weights' (no adapter's)
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_config)
+        model.eval()
+        sizes = lora_sizes(model)
+        lora_flops = lora_update_flops(sizes, tokens, batch * a.new_tokens)
+        result["lora_sizes"] = sizes
+        result["lora_update_flops"] = lora_flops
+        say(f"LoRA r={peft_config.r}, alpha={peft_config.lora_alpha}, targets "
+            f"{peft_config.target_modules}: N_b {sizes['body'] / 1e6:.1f}M, N_h "
+            f"{sizes['head'] / 1e6:.1f}M, N_a {sizes['adapters'] / 1e6:.2f}M; micro-batches: "
+            f"{trl.get('gradient_accumulation_steps', 1)}")
     say(f"{path}: {n_params / 1e6:.1f}M parameters; {a.prompts} prompts x {a.generations} = "
         f"{batch} responses of {a.new_tokens} tokens after prompts of <= {prompt_tokens}; "
         f"{a.threads} thread(s); load {load()}")
 
-    shapes = linear_shapes(model)
-    tokens = batch * (prompt_tokens + a.new_tokens)
     say(f"\n1. float32 matmul rate (the model's {len(shapes)} linear shapes)")
-    rate_train = matmul_rate(shapes, tokens)
+    rate_train = matmul_rate(shapes, tokens, repeats=a.rate_repeats)
     rate_decode = matmul_rate(shapes, batch, repeats=5)
     result["matmul"] = {"train_rows": tokens, "train_flops": rate_train,
                         "decode_rows": batch, "decode_flops": rate_decode}
@@ -379,10 +503,13 @@ def main(argv: list[str] | None = None) -> dict:
     say(f"  M = {batch} rows (one decoding step):      {rate_decode / 1e9:.1f} GFLOP/s")
     passes = 1 if a.beta > 0 else 0
     floor = floors(n_params, batch, prompt_tokens, a.new_tokens, rate_train, rate_decode,
-                   passes)
+                   passes, lora_flops)
+    floor_of = dict(FLOOR_OF, update=LORA_FLOOR_OF if lora_flops else FLOOR_OF["update"])
     result["floors"] = floor
+    result["floor_of"] = floor_of
+    update_flops = lora_flops or 6 * n_params * tokens
     say(f"  floors: generation {floor['generation']:.1f} s, update {floor['update']:.1f} s "
-        f"(6 N T, T = {tokens} tokens: {6 * n_params * tokens / 1e12:.2f} TFLOP)"
+        f"({floor_of['update']}, T = {tokens} tokens: {update_flops / 1e12:.2f} TFLOP)"
         + (f", log-probs {floor['logprobs']:.1f} s" if passes else ""))
 
     if "passes" in only:
@@ -393,8 +520,11 @@ def main(argv: list[str] | None = None) -> dict:
         pass_floor = {"forward": 2, "forward, with gradients": 2, "backward": 4}
         for name, seconds in passes_s.items():
             f = pass_floor[name] * n_params * tokens / rate_train
-            say(f"  {name:<28} {seconds:7.2f} s  x{seconds / f:.2f} of its floor "
-                f"({pass_floor[name]} N T)")
+            what = f"{pass_floor[name]} N T"
+            if lora_flops and name == "backward":  # activations' and adapters' gradients
+                f = (2 * n_params + 4 * result["lora_sizes"]["adapters"]) * tokens / rate_train
+                what = "2 N T + 4 N_a T"
+            say(f"  {name:<28} {seconds:7.2f} s  x{seconds / f:.2f} of its floor ({what})")
 
     if "generation" in only:
         say(f"\n2. generation backends ({batch} rows x {a.new_tokens} tokens, sampled)")
@@ -413,7 +543,7 @@ def main(argv: list[str] | None = None) -> dict:
     gc.collect()
 
     if "step" in only:
-        say(f"\n3-4. ktae (--credit none) and TRL's GRPOTrainer, {a.steps} step(s) each, "
+        say(f"\n3-4. {' and '.join(kinds)} (ktae: --credit none), {a.steps} step(s) each, "
             f"alternating for {a.rounds} rounds")
         weights = {k: v.clone() for k, v in load_model(path)[0].state_dict().items()}
 
@@ -422,16 +552,16 @@ def main(argv: list[str] | None = None) -> dict:
             m.load_state_dict(weights)
             return m
 
-        state = {"factory": factory, "head": a.logprob_head}
+        state = {"factory": factory, "head": a.logprob_head, "peft_config": peft_config}
         record_trl_profiling()
-        timers = {"ktae": StepTimes(), "trl": StepTimes()}
+        timers = {k: StepTimes() for k in kinds}
         with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
             args, credit = trainer_args(path, tmp, prompts=a.prompts, generations=a.generations,
                                         new_tokens=a.new_tokens, threads=a.threads,
                                         steps=a.steps,
-                                        trl=trl)
+                                        trl=trl, temperature=temperature)
             for r in range(a.rounds):
-                order = ("ktae", "trl") if r % 2 == 0 else ("trl", "ktae")
+                order = kinds if r % 2 == 0 else kinds[::-1]
                 for kind in order:
                     say(f"  round {r + 1}: {kind}, load {load()}")
                     run_steps(kind, state, tokenizer, rows, args, credit, timers[kind])
@@ -443,27 +573,29 @@ def main(argv: list[str] | None = None) -> dict:
         result["steps_per_turn"] = a.steps
         result["first_step_medians"] = {k: statistics.median(t.steps[::a.steps])
                                         for k, t in timers.items()}
-        say(f"\n  TRL's profiled sections, median seconds per step: {'ktae':>9} {'trl':>9}")
+        say("\n  TRL's profiled sections, median seconds per step: "
+            + " ".join(f"{k:>9}" for k in kinds))
         for section in PROFILED:
             cells = [statistics.median(p.get(section, 0.0) for p in steady(timers[k].profiled))
-                     for k in ("ktae", "trl")]
-            say(f"  {section:<48} {cells[0]:9.3g} {cells[1]:9.3g}")
+                     for k in kinds]
+            say(f"  {section:<48} " + " ".join(f"{c:9.3g}" for c in cells))
         result["trl_profiled"] = {k: t.profiled for k, t in timers.items()}
         parts = {p: statistics.median(x[p] for x in steady(timers["ktae"].parts))
                  for p in (*PARTS, "other", "step")}
         result["steps"] = {k: t.steps for k, t in timers.items()}
         result["ktae_parts"] = timers["ktae"].parts
-        result["ratio"] = med["ktae"] / med["trl"]
         if a.steps > 1:
-            say(f"\n  first steps of each turn (left out below), medians: ktae "
-                f"{result['first_step_medians']['ktae']:.1f} s, TRL "
-                f"{result['first_step_medians']['trl']:.1f} s")
-        say(f"\n  ktae step (median of {len(steady(timers['ktae'].steps))}): {med['ktae']:.1f} s; TRL's: "
-            f"{med['trl']:.1f} s; ktae/TRL = {result['ratio']:.3f}")
-        say(f"\n  {'part':<12} {'seconds':>9} {'floor':>9} {'x floor':>9}")
+            say("\n  first steps of each turn (left out below), medians: " + ", ".join(
+                f"{k} {result['first_step_medians'][k]:.1f} s" for k in kinds))
+        say(f"\n  ktae step (median of {len(steady(timers['ktae'].steps))}): "
+            f"{med['ktae']:.1f} s" + (f"; TRL's: {med['trl']:.1f} s" if "trl" in med else ""))
+        if "trl" in med:
+            result["ratio"] = med["ktae"] / med["trl"]
+            say(f"  ktae/TRL = {result['ratio']:.3f}")
+        say(f"\n  {'part':<12} {'seconds':>9} {'floor':>9} {'x floor':>9}  floor of")
         for part in (*PARTS, "other"):
             f = floor.get(part)
-            cells = f" {f:9.3g} {parts[part] / f:9.3g}" if f else ""
+            cells = f" {f:9.3g} {parts[part] / f:9.3g}  {floor_of[part]}" if f else ""
             say(f"  {part:<12} {parts[part]:9.3g}{cells}")
         say(f"  {'step':<12} {parts['step']:9.3g}")
         if "generation_best" in result:

@@ -40,5 +40,80 @@ def test_tiny_model_step_against_floor_and_trl(tiny_model, tmp_path):
     assert f"ktae/TRL = {result['ratio']:.3f}" in out
     for part in ("generation", "logprobs", "update"):
         line = next(x for x in out.splitlines() if x.strip().startswith(part + " "))
-        seconds, floor, ratio = (float(v) for v in line.split()[1:])
+        seconds, floor, ratio = (float(v) for v in line.split()[1:4])
         assert ratio == pytest.approx(seconds / floor, rel=0.2, abs=0.02)
+        assert line.endswith(result["floor_of"][part])
+    assert result["floor_of"]["update"].startswith("6 N T")
+    assert result["floors"]["update"] == pytest.approx(
+        6 * result["parameters"] * result["matmul"]["train_rows"]
+        / result["matmul"]["train_flops"])
+
+
+TINY_RECIPE = """\
+model: {model}
+task: arith@difficulty=0
+reward: number
+template: compact
+num_prompts: 2
+num_generations: 2
+max_new_tokens: 5
+temperature: 0.7
+lora_r: 4
+lora_alpha: 16
+torch_threads: 1
+train_size: 50
+eval_size: 10
+trl:
+  gradient_accumulation_steps: 2
+"""
+
+
+def test_lora_sizes_and_floor_flops():
+    """N_b, N_h and N_a of a peft model counted by hand; 4 N_b T + 4 N_h T_c + 6 N_a T."""
+    peft = pytest.importorskip("peft")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(BENCH.parent))
+    from bench_step import lora_sizes, lora_update_flops
+
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    model = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules="all-linear",
+                                                       task_type="CAUSAL_LM"))
+    per_layer = 16 * 16 * 2 + 16 * 8 * 2 + 16 * 24 * 3      # q, o; k, v; gate, up, down
+    adapters = 2 * ((16 + 16) * 2 + (16 + 8) * 2 + (16 + 24) * 3)
+    assert lora_sizes(model) == {"body": 2 * per_layer, "head": 50 * 16,
+                                 "adapters": 2 * adapters}
+    assert lora_update_flops(lora_sizes(model), tokens=30, scored=12) == (
+        4 * 2 * per_layer * 30 + 4 * 50 * 16 * 12 + 6 * 2 * adapters * 30)
+
+
+@pytest.mark.slow
+def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
+    """--lora reads the recipe's batch, tokens, micro-batches and adapters; bench_step_ab
+    runs each tree (here this one twice) in its own process and prints the parts."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(TINY_RECIPE.format(model=tiny_model))
+    src = str(BENCH.parents[1] / "src")
+    out = subprocess.run(
+        [sys.executable, str(BENCH.parent / "bench_step_ab.py"), src, "--rounds", "1",
+         "--json", str(tmp_path / "ab.json"), "--", "--lora", str(recipe)],
+        capture_output=True, text=True, check=True, timeout=600).stdout
+    result = json.loads((tmp_path / "ab.json").read_text())
+    for tree in ("old", "new"):
+        (run,) = result["runs"][tree]
+        assert run["ktae_src"] == str(Path(src) / "ktae")
+        assert run["batch"] == 4 and run["new_tokens"] == 5 and run["lora"] == str(recipe)
+        assert run["trl_settings"] == {"gradient_accumulation_steps": 2}
+        assert set(run["steps"]) == {"ktae"}  # --kinds ktae: no TRL trainer
+        sizes = run["lora_sizes"]
+        assert sizes["adapters"] > 0 and run["floor_of"]["update"].endswith("(LoRA)")
+        tokens = run["matmul"]["train_rows"]
+        assert run["lora_update_flops"] == 4 * sizes["body"] * tokens + 4 * sizes["head"] * 4 * 5 \
+            + 6 * sizes["adapters"] * tokens
+        assert run["floors"]["update"] == pytest.approx(
+            run["lora_update_flops"] / run["matmul"]["train_flops"])
+    update = next(x for x in out.splitlines() if x.startswith("update "))
+    assert update.endswith("(LoRA)") and len(update.split()) > 7
+    assert "load average" in out

@@ -1,0 +1,109 @@
+"""Two ktae source trees' training steps side by side, part by part, against their floors.
+
+Usage:
+    git worktree add /tmp/old-ktae <commit>                  # the code before a change
+    python benchmarks/bench_step_ab.py /tmp/old-ktae/src     # the LoRA recipe, 3 rounds
+    python benchmarks/bench_step_ab.py OLD_SRC --rounds 4 --json ab.json -- --steps 2
+
+Each round runs ``benchmarks/bench_step.py --lora --only step --kinds ktae`` once with each
+tree (``--ktae-src``), each in its own process (a process imports one ktae), the order
+alternating between rounds (old, new; new, old; ...), so that both see the same machine.
+Every run measures the matmul rate, and so its floors, anew. Arguments after ``--`` go to
+every run of bench_step (e.g. ``--lora OTHER_RECIPE``, ``--steps 2``). Prints each part's
+median seconds under each tree, the median over runs of each run's seconds over its own
+floor, and new/old of the medians; the 1-minute load average at each run's start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks" / "bench_step.py"
+PARTS = ("generation", "scoring", "logprobs", "advantages", "update", "other", "step")
+
+
+def run_one(src: str, out: Path, extra: list[str]) -> dict:
+    """One bench_step run of the tree ``src``; its JSON result."""
+    cmd = [sys.executable, str(BENCH), "--lora", "--only", "step", "--kinds", "ktae",
+           "--rounds", "1", "--rate-repeats", "1", "--ktae-src", src, "--json", str(out), *extra]
+    subprocess.run(cmd, check=True, stdout=sys.stderr)
+    return json.loads(out.read_text())
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    """Per part and tree: median seconds, median x floor (each run over its own floor)."""
+    table = {}
+    for part in PARTS:
+        row = {}
+        for tree, results in runs.items():
+            seconds = [r["ktae_part_medians"][part] for r in results]
+            row[tree] = statistics.median(seconds)
+            if part in results[0]["floors"] and results[0]["floors"][part]:
+                row[f"{tree}_floor"] = statistics.median(r["floors"][part] for r in results)
+                row[f"{tree}_x_floor"] = statistics.median(
+                    r["ktae_part_medians"][part] / r["floors"][part] for r in results)
+        table[part] = row
+    return table
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("old_src", help="the other tree's source directory (holding ktae/)")
+    p.add_argument("--new-src", default=str(ROOT / "src"), help="default: this tree's src")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each tree")
+    p.add_argument("--json", help="write every run's result and the table here")
+    a = p.parse_args(argv)
+    trees = {"old": a.old_src, "new": a.new_src}
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory(prefix="bench-step-ab-") as tmp:
+        for r in range(a.rounds):
+            order = ("old", "new") if r % 2 == 0 else ("new", "old")
+            for tree in order:
+                result = run_one(trees[tree], Path(tmp) / f"{tree}-{r}.json", extra)
+                runs[tree].append(result)
+                print(f"round {r + 1}, {tree}: step {result['ktae_part_medians']['step']:.1f} s, "
+                      f"update {result['ktae_part_medians']['update']:.1f} s (floor "
+                      f"{result['floors']['update']:.1f} s); load {result['load_start']} -> "
+                      f"{result['load_end']}", flush=True)
+    table = summarize(runs)
+    first = runs["new"][0]
+    print(f"\n{first['model']}: {first['batch']} responses of {first['new_tokens']} tokens "
+          f"after prompts of <= {first['prompt_tokens']}, {first['threads']} thread(s), "
+          f"{a.rounds} run(s) of each tree, alternating; medians")
+    print(f"old: {trees['old']}\nnew: {trees['new']}")
+    print(f"\n{'part':<12} {'old s':>8} {'new s':>8} {'floor s':>8} {'old x fl':>9} "
+          f"{'new x fl':>9} {'new/old':>8}  floor of")
+    for part, row in table.items():
+        cells = f"{row['old']:8.2f} {row['new']:8.2f}"
+        if "new_floor" in row:
+            cells += (f" {row['new_floor']:8.2f} {row['old_x_floor']:9.2f} "
+                      f"{row['new_x_floor']:9.2f}")
+        else:
+            cells += " " * 28
+        ratio = row["new"] / row["old"] if row["old"] else float("nan")
+        cells += f" {ratio:8.3f}"
+        if part in first.get("floor_of", {}):
+            cells += f"  {first['floor_of'][part]}"
+        print(f"{part:<12} {cells}")
+    loads = [float(x) for rs in runs.values() for r in rs
+             for x in (r["load_start"], r["load_end"])]
+    print(f"\n1-minute load average at the runs' starts and ends: {min(loads):.2f} to "
+          f"{max(loads):.2f}")
+    out = {"trees": trees, "runs": runs, "table": table}
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
