@@ -29,6 +29,16 @@ import sys
 import time
 from collections.abc import Callable
 
+from ktae.credit_audit.inputs import AuditGroup, AuditInput
+from ktae.credit_audit.progress import quiet_phase
+from ktae.groups.input import GroupInput
+from ktae.groups.sampling import generation_scores, importance_references
+from ktae.models.generate import SamplingConfig, generate_hf
+from ktae.rewards.answer_line import number_check
+from ktae.tasks import arith
+from ktae.tasks.arith import parse_task_name, problem_in, user_message
+from ktae.tasks.claims import claim_token_labels
+
 DEFAULT_TASK = "arith@difficulty=1"
 """The task a real model is audited on by default: the credit study's (configs/smollm2-arith.yaml)."""
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -44,7 +54,6 @@ SEQUENCES_PER_BATCH = 32
 def check_task(task: str) -> int | None:
     """The arith difficulty of ``task`` (None for ``embedded``); a one-line ValueError
     naming ``task`` otherwise."""
-    from ktae.tasks.arith import parse_task_name
 
     if task == "embedded":
         return None
@@ -60,7 +69,6 @@ def prompt_set_problems(prompts: int, prompt_set: int, difficulty: int) -> list:
     """Prompt set ``prompt_set``: problems ``prompt_set * prompts .. (prompt_set + 1) *
     prompts - 1`` of the arith ``eval`` stream at ``difficulty`` (seed
     :data:`ktae.tasks.arith.EVAL_SEED`, distinct while the split lasts)."""
-    from ktae.tasks import arith
 
     stream = arith.generate((prompt_set + 1) * prompts, split=SPLIT, seed=arith.EVAL_SEED,
                             difficulty=difficulty, repeats=True)
@@ -83,7 +91,6 @@ def repeated_problems(problems: list, prompts: int) -> int:
 def chat_prompt(tokenizer, problem) -> str:
     """The prompt of ``problem`` (an arith problem or question) as ``ktae train --template
     chat`` renders it: the user message of the tokenizer's chat template."""
-    from ktae.tasks.arith import user_message
 
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("model: the arith task needs a tokenizer with a chat template "
@@ -94,7 +101,6 @@ def chat_prompt(tokenizer, problem) -> str:
 
 def claims_labels(tokenizer, responses, answer) -> list[str]:
     """Per response (token ids), one label per token from the claims labeller."""
-    from ktae.tasks.claims import claim_token_labels
 
     return ["".join(claim_token_labels(tokenizer, ids, answer)) for ids in responses]
 
@@ -126,12 +132,6 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     ``references(rewards)`` True for a group: its clean answer summaries for the
     input-gradient importance are read from the sampling's cache (each response continued
     by the concluding text and the answer; :class:`AuditInput`'s ``references``)."""
-    from ktae.credit_audit.inputs import AuditGroup, AuditInput
-    from ktae.credit_audit.progress import quiet_phase
-    from ktae.groups.input import GroupInput
-    from ktae.groups.sampling import generation_scores
-    from ktae.models.generate import SamplingConfig, generate_hf
-    from ktae.rewards.answer_line import number_check
 
     stream = prompt_set_problems((prompt_set + 1) * prompts, 0, difficulty)
     problems = stream[prompt_set * prompts:]
@@ -139,7 +139,6 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     texts = [chat_prompt(tokenizer, p) for p in problems]
     sampling = SamplingConfig(k=samples, temperature=temperature, max_new_tokens=max_new_tokens,
                               seed=seed)
-    from ktae.groups.sampling import importance_references
 
     tails, on_tail, refs = importance_references(
         tokenizer, [p.answer for p in problems], references,
@@ -177,7 +176,6 @@ def run_labels(prompt: str, responses, tokenizer):
     and the prompt to score the responses after (the chat-template rendering of the
     question when the recorded prompt is that rendering without its special tokens, else
     the recorded one). A ValueError when ``prompt`` holds no arith question."""
-    from ktae.tasks.arith import problem_in
 
     problem = problem_in(prompt)
     if problem is None:

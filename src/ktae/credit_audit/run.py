@@ -32,6 +32,9 @@ import torch
 
 from ktae.core.calibration import CALIBRATIONS
 from ktae.core.estimators import ADVANTAGE_ESTIMATORS
+from ktae.core.needs import CALIBRATION_SCORES, group_calls, load, needs_of
+from ktae.credit_audit import arith_input
+from ktae.credit_audit.arith_input import check_task, run_labels
 from ktae.credit_audit.inputs import AuditGroup, AuditInput
 from ktae.credit_audit.metrics import (
     MASS_METRICS,
@@ -44,7 +47,26 @@ from ktae.credit_audit.metrics import (
     summarise,
     summarise_ratio,
 )
-from ktae.credit_audit.progress import Phase
+from ktae.credit_audit.progress import Phase, quiet_phase
+from ktae.credit_audit.report import write_outputs
+from ktae.credit_audit.sanity import SANITY_RULES, sanity_credit
+from ktae.credit_audit.token_kinds import kind_codes, kind_tensor, mass_by_kind, summarise_kinds
+from ktae.groups import input as group_input
+from ktae.groups import sampling
+from ktae.groups.credit import credit_values
+from ktae.groups.input import GroupInput, load_jsonl
+from ktae.rewards import math_reward
+from ktae.runs.credit import credit_method
+from ktae.runs.reader import (
+    load_tokenizer,
+    read_run_rollouts,
+    recorded_credit_name,
+    run_config,
+    run_tokenizer,
+)
+from ktae.runs.rollouts import ROLLOUTS_FILE
+from ktae.tasks import EVAL_SEED, format_prompt, generate, label_response, level_of, question_of, token_labels
+from ktae.viz.tokens import token_pieces
 
 DEFAULT_PROMPTS = 200
 DEFAULT_SAMPLES = 8
@@ -74,7 +96,6 @@ def parse_methods(spec: str | Sequence[str] | None, *, ignore_token_ids=(),
     ``{name: Method}``; an unknown name is a ValueError naming ``credit``. With a run's
     ``train_config``, a method that is the run's own estimator or calibration keeps its
     settings (h1, alpha, the graded split, ...), as ``ktae explain`` does."""
-    from ktae.runs.credit import credit_method
 
     names = default_methods() if spec is None else (
         [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec))
@@ -107,8 +128,6 @@ def needs_scores(spec) -> bool:
 def embedded_labels(group, tokenizer, question: str) -> list[str]:
     """Per-token labels of each response of ``group`` (token ids) from
     :func:`ktae.tasks.label_response` on the decoded text."""
-    from ktae.tasks import label_response, token_labels
-    from ktae.viz.tokens import token_pieces
 
     out = []
     for ids in group.responses:
@@ -127,7 +146,6 @@ def prompt_set_problems(prompts: int, prompt_set: int = 0) -> list:
     ``prompts`` problems, the set every audit drew before prompt sets existed; sets of the
     same size are disjoint while the levels' question spaces last (about 1.5k distinct
     level-1 test questions)."""
-    from ktae.tasks import EVAL_SEED, generate
 
     check_prompt_set(prompt_set)
     stream = generate((prompt_set + 1) * prompts, split="test", seed=EVAL_SEED)
@@ -148,8 +166,6 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
     responses from ``model`` (``on_batch``: progress, as :func:`ktae.models.generate.generate_hf`
     calls it; ``references``: as :func:`ktae.credit_audit.arith_input.sampled_input` takes
     it)."""
-    from ktae.groups import sampling
-    from ktae.tasks import format_prompt
 
     template = "compact" if len(tokenizer) < 1000 else "qwen-math"
     problems = prompt_set_problems(prompts, prompt_set)
@@ -160,7 +176,6 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             on_batch=on_batch, scores=temperature, tails=tails,
                             on_tail=on_tail)
-    from ktae.credit_audit.progress import quiet_phase
 
     step = (on_phase or quiet_phase)("labelled", "groups", len(problems))
     groups = []
@@ -177,7 +192,6 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
 
 
 def _math_rewards(gens, answer) -> list[float]:
-    from ktae.rewards import math_reward
 
     return [math_reward(g.text, answer).score for g in gens]
 
@@ -189,11 +203,6 @@ def run_input(run: Path, *, tokenizer: str | None = None, task: str | None = Non
     their claims (:func:`ktae.credit_audit.arith_input.run_labels`), level = the problem's
     kind; other runs by :func:`ktae.tasks.label_response` on their embedded prompts.
     ``model`` is the run's model, the scorer when the run kept no full ``final/`` model."""
-    from ktae.credit_audit.arith_input import check_task, run_labels
-    from ktae.groups.input import GroupInput
-    from ktae.runs.reader import read_run_rollouts, recorded_credit_name, run_tokenizer
-    from ktae.runs.rollouts import ROLLOUTS_FILE
-    from ktae.tasks import level_of, question_of
 
     header, records = read_run_rollouts(run)
     tok, tok_path = run_tokenizer(run, header, tokenizer)
@@ -244,9 +253,6 @@ def _is_arith(task: str) -> bool:
 def jsonl_input(path: Path, tokenizer) -> AuditInput:
     """Groups with user-given ``wrong`` spans (see the module docstring), read by
     :func:`ktae.groups.input.load_jsonl`."""
-    from ktae.groups.input import load_jsonl
-    from ktae.tasks import token_labels
-    from ktae.viz.tokens import token_pieces
 
     loaded = load_jsonl(path, tokenizer=tokenizer)
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
@@ -303,14 +309,12 @@ class _Batch:
 
 
 def _credit(chosen: list[AuditGroup], spec):
-    from ktae.groups.credit import credit_values
 
     values = credit_values([g.group for g in chosen], spec)
     return torch.where(values.in_loss & values.mask, values.final.double(), 0.0), values
 
 
 def _prepare(groups: list[AuditGroup], reference=None) -> list[_Batch]:
-    from ktae.credit_audit.token_kinds import kind_tensor
 
     out = []
     for batch in _batches(groups):
@@ -336,7 +340,6 @@ DRAWS = "draws"
 
 def _response_part(credit: torch.Tensor, b: _Batch) -> dict[str, np.ndarray]:
     """One credit's per-response figures on batch ``b`` (see :func:`per_response`)."""
-    from ktae.credit_audit.token_kinds import mass_by_kind
 
     m = response_metrics(credit, b.labels, b.mask, b.correct, b.group)
     part = {k: getattr(m, k).numpy() for k in (*METRICS, "chance")}
@@ -365,7 +368,6 @@ def per_response(groups: list[AuditGroup], spec, reference=None, *,
     every method (labels, the reference's credit, the token kinds); with token kinds,
     also each response's negative and positive credit per kind
     (:mod:`ktae.credit_audit.token_kinds`)."""
-    from ktae.credit_audit.sanity import sanity_credit
 
     if batches is None:
         batches = _prepare(groups, reference)
@@ -445,9 +447,6 @@ def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DE
     ``"credit_by_kind"``: per method and rule the shares of its negative and positive
     credit by kind of token (:mod:`ktae.credit_audit.token_kinds`). ``on_phase``:
     progress of the credit and of the bootstrap (:mod:`ktae.credit_audit.progress`)."""
-    from ktae.credit_audit.progress import quiet_phase
-    from ktae.credit_audit.sanity import SANITY_RULES
-    from ktae.credit_audit.token_kinds import summarise_kinds
 
     on_phase = on_phase or quiet_phase
     check_groups(groups)
@@ -545,12 +544,6 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     Raises:
         ValueError: bad arguments or input (one line naming what was expected).
     """
-    from ktae.credit_audit import arith_input
-    from ktae.credit_audit.progress import quiet_phase
-    from ktae.credit_audit.token_kinds import kind_codes
-    from ktae.groups import input as group_input
-    from ktae.groups import sampling
-    from ktae.runs.reader import load_tokenizer
 
     check_arguments(input=input, model=model, prompts=prompts, samples=samples,
                     resamples=resamples, temperature=temperature, max_new_tokens=max_new_tokens)
@@ -567,7 +560,6 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     loaded = None
     path = None if input is None else Path(input)
     if path is not None and path.is_dir():
-        from ktae.runs.reader import run_config
 
         run_settings = run_config(path)
         data = run_input(path, tokenizer=tokenizer,
@@ -646,7 +638,6 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
                   credit={n: _describe(s) for n, s in methods.items()},
                   right_answer_wrong_tokens=result_rates)
     if output_dir is not None:
-        from ktae.credit_audit.report import write_outputs
 
         result["files"] = write_outputs(result, Path(output_dir))
     return result
@@ -656,7 +647,6 @@ def _todo_needs(specs, inputs) -> list:
     """The needs from a model (:mod:`ktae.core.needs`) that some method of ``specs`` reads
     and not every group holds: each estimator's own, and a calibration's log-probs and
     entropies of the current policy."""
-    from ktae.core.needs import CALIBRATION_SCORES, needs_of
 
     out = []
     for spec in specs:
@@ -681,7 +671,6 @@ def _score(model, data: AuditInput, methods: dict, todo: list, *, temperature: f
     references read from the sampling's cache."""
     import inspect
 
-    from ktae.core.needs import group_calls, load
 
     inputs = [g.group for g in data.groups]
     for provider, options in group_calls(todo).items():

@@ -17,6 +17,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ktae.rewards import math_reward
+from ktae.viz.labels import span_labels
+
 
 @dataclass
 class GroupInput:
@@ -69,7 +72,6 @@ def _span_labels(rec: dict, responses: list[str], where: str) -> list[str] | Non
     """Character labels from the optional ``wrong``/``checked`` spans of a record."""
     if "wrong" not in rec:
         return None
-    from ktae.viz.labels import span_labels
 
     wrong, checked = rec["wrong"], rec.get("checked")
     if not isinstance(wrong, list) or len(wrong) != len(responses):
@@ -83,7 +85,6 @@ def _span_labels(rec: dict, responses: list[str], where: str) -> list[str] | Non
 
 def load_jsonl(path: Path, *, tokenizer) -> list[tuple[str, GroupInput]]:
     """Groups of text responses, tokenised with ``tokenizer`` (see the module docstring)."""
-    from ktae.rewards import math_reward
 
     groups = []
     lines = path.read_text(encoding="utf-8").splitlines()

@@ -9,7 +9,12 @@ import json
 from pathlib import Path
 
 from ktae.groups.input import GroupInput
+from ktae.models.generate import SamplingConfig, generate_hf
+from ktae.models.input_grad_importance import answer_tokens, tail_reference
+from ktae.models.named import is_named, named_model_path
+from ktae.rewards import math_reward
 from ktae.runs.reader import load_tokenizer
+from ktae.tasks import EVAL_SEED, format_prompt, generate
 
 DEFAULT_MODEL = "default"
 """``--model default``: the shipped warm-started tiny model."""
@@ -17,7 +22,6 @@ DEFAULT_MODEL = "default"
 
 def model_tokenizer_path(model: str | None) -> str:
     """Where MODEL's tokenizer is: a named model's directory (None: ``default``), else MODEL."""
-    from ktae.models.named import is_named, named_model_path
 
     name = DEFAULT_MODEL if model is None else model
     return str(named_model_path(name, progress=False)) if is_named(name) else name
@@ -30,7 +34,6 @@ def load_model(name: str):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from ktae.models.named import is_named, named_model_path
 
     path = str(named_model_path(name, progress=False)) if is_named(name) else name
     bar = hf_logging.is_progress_bar_enabled()
@@ -52,7 +55,6 @@ def load_model(name: str):
 def prompt_rows(prompts: Path | None, tokenizer, n: int) -> list[dict]:
     """``[{"prompt", "answer"}]``: from a JSONL file, or the embedded task's held-out split."""
     if prompts is None:
-        from ktae.tasks import EVAL_SEED, format_prompt, generate
 
         template = "compact" if len(tokenizer) < 1000 else "qwen-math"
         return [{"prompt": format_prompt(p, template), "answer": p.answer}
@@ -92,8 +94,6 @@ def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
     generation config changes the logits first). ``tails``, ``on_tail``: as
     :func:`ktae.models.generate.generate_hf` takes them (``on_tail``'s index counts from
     ``rows[0]``)."""
-    from ktae.models.generate import SamplingConfig, generate_hf
-    from ktae.rewards import math_reward
 
     sampling = SamplingConfig(k=num_generations, temperature=temperature,
                               max_new_tokens=max_new_tokens, seed=seed)
@@ -127,7 +127,6 @@ def importance_references(tokenizer, answers: list, references, rewards_of):
     refs: dict[int, object] = {}
     if references is None:
         return None, None, refs
-    from ktae.models.input_grad_importance import answer_tokens, tail_reference
 
     conclusion, ids = answer_tokens(tokenizer, answers)
 

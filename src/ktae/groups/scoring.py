@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ktae.core.entropy import categorical_entropy
 from ktae.groups.input import GroupInput
+from ktae.models.input_grad_importance import answer_tokens, group_importance, response_logits, skip_noise
 
 
 def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: float = 1.0,
@@ -23,8 +25,6 @@ def score_groups(model, tokenizer, groups: list[GroupInput], *, temperature: flo
     whose importance is computed (``"importance"``), or scored (``"scores"``): progress."""
     import torch
 
-    from ktae.core.entropy import categorical_entropy
-    from ktae.models.input_grad_importance import response_logits
 
     def fill(g: GroupInput, logits) -> None:
         logp = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -74,7 +74,6 @@ def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int =
     such a group skips the clean forward pass (it must hold its log-probs already)."""
     import torch
 
-    from ktae.models.input_grad_importance import answer_tokens, group_importance, skip_noise
 
     g_noise = torch.Generator().manual_seed(seed)
     pad = tokenizer.pad_token_id or 0
