@@ -20,7 +20,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ktae.credit_audit.run import DEFAULT_PROMPTS, DEFAULT_RESAMPLES, DEFAULT_SAMPLES
+from ktae.cli_common import check_output_dir, error, slug
+from ktae.credit_audit.arith_input import progress_printer
+from ktae.credit_audit.progress import phase_printer
+from ktae.credit_audit.report import summary
+from ktae.credit_audit.run import DEFAULT_PROMPTS, DEFAULT_RESAMPLES, DEFAULT_SAMPLES, audit
 
 DEFAULT_ROOT = "runs/audit"
 RESULT_FILES = ("audit.md", "audit.json")
@@ -73,7 +77,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def default_output_dir(args: argparse.Namespace) -> Path:
     """``runs/audit/NAME``: the input's name (or ``model-MODEL-PxS-seedN``) and, when
     given, the credit list."""
-    from ktae.cli_common import slug
 
     if args.input is not None:
         path = Path(args.input)
@@ -119,7 +122,6 @@ def terminal_table(result: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae audit``."""
-    from ktae.cli_common import check_output_dir, error
 
     given = args.output_dir is not None
     out = Path(args.output_dir) if given else default_output_dir(args)
@@ -129,10 +131,6 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(out, results=RESULT_FILES, overwrite=args.overwrite)
     except ValueError as err:
         return error("audit", str(err))
-    from ktae.credit_audit.arith_input import progress_printer
-    from ktae.credit_audit.progress import phase_printer
-    from ktae.credit_audit.report import summary
-    from ktae.credit_audit.run import audit
 
     def announce(line: str) -> None:
         print(line, flush=True)

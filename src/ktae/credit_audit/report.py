@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from ktae.credit_audit.metrics import METRICS
+from ktae.credit_audit.sanity import SANITY_RULES
+from ktae.credit_audit.token_kinds import KINDS
 
 TITLES = {
     "blame": "blame localisation: P(wrong token gets less credit than a right one)",
@@ -45,8 +47,6 @@ KIND_NOTE = (
 def kind_table(by_kind: dict) -> list[str]:
     """The markdown lines of the credit-by-kind table (``audit.json``'s
     ``credit_by_kind``)."""
-    from ktae.credit_audit.sanity import SANITY_RULES
-    from ktae.credit_audit.token_kinds import KINDS
 
     names = list(KINDS.values())
 

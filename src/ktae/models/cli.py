@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ktae.cli_common import error
+from ktae.models import smollm2, warmstart
 from ktae.models.named import DEFAULT, NAMES
 
 
@@ -27,11 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _state(name: str) -> tuple[str, str]:
     if name == DEFAULT:
-        from ktae.models.warmstart import SHIPPED_DIR
-
-        return "ready (ships with the package)", str(SHIPPED_DIR)
-    from ktae.models import smollm2
-
+        return "ready (ships with the package)", str(warmstart.SHIPPED_DIR)
     path = smollm2.cache_dir()
     return ("ready" if smollm2.is_prepared(path) else
             "not prepared: `ktae models prepare smollm2-135m`"), str(path)
@@ -52,14 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if args.name == DEFAULT:
         if args.source is not None:
             return error("models", "--from: the default model ships with the package")
-        from ktae.models.warmstart import default_model_path
-
-        print(default_model_path())
+        print(warmstart.default_model_path())
         return 0
-    from pathlib import Path
-
-    from ktae.models import smollm2
-
     if args.source is not None and not Path(args.source).expanduser().is_file():
         return error("models", f"--from: no such file: {args.source}")
     try:

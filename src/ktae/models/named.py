@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ktae.models import smollm2, warmstart
+
 DEFAULT = "default"
 NAMES = {
     DEFAULT: "the shipped 0.87M-parameter character-level model (embedded task)",
@@ -24,11 +26,7 @@ def is_named(name: str | None) -> bool:
 def named_model_path(name: str, *, progress: bool = True) -> Path:
     """The local directory of the named model ``name``, built or prepared on first use."""
     if name == DEFAULT:
-        from ktae.models.warmstart import default_model_path
-
-        return default_model_path(progress=progress)
+        return warmstart.default_model_path(progress=progress)
     if name == "smollm2-135m":
-        from ktae.models.smollm2 import prepared_path
-
-        return prepared_path()
+        return smollm2.prepared_path()
     raise ValueError(f"MODEL: no model named {name!r}; named models: {', '.join(NAMES)}")

