@@ -129,3 +129,46 @@ def test_no_gradient_pass_is_unchanged():
                              entropy_grad=False)
     torch.testing.assert_close(lp, lp_ref, rtol=0, atol=1e-6)
     torch.testing.assert_close(ent, ent_ref, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_lora_runs_only_plain_adapters_and_restores_peft():
+    from ktae.train.lora_forward import fused_lora, plain_adapter
+
+    model = _lora_llama()
+    ids, mask, keep = _batch()
+    layers = [m for m in model.modules() if isinstance(m, peft.tuners.lora.Linear)]
+    assert layers and all(plain_adapter(m) == "default" for m in layers)
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=mask).logits
+        with fused_lora(model) as count:
+            assert count == len(layers)
+            assert all("forward" in vars(m) for m in layers)
+            fused = model(input_ids=ids, attention_mask=mask).logits
+        assert not any("forward" in vars(m) for m in layers)
+        torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)
+        with model.disable_adapter():  # the reference pass: peft's forward, no adapter
+            assert all(plain_adapter(m) is None for m in layers)
+            with fused_lora(model) as count:
+                assert count == 0
+                base = model(input_ids=ids, attention_mask=mask).logits
+        assert not torch.allclose(base, plain)
+    layers[0].lora_dropout["default"] = torch.nn.Dropout(0.1)  # dropout: peft's forward
+    assert plain_adapter(layers[0]) is None
+
+
+def test_fused_lora_forward_is_the_adapted_linear_map():
+    """``x W^T + b + scaling (x A^T) B^T``, against float64 on one layer with a bias."""
+    from ktae.train.lora_forward import fused_lora_forward
+
+    torch.manual_seed(1)
+    layer = torch.nn.Sequential(torch.nn.Linear(6, 5))
+    model = peft.get_peft_model(layer, peft.LoraConfig(r=2, lora_alpha=6, target_modules=["0"],
+                                                       init_lora_weights=False))
+    module = model.base_model.model[0]
+    x = torch.randn(3, 4, 6)
+    out = fused_lora_forward(module, "default", x)
+    W, b = module.base_layer.weight.double(), module.base_layer.bias.double()
+    A, B = module.lora_A["default"].weight.double(), module.lora_B["default"].weight.double()
+    expected = x.double() @ W.T + b + 3.0 * (x.double() @ A.T) @ B.T
+    assert module.scaling["default"] == 3.0
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)

@@ -20,6 +20,8 @@ the LM head gets its input contiguous (:func:`contiguous_head_input`: one matrix
 instead of one per row), and the gathered log-probabilities' backward pass writes the
 gradient of the logits in one buffer (:class:`TokenLogProbs`) instead of a zero-filled
 gather gradient, the log-softmax's backward, the temperature's and a zero-padded copy.
+A LoRA model's plain adapters run :func:`ktae.train.lora_forward.fused_lora_forward` in
+these passes (generation keeps peft's forward).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 
 from ktae.core.entropy import categorical_entropy
 from ktae.runs.config import LOGPROB_HEADS as HEADS
+from ktae.train.lora_forward import fused_lora
 
 FULL_HEAD_BUDGET = 1 << 30
 """Bytes of the full head's peak (:func:`full_head_peak_bytes`) up to which ``auto`` runs it."""
@@ -147,8 +150,9 @@ def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     head = model.get_output_embeddings()
     hook = head.register_forward_pre_hook(contiguous_head_input) if head is not None else None
     try:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                       logits_to_keep=logits_to_keep + 1, use_cache=False).logits
+        with fused_lora(model):
+            logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                           logits_to_keep=logits_to_keep + 1, use_cache=False).logits
     finally:
         if hook is not None:
             hook.remove()

@@ -1,0 +1,107 @@
+"""LoRA layers' forward pass in one matrix product and one sum, for the update's policy pass.
+
+peft's ``lora.Linear.forward`` (peft 0.21) adds a plain LoRA adapter to its frozen layer
+as ``result + lora_B(lora_A(dropout(x))) * scaling``: three tensors the size of the
+layer's output (``B``'s product, its scaled copy, the sum) and, in the backward pass, a
+fourth (the gradient of the scaling). :func:`fused_lora_forward` computes the same
+
+    y = x W^T (+ b) + scaling * (x A^T) B^T
+
+with the second product accumulated into the first in place (``addmm_``, ``alpha =
+scaling``): one output-sized tensor, none in the backward pass. The values differ from
+peft's by float rounding only (``scaling`` is applied to the product instead of after
+it; ``tests/test_lora_update.py`` compares losses and adapter gradients).
+
+:func:`fused_lora` switches it on for a block (the trainer's policy pass with gradients),
+module by module, only where the layer is peft's plain case: one active adapter, no DoRA
+or other variant, no dropout, no adapter bias, not merged, adapters enabled, an
+``nn.Linear`` base layer, and the input in the adapter's dtype; every other layer keeps
+peft's forward. Generation and the no-gradient passes run peft's forward unchanged.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+KNOWN_PEFT = ("0.17", "0.18", "0.19", "0.20", "0.21")
+"""peft minor versions whose ``lora.Linear.forward`` :func:`fused_lora_forward` replicates."""
+
+
+def _lora_linear_class():
+    """peft's ``lora.Linear`` when peft is a known version, else None (with one warning)."""
+    try:
+        import peft
+        from peft.tuners.lora import Linear
+    except ImportError:
+        return None
+    if ".".join(peft.__version__.split(".")[:2]) not in KNOWN_PEFT:
+        warnings.warn(f"peft {peft.__version__}: the update's LoRA layers run peft's own "
+                      f"forward (fused forward checked against peft {', '.join(KNOWN_PEFT)})",
+                      stacklevel=3)
+        return None
+    return Linear
+
+
+def plain_adapter(module) -> str | None:
+    """The name of ``module``'s one active plain LoRA adapter (module docstring), or None
+    when its forward must stay peft's."""
+    active = list(module.active_adapters)
+    if module.disable_adapters or module.merged or len(active) != 1:
+        return None
+    name = active[0]
+    if (name not in module.lora_A or name in getattr(module, "lora_variant", {})
+            or not isinstance(module.lora_dropout[name], nn.Identity)
+            or module.lora_B[name].bias is not None
+            or type(module.base_layer) is not nn.Linear):
+        return None
+    return name
+
+
+def fused_lora_forward(module, name: str, x: torch.Tensor) -> torch.Tensor:
+    """``x W^T + b + scaling (x A^T) B^T`` of peft LoRA layer ``module``'s adapter ``name``.
+
+    Shapes: ``x`` ``[..., in]`` -> ``[..., out]``; ``A`` is ``[r, in]``, ``B`` ``[out, r]``.
+    """
+    base = module.base_layer
+    flat = x.reshape(-1, x.shape[-1])
+    out = nn.functional.linear(flat, base.weight, base.bias)
+    low = nn.functional.linear(flat, module.lora_A[name].weight)
+    out.addmm_(low, module.lora_B[name].weight.t(), alpha=module.scaling[name])
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+@contextmanager
+def fused_lora(model) -> Iterator[int]:
+    """Within the block, every plain LoRA layer of ``model`` (module docstring) runs
+    :func:`fused_lora_forward`; yields how many do. peft's forward comes back after."""
+    linear = _lora_linear_class()
+    patched = []
+    if linear is not None:
+        for module in model.modules():
+            if isinstance(module, linear) and plain_adapter(module) is not None:
+                patched.append(module)
+                module.forward = _forward_of(module)
+    try:
+        yield len(patched)
+    finally:
+        for module in patched:
+            del module.forward  # the instance attribute: the class's forward again
+
+
+def _forward_of(module):
+    peft_forward = type(module).forward
+
+    def forward(x, *args, **kwargs):
+        name = plain_adapter(module)
+        if (args or kwargs or name is None
+                or x.dtype != module.lora_A[name].weight.dtype
+                or x.dtype != module.base_layer.weight.dtype):
+            return peft_forward(module, x, *args, **kwargs)
+        return fused_lora_forward(module, name, x)
+
+    return forward
