@@ -15,7 +15,9 @@ Five measurements, in one process, at one torch thread count (``--threads``):
 1b. **The model's own passes** over the step's batch shape, no trainer: a forward pass, a
    forward pass with gradients (log-probabilities of the given tokens) and its backward,
    against ``2 N T``, ``2 N T`` and ``4 N T``: what the update would cost without the
-   trainer's loss code and optimizer.
+   trainer's loss code and optimizer. With ``--lora``, 1c instead: the LoRA update's own
+   passes through ktae's log-prob head (as the trainer's loss calls it), micro-batch by
+   micro-batch, against the LoRA floor below.
 2. **Generation backends.** The step's batch (``prompts x generations`` rows, left-padded)
    sampled with ``model.generate`` under each setting that works here: dynamic KV cache
    (TRL 1.16's HF path), static cache, other thread counts (``--other-threads``), and with
@@ -188,6 +190,40 @@ def model_passes(model, batch: int, length: int, repeats: int = 3) -> dict[str, 
             for key, seconds in zip(times, (t0 - start, t1 - t0, t2 - t1), strict=True):
                 times[key].append(seconds)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def lora_update_passes(model, batch: int, prompt_tokens: int, new_tokens: int,
+                       micro_batches: int, temperature: float, repeats: int = 1
+                       ) -> dict[str, float]:
+    """Median seconds of the LoRA update's own passes, no trainer: ktae's log-prob head
+    (:func:`ktae.train.logprob_head.full_logps`, entropies without gradient, as in the
+    trainer's loss) forward and backward over ``batch`` random rows of ``prompt_tokens +
+    new_tokens`` tokens, scoring the last ``new_tokens``, in ``micro_batches`` parts."""
+    from ktae.train.logprob_head import full_logps
+
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_tokens + new_tokens),
+                        generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    rows = batch // micro_batches
+    times: dict[str, list[float]] = {"forward": [], "backward": []}
+    for r in range(repeats + 1):  # the first round (one micro-batch) warms up
+        fwd = bwd = 0.0
+        for start in range(0, rows if r == 0 else batch, rows):
+            t0 = time.perf_counter()
+            logps, _ = full_logps(model, ids[start:start + rows], mask[start:start + rows],
+                                  new_tokens, temperature, compute_entropy=True,
+                                  entropy_grad=False)
+            t1 = time.perf_counter()
+            logps.sum().backward()
+            t2 = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            fwd, bwd = fwd + t1 - t0, bwd + t2 - t1
+        if r:
+            times["forward"].append(fwd)
+            times["backward"].append(bwd)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["total"] = out["forward"] + out["backward"]
+    return out
 
 
 # ----------------------------------------------------------------------------- 2. generation
@@ -512,7 +548,18 @@ def main(argv: list[str] | None = None) -> dict:
         f"({floor_of['update']}, T = {tokens} tokens: {update_flops / 1e12:.2f} TFLOP)"
         + (f", log-probs {floor['logprobs']:.1f} s" if passes else ""))
 
-    if "passes" in only:
+    if "passes" in only and peft_config is not None:
+        micro = int(trl.get("gradient_accumulation_steps", 1))
+        say(f"\n1c. the LoRA update's own passes: ktae's log-prob head, {batch} rows in {micro} "
+            f"micro-batch(es), no trainer")
+        own = lora_update_passes(model, batch, prompt_tokens, a.new_tokens, micro,
+                                 temperature or 1.0)
+        own["x_floor"] = own["total"] / floor["update"]
+        result["lora_passes"] = own
+        say(f"  forward {own['forward']:.2f} s, backward {own['backward']:.2f} s: "
+            f"{own['total']:.2f} s, x{own['x_floor']:.2f} of the update's floor "
+            f"({floor_of['update']})")
+    if "passes" in only and peft_config is None:
         length = prompt_tokens + a.new_tokens
         say(f"\n1b. the model's own passes ({batch} rows x {length} tokens, no trainer)")
         passes_s = model_passes(model, batch, length)

@@ -5,13 +5,15 @@ Usage:
     python benchmarks/bench_step_ab.py /tmp/old-ktae/src     # the LoRA recipe, 3 rounds
     python benchmarks/bench_step_ab.py OLD_SRC --rounds 4 --json ab.json -- --steps 2
 
-Each round runs ``benchmarks/bench_step.py --lora --only step --kinds ktae`` once with each
+Each round runs ``benchmarks/bench_step.py --lora --only passes,step --kinds ktae`` once with each
 tree (``--ktae-src``), each in its own process (a process imports one ktae), the order
 alternating between rounds (old, new; new, old; ...), so that both see the same machine.
 Every run measures the matmul rate, and so its floors, anew. Arguments after ``--`` go to
 every run of bench_step (e.g. ``--lora OTHER_RECIPE``, ``--steps 2``). Prints each part's
 median seconds under each tree, the median over runs of each run's seconds over its own
 floor, and new/old of the medians; the 1-minute load average at each run's start and end.
+The row ``update, no trainer`` is bench_step's 1c: the update's passes through each tree's
+log-prob head alone, over the same micro-batches, against the same floor.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ PARTS = ("generation", "scoring", "logprobs", "advantages", "update", "other", "
 
 def run_one(src: str, out: Path, extra: list[str]) -> dict:
     """One bench_step run of the tree ``src``; its JSON result."""
-    cmd = [sys.executable, str(BENCH), "--lora", "--only", "step", "--kinds", "ktae",
+    cmd = [sys.executable, str(BENCH), "--lora", "--only", "passes,step", "--kinds", "ktae",
            "--rounds", "1", "--rate-repeats", "1", "--ktae-src", src, "--json", str(out), *extra]
     subprocess.run(cmd, check=True, stdout=sys.stderr)
     return json.loads(out.read_text())
@@ -50,6 +52,14 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
                 row[f"{tree}_x_floor"] = statistics.median(
                     r["ktae_part_medians"][part] / r["floors"][part] for r in results)
         table[part] = row
+    if all("lora_passes" in r for results in runs.values() for r in results):
+        table["update, no trainer"] = {
+            tree: statistics.median(r["lora_passes"]["total"] for r in results)
+            for tree, results in runs.items()} | {
+            f"{tree}_x_floor": statistics.median(r["lora_passes"]["x_floor"] for r in results)
+            for tree, results in runs.items()} | {
+            f"{tree}_floor": statistics.median(r["floors"]["update"] for r in results)
+            for tree, results in runs.items()}
     return table
 
 
@@ -81,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"after prompts of <= {first['prompt_tokens']}, {first['threads']} thread(s), "
           f"{a.rounds} run(s) of each tree, alternating; medians")
     print(f"old: {trees['old']}\nnew: {trees['new']}")
-    print(f"\n{'part':<12} {'old s':>8} {'new s':>8} {'floor s':>8} {'old x fl':>9} "
+    print(f"\n{'part':<20} {'old s':>8} {'new s':>8} {'floor s':>8} {'old x fl':>9} "
           f"{'new x fl':>9} {'new/old':>8}  floor of")
     for part, row in table.items():
         cells = f"{row['old']:8.2f} {row['new']:8.2f}"
@@ -92,9 +102,10 @@ def main(argv: list[str] | None = None) -> dict:
             cells += " " * 28
         ratio = row["new"] / row["old"] if row["old"] else float("nan")
         cells += f" {ratio:8.3f}"
-        if part in first.get("floor_of", {}):
-            cells += f"  {first['floor_of'][part]}"
-        print(f"{part:<12} {cells}")
+        floor_of = first.get("floor_of", {})
+        if part in floor_of or part == "update, no trainer":
+            cells += f"  {floor_of.get(part, floor_of.get('update'))}"
+        print(f"{part:<20} {cells}")
     loads = [float(x) for rs in runs.values() for r in rs
              for x in (r["load_start"], r["load_end"])]
     print(f"\n1-minute load average at the runs' starts and ends: {min(loads):.2f} to "

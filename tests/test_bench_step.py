@@ -114,6 +114,10 @@ def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
             + 6 * sizes["adapters"] * tokens
         assert run["floors"]["update"] == pytest.approx(
             run["lora_update_flops"] / run["matmul"]["train_flops"])
+        own = run["lora_passes"]
+        assert own["total"] == pytest.approx(own["forward"] + own["backward"])
+        assert own["x_floor"] == pytest.approx(own["total"] / run["floors"]["update"])
+    assert "update, no trainer" in result["table"]
     update = next(x for x in out.splitlines() if x.startswith("update "))
     assert update.endswith("(LoRA)") and len(update.split()) > 7
     assert "load average" in out
