@@ -111,3 +111,17 @@ def test_tails_continue_the_sampling_cache_as_a_forward_pass_would(tiny):
                 want = model(input_ids=torch.tensor([ids])).logits[0, -len(tails[i]):]
             torch.testing.assert_close(logits[j, :len(tails[i])], want, **TOL)
     assert kinds == {True, False}
+
+
+def test_no_tail_call_without_a_cache(tiny):
+    model, tok = tiny
+    calls = []
+    old = model.generation_config.use_cache
+    model.generation_config.use_cache = False
+    try:
+        out = generate_hf(model, tok, _prompts(2), SamplingConfig(k=2, temperature=0.9,
+                                                                  max_new_tokens=6, seed=1),
+                          tails=[[5], [6]], on_tail=lambda *a: calls.append(a))
+    finally:
+        model.generation_config.use_cache = old
+    assert len(out) == 2 and calls == []

@@ -225,7 +225,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     (the prompt and response are not computed again), and ``on_tail(i, gens, logits)`` is
     called for prompt ``i`` with its generations and the ``[k, len(tail), V]`` logits at
     the tail's positions, as a forward pass over prompt + response + tail gives them (up
-    to float rounding). A prompt whose budget is 0 gets no call.
+    to float rounding). A prompt whose budget is 0, or a model whose ``generate`` returns
+    no cache (``use_cache`` off), gets no call.
     """
     import torch
 
@@ -288,8 +289,9 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
                                               **extra)
                     if on_tail is not None:
                         cache = getattr(seqs, "cache", None)
-                        seqs, cache = seqs.sequences, (seqs.past_key_values if cache is None
-                                                       else cache)
+                        seqs, cache = seqs.sequences, (getattr(seqs, "past_key_values", None)
+                                                       if cache is None else cache)
+                    if on_tail is not None and cache is not None:
                         logits = _tail_logits(model, seqs, enc["attention_mask"], cache,
                                               [tails[start + i] for i in idx], sampling.k,
                                               eos, pad_id)
