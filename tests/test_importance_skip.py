@@ -106,3 +106,24 @@ def test_a_rule_without_importance_read_reads_every_group(clean_registries):
     assert not _reads_importance([oar])(equal) and _reads_importance([oar])(mixed)
     both = _reads_importance([oar, parse_methods("grad-share")["grad-share"]])
     assert both(equal) and both(mixed)
+
+
+def test_a_skipped_group_still_gets_its_log_probs(tiny_groups):
+    """A group whose credit does not read the importance, scored for a calibration too: its
+    log-probs and entropies come from a plain forward pass, equal to those of the groups
+    scored with every importance computed."""
+    import copy
+
+    from ktae.groups.scoring import score_groups
+
+    model, tok, groups = tiny_groups
+    every, some = copy.deepcopy(groups), copy.deepcopy(groups)
+    for g in every + some:
+        g.logprobs = g.entropies = None
+    score_groups(model, tok, every, importance=True)
+    score_groups(model, tok, some, importance=True,
+                 reads_importance=lambda g: importance_read(g.rewards))
+    for a, b in zip(every, some, strict=True):
+        assert b.logprobs is not None and b.entropies is not None
+        for x, y in zip(a.logprobs + a.entropies, b.logprobs + b.entropies, strict=True):
+            torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-4, atol=1e-5)

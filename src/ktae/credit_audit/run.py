@@ -22,6 +22,7 @@ entropies). A token a calibration's loss mask removes receives no credit.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -669,9 +670,6 @@ def _score(model, data: AuditInput, methods: dict, todo: list, *, temperature: f
     (:func:`ktae.core.needs.group_calls`), with the audit's progress and, where the
     provider takes them, which groups' credit reads each need (:func:`_reads`) and the
     references read from the sampling's cache."""
-    import inspect
-
-
     inputs = [g.group for g in data.groups]
     for provider, options in group_calls(todo).items():
         fn = load(provider)

@@ -67,7 +67,8 @@ def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int =
     (OAR-G's ``A * w_t`` where every base advantage ``A`` is 0); its importance is not
     computed and reads 0 on every token, and the noise generator is advanced by that
     group's draw, so every other group's importance is the same as with every group
-    computed. None: every group's is computed.
+    computed (its log-probs, when wanted, come from one plain forward pass). None: every
+    group's is computed.
 
     ``references``: ``{id(group): [B, V] tensor}``, a group's clean answer summaries read
     from its sampling's cache (:func:`ktae.models.input_grad_importance.tail_reference`);
@@ -88,6 +89,9 @@ def importance_groups(model, tokenizer, groups: list[GroupInput], *, seed: int =
             skip_noise(g_noise, len(prompt), [list(r) for r in g.responses],
                        len(conclusion) + len(answer), model.get_input_embeddings().weight)
             g.input_grad_importance = [[0.0] * len(r) for r in g.responses]
+            if on_logits is not None and g.logprobs is None:  # its scores still wanted
+                on_logits(g, response_logits(model, prompt, [list(r) for r in g.responses],
+                                             pad))
             continue
         want = on_logits is not None and g.logprobs is None
         ref = None if references is None or want else references.get(id(g))
