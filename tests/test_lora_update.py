@@ -152,6 +152,11 @@ def test_fused_lora_runs_only_plain_adapters_and_restores_peft():
                 assert count == 0
                 base = model(input_ids=ids, attention_mask=mask).logits
         assert not torch.allclose(base, plain)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast: peft's forward
+            expected = model(input_ids=ids, attention_mask=mask).logits
+            with fused_lora(model):
+                under_autocast = model(input_ids=ids, attention_mask=mask).logits
+        assert torch.equal(under_autocast, expected)
     layers[0].lora_dropout["default"] = torch.nn.Dropout(0.1)  # dropout: peft's forward
     assert plain_adapter(layers[0]) is None
 

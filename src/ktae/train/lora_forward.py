@@ -1,4 +1,4 @@
-"""LoRA layers' forward pass in one matrix product and one sum, for the update's policy pass.
+"""LoRA layers' forward pass as one product accumulated into the frozen layer's (log-prob passes).
 
 peft's ``lora.Linear.forward`` (peft 0.21) adds a plain LoRA adapter to its frozen layer
 as ``result + lora_B(lora_A(dropout(x))) * scaling``: three tensors the size of the
@@ -12,11 +12,14 @@ scaling``): one output-sized tensor, none in the backward pass. The values diffe
 peft's by float rounding only (``scaling`` is applied to the product instead of after
 it; ``tests/test_lora_update.py`` compares losses and adapter gradients).
 
-:func:`fused_lora` switches it on for a block (the trainer's policy pass with gradients),
+:func:`fused_lora` switches it on for a block (:func:`ktae.train.logprob_head.full_logps`),
 module by module, only where the layer is peft's plain case: one active adapter, no DoRA
 or other variant, no dropout, no adapter bias, not merged, adapters enabled, an
-``nn.Linear`` base layer, and the input in the adapter's dtype; every other layer keeps
-peft's forward. Generation and the no-gradient passes run peft's forward unchanged.
+``nn.Linear`` base layer, the input in the adapter's and the layer's dtype, no autocast
+(its casts do not reach an in-place product); every other layer keeps peft's forward.
+The log-prob head's passes, with gradients or without (old policy, reference), run it,
+so that the old and the current log-probabilities come from the same arithmetic;
+generation keeps peft's forward, and its samples are unchanged.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ def _forward_of(module):
 
     def forward(x, *args, **kwargs):
         name = plain_adapter(module)
-        if (args or kwargs or name is None
+        if (args or kwargs or name is None or torch.is_autocast_enabled(x.device.type)
                 or x.dtype != module.lora_A[name].weight.dtype
                 or x.dtype != module.base_layer.weight.dtype):
             return peft_forward(module, x, *args, **kwargs)
