@@ -59,6 +59,9 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    passes) runs the ``full`` head where it is chosen: the model's own logits of the
    completion positions and one ``log_softmax``, the same values as TRL's fused LM head.
    Vision inputs, MoE auxiliary losses and the ``chunked`` choice run TRL's own pass.
+7. ``_generate_single_turn``: TRL's text-only ``transformers`` generation prefills each
+   distinct prompt once for its group of samples (:mod:`ktae.train.shared_prefill`), not
+   once per sample; vLLM, continuous batching and vision inputs run TRL's path unchanged.
 
 Metrics (``ktae/*`` keys) go through TRL's ``_metrics`` so they reach every logger.
 """
@@ -98,6 +101,7 @@ from ktae.train.dynamic_sampling import (
     select_groups,
 )
 from ktae.train.logprob_head import check_head, choose_head, full_logps, takes_logits_to_keep
+from ktae.train.shared_prefill import shared_prefill
 from ktae.train.step_timing import PART_KEYS, StepClock
 
 #: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
@@ -370,6 +374,18 @@ class KTAEGRPOTrainer(GRPOTrainer):
         # timed as the update part; the parts inside it are counted as themselves
         with self.step_clock.part("update"):
             return super().training_step(model, inputs, num_items_in_batch)
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
+        # TRL 1.16's HF path samples with unwrapped_model.generate on each prompt repeated
+        # num_generations times: text-only, each distinct prompt is prefilled once
+        # (module docstring, 7)
+        if (self.use_vllm or self.use_transformers_continuous_batching
+                or images is not None or multimodal_fields):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields,
+                                                 *args, **kwargs)
+        with shared_prefill(self.accelerator.unwrap_model(self.model)):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields,
+                                                 *args, **kwargs)
 
     def _generate(self, prompts: list):
         # TRL 1.16's _generate: prompts tokenized, responses sampled and decoded
