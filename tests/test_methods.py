@@ -216,7 +216,7 @@ def test_a_rule_reading_logprobs_gets_them_or_one_line():
                           torch.tensor([-0.1, -0.15, -0.2]))
     with pytest.raises(ValueError) as err:
         credit_values(groups(scored=False), credit_spec("by-logprob"))
-    assert str(err.value).startswith("credit: estimator 'by-logprob' reads the sampling "
+    assert str(err.value).startswith("credit: estimator 'by-logprob' needs the sampling "
                                      "policy's log-probs")
     assert "\n" not in str(err.value)
 

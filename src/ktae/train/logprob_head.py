@@ -147,7 +147,8 @@ def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     tokens of ``input_ids`` under ``model`` at ``temperature``, and their entropies
     (``compute_entropy``; with gradients only when ``entropy_grad``). Positions whose
     ``attention_mask`` is 0 (padding) get 0 for both, as in TRL's head."""
-    head = model.get_output_embeddings()
+    inner = getattr(model, "module", model)  # the model inside a DistributedDataParallel
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     hook = head.register_forward_pre_hook(contiguous_head_input) if head is not None else None
     try:
         with fused_lora(model):
