@@ -507,7 +507,8 @@ def main(argv: list[str] | None = None) -> dict:
     prompt_tokens = max(len(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in sample)
     result: dict = {"model": path, "parameters": n_params, "threads": a.threads,
                     "load_start": load(), "logprob_head": a.logprob_head,
-                    "batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": a.new_tokens,
+                    "batch": batch, "prompts": a.prompts, "prompt_tokens": prompt_tokens,
+                    "new_tokens": a.new_tokens,
                     "lora": a.lora, "ktae_src": str(Path(find_spec("ktae").origin).parent),
                     "trl_settings": {k: v for k, v in trl.items() if k != "beta"}}
     lora_flops = None

@@ -12,8 +12,11 @@ Every run measures the matmul rate, and so its floors, anew. Arguments after ``-
 every run of bench_step (e.g. ``--lora OTHER_RECIPE``, ``--steps 2``). Prints each part's
 median seconds under each tree, the median over runs of each run's seconds over its own
 floor, and new/old of the medians; the 1-minute load average at each run's start and end.
-The row ``update, no trainer`` is bench_step's 1c: the update's passes through each tree's
-log-prob head alone, over the same micro-batches, against the same floor.
+``--from-json`` prints a saved run's table again. The row ``generation, 1 prefill/prompt``
+holds generation against the floor of one prefill per distinct prompt (the trainer's,
+``ktae.train.shared_prefill``) instead of one per row. The row ``update, no trainer`` is
+bench_step's 1c: the update's passes through each tree's log-prob head alone, over the same
+micro-batches, against the same floor.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench_step.py"
 PARTS = ("generation", "scoring", "logprobs", "advantages", "update", "other", "step")
@@ -37,6 +42,18 @@ def run_one(src: str, out: Path, extra: list[str]) -> dict:
            "--rounds", "1", "--rate-repeats", "1", "--ktae-src", src, "--json", str(out), *extra]
     subprocess.run(cmd, check=True, stdout=sys.stderr)
     return json.loads(out.read_text())
+
+
+def shared_prefill_floor(run: dict) -> float:
+    """Generation's floor with one prefill per prompt (``ktae.train.shared_prefill``):
+    ``2 N`` a token of each distinct prompt, at the update shapes' rate, plus ``2 N`` a
+    sampled token at the decoding step's."""
+    prompts = run.get("prompts")
+    if prompts is None:  # a run from before bench_step recorded it: the recipe's
+        prompts = yaml.safe_load(Path(run["lora"]).read_text())["num_prompts"]
+    n, rates = run["parameters"], run["matmul"]
+    return (2 * n * prompts * run["prompt_tokens"] / rates["train_flops"]
+            + 2 * n * run["batch"] * run["new_tokens"] / rates["decode_flops"])
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
@@ -52,6 +69,13 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
                 row[f"{tree}_x_floor"] = statistics.median(
                     r["ktae_part_medians"][part] / r["floors"][part] for r in results)
         table[part] = row
+    table["generation, 1 prefill/prompt"] = {
+        tree: table["generation"][tree] for tree in runs} | {
+        f"{tree}_floor": statistics.median(shared_prefill_floor(r) for r in results)
+        for tree, results in runs.items()} | {
+        f"{tree}_x_floor": statistics.median(
+            r["ktae_part_medians"]["generation"] / shared_prefill_floor(r) for r in results)
+        for tree, results in runs.items()}
     if all("lora_passes" in r for results in runs.values() for r in results):
         table["update, no trainer"] = {
             tree: statistics.median(r["lora_passes"]["total"] for r in results)
@@ -72,7 +96,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--new-src", default=str(ROOT / "src"), help="default: this tree's src")
     p.add_argument("--rounds", type=int, default=3, help="runs of each tree")
     p.add_argument("--json", help="write every run's result and the table here")
+    p.add_argument("--from-json", action="store_true",
+                   help="OLD_SRC is an earlier run's --json: print its table again, run nothing")
     a = p.parse_args(argv)
+    if a.from_json:
+        saved = json.loads(Path(a.old_src).read_text())
+        return report(saved["trees"], saved["runs"], a.json)
     trees = {"old": a.old_src, "new": a.new_src}
     runs: dict[str, list[dict]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="bench-step-ab-") as tmp:
@@ -85,13 +114,19 @@ def main(argv: list[str] | None = None) -> dict:
                       f"update {result['ktae_part_medians']['update']:.1f} s (floor "
                       f"{result['floors']['update']:.1f} s); load {result['load_start']} -> "
                       f"{result['load_end']}", flush=True)
+    return report(trees, runs, a.json)
+
+
+def report(trees: dict, runs: dict, json_path: str | None) -> dict:
+    """Print the table of ``runs`` (tree -> bench_step results); write it with them."""
     table = summarize(runs)
     first = runs["new"][0]
+    rounds = len(runs["new"])
     print(f"\n{first['model']}: {first['batch']} responses of {first['new_tokens']} tokens "
           f"after prompts of <= {first['prompt_tokens']}, {first['threads']} thread(s), "
-          f"{a.rounds} run(s) of each tree, alternating; medians")
+          f"{rounds} run(s) of each tree, alternating; medians")
     print(f"old: {trees['old']}\nnew: {trees['new']}")
-    print(f"\n{'part':<20} {'old s':>8} {'new s':>8} {'floor s':>8} {'old x fl':>9} "
+    print(f"\n{'part':<28} {'old s':>8} {'new s':>8} {'floor s':>8} {'old x fl':>9} "
           f"{'new x fl':>9} {'new/old':>8}  floor of")
     for part, row in table.items():
         cells = f"{row['old']:8.2f} {row['new']:8.2f}"
@@ -105,14 +140,16 @@ def main(argv: list[str] | None = None) -> dict:
         floor_of = first.get("floor_of", {})
         if part in floor_of or part == "update, no trainer":
             cells += f"  {floor_of.get(part, floor_of.get('update'))}"
-        print(f"{part:<20} {cells}")
+        elif part.startswith("generation, "):
+            cells += "  2 N a distinct prompt's token + 2 N a new token"
+        print(f"{part:<28} {cells}")
     loads = [float(x) for rs in runs.values() for r in rs
              for x in (r["load_start"], r["load_end"])]
     print(f"\n1-minute load average at the runs' starts and ends: {min(loads):.2f} to "
           f"{max(loads):.2f}")
     out = {"trees": trees, "runs": runs, "table": table}
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 

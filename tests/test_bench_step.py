@@ -118,6 +118,12 @@ def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
         assert own["total"] == pytest.approx(own["forward"] + own["backward"])
         assert own["x_floor"] == pytest.approx(own["total"] / run["floors"]["update"])
     assert "update, no trainer" in result["table"]
+    shared = result["table"]["generation, 1 prefill/prompt"]
+    assert shared["new_floor"] < result["table"]["generation"]["new_floor"]  # 2 prompts, 4 rows
+    again = subprocess.run(
+        [sys.executable, str(BENCH.parent / "bench_step_ab.py"), str(tmp_path / "ab.json"),
+         "--from-json"], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert again.splitlines()[-12:] == out.splitlines()[-12:]
     update = next(x for x in out.splitlines() if x.startswith("update "))
     assert update.endswith("(LoRA)") and len(update.split()) > 7
     assert "load average" in out
