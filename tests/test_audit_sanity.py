@@ -145,8 +145,12 @@ def test_every_phase_after_sampling_shows_progress(tmp_path, capsys):
     assert "| *oracle (sanity rule)* | 1.000 | 1.000 | 0.000 |" in md
     assert "## Where the credit goes, by kind of token" in md
     assert "  time: loading " in out and "after sampling" in out
-    seconds = json.loads((tmp_path / "a" / "audit.json").read_text())["seconds"]
-    assert list(seconds) == ["loading", "sampling", "scoring", "credit and bootstrap"]
+    written = json.loads((tmp_path / "a" / "audit.json").read_text())
+    for key in ("seconds", "cpu_seconds"):
+        assert list(written[key]) == ["loading", "sampling", "scoring", "credit and bootstrap"]
+        assert all(v >= 0 for v in written[key].values())
+    assert written["cpu_seconds"]["sampling"] > 0
+    assert "  CPU time: loading " in out
     assert main([*args, "--no-progress", "-o", str(tmp_path / "b")]) == 0
     err = capsys.readouterr().err
     assert "labelled" not in err and "scored" not in err and "computed" not in err

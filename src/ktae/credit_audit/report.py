@@ -258,6 +258,15 @@ def best(result: dict, metric: str, *, lowest: bool = False) -> str | None:
     return (min(scored) if lowest else max(scored))[1]
 
 
+def _after_sampling(seconds: dict) -> str:
+    """``"; after sampling R x the sampling"``: the phases after sampling over it."""
+    names = list(seconds)
+    if not seconds.get("sampling"):
+        return ""
+    after = sum(seconds[k] for k in names[names.index("sampling") + 1:])
+    return f"; after sampling {after / seconds['sampling']:.2f} x the sampling"
+
+
 def summary(result: dict) -> str:
     """A few lines for the terminal."""
     c = result.get("counts", {})
@@ -289,13 +298,9 @@ def summary(result: dict) -> str:
         paired = _signed_cell(m[con]["all"].get("contamination_vs_grpo"))
         lines.append(f"  least contamination: {con} ({_cell(m[con]['all']['contamination'])}"
                      f"{ref}; paired difference from GRPO {paired})")
-    seconds = result.get("seconds")
-    if seconds:
-        parts = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
-        names = list(seconds)
-        after = sum(seconds[k] for k in names[names.index("sampling") + 1:]) \
-            if "sampling" in seconds else 0.0
-        ratio = (f"; after sampling {after / seconds['sampling']:.2f} x the sampling"
-                 if seconds.get("sampling") else "")
-        lines.append(f"  time: {parts}{ratio}")
+    for key, unit in (("seconds", "time"), ("cpu_seconds", "CPU time")):
+        seconds = result.get(key)
+        if seconds:
+            parts = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
+            lines.append(f"  {unit}: {parts}{_after_sampling(seconds)}")
     return "\n".join(lines)

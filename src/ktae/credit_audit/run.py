@@ -633,7 +633,8 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
                           on_phase=on_phase)
     result_rates = right_answer_wrong_tokens(data.groups, resamples=resamples)
     clock.lap("credit and bootstrap")
-    result.update(seconds=clock.seconds, input=data.description, kind=data.kind, scored_with=scored,
+    result.update(seconds=clock.seconds, cpu_seconds=clock.cpu_seconds,
+                  input=data.description, kind=data.kind, scored_with=scored,
                   prompt_set=prompt_set if data.kind == "model" else None,
                   resamples=resamples, counts=_counts(data.groups), meta=data.meta,
                   credit={n: _describe(s) for n, s in methods.items()},
@@ -722,20 +723,24 @@ class _Rewards:
 
 
 class _Clock:
-    """Wall-clock seconds of the audit's phases, in order (``seconds``: ``{phase: s}``; the
-    model's loading counts in the phase that loads it)."""
+    """Wall-clock and CPU seconds of the audit's phases, in order (``seconds``,
+    ``cpu_seconds``: ``{phase: s}``; the model's loading counts in the phase that loads it).
+    The CPU seconds are this process's (every thread's): on a shared machine they hold
+    where the wall clock moves with the other work."""
 
     def __init__(self):
         import time
 
-        self._now = time.monotonic
-        self._last = self._now()
+        self._now, self._cpu = time.monotonic, time.process_time
+        self._last, self._last_cpu = self._now(), self._cpu()
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}
 
     def lap(self, phase: str) -> None:
-        now = self._now()
+        now, cpu = self._now(), self._cpu()
         self.seconds[phase] = round(now - self._last, 3)
-        self._last = now
+        self.cpu_seconds[phase] = round(cpu - self._last_cpu, 3)
+        self._last, self._last_cpu = now, cpu
 
 
 def _reads_importance(specs) -> Callable:
