@@ -121,3 +121,37 @@ def test_a_reference_from_the_tail_equals_the_clean_pass(outcome):
     with pytest.raises(ValueError, match="^logits: not with a reference"):
         group_importance(model, prompt, responses, answer, 0, conclusion=conclusion,
                          reference=ref, logits=True)
+
+
+def test_length_chunks():
+    from ktae.models.input_grad_importance import length_chunks
+
+    assert length_chunks([]) == [[]] and length_chunks([5]) == [[0]]
+    assert length_chunks([64, 64, 63, 64]) == [[0, 1, 2, 3]]  # nothing to save
+    assert length_chunks([64, 10, 12, 64, 9, 11, 64, 13]) == [[1, 2, 4, 5, 7], [0, 3, 6]]
+    chunks = length_chunks([30, 5, 64, 7, 40, 6, 64, 8], tail=4)
+    assert sorted(i for c in chunks for i in c) == list(range(8)) and len(chunks) == 2
+
+
+@pytest.mark.parametrize("logits", [False, True])
+def test_split_rows_equal_one_batch(logits):
+    """Rows of very different lengths computed in two sub-batches give the importance (and
+    clean logits) of one batch: rows are independent and the noise is drawn for the whole
+    group first. float64."""
+    from ktae.models.input_grad_importance import length_chunks
+
+    model = _llama().double()
+    prompt = _rows([5], seed=2)[0]
+    responses = _rows([20, 2, 3, 19, 1, 2])
+    assert len(length_chunks([len(r) for r in responses], 5)) == 2
+    kw = dict(conclusion=[5, 6, 7], logits=logits)
+    one = group_importance(model, prompt, responses, [8, 9], 0, split=False,
+                           generator=torch.Generator().manual_seed(4), **kw)
+    two = group_importance(model, prompt, responses, [8, 9], 0,
+                           generator=torch.Generator().manual_seed(4), **kw)
+    if logits:
+        (one, one_logits), (two, two_logits) = one, two
+        for i, r in enumerate(responses):
+            torch.testing.assert_close(two_logits[i, :len(r)], one_logits[i, :len(r)],
+                                       rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(two, one, rtol=1e-7, atol=1e-12)

@@ -276,11 +276,38 @@ class _no_weight_grad:
             p.requires_grad_(True)
 
 
+SPLIT_SAVING = 0.15
+"""A group's rows are computed in two sub-batches, the shorter responses apart, when that
+saves at least this share of the padded positions (:func:`length_chunks`)."""
+
+
+def length_chunks(lengths: list[int], tail: int = 0) -> list[list[int]]:
+    """The rows of a group in one or two sub-batches: the rows sorted by length and cut
+    where ``sum(rows x (longest + 1 + tail))`` is least, when that saves at least
+    :data:`SPLIT_SAVING` of one batch's positions (a batch is padded to its longest row, so
+    a few long responses would make every short one pay for their length)."""
+    B = len(lengths)
+    if B < 2:
+        return [list(range(B))]
+    order = sorted(range(B), key=lambda i: (lengths[i], i))
+    width = [max(1, lengths[i]) + 1 + tail for i in order]
+    whole = B * width[-1]
+    best, cut = whole, B
+    for k in range(1, B):
+        cost = k * width[k - 1] + (B - k) * width[-1]
+        if cost < best:
+            best, cut = cost, k
+    if cut == B or best > (1 - SPLIT_SAVING) * whole:
+        return [list(range(B))]
+    return [sorted(order[:cut]), sorted(order[cut:])]
+
+
 def group_importance(model, prompt: list[int], responses: list[list[int]],
                      answer: list[int], pad_id: int, *, conclusion: list[int] = (),
                      outcome: str = "answer_mean", noise_std: float = NOISE_STD,
                      generator: torch.Generator | None = None,
-                     logits: bool = False, reference: torch.Tensor | None = None):
+                     logits: bool = False, reference: torch.Tensor | None = None,
+                     split: bool = True):
     """``[B, T]`` importance of each response token to one prompt (0 on padding), equal to
     :func:`response_importance` with the prompt repeated on every row and the same
     generator (the same noise), computed with the prompt's cache computed once: the
@@ -289,24 +316,56 @@ def group_importance(model, prompt: list[int], responses: list[list[int]],
     ``[B, T, V]`` logits of the clean pass that predict each response token (a response's
     log-probabilities and entropies, without another forward pass). ``reference``: the
     clean pass's answer summary of every row (:func:`tail_reference`, from the sampling's
-    own cache), which then is not computed again (and ``logits`` cannot be asked)."""
+    own cache), which then is not computed again (and ``logits`` cannot be asked).
+    ``split``: rows of very different lengths in two sub-batches (:func:`length_chunks`;
+    rows are independent and the noise is drawn for the whole group first, so only the
+    padding changes)."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
     if not answer:
         raise ValueError("answer: expected at least one answer token")
+    if reference is not None and logits:
+        raise ValueError("logits: not with a reference (no clean pass is run)")
+    embed = model.get_input_embeddings()
+    tail = [*conclusion, *answer]
+    B, T = len(responses), max(1, max(len(r) for r in responses))
+    # the noise of the whole row (prompt included) as response_importance draws it
+    P = len(prompt)
+    noise = torch.randn((B, P - 1 + 1 + T + len(tail), embed.weight.shape[-1]),
+                        generator=generator, dtype=embed.weight.dtype)[:, P - 1:] * noise_std
+    cache = prompt_cache(model, prompt)
+    chunks = (length_chunks([len(r) for r in responses], len(tail)) if split
+              else [list(range(B))])
+    s = kept = None
+    for rows in chunks:
+        part_s, part_kept = _importance_rows(
+            model, cache, prompt, [responses[i] for i in rows], tail, len(conclusion),
+            pad_id, outcome, noise[rows], None if reference is None else reference[rows],
+            logits)
+        if s is None:
+            s = part_s.new_zeros((B, T))
+            kept = None if part_kept is None else part_kept.new_zeros((B, T, *part_kept.shape[2:]))
+        s[rows, :part_s.shape[1]] = part_s
+        if kept is not None:
+            kept[rows, :part_kept.shape[1]] = part_kept
+    return (s, kept) if logits else s
+
+
+def _importance_rows(model, cache, prompt: list[int], responses: list[list[int]],
+                     tail: list[int], n_conclusion: int, pad_id: int, outcome: str,
+                     noise: torch.Tensor, reference: torch.Tensor | None, logits: bool):
+    """:func:`group_importance` on some of a group's rows, their noise given (``[b, S', H]``,
+    ``S'`` at least this sub-batch's segment): ``([b, T_b] importance, [b, T_b, V] clean
+    logits or None)``, ``T_b`` their longest response."""
     embed = model.get_input_embeddings()
     device = embed.weight.device
-    tail = [*conclusion, *answer]
     ids, attn, response = _segment(prompt, responses, tail, pad_id, device)
     B, S = ids.shape
     T = S - 1 - len(tail)
-    after = response.sum(dim=1, keepdim=True) + 1 + len(conclusion)
+    after = response.sum(dim=1, keepdim=True) + 1 + n_conclusion
     col = torch.arange(S, device=device)[None]
-    answer_mask = (col >= after) & (col < after + len(answer))
+    answer_mask = (col >= after) & (col < after + len(tail) - n_conclusion)
     columns = _summary_columns(answer_mask)
-    if reference is not None and logits:
-        raise ValueError("logits: not with a reference (no clean pass is run)")
-    cache = prompt_cache(model, prompt)
     with torch.no_grad():
         e = embed(ids).detach()
         dtype = torch.promote_types(e.dtype, torch.float32)
@@ -322,10 +381,7 @@ def group_importance(model, prompt: list[int], responses: list[list[int]],
         if outcome != "answer_joint":
             p0 = F.softmax(ref, dim=-1)
             log_p0 = torch.log(p0 + KL_EPS)
-    # the noise of the whole row (prompt included) as response_importance draws it
-    P = len(prompt)
-    noise = torch.randn((B, P - 1 + S, e.shape[-1]), generator=generator, dtype=e.dtype)
-    noise = noise[:, P - 1:].to(device) * noise_std
+    noise = noise[:, :S].to(device)
     x = (e + torch.where(response[..., None], noise, 0)).requires_grad_(True)
     with torch.enable_grad(), _no_weight_grad(model):
         out = _answer_summary(_continue(model, cache, B, x, attn, columns).to(dtype), ids,
@@ -333,7 +389,7 @@ def group_importance(model, prompt: list[int], responses: list[list[int]],
         (grad,) = torch.autograd.grad(_objective(outcome, ref, out, p0, log_p0).sum(), x)
     saliency = (grad.to(dtype) * e.to(dtype)).sum(dim=-1).abs()
     s = torch.where(response, saliency, 0).detach()[:, 1:1 + T]
-    return (s, kept[:, :T]) if logits else s
+    return s, (None if kept is None else kept[:, :T])
 
 
 def tail_reference(logits: torch.Tensor, conclusion: list[int], answer: list[int], *,
