@@ -43,6 +43,13 @@ try:
           extra_callbacks=[StopAfterSave()] if run == "stop" else [])
 except Stop:
     pass
+finally:
+    # both processes stop at the same save; leave together and close the process group, so
+    # that neither exits while the other's gloo threads still hold its connection (a process
+    # that does aborts with "terminate called without an active exception")
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 """
 
 
