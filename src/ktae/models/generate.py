@@ -335,6 +335,15 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     return out
 
 
+def cache_argument(model) -> str:
+    """The forward's argument (and output) that holds the key/value cache: ``cache`` in
+    recent transformers, ``past_key_values`` before (still taken, with a warning)."""
+    import inspect
+
+    return ("cache" if "cache" in inspect.signature(type(model).forward).parameters
+            else "past_key_values")
+
+
 def _tail_logits(model, seqs, prompt_mask, cache, tails, k: int, eos: set[int], pad_id: int):
     """``[R, K, V]`` logits at the positions of each row's tail (K its longest), the rows of
     one ``model.generate`` call (``seqs``: left-padded prompts then the generated columns;
@@ -343,8 +352,6 @@ def _tail_logits(model, seqs, prompt_mask, cache, tails, k: int, eos: set[int], 
     or the budget). The generated columns past a response's end are masked, and the tail's
     positions follow the response's, as generation numbered them (the prompt's real
     tokens from 0)."""
-    import inspect
-
     import torch
 
     R, width = seqs.shape[0], prompt_mask.shape[1]
@@ -375,8 +382,7 @@ def _tail_logits(model, seqs, prompt_mask, cache, tails, k: int, eos: set[int], 
     pos[:, :T - c] = prompt_len[:, None] + torch.arange(c, T, device=device)[None]
     pos[:, T - c:] = (prompt_len + first)[:, None] + torch.arange(K, device=device)[None]
     full = torch.cat([mask, live[:, :c].to(mask.dtype), tail_mask], dim=1)
-    name = ("cache" if "cache" in inspect.signature(type(model).forward).parameters
-            else "past_key_values")
+    name = cache_argument(model)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=full, position_ids=pos, use_cache=True,
                     **{name: cache}).logits

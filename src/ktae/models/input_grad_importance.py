@@ -41,6 +41,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from ktae.models.generate import cache_argument
+
 OUTCOMES = ("answer_mean", "last", "answer_joint")
 NOISE_STD = 1e-3
 KL_EPS = 1e-12
@@ -213,12 +215,8 @@ def prompt_cache(model, prompt: list[int]):
 
 
 def _cache_name(model) -> str:
-    """The forward's argument (and output) that holds the key/value cache: ``cache`` in
-    recent transformers, ``past_key_values`` before (still taken, with a warning)."""
-    import inspect
-
-    return ("cache" if "cache" in inspect.signature(type(model).forward).parameters
-            else "past_key_values")
+    """The forward's cache argument (:func:`ktae.models.generate.cache_argument`)."""
+    return cache_argument(model)
 
 
 def _continue(model, cache, rows: int, x: torch.Tensor, attention_mask: torch.Tensor,
