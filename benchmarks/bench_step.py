@@ -105,12 +105,20 @@ def resolve_model(name: str) -> str:
     return str(named_model_path(name)) if is_named(name) else name
 
 
-def load_model(path: str):
+def load_model(path: str, *, bf16: bool = False, lora: bool = False):
+    """The model as ``ktae train`` loads it; ``bf16``: a LoRA run's frozen base in
+    bfloat16 (:func:`ktae.train.precision.stored_dtype`)."""
     from ktae.runs.config import TrainConfig
     from ktae.train.session import load_model as ktae_load
 
-    model, tokenizer, _ = ktae_load(TrainConfig(model=path))
+    cfg = TrainConfig(model=path, bf16=True, lora_r=int(lora)) if bf16 else TrainConfig(model=path)
+    model, tokenizer, _ = ktae_load(cfg)
     return model, tokenizer
+
+
+def autocast(bf16: bool):
+    """The products in bfloat16 as ``ktae train --bf16`` runs them (accelerate's autocast)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
 
 
 def parameter_count(model) -> int:
@@ -147,12 +155,15 @@ def contains_answer(completions, answer, **_):
 
 # ----------------------------------------------------------------------------- 1. matmul
 
-def matmul_rate(shapes: list[tuple[int, int]], rows: int, repeats: int = 3) -> float:
-    """FLOP/s of ``torch.mm`` over ``shapes`` with ``rows`` rows (median of ``repeats``)."""
+def matmul_rate(shapes: list[tuple[int, int]], rows: int, repeats: int = 3,
+                dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of ``torch.mm`` in ``dtype`` over ``shapes`` with ``rows`` rows (median of
+    ``repeats``)."""
     distinct = {}
     for s in shapes:
         distinct[s] = distinct.get(s, 0) + 1
-    mats = {s: (torch.randn(rows, s[0]), torch.randn(s[0], s[1])) for s in distinct}
+    mats = {s: (torch.randn(rows, s[0], dtype=dtype), torch.randn(s[0], s[1], dtype=dtype))
+            for s in distinct}
     flops = sum(2 * rows * i * o * n for (i, o), n in distinct.items())
     for a, b in mats.values():  # warm-up
         torch.mm(a, b)
@@ -334,12 +345,15 @@ class StepTimes:
 
 
 def trainer_args(path: str, out: str, *, prompts: int, generations: int, new_tokens: int,
-                 threads: int, steps: int, trl: dict, temperature: float | None = None):
+                 threads: int, steps: int, trl: dict, temperature: float | None = None,
+                 bf16: bool = False):
     from ktae.runs.config import TrainConfig
     from ktae.runs.credit import credit_settings
     from ktae.train.session import grpo_config
 
     more = {} if temperature is None else {"temperature": temperature}
+    if bf16:
+        more["bf16"] = True
     cfg = TrainConfig(model=path, algo="grpo", credit="none", num_prompts=prompts,
                       num_generations=generations, max_new_tokens=new_tokens,
                       max_steps=steps, output_dir=out, torch_threads=threads,
@@ -472,6 +486,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ktae-src", help="import ktae from this source directory (holding ktae/)")
     p.add_argument("--rate-repeats", type=int, default=3,
                    help="timed rounds of the matmul rate at the step's shapes")
+    p.add_argument("--bf16", action="store_true",
+                   help="ktae train --bf16: products in bfloat16 (autocast), a LoRA run's "
+                        "frozen base stored in bfloat16; floors at the bfloat16 matmul rate")
     p.add_argument("--json", help="write every number here")
     a = p.parse_args(argv)
     use_ktae_from(a.ktae_src)
@@ -497,7 +514,11 @@ def main(argv: list[str] | None = None) -> dict:
     trl["beta"] = a.beta
     torch.set_num_threads(a.threads)
     path = resolve_model(a.model)
-    model, tokenizer = load_model(path)
+    if a.bf16:
+        from ktae.train.precision import check_bf16
+
+        say(check_bf16("cpu"))
+    model, tokenizer = load_model(path, bf16=a.bf16, lora=peft_config is not None)
     model.eval()
     n_params = parameter_count(model)
     batch = a.prompts * a.generations
@@ -509,7 +530,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "load_start": load(), "logprob_head": a.logprob_head,
                     "batch": batch, "prompts": a.prompts, "prompt_tokens": prompt_tokens,
                     "new_tokens": a.new_tokens,
-                    "lora": a.lora, "ktae_src": str(Path(find_spec("ktae").origin).parent),
+                    "lora": a.lora, "bf16": a.bf16, "ktae_src": str(Path(find_spec("ktae").origin).parent),
                     "trl_settings": {k: v for k, v in trl.items() if k != "beta"}}
     lora_flops = None
     tokens = batch * (prompt_tokens + a.new_tokens)
@@ -531,9 +552,11 @@ def main(argv: list[str] | None = None) -> dict:
         f"{batch} responses of {a.new_tokens} tokens after prompts of <= {prompt_tokens}; "
         f"{a.threads} thread(s); load {load()}")
 
-    say(f"\n1. float32 matmul rate (the model's {len(shapes)} linear shapes)")
-    rate_train = matmul_rate(shapes, tokens, repeats=a.rate_repeats)
-    rate_decode = matmul_rate(shapes, batch, repeats=5)
+    dtype = torch.bfloat16 if a.bf16 else torch.float32
+    say(f"\n1. {str(dtype).removeprefix('torch.')} matmul rate (the model's {len(shapes)} "
+        "linear shapes)")
+    rate_train = matmul_rate(shapes, tokens, repeats=a.rate_repeats, dtype=dtype)
+    rate_decode = matmul_rate(shapes, batch, repeats=5, dtype=dtype)
     result["matmul"] = {"train_rows": tokens, "train_flops": rate_train,
                         "decode_rows": batch, "decode_flops": rate_decode}
     say(f"  M = {tokens} rows (update, log-prob passes): {rate_train / 1e9:.1f} GFLOP/s")
@@ -553,8 +576,9 @@ def main(argv: list[str] | None = None) -> dict:
         micro = int(trl.get("gradient_accumulation_steps", 1))
         say(f"\n1c. the LoRA update's own passes: ktae's log-prob head, {batch} rows in {micro} "
             f"micro-batch(es), no trainer")
-        own = lora_update_passes(model, batch, prompt_tokens, a.new_tokens, micro,
-                                 temperature or 1.0)
+        with autocast(a.bf16):
+            own = lora_update_passes(model, batch, prompt_tokens, a.new_tokens, micro,
+                                     temperature or 1.0)
         own["x_floor"] = own["total"] / floor["update"]
         result["lora_passes"] = own
         say(f"  forward {own['forward']:.2f} s, backward {own['backward']:.2f} s: "
@@ -576,9 +600,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     if "generation" in only:
         say(f"\n2. generation backends ({batch} rows x {a.new_tokens} tokens, sampled)")
-        gens = generation_backends(model, tokenizer, sample, a.new_tokens, a.threads,
-                                   compile_=a.compile, repeats=a.repeats,
-                                   other_threads=[t for t in a.other_threads if t != a.threads])
+        with autocast(a.bf16):
+            gens = generation_backends(model, tokenizer, sample, a.new_tokens, a.threads,
+                                       compile_=a.compile, repeats=a.repeats,
+                                       other_threads=[t for t in a.other_threads
+                                                      if t != a.threads])
         result["generation"] = gens
         best = min(v for k, v in gens.items() if k != "compile time")
         for name, seconds in gens.items():
@@ -593,10 +619,12 @@ def main(argv: list[str] | None = None) -> dict:
     if "step" in only:
         say(f"\n3-4. {' and '.join(kinds)} (ktae: --credit none), {a.steps} step(s) each, "
             f"alternating for {a.rounds} rounds")
-        weights = {k: v.clone() for k, v in load_model(path)[0].state_dict().items()}
+        lora = peft_config is not None
+        weights = {k: v.clone() for k, v in
+                   load_model(path, bf16=a.bf16, lora=lora)[0].state_dict().items()}
 
         def factory():
-            m, _ = load_model(path)
+            m, _ = load_model(path, bf16=a.bf16, lora=lora)
             m.load_state_dict(weights)
             return m
 
@@ -606,8 +634,8 @@ def main(argv: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
             args, credit = trainer_args(path, tmp, prompts=a.prompts, generations=a.generations,
                                         new_tokens=a.new_tokens, threads=a.threads,
-                                        steps=a.steps,
-                                        trl=trl, temperature=temperature)
+                                        steps=a.steps, trl=trl, temperature=temperature,
+                                        bf16=a.bf16)
             for r in range(a.rounds):
                 order = kinds if r % 2 == 0 else kinds[::-1]
                 for kind in order:

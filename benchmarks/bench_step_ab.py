@@ -4,12 +4,15 @@ Usage:
     git worktree add /tmp/old-ktae <commit>                  # the code before a change
     python benchmarks/bench_step_ab.py /tmp/old-ktae/src     # the LoRA recipe, 3 rounds
     python benchmarks/bench_step_ab.py OLD_SRC --rounds 4 --json ab.json -- --steps 2
+    python benchmarks/bench_step_ab.py OLD_SRC --new-args=--bf16   # the new tree in bfloat16
 
 Each round runs ``benchmarks/bench_step.py --lora --only passes,step --kinds ktae`` once with each
 tree (``--ktae-src``), each in its own process (a process imports one ktae), the order
 alternating between rounds (old, new; new, old; ...), so that both see the same machine.
 Every run measures the matmul rate, and so its floors, anew. Arguments after ``--`` go to
-every run of bench_step (e.g. ``--lora OTHER_RECIPE``, ``--steps 2``). Prints each part's
+every run of bench_step (e.g. ``--lora OTHER_RECIPE``, ``--steps 2``); ``--old-args`` and
+``--new-args`` to one tree's runs only (e.g. ``--new-args=--bf16``: each tree's floors are
+then at its own arithmetic's measured matmul rate). Prints each part's
 median seconds under each tree, the median over runs of each run's seconds over its own
 floor, and new/old of the medians; the 1-minute load average at each run's start and end.
 ``--from-json`` prints a saved run's table again. The row ``generation, 1 prefill/prompt``
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -95,6 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("old_src", help="the other tree's source directory (holding ktae/)")
     p.add_argument("--new-src", default=str(ROOT / "src"), help="default: this tree's src")
     p.add_argument("--rounds", type=int, default=3, help="runs of each tree")
+    p.add_argument("--old-args", default="", help="bench_step arguments for the old tree only")
+    p.add_argument("--new-args", default="", help="bench_step arguments for the new tree only")
     p.add_argument("--json", help="write every run's result and the table here")
     p.add_argument("--from-json", action="store_true",
                    help="OLD_SRC is an earlier run's --json: print its table again, run nothing")
@@ -103,12 +109,16 @@ def main(argv: list[str] | None = None) -> dict:
         saved = json.loads(Path(a.old_src).read_text())
         return report(saved["trees"], saved["runs"], a.json)
     trees = {"old": a.old_src, "new": a.new_src}
+    own = {"old": shlex.split(a.old_args), "new": shlex.split(a.new_args)}
+    if a.old_args or a.new_args:
+        trees = {t: f"{src} {' '.join(own[t])}".strip() for t, src in trees.items()}
     runs: dict[str, list[dict]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="bench-step-ab-") as tmp:
         for r in range(a.rounds):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")
             for tree in order:
-                result = run_one(trees[tree], Path(tmp) / f"{tree}-{r}.json", extra)
+                src = a.old_src if tree == "old" else a.new_src
+                result = run_one(src, Path(tmp) / f"{tree}-{r}.json", [*extra, *own[tree]])
                 runs[tree].append(result)
                 print(f"round {r + 1}, {tree}: step {result['ktae_part_medians']['step']:.1f} s, "
                       f"update {result['ktae_part_medians']['update']:.1f} s (floor "

@@ -92,18 +92,25 @@ def test_lora_sizes_and_floor_flops():
 @pytest.mark.slow
 def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
     """--lora reads the recipe's batch, tokens, micro-batches and adapters; bench_step_ab
-    runs each tree (here this one twice) in its own process and prints the parts."""
+    runs each tree (here this one twice) in its own process and prints the parts; on a CPU
+    with bfloat16 instructions the new tree's runs are --bf16 (--new-args), their floors at
+    the bfloat16 matmul rate."""
+    from ktae.train.precision import native_bf16
+
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(TINY_RECIPE.format(model=tiny_model))
     src = str(BENCH.parents[1] / "src")
+    bf16 = native_bf16() is not None
     out = subprocess.run(
         [sys.executable, str(BENCH.parent / "bench_step_ab.py"), src, "--rounds", "1",
+         *(["--new-args=--bf16"] if bf16 else []),
          "--json", str(tmp_path / "ab.json"), "--", "--lora", str(recipe)],
         capture_output=True, text=True, check=True, timeout=600).stdout
     result = json.loads((tmp_path / "ab.json").read_text())
     for tree in ("old", "new"):
         (run,) = result["runs"][tree]
         assert run["ktae_src"] == str(Path(src) / "ktae")
+        assert run["bf16"] == (bf16 and tree == "new")
         assert run["batch"] == 4 and run["new_tokens"] == 5 and run["lora"] == str(recipe)
         assert run["trl_settings"] == {"gradient_accumulation_steps": 2}
         assert set(run["steps"]) == {"ktae"}  # --kinds ktae: no TRL trainer

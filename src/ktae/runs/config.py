@@ -192,8 +192,11 @@ class _TrainConfig:
     """``full``: the model's logits of the completion positions; ``chunked``: TRL's fused LM
     head; ``auto``: full on the CPU while its peak memory for a micro-batch (about three
     times the micro-batch's logits) fits in 1 GiB (:mod:`ktae.train.logprob_head`)."""
-    bf16: bool = field(default=False, metadata=flag("bfloat16 (GPU)", kind="switch"))
-    """bfloat16 mixed precision (GPU only; fp32 on CPU)."""
+    bf16: bool = field(default=False, metadata=flag(
+        "bfloat16 mixed precision (a GPU, or a CPU with avx512_bf16/amx_bf16)", kind="switch"))
+    """bfloat16 mixed precision: products in bfloat16, the weights that train in float32,
+    a LoRA run's frozen base stored in bfloat16; refused on a CPU without native bfloat16
+    instructions (:mod:`ktae.train.precision`)."""
     progress: bool = field(default=True, metadata=flag(
         "no progress bar", name="--no-progress", kind="switch"))
     """Show a progress bar with live metrics."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import torch
 from transformers import TrainerCallback
 
 from ktae.rewards.registry import DEFAULT_REWARD
@@ -32,15 +33,20 @@ class EvalCallback(TrainerCallback):
     """Greedy held-out evaluation every ``every`` steps (0 = never during training)."""
 
     def __init__(self, rundir: RunDir, rows: list[dict], *, every: int, max_new_tokens: int,
-                 tokenizer, reward: str = DEFAULT_REWARD):
+                 tokenizer, reward: str = DEFAULT_REWARD, autocast: torch.dtype | None = None):
         self.rundir, self.rows, self.every = rundir, rows, every
         self.max_new_tokens, self.tokenizer, self.reward = max_new_tokens, tokenizer, reward
+        self.autocast = autocast
+        """The dtype the products run in (``--bf16``: bfloat16, as in training, before
+        the trainer wraps the model's forward too); None: the weights' own."""
         self.last: dict = {}
 
     def evaluate(self, model, step: int) -> dict:
-        report = {"step": int(step), **greedy_accuracy(model, self.tokenizer, self.rows,
-                                                       max_new_tokens=self.max_new_tokens,
-                                                       reward=self.reward)}
+        device = next(model.parameters()).device.type
+        with torch.autocast(device, dtype=self.autocast, enabled=self.autocast is not None):
+            accuracy = greedy_accuracy(model, self.tokenizer, self.rows,
+                                       max_new_tokens=self.max_new_tokens, reward=self.reward)
+        report = {"step": int(step), **accuracy}
         self.rundir.append(self.rundir.eval_path, report)
         self.last = report
         return report

@@ -238,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ktae train: --resume: {cfg.output_dir} is complete ({cfg.max_steps} steps); "
               "nothing to do", file=sys.stderr)
         return 0
+    if cfg.bf16:
+        print(f"ktae train: {checked.precision}", file=sys.stderr)
     cli_common.set_interrupt_hint(f"continue with: {resume_command(cfg.output_dir)}")
     start = time.perf_counter()
     try:

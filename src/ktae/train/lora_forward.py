@@ -15,8 +15,10 @@ it; ``tests/test_lora_update.py`` compares losses and adapter gradients).
 :func:`fused_lora` switches it on for a block (:func:`ktae.train.logprob_head.full_logps`),
 module by module, only where the layer is peft's plain case: one active adapter, no DoRA
 or other variant, no dropout, no adapter bias, not merged, adapters enabled, an
-``nn.Linear`` base layer, the input in the adapter's and the layer's dtype, no autocast
-(its casts do not reach an in-place product); every other layer keeps peft's forward.
+``nn.Linear`` base layer, the input in the adapter's and the layer's dtype; under
+autocast (``--bf16``) every factor is cast to autocast's dtype first, as autocast would
+cast them for peft's products (its casts do not reach an in-place product); every other
+layer keeps peft's forward.
 The log-prob head's passes, with gradients or without (old policy, reference), run it,
 so that the old and the current log-probabilities come from the same arithmetic;
 generation keeps peft's forward, and its samples are unchanged.
@@ -65,16 +67,24 @@ def plain_adapter(module) -> str | None:
     return name
 
 
-def fused_lora_forward(module, name: str, x: torch.Tensor) -> torch.Tensor:
+def fused_lora_forward(module, name: str, x: torch.Tensor,
+                       dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x W^T + b + scaling (x A^T) B^T`` of peft LoRA layer ``module``'s adapter ``name``.
 
     Shapes: ``x`` ``[..., in]`` -> ``[..., out]``; ``A`` is ``[r, in]``, ``B`` ``[out, r]``.
+    ``dtype``: every factor cast to it first, as autocast casts a linear layer's (the
+    in-place product is out of autocast's reach); None: as they are.
     """
     base = module.base_layer
+    weight, bias = base.weight, base.bias
+    a, b = module.lora_A[name].weight, module.lora_B[name].weight
     flat = x.reshape(-1, x.shape[-1])
-    out = nn.functional.linear(flat, base.weight, base.bias)
-    low = nn.functional.linear(flat, module.lora_A[name].weight)
-    out.addmm_(low, module.lora_B[name].weight.t(), alpha=module.scaling[name])
+    if dtype is not None:
+        flat, weight, a, b = (t.to(dtype) for t in (flat, weight, a, b))
+        bias = bias.to(dtype) if bias is not None else None
+    out = nn.functional.linear(flat, weight, bias)
+    low = nn.functional.linear(flat, a)
+    out.addmm_(low, b.t(), alpha=module.scaling[name])
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -101,8 +111,15 @@ def _forward_of(module):
 
     def forward(x, *args, **kwargs):
         name = plain_adapter(module)
-        if (args or kwargs or name is None or torch.is_autocast_enabled(x.device.type)
-                or x.dtype != module.lora_A[name].weight.dtype
+        if args or kwargs or name is None:
+            return peft_forward(module, x, *args, **kwargs)
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            if not x.is_floating_point() or dtype not in (torch.bfloat16, torch.float16):
+                return peft_forward(module, x, *args, **kwargs)
+            return fused_lora_forward(module, name, x, dtype)
+        if (x.dtype != module.lora_A[name].weight.dtype
                 or x.dtype != module.base_layer.weight.dtype):
             return peft_forward(module, x, *args, **kwargs)
         return fused_lora_forward(module, name, x)

@@ -43,6 +43,7 @@ from ktae.train.callbacks import (
 from ktae.train.data import TaskRows, default_template, format_task, read_task
 from ktae.train.flags import flag_names
 from ktae.train.no_signal import find_no_signal
+from ktae.train.precision import check_bf16, stored_dtype
 from ktae.train.reward_funcs import make_reward_funcs
 from ktae.train.step_timing import mean_step_seconds
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
@@ -59,6 +60,8 @@ class Preflight:
     task: TaskRows
     model: str | None
     """Where the model loads from (a local directory or a hub id); None = the default."""
+    precision: str = "float32"
+    """The arithmetic the run trains in, in words (:func:`ktae.train.precision.check_bf16`)."""
 
 
 def preflight(cfg: TrainConfig) -> Preflight:
@@ -78,6 +81,9 @@ def preflight(cfg: TrainConfig) -> Preflight:
             model = resolve_model_path(cfg.model)
         except ValueError as err:
             raise ValueError(str(err).replace("MODEL: ", "model: ", 1)) from None
+    precision = "float32"
+    if cfg.bf16:
+        precision = check_bf16("cuda" if torch.cuda.is_available() else "cpu")
     if cfg.lora_r:
         try:
             import peft  # noqa: F401
@@ -94,7 +100,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
     if len(task.train) < cfg.num_prompts:
         raise ValueError(f"task: {len(task.train)} training problem(s), fewer than "
                          f"num_prompts={cfg.num_prompts} per step")
-    return Preflight(credit, trl, task, model)
+    return Preflight(credit, trl, task, model, precision)
 
 
 @dataclass(frozen=True)
@@ -154,8 +160,8 @@ def load_model(cfg: TrainConfig, path: str | None = None):
     path = cfg.model if path is None else path
     if path is None:
         path = str(default_model_path())
-    dtype = torch.bfloat16 if cfg.bf16 else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=stored_dtype(cfg.bf16, lora=cfg.lora_r > 0))
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -235,6 +241,7 @@ def model_card(cfg: TrainConfig, summary: dict) -> str:
         f"dynamic sampling {'on' if cfg.dynamic_sampling else 'off'} |",
         f"| credit | `{cfg.credit}` |",
         f"| reward | `{cfg.reward}` |",
+        f"| precision | {summary.get('precision', 'float32')} |",
         f"| steps | {summary.get('steps')} x {cfg.num_prompts} prompts x {cfg.num_generations} "
         "responses |",
         f"| held-out accuracy (greedy) | {pct(summary.get('heldout_before'))} -> "
@@ -325,7 +332,7 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     metrics_cb = MetricsCallback(rundir)
     eval_cb = EvalCallback(rundir, eval_rows, every=cfg.eval_every,
                            max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer,
-                           reward=cfg.reward)
+                           reward=cfg.reward, autocast=torch.bfloat16 if cfg.bf16 else None)
     callbacks = [metrics_cb, eval_cb,
                  NoSignalCallback(metrics_cb, steps=cfg.no_signal_steps,
                                   max_new_tokens=cfg.max_new_tokens, reward=cfg.reward),
@@ -386,6 +393,7 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
         summary.update({
             "model": model_path,
             "template": template,
+            "precision": checked.precision,
             "heldout_before": by_step.get(0, {}).get("accuracy"),
             "heldout_after": by_step[step]["accuracy"] if step in by_step else None,
             "heldout_carry_before": by_step.get(0, {}).get("accuracy_carry"),

@@ -1,0 +1,102 @@
+"""bfloat16 training (``--bf16``): where the hardware has it, and which weights it stores.
+
+A CPU multiplies bfloat16 matrices at twice its float32 rate only when it has the
+instructions for them: ``avx512_bf16`` or ``amx_bf16`` on x86, the BF16 extension on Arm.
+Elsewhere PyTorch emulates bfloat16 products in float32 arithmetic, slower than float32
+itself. :func:`native_bf16` reads the CPU's flags; :func:`check_bf16` refuses ``--bf16``
+on a CPU without them, in one line, instead of training slower in silence.
+
+Mixed precision, as ``ktae train --bf16`` runs it:
+
+* **the products in bfloat16**: TRL's ``bf16=True`` makes accelerate run the model's
+  forward passes, generation's included, under ``torch.autocast`` (on the CPU too);
+* **the weights that train stay float32**, and so do their gradients and AdamW's state:
+  a LoRA run's adapters (peft keeps them in float32 over a bfloat16 model), a full
+  fine-tuning run's every weight (autocast casts each to bfloat16 for its product);
+* **the frozen weights are stored in bfloat16** (a LoRA run's base model,
+  :func:`stored_dtype`): autocast would cast them anew at every forward pass and every
+  decoding step, since it caches only the casts of weights that train;
+* **the log-probabilities in float32**: the log-prob head casts the logits before its
+  ``log_softmax`` (:mod:`ktae.train.logprob_head`).
+
+A LoRA run's saved adapters are float32; merging them into a bfloat16 base would round
+most of each update away (an adapter's delta is far below a weight's last bfloat16 bit),
+so the saved run is the float32 adapter over the base model's own file. docs/step-time.md
+measures the speed and the drift from float32.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from functools import cache
+
+import torch
+
+X86_FLAGS = ("amx_bf16", "avx512_bf16")
+"""x86 CPU flags (``/proc/cpuinfo``) under which bfloat16 products run natively."""
+
+ARM_FEATURE = "bf16"
+"""The Arm feature (``/proc/cpuinfo`` ``Features``) of the BF16 extension."""
+
+
+def cpu_bf16_flag(cpuinfo: str) -> str | None:
+    """The first flag of ``cpuinfo`` (the text of Linux's ``/proc/cpuinfo``) under which
+    the CPU multiplies bfloat16 natively (:data:`X86_FLAGS`, :data:`ARM_FEATURE`), or None."""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return next((f for f in (*X86_FLAGS, ARM_FEATURE) if f in flags), None)
+
+
+@cache
+def native_bf16() -> str | None:
+    """The flag under which this machine's CPU multiplies bfloat16 natively, or None
+    (Linux: ``/proc/cpuinfo``; macOS: the ``hw.optional.arm.FEAT_BF16`` sysctl)."""
+    system = platform.system()
+    if system == "Linux":
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                return cpu_bf16_flag(f.read())
+        except OSError:
+            return None
+    if system == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"],
+                                 capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return "FEAT_BF16" if out.strip() == "1" else None
+    return None
+
+
+def check_bf16(device: torch.device | str, *, flag: str | None | bool = False) -> str:
+    """The hardware support ``--bf16`` runs on, as a few words for the run's header.
+
+    ``flag``: the CPU's flag as :func:`native_bf16` gives it (default: read it).
+
+    Raises:
+        ValueError: ``device`` is a CPU without native bfloat16 products, or a GPU without
+            bfloat16 (one line naming ``bf16``).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_bf16_supported():
+            raise ValueError("bf16: this GPU has no bfloat16 support; train without --bf16")
+        return f"bfloat16 on {torch.cuda.get_device_name(device)}"
+    if device.type != "cpu":
+        return f"bfloat16 on {device.type}"
+    flag = native_bf16() if flag is False else flag
+    if flag is None:
+        raise ValueError("bf16: this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16 "
+                         "or Arm BF16): its bfloat16 products would be emulated, slower than "
+                         "float32; train without --bf16")
+    return f"bfloat16 products on the CPU ({flag}), float32 weights that train"
+
+
+def stored_dtype(bf16: bool, lora: bool) -> torch.dtype:
+    """The dtype the model's weights are loaded in: bfloat16 where ``bf16`` and they are
+    frozen (``lora``: every weight but the adapters'), else float32 (module docstring)."""
+    return torch.bfloat16 if bf16 and lora else torch.float32

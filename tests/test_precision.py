@@ -1,0 +1,88 @@
+"""``ktae train --bf16``: the CPU's bfloat16 flags, the refusal without them, and what a
+bfloat16 run stores and computes in (products bfloat16, trained weights float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_train_helpers import contains_digit, read_jsonl, tiny_config
+
+from ktae.train import precision
+from ktae.train.precision import check_bf16, cpu_bf16_flag, stored_dtype
+from ktae.train.session import train
+from ktae.train.trainer import KTAEGRPOTrainer
+
+X86 = """processor	: 0
+vendor_id	: GenuineIntel
+flags		: fpu vme sse sse2 avx avx2 avx512f avx512bw {extra}
+bogomips	: 4000.00
+"""
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (X86.format(extra="avx512_bf16"), "avx512_bf16"),
+    (X86.format(extra="avx512_bf16 amx_tile amx_bf16"), "amx_bf16"),
+    (X86.format(extra="avx512_vnni"), None),
+    ("processor : 0\nFeatures : fp asimd evtstrm aes sha2 bf16 i8mm\n", "bf16"),
+    ("processor : 0\nFeatures : fp asimd evtstrm aes\n", None),
+    ("", None),
+], ids=["avx512", "amx", "x86-none", "arm", "arm-none", "empty"])
+def test_cpu_flags(text, expected):
+    assert cpu_bf16_flag(text) == expected
+
+
+def test_refused_without_native_bfloat16():
+    with pytest.raises(ValueError, match=r"^bf16: this CPU has no bfloat16 instructions"):
+        check_bf16("cpu", flag=None)
+    assert "avx512_bf16" in check_bf16("cpu", flag="avx512_bf16")
+
+
+def test_stored_dtype_keeps_trained_weights_float32():
+    assert stored_dtype(True, lora=True) == torch.bfloat16  # the frozen base
+    assert stored_dtype(True, lora=False) == torch.float32  # every weight trains
+    assert stored_dtype(False, lora=True) == torch.float32
+
+
+def test_cli_refuses_bf16_in_one_line(monkeypatch, capsys, tmp_path):
+    from ktae.cli import main
+
+    monkeypatch.setattr(precision, "native_bf16", lambda: None)
+    code = main(["train", "--bf16", "--max-steps", "1", "-o", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("ktae train: bf16: ")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+class HeadDtypes(KTAEGRPOTrainer):
+    """Records the LM head's output dtype in every pass, with gradients or without."""
+
+    seen: list
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        head = self.model.get_output_embeddings()
+        head.register_forward_hook(
+            lambda module, inputs, out: self.seen.append((torch.is_grad_enabled(), out.dtype)))
+
+
+@pytest.mark.parametrize("lora_r", [4, 0], ids=["lora", "full"])
+def test_bf16_run_multiplies_in_bfloat16_and_trains_float32(tiny_model, tmp_path, monkeypatch,
+                                                            lora_r):
+    monkeypatch.setattr(precision, "native_bf16", lambda: "avx512_bf16")  # any CPU
+    seen: list = []
+    cls = type("H", (HeadDtypes,), {"seen": seen})
+    cfg = tiny_config(tiny_model, tmp_path / "run", max_steps=1, bf16=True, lora_r=lora_r,
+                      learning_rate=1e-2)
+    summary = train(cfg, trainer_cls=cls, reward_funcs=[contains_digit])
+    assert summary["steps"] == 1 and "bfloat16" in summary["precision"]
+    generation = [dtype for grad, dtype in seen if not grad]
+    update = [dtype for grad, dtype in seen if grad]
+    assert generation and update
+    assert set(generation) == set(update) == {torch.bfloat16}  # held-out eval included
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert torch.isfinite(torch.tensor(metrics[0]["loss"]))
+    from safetensors.torch import load_file
+
+    final = tmp_path / "run" / "final"
+    saved = load_file(final / ("adapter_model.safetensors" if lora_r else "model.safetensors"))
+    assert saved and {t.dtype for t in saved.values()} == {torch.float32}
