@@ -64,6 +64,9 @@ class Run:
     """Estimated wall seconds at one thread on the shared 2-core machine."""
     keep: tuple[str, ...] = ()
     """Files of the run's folder its tables read, kept under ``RECORDS`` once it finishes."""
+    resumable: bool = False
+    """The command continues what an earlier, unfinished run of it left in its folder
+    (``ktae train --resume``): a cut-off run is run again into the same folder."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,17 @@ for _arm, _credit in RECIPE.items():
         RUNS[f"recipe0-{_arm}-s{_seed}"] = Run(
             f"ktae train --config configs/smollm2-recipe.yaml --credit {_credit} --seed {_seed} "
             "--no-progress -o {out}", 1500, ("summary.json", "metrics.jsonl"))
+
+PRECISION_SEEDS = (21, 22, 23)
+"""The recipe (GRPO + KTAE) in float32 and under ``--bf16``, runs
+``precision-recipe-{float32,bf16}-sSEED`` (docs/step-time.md): seeds of their own, used by
+no other table; each resumes from its last checkpoint when cut off."""
+for _precision, _flag in (("float32", ""), ("bf16", " --bf16")):
+    for _seed in PRECISION_SEEDS:
+        RUNS[f"precision-recipe-{_precision}-s{_seed}"] = Run(
+            f"ktae train --config configs/smollm2-recipe.yaml --seed {_seed}{_flag} "
+            "--save-every 2 --no-progress --resume -o {out}", 1500,
+            ("summary.json", "metrics.jsonl", "eval.jsonl"), resumable=True)
 
 RECIPE_ARMS = {"grpo": "none", "ktae": "ktae", "ktae3": "ktae --ktae-ngram 3", "spo": "grpo+spo-mask"}
 """The credit study (configs/smollm2-arith.yaml: the recipe on level 1 at temperature 0.7)
@@ -806,6 +820,66 @@ def recipe(*folders: Path) -> str:
     return "\n".join(rows)
 
 
+def precision_recipe(*folders: Path) -> str:
+    """docs/step-time.md: the recipe (GRPO + KTAE) in float32 and under ``--bf16``: held-out
+    greedy accuracy before and after, the step's time by part, and bfloat16's difference
+    from float32 with Welch's interval over seeds and the bootstrap over seeds and
+    problems (scripts/verdict_analysis.py)."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from credit_study import welch
+    from verdict_analysis import two_level_bootstrap
+
+    runs: dict[str, list[dict]] = {}
+    for folder in folders:
+        precision = folder.name.removeprefix("precision-recipe-").rsplit("-s", 1)[0]
+        evals = [json.loads(line) for line in (folder / "eval.jsonl").open()]
+        record = json.loads((folder.parent / f"{folder.name}{MARKER}").read_text())
+        runs.setdefault(precision, []).append({
+            "summary": _json(folder, "summary.json"), "wall": record.get("seconds"),
+            "before": [p["correct"] for p in evals[0]["problems"]],
+            "after": [p["correct"] for p in evals[-1]["problems"]]})
+    rows = ["| precision | seeds | held-out greedy before | after | change (points) | "
+            "step (s) | generation (s) | update (s) | wall per run, min |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    change, per_problem = {}, {}
+    for precision, items in runs.items():
+        before = [r["summary"]["heldout_before"] for r in items]
+        after = [r["summary"]["heldout_after"] for r in items]
+        change[precision] = [a - b for a, b in zip(after, before, strict=True)]
+        per_problem[precision] = np.array([[float(a) - float(b) for a, b in
+                                            zip(r["after"], r["before"], strict=True)]
+                                           for r in items]).T  # [problems, seeds]
+        secs = [r["summary"]["step_seconds"] for r in items]
+        wall = [r["wall"] / 60 for r in items if r["wall"] is not None]
+        rows.append(f"| {precision} | {len(items)} | {_ms(before, unit='%')} | "
+                    f"{_ms(after, unit='%')} | {_ms(change[precision], signed=True)} | "
+                    f"{_ms([s['step'] for s in secs], scale=1)} | "
+                    f"{_ms([s['generation'] for s in secs], scale=1)} | "
+                    f"{_ms([s['update'] for s in secs], scale=1)} | "
+                    + (f"{statistics.fmean(wall):.0f} |" if wall else "n/a |"))
+    rows.append("")
+    if {"float32", "bf16"} <= set(change):
+        w = welch(change["bf16"], change["float32"])
+        interval = ("undefined (no spread)" if w["low"] is None
+                    else f"[{100 * w['low']:+.1f}, {100 * w['high']:+.1f}]")
+        boot = two_level_bootstrap(per_problem["bf16"], per_problem["float32"])
+        rows.append(f"- bfloat16's change minus float32's: {100 * w['diff']:+.1f} points; "
+                    f"Welch 95% interval over seeds {interval} ({w['n_a']} and {w['n_b']} "
+                    f"seeds); bootstrap over seeds and the {per_problem['bf16'].shape[0]} "
+                    f"problems [{100 * boot['low']:+.1f}, {100 * boot['high']:+.1f}].")
+        step = {p: statistics.fmean(r["summary"]["step_seconds"]["step"] for r in runs[p])
+                for p in ("float32", "bf16")}
+        rows.append(f"- Mean step, bfloat16 over float32: {step['bf16'] / step['float32']:.2f} "
+                    "(the runs of each precision ran at different times on a shared machine: "
+                    "the side-by-side ratio is bench_step_ab's).")
+        rows.append("")
+    rows.append("Mean ± standard deviation over seeds; configs/smollm2-recipe.yaml, seeds "
+                f"{', '.join(str(s) for s in PRECISION_SEEDS)}.")
+    return "\n".join(rows)
+
+
 def recipe_steps(*folders: Path) -> str:
     """docs/real-model.md: the recipe's step time by part, mean over every step of every run."""
     runs = _recipe_runs(folders)
@@ -934,6 +1008,8 @@ _AUDITS3 = ("audit-seed0", "audit-smollm2", "audit-smollm2-heldout")
 
 TABLES = {
     "recipe": Table(_RECIPE, recipe),
+    "precision-recipe": Table(tuple(f"precision-recipe-{p}-s{s}" for p in ("float32", "bf16")
+                                    for s in PRECISION_SEEDS), precision_recipe),
     "recipe-steps": Table(_RECIPE, recipe_steps),
     "recipe-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in ("grpo", "ktae")
                                  for seed in RECIPE_SEEDS), recipe_claims),
@@ -1141,8 +1217,13 @@ def execute(name: str, *, reuse: bool, done: set[str], cache_only: bool = False)
         if not marker(name).is_file():
             sys.exit(f"tables: {folder} exists and was not written by this script; "
                      "remove it or pick another cache")
-        shutil.rmtree(folder)  # only a folder whose marker this script wrote
-    folder.mkdir(parents=True)  # empty: ktae train and the others accept it
+        previous = json.loads(marker(name).read_text())
+        if (RUNS[name].resumable and previous.get("command") == RUNS[name].command
+                and previous.get("finished") is False):
+            print(f"tables: {name}: continuing the run cut off in {folder}", file=sys.stderr)
+        else:
+            shutil.rmtree(folder)  # only a folder whose marker this script wrote
+    folder.mkdir(parents=True, exist_ok=True)  # empty: ktae train and the others accept it
     marker(name).write_text(json.dumps({"command": RUNS[name].command,
                                         "finished": False}) + "\n")
     argv = command_argv(name)
