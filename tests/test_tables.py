@@ -122,3 +122,25 @@ def test_starting_point_interval_resamples_problems(tables, tmp_path):
     table = tables.arith_baseline(tmp_path)
     assert "(T = 0.6)" in table and "truncated at 64 tokens" in table
     assert f"| 0 | 50.0% [{low:.1%}, {high:.1%}] | 0% | 50% |" in table
+
+
+def test_a_resumable_run_cut_off_continues_in_its_folder(tables, tmp_path, monkeypatch):
+    """A resumable run's folder, left unfinished, is run again in place (its work kept);
+    a run that is not resumable starts from an empty folder."""
+    monkeypatch.setattr(tables, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(tables, "RECORDS", tmp_path / "records")
+    # appends a line to progress.txt and fails on the first call: the cut-off run
+    step = ("python -c \"import pathlib, sys; p = pathlib.Path(sys.argv[1]) / 'progress.txt'; "
+            "old = p.read_text() if p.exists() else ''; p.write_text(old + 'x'); "
+            "sys.exit(1 if old == '' else 0)\" {out}")
+    for name, resumable in (("r", True), ("n", False)):
+        monkeypatch.setitem(tables.RUNS, name, tables.Run(step, 1, ("progress.txt",),
+                                                          resumable=resumable))
+        with pytest.raises(SystemExit, match="failed"):
+            tables.execute(name, reuse=True, done=set())
+        assert (tmp_path / "cache" / name / "progress.txt").read_text() == "x"
+    tables.execute("r", reuse=True, done=set())
+    assert (tmp_path / "records" / "r" / "progress.txt").read_text() == "xx"  # continued
+    with pytest.raises(SystemExit, match="failed"):  # started over: fails again
+        tables.execute("n", reuse=True, done=set())
+    assert (tmp_path / "cache" / "n" / "progress.txt").read_text() == "x"
