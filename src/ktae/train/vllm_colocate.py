@@ -398,7 +398,7 @@ def preferred_generation_backend(device: str, vllm_available: bool, *,
     vllm_importance_sampling_correction=false``. On the recipe (SmolLM2-135M, LoRA r16, 4
     prompts x 8, 64 new tokens, one thread) vLLM's step was then 0.83x transformers'
     (39.4 s against 47.6 s: generation 11.5 s against 19.7 s, the update the same); with
-    the pass on every step (12.6 s more) it is slower than transformers'. On CUDA, vLLM
+    the pass on every step (about 12 s) it was 1.07x. On CUDA, vLLM
     where it is installed. Without vLLM, ``"hf"``.
 
     Args:
