@@ -125,6 +125,16 @@ def test_old_policy_pass_kept_once_vllm_is_off():
     assert trainer.vllm_importance_sampling_correction
 
 
+def test_old_policy_pass_kept_without_log_probs_to_compare():
+    trainer = _fake_trainer([0.0] * 3)
+    plain = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: {
+        k: v for k, v in plain(inputs).items() if k != "sampling_per_token_logps"}
+    skip_old_policy_pass_when_exact(trainer, check_every=2, report=lambda line: None)
+    _run(trainer, 3)
+    assert trainer.seen == [True, True, True] and trainer.ktae_sampled_logp_checks == []
+
+
 def test_eval_batches_neither_check_nor_change_the_setting():
     trainer = _fake_trainer([0.5])
     trainer.model.training = False

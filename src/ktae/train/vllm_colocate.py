@@ -362,6 +362,9 @@ def skip_old_policy_pass_when_exact(trainer, *, tolerance: float = SAMPLED_LOGP_
         out = original(inputs)
         if not (check and state["exact"]):
             return out
+        if out.get("old_per_token_logps") is None or out.get("sampling_per_token_logps") is None:
+            state["exact"] = False  # nothing to compare: TRL's behaviour from here on
+            return out
         found = sampled_logp_difference(out["old_per_token_logps"],
                                         out["sampling_per_token_logps"],
                                         out["completion_mask"])
