@@ -96,8 +96,8 @@ def colocated_engine_options(settings: dict[str, typing.Any], dtype):
         generation.llm.generate = generate_within_engine_context(generation.llm)
         if cpu:
             generation.sync_weights = types.MethodType(sync_weights_by_reload, generation)
-        if trainer.vllm_importance_sampling_correction and checks_old_policy_pass(
-                settings, extra["dtype"]):
+        corrects = getattr(trainer, "vllm_importance_sampling_correction", False)
+        if corrects and checks_old_policy_pass(settings, extra["dtype"]):
             skip_old_policy_pass_when_exact(trainer)
 
     vllm_generation.LLM = llm
