@@ -162,6 +162,7 @@ NON_DEFAULT = {
     "train_size": 33,
     "torch_threads": 2,
     "logprob_head": "chunked",
+    "generation": "vllm",
     "bf16": True,
     "progress": False,
     "lora_r": 4,
@@ -473,12 +474,22 @@ def check_logprob_head(ctx):
 def check_bf16(ctx):
     from ktae.train.session import load_model
 
-    cfg = cfg_with(model=str(ctx.tiny_model), bf16=True)
-    model, _, _ = load_model(cfg)
-    assert model.dtype == torch.bfloat16
+    lora = cfg_with(model=str(ctx.tiny_model), bf16=True, lora_r=4)
+    assert load_model(lora)[0].dtype == torch.bfloat16  # the frozen base
+    full = cfg_with(model=str(ctx.tiny_model), bf16=True)
+    assert load_model(full)[0].dtype == torch.float32  # trained weights stay float32
     assert load_model(cfg_with(model=str(ctx.tiny_model)))[0].dtype == torch.float32
-    if torch.cuda.is_available():  # TRL refuses bf16 on a CPU-only machine
-        assert grpo_config(cfg, 1).bf16 is True
+    assert grpo_config(full, 1).bf16 is True  # autocast's products in bfloat16
+
+
+def check_generation(ctx):
+    from ktae.eval.vllm_engine import vllm_distribution
+
+    _, p = ctx.probe(generation="hf")
+    assert p.kw["args"].use_vllm is False
+    if vllm_distribution() is None:  # the backend reaches TRL's settings and their check
+        with pytest.raises(ValueError, match="use_vllm: vLLM is not installed"):
+            ctx.probe(generation="vllm")
 
 
 def check_progress(ctx):

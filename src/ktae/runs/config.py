@@ -57,6 +57,8 @@ LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 
 LOGPROB_HEADS = ("auto", "full", "chunked")
 """How the policy's log-probs are computed (:mod:`ktae.train.logprob_head`)."""
+GENERATION_BACKENDS = ("hf", "vllm", "auto")
+"""Who samples the responses in ``ktae train`` (:func:`ktae.train.session.choose_generation`)."""
 
 _ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
     "grpo": dict(loss_type="grpo", advantage_base="grpo", clip_high=0.2, dynamic_sampling=False,
@@ -192,6 +194,13 @@ class _TrainConfig:
     """``full``: the model's logits of the completion positions; ``chunked``: TRL's fused LM
     head; ``auto``: full on the CPU while its peak memory for a micro-batch (about three
     times the micro-batch's logits) fits in 1 GiB (:mod:`ktae.train.logprob_head`)."""
+    generation: str = field(default="hf", metadata=flag(
+        "who samples: hf (transformers) | vllm (colocated vLLM) | auto (the faster here; "
+        "docs/vllm.md)"))
+    """``hf``: transformers' ``generate`` in the trainer's process; ``vllm``: TRL's colocated
+    vLLM engine (``--trl use_vllm=true --trl vllm_mode=colocate``); ``auto``: the backend
+    measured faster for this device and precision
+    (:func:`ktae.train.vllm_colocate.preferred_generation_backend`), named in one line."""
     bf16: bool = field(default=False, metadata=flag(
         "bfloat16 mixed precision (a GPU, or a CPU with avx512_bf16/amx_bf16)", kind="switch"))
     """bfloat16 mixed precision: products in bfloat16, the weights that train in float32,
@@ -296,6 +305,9 @@ class _TrainConfig:
         for name in ("beta", "clip_low", "clip_high", "overlong_factor"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)!r}")
+        if self.generation not in GENERATION_BACKENDS:
+            raise ValueError(f"generation: expected one of {', '.join(GENERATION_BACKENDS)}, "
+                             f"got {self.generation!r}")
         if self.logprob_head not in LOGPROB_HEADS:
             raise ValueError(f"logprob_head: expected one of {', '.join(LOGPROB_HEADS)}, "
                              f"got {self.logprob_head!r}")

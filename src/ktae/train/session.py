@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -48,7 +49,11 @@ from ktae.train.reward_funcs import make_reward_funcs
 from ktae.train.step_timing import mean_step_seconds
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
 from ktae.train.trl_args import check_trl_settings
-from ktae.train.vllm_colocate import check_vllm_settings, colocated_engine_options
+from ktae.train.vllm_colocate import (
+    check_vllm_settings,
+    colocated_engine_options,
+    preferred_generation_backend,
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,36 @@ class Preflight:
     """Where the model loads from (a local directory or a hub id); None = the default."""
     precision: str = "float32"
     """The arithmetic the run trains in, in words (:func:`ktae.train.precision.check_bf16`)."""
+    generation: str = "hf"
+    """Who samples the responses: ``hf`` or ``vllm`` (:func:`choose_generation`)."""
+
+
+def choose_generation(cfg: TrainConfig, trl: dict) -> tuple[dict, str]:
+    """``(trl settings, backend)``: the ``--trl`` settings with ``--generation``'s backend
+    in them, and that backend (``hf`` or ``vllm``).
+
+    ``vllm`` adds TRL's colocated engine (``use_vllm``, ``vllm_mode=colocate``, unless the
+    settings name a mode); ``auto`` asks
+    :func:`ktae.train.vllm_colocate.preferred_generation_backend` for this device, the
+    policy's dtype and the settings, and prints the choice in one line. ``--trl
+    use_vllm=true``, the way to ask for vLLM before ``--generation``, still means ``vllm``.
+    """
+    if trl.get("use_vllm"):
+        return trl, "vllm"
+    backend = cfg.generation
+    if backend == "auto":
+        from ktae.eval.vllm_engine import vllm_distribution
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = str(stored_dtype(cfg.bf16, lora=cfg.lora_r > 0)).removeprefix("torch.")
+        backend = preferred_generation_backend(device, vllm_distribution() is not None,
+                                               dtype=dtype, trl_settings=trl)
+        print(f"ktae train: --generation auto: {backend} on the {device} "
+              f"({'colocated vLLM' if backend == 'vllm' else 'transformers'}; docs/vllm.md)",
+              file=sys.stderr)
+    if backend == "vllm":
+        trl = {"use_vllm": True, "vllm_mode": "colocate", **trl}
+    return trl, backend
 
 
 def preflight(cfg: TrainConfig) -> Preflight:
@@ -73,7 +108,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
             peft, the task file, too few training problems).
     """
     credit = credit_settings(cfg)
-    trl = check_trl_settings(cfg.trl)
+    trl, backend = choose_generation(cfg, check_trl_settings(cfg.trl))
     check_vllm_settings(trl)  # vLLM installed; server mode only with CUDA
     model = None
     if cfg.model is not None:
@@ -100,7 +135,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
     if len(task.train) < cfg.num_prompts:
         raise ValueError(f"task: {len(task.train)} training problem(s), fewer than "
                          f"num_prompts={cfg.num_prompts} per step")
-    return Preflight(credit, trl, task, model, precision)
+    return Preflight(credit, trl, task, model, precision, backend)
 
 
 @dataclass(frozen=True)
@@ -242,6 +277,7 @@ def model_card(cfg: TrainConfig, summary: dict) -> str:
         f"| credit | `{cfg.credit}` |",
         f"| reward | `{cfg.reward}` |",
         f"| precision | {summary.get('precision', 'float32')} |",
+        f"| generation | {summary.get('generation', 'hf')} |",
         f"| steps | {summary.get('steps')} x {cfg.num_prompts} prompts x {cfg.num_generations} "
         "responses |",
         f"| held-out accuracy (greedy) | {pct(summary.get('heldout_before'))} -> "
@@ -394,6 +430,7 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
             "model": model_path,
             "template": template,
             "precision": checked.precision,
+            "generation": checked.generation,
             "heldout_before": by_step.get(0, {}).get("accuracy"),
             "heldout_after": by_step[step]["accuracy"] if step in by_step else None,
             "heldout_carry_before": by_step.get(0, {}).get("accuracy_carry"),
