@@ -321,16 +321,18 @@ class StepTimes:
 
         outer = self
         self.steps: list[float] = []
+        self.cpu: list[float] = []
         self.parts: list[dict] = []
         self.profiled: list[dict] = []
 
         class _CB(TrainerCallback):
             def on_step_begin(self, args, state, control, **kw):
                 _profiled.clear()
-                outer._t0 = time.perf_counter()
+                outer._t0, outer._c0 = time.perf_counter(), time.process_time()
 
             def on_step_end(self, args, state, control, **kw):
                 outer.steps.append(time.perf_counter() - outer._t0)
+                outer.cpu.append(time.process_time() - outer._c0)
                 outer.profiled.append(dict(_profiled))
 
             def on_log(self, args, state, control, logs=None, **kw):
@@ -659,12 +661,17 @@ def main(argv: list[str] | None = None) -> dict:
         parts = {p: statistics.median(x[p] for x in steady(timers["ktae"].parts))
                  for p in (*PARTS, "other", "step")}
         result["steps"] = {k: t.steps for k, t in timers.items()}
+        result["step_cpu"] = {k: t.cpu for k, t in timers.items()}
+        result["step_cpu_median"] = {k: statistics.median(steady(t.cpu))
+                                     for k, t in timers.items()}
         result["ktae_parts"] = timers["ktae"].parts
         if a.steps > 1:
             say("\n  first steps of each turn (left out below), medians: " + ", ".join(
                 f"{k} {result['first_step_medians'][k]:.1f} s" for k in kinds))
         say(f"\n  ktae step (median of {len(steady(timers['ktae'].steps))}): "
-            f"{med['ktae']:.1f} s" + (f"; TRL's: {med['trl']:.1f} s" if "trl" in med else ""))
+            f"{med['ktae']:.1f} s" + (f"; TRL's: {med['trl']:.1f} s" if "trl" in med else "")
+            + f"; CPU time {result['step_cpu_median']['ktae']:.1f} s (the process's, "
+            "which other jobs on the machine slow far less than the wall time)")
         if "trl" in med:
             result["ratio"] = med["ktae"] / med["trl"]
             say(f"  ktae/TRL = {result['ratio']:.3f}")

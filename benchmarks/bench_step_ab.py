@@ -14,7 +14,9 @@ every run of bench_step (e.g. ``--lora OTHER_RECIPE``, ``--steps 2``); ``--old-a
 ``--new-args`` to one tree's runs only (e.g. ``--new-args=--bf16``: each tree's floors are
 then at its own arithmetic's measured matmul rate). Prints each part's
 median seconds under each tree, the median over runs of each run's seconds over its own
-floor, and new/old of the medians; the 1-minute load average at each run's start and end.
+floor, and new/old of the medians; the row ``step, CPU time`` holds the step's CPU seconds
+(the process's), which a shared machine's other jobs move far less than its wall time;
+the 1-minute load average at each run's start and end.
 ``--from-json`` prints a saved run's table again. The row ``generation, 1 prefill/prompt``
 holds generation against the floor of one prefill per distinct prompt (the trainer's,
 ``ktae.train.shared_prefill``) instead of one per row. The row ``update, no trainer`` is
@@ -73,6 +75,10 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
                 row[f"{tree}_x_floor"] = statistics.median(
                     r["ktae_part_medians"][part] / r["floors"][part] for r in results)
         table[part] = row
+    if all("step_cpu_median" in r for results in runs.values() for r in results):
+        table["step, CPU time"] = {tree: statistics.median(r["step_cpu_median"]["ktae"]
+                                                           for r in results)
+                                   for tree, results in runs.items()}
     table["generation, 1 prefill/prompt"] = {
         tree: table["generation"][tree] for tree in runs} | {
         f"{tree}_floor": statistics.median(shared_prefill_floor(r) for r in results)
@@ -120,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
                 src = a.old_src if tree == "old" else a.new_src
                 result = run_one(src, Path(tmp) / f"{tree}-{r}.json", [*extra, *own[tree]])
                 runs[tree].append(result)
-                print(f"round {r + 1}, {tree}: step {result['ktae_part_medians']['step']:.1f} s, "
+                print(f"round {r + 1}, {tree}: step {result['ktae_part_medians']['step']:.1f} s "
+                      f"({result.get('step_cpu_median', {}).get('ktae', float('nan')):.1f} s CPU), "
                       f"update {result['ktae_part_medians']['update']:.1f} s (floor "
                       f"{result['floors']['update']:.1f} s); load {result['load_start']} -> "
                       f"{result['load_end']}", flush=True)

@@ -125,6 +125,8 @@ def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
         assert own["total"] == pytest.approx(own["forward"] + own["backward"])
         assert own["x_floor"] == pytest.approx(own["total"] / run["floors"]["update"])
     assert "update, no trainer" in result["table"]
+    cpu = result["table"]["step, CPU time"]
+    assert 0 < cpu["new"] and 0 < cpu["old"]
     shared = result["table"]["generation, 1 prefill/prompt"]
     assert shared["new_floor"] < result["table"]["generation"]["new_floor"]  # 2 prompts, 4 rows
     again = subprocess.run(
