@@ -94,7 +94,10 @@ def test_loss_and_lora_gradients_equal_autograds_chain(temperature):
     assert all("lora_" in name for name in g_new)  # the frozen weights get none
     for name, g in g_ref.items():
         assert g.abs().max() > 0, name
-        torch.testing.assert_close(g_new[name], g, rtol=1e-5, atol=1e-7, msg=name)
+        # float32 summation order differs between CPU kernels (avx2, avx512): the error
+        # scales with the gradient's largest entries, not with each entry
+        torch.testing.assert_close(g_new[name], g, rtol=1e-5, atol=1e-5 * g.abs().max().item(),
+                                   msg=name)
     head = model.get_output_embeddings()
     assert not head._forward_pre_hooks  # the contiguous-input hook is removed
 
