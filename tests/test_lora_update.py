@@ -220,3 +220,48 @@ def test_fused_lora_under_autocast_matches_peft_in_bfloat16(monkeypatch):
     assert 0 < grad_err["peft"] < 0.1 and 0 < lp_err["peft"] < 0.1, (grad_err, lp_err)
     assert grad_err["fused"] < 1.5 * grad_err["peft"], grad_err
     assert lp_err["fused"] < 1.5 * lp_err["peft"], lp_err
+
+
+def test_merged_lora_is_the_adapted_map_and_restores_every_weight():
+    """Within ``merged_lora`` each plain LoRA layer runs its frozen layer with ``W +
+    scaling B A``: the same log-probabilities as peft's forward (float32, within 1e-5),
+    nested with the update's fused forward too; after it, every weight is the same tensor
+    with the same values, and peft's adapters are on again."""
+    from ktae.train.lora_forward import merged_lora
+
+    model = _lora_llama()
+    ids, mask, keep = _batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        plain, _ = _autograd_logps(model, ids, mask, keep, 1.0)
+        with merged_lora(model) as count:
+            assert count == 14  # 7 adapted layers in each of the 2 blocks
+            merged, _ = _autograd_logps(model, ids, mask, keep, 1.0)
+            nested, _ = full_logps(model, ids, mask, keep, 1.0, compute_entropy=False,
+                                      entropy_grad=False)
+            layer = model.base_model.model.model.layers[0].self_attn.q_proj
+            assert layer.disable_adapters
+    torch.testing.assert_close(merged, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nested, plain, rtol=1e-5, atol=1e-5)
+    assert not layer.disable_adapters
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(_autograd_logps(model, ids, mask, keep, 1.0)[0], plain)
+
+
+def test_lora_for_sampling_merges_float32_and_fuses_bfloat16():
+    from ktae.train.lora_forward import lora_for_sampling
+
+    model = _lora_llama()
+    with lora_for_sampling(model) as how:
+        assert how == "merged"
+    for module in model.modules():
+        if isinstance(module, peft.tuners.lora.Linear):
+            module.base_layer.weight.data = module.base_layer.weight.data.bfloat16()
+    with lora_for_sampling(model) as how:
+        assert how == "fused"
+        layer = model.base_model.model.model.layers[0].mlp.up_proj
+        assert "forward" in vars(layer)  # the fused forward, on the instance
+    assert "forward" not in vars(layer)
+    with model.disable_adapter(), lora_for_sampling(model) as how:
+        assert how == "peft"  # no plain adapter active

@@ -60,11 +60,17 @@ def test_truncation_masking_keeps_tokens_in_ktae_statistics(tiny_model, tmp_path
     # cut on the others
     cfg, _, seen = _train(default_model_path(), tmp_path / "run", reward_funcs=(has_one,),
                           algo="grpo", credit="ktae", max_steps=1, max_new_tokens=20,
-                          num_prompts=8, temperature=2.0,
+                          num_prompts=8, temperature=2.0, seed=1,
                           trl={"mask_truncated_completions": True})
     rec = seen[0]
     truncated = (rec["loss_mask"].sum(1) == 0) & (rec["token_mask"].sum(1) > 0)
-    assert truncated.any() and (~truncated).any()
+    # what the test needs of the sampled batch (seed 1): a group with both rewards that
+    # holds a truncated and a kept response
+    right = rec["rewards"].view(-1, cfg.num_generations)
+    mixed = (right.max(1).values > right.min(1).values).repeat_interleave(cfg.num_generations)
+    cut = truncated.view(-1, cfg.num_generations)
+    both = (cut.any(1) & ~cut.all(1)).repeat_interleave(cfg.num_generations)
+    assert (mixed & both).any()
     assert (rec["adv"][truncated] == 0).all()
     group = torch.arange(rec["rewards"].numel()) // cfg.num_generations
     full = ktae.compute_advantages("ktae", rewards=rec["rewards"], group=group,

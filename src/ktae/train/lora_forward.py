@@ -20,8 +20,9 @@ autocast (``--bf16``) every factor is cast to autocast's dtype first, as autocas
 cast them for peft's products (its casts do not reach an in-place product); every other
 layer keeps peft's forward.
 The log-prob head's passes, with gradients or without (old policy, reference), run it,
-so that the old and the current log-probabilities come from the same arithmetic;
-generation keeps peft's forward, and its samples are unchanged.
+so that the old and the current log-probabilities come from the same arithmetic.
+Sampling on the CPU (:func:`lora_for_sampling`) runs it for a bfloat16 base, and for a
+float32 base :func:`merged_lora`: the frozen layer alone with ``W + scaling B A``.
 """
 
 from __future__ import annotations
@@ -106,6 +107,42 @@ def fused_lora(model) -> Iterator[int]:
             del module.forward  # the instance attribute: the class's forward again
 
 
+@contextmanager
+def merged_lora(model) -> Iterator[int]:
+    """Within the block, every plain LoRA layer of ``model`` (module docstring) runs as
+    its frozen layer alone with the merged weight ``W + scaling B A`` (computed in
+    float32, stored in ``W``'s dtype), instead of the frozen product plus two small
+    adapter products; yields how many do. For sampling on the CPU, under no gradients:
+    a decoding step's adapter products are tiny (a few rows, rank ``r``) and run far
+    below the large products' rate. Each layer's own weight comes back after.
+
+    The merged map differs from the adapted one by the rounding of ``W + scaling B A``
+    to ``W``'s dtype: float32's, or for a bfloat16 base (``--bf16``) bfloat16's, which is
+    also the size of that base's own rounding (docs/step-time.md measures the log-probs).
+    Extra memory: one copy of the adapted layers' weights while the block runs.
+    """
+    linear = _lora_linear_class()
+    swapped = []
+    if linear is not None:
+        with torch.no_grad():
+            for module in model.modules():
+                if not isinstance(module, linear) or (name := plain_adapter(module)) is None:
+                    continue
+                weight = module.base_layer.weight
+                a, b = module.lora_A[name].weight, module.lora_B[name].weight
+                merged = torch.addmm(weight.float(), b.float(), a.float(),
+                                     alpha=module.scaling[name]).to(weight.dtype)
+                swapped.append((module, weight.data))
+                weight.data = merged
+                module._disable_adapters = True  # peft's forward: the base layer alone
+    try:
+        yield len(swapped)
+    finally:
+        for module, own in swapped:
+            module.base_layer.weight.data = own
+            module._disable_adapters = False
+
+
 def _forward_of(module):
     peft_forward = type(module).forward
 
@@ -125,3 +162,28 @@ def _forward_of(module):
         return fused_lora_forward(module, name, x)
 
     return forward
+
+
+@contextmanager
+def lora_for_sampling(model) -> Iterator[str]:
+    """The LoRA layers' forward for the trainer's sampling on the CPU; yields which:
+
+    * ``"merged"`` (:func:`merged_lora`) when the frozen base is float32: the merged
+      weight's rounding is float32's, and the adapters' small products go;
+    * ``"fused"`` (:func:`fused_lora`) when it is bfloat16 (``--bf16``): a bfloat16
+      merged weight would round the adapters' small delta as coarsely as the base itself
+      (docs/step-time.md), so the samples come from the update's own arithmetic instead;
+    * ``"peft"`` elsewhere (no plain LoRA layer, a GPU): peft's forward, unchanged.
+    """
+    linear = _lora_linear_class()
+    layer = None if linear is None else next(
+        (m for m in model.modules() if isinstance(m, linear) and plain_adapter(m) is not None),
+        None)
+    if layer is None or layer.base_layer.weight.device.type != "cpu":
+        yield "peft"
+    elif layer.base_layer.weight.dtype == torch.float32:
+        with merged_lora(model):
+            yield "merged"
+    else:
+        with fused_lora(model):
+            yield "fused"

@@ -62,6 +62,9 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
 7. ``_generate_single_turn``: TRL's text-only ``transformers`` generation prefills each
    distinct prompt once for its group of samples (:mod:`ktae.train.shared_prefill`), not
    once per sample; vLLM, continuous batching and vision inputs run TRL's path unchanged.
+   The draws use one uniform variate a row (:mod:`ktae.train.sampling`), and on the CPU a
+   LoRA model samples with merged float32 weights, or a bfloat16 one through the update's
+   fused adapter forward (:func:`ktae.train.lora_forward.lora_for_sampling`).
 
 Metrics (``ktae/*`` keys) go through TRL's ``_metrics`` so they reach every logger.
 """
@@ -101,6 +104,8 @@ from ktae.train.dynamic_sampling import (
     select_groups,
 )
 from ktae.train.logprob_head import check_head, choose_head, full_logps, takes_logits_to_keep
+from ktae.train.lora_forward import lora_for_sampling
+from ktae.train.sampling import fast_multinomial
 from ktae.train.shared_prefill import shared_prefill
 from ktae.train.step_timing import PART_KEYS, StepClock
 
@@ -383,7 +388,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 or images is not None or multimodal_fields):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields,
                                                  *args, **kwargs)
-        with shared_prefill(self.accelerator.unwrap_model(self.model)):
+        model = self.accelerator.unwrap_model(self.model)
+        with shared_prefill(model), fast_multinomial(), lora_for_sampling(model):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields,
                                                  *args, **kwargs)
 

@@ -1,0 +1,115 @@
+"""The sampler of ``ktae.train.sampling``: one categorical draw per row by the inverse of
+the cumulative distribution, in two levels; checked against the probabilities themselves
+(a chi-square test at a fixed seed), zero-probability entries, and PyTorch's own
+``torch.multinomial`` for every call it does not take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ktae.train.sampling import BLOCK, categorical, fast_multinomial
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs / probs.sum() * counts.sum()
+    keep = expected > 0
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+@pytest.mark.parametrize("n", [5, BLOCK, 3 * BLOCK + 17])
+def test_draws_follow_the_probabilities(n):
+    """200,000 draws from one row (repeated) of ``n`` unnormalised weights, some zero:
+    no zero-weight entry drawn, and the counts within the chi-square test's 0.999 bound."""
+    g = torch.Generator().manual_seed(n)
+    weights = torch.rand(n, generator=g) ** 4 * 3
+    weights[::3] = 0.0
+    torch.manual_seed(0)
+    draws = categorical(weights.repeat(200_000, 1))
+    assert draws.shape == (200_000, 1) and draws.dtype == torch.int64
+    counts = torch.bincount(draws.flatten(), minlength=n).double()
+    assert counts[weights == 0].sum() == 0
+    # the chi-square distribution's 0.999 quantile with k - 1 degrees of freedom, from
+    # its Wilson-Hilferty approximation (within 1% at these sizes)
+    k = int((weights > 0).sum()) - 1
+    bound = k * (1 - 2 / (9 * k) + 3.09 * (2 / (9 * k)) ** 0.5) ** 3
+    assert _chi_square(counts, weights.double()) < bound
+
+
+def test_small_probabilities_after_large_ones_keep_their_mass():
+    """A one-level float32 cumulative sum rounds entries below float32's spacing near 1 to
+    nothing; the two levels keep them: an entry of 1e-6 after 0.999999 of mass is drawn
+    at its rate."""
+    probs = torch.zeros(2_000_000, 2 * BLOCK)
+    probs[:, 0] = 1.0 - 1e-4
+    probs[:, BLOCK + 5] = 1e-4
+    torch.manual_seed(1)
+    hits = int((categorical(probs) == BLOCK + 5).sum())
+    assert abs(hits - 200) < 4 * 200 ** 0.5
+
+
+def test_one_hot_rows_and_the_same_draws_from_the_same_seed():
+    probs = torch.zeros(6, 40)
+    probs[torch.arange(6), torch.tensor([0, 39, 7, 7, 20, 1])] = 0.3
+    assert categorical(probs).flatten().tolist() == [0, 39, 7, 7, 20, 1]
+    p = torch.softmax(torch.randn(8, 1000), -1)
+    torch.manual_seed(3)
+    a = categorical(p)
+    torch.manual_seed(3)
+    assert torch.equal(a, categorical(p))
+
+
+def test_fast_multinomial_takes_single_draws_only_and_restores_torch():
+    own = torch.multinomial
+    p = torch.softmax(torch.randn(4, 300), -1)
+    with fast_multinomial():
+        assert torch.multinomial is not own
+        torch.manual_seed(2)
+        fast = torch.multinomial(p, num_samples=1)
+        torch.manual_seed(2)
+        assert torch.equal(fast, categorical(p))
+        g = torch.Generator().manual_seed(5)
+        # a generator, several samples or a 1-D input: PyTorch's own sampler
+        assert torch.equal(torch.multinomial(p, 1, generator=g),
+                           own(p, 1, generator=torch.Generator().manual_seed(5)))
+        torch.manual_seed(4)
+        many = torch.multinomial(p, 3)
+        torch.manual_seed(4)
+        assert torch.equal(many, own(p, 3))
+        torch.manual_seed(4)
+        one_d = torch.multinomial(p[0], 1)
+        torch.manual_seed(4)
+        assert torch.equal(one_d, own(p[0], 1))
+    assert torch.multinomial is own
+
+
+def test_the_trainers_sampling_draws_with_it_and_merges_lora(tiny_model, tmp_path,
+                                                            monkeypatch):
+    """A LoRA run's sampling: every generate call of both steps draws through
+    :func:`categorical` and runs the merged float32 adapters."""
+    from test_train_helpers import tiny_config
+
+    from ktae.train import sampling
+    from ktae.train import trainer as trainer_module
+    from ktae.train.session import train
+
+    draws, ways = [], []
+    real_draw, real_lora = sampling.categorical, trainer_module.lora_for_sampling
+
+    def counted_draw(probs):
+        draws.append(probs.shape[0])
+        return real_draw(probs)
+
+    from contextlib import contextmanager
+
+    @contextmanager
+    def recorded(model):
+        with real_lora(model) as how:
+            ways.append(how)
+            yield how
+
+    monkeypatch.setattr(sampling, "categorical", counted_draw)
+    monkeypatch.setattr(trainer_module, "lora_for_sampling", recorded)
+    train(tiny_config(tiny_model, tmp_path / "run", lora_r=4, seed=3))
+    assert len(ways) >= 2 and set(ways) == {"merged"}
+    assert len(draws) >= 2 * 8 and set(draws) == {16}  # 4 prompts x 4, 8 new tokens
