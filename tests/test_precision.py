@@ -86,3 +86,42 @@ def test_bf16_run_multiplies_in_bfloat16_and_trains_float32(tiny_model, tmp_path
     final = tmp_path / "run" / "final"
     saved = load_file(final / ("adapter_model.safetensors" if lora_r else "model.safetensors"))
     assert saved and {t.dtype for t in saved.values()} == {torch.float32}
+
+
+@pytest.mark.parametrize("lora_r", [0, 4], ids=["full", "lora"])
+def test_bf16_model_attends_in_float32(tiny_model, monkeypatch, lora_r):
+    """A ``--bf16`` model on the CPU runs attention through ``float32_attention``: the
+    kernel gets float32 queries, keys and values under autocast, hands bfloat16 back, and
+    gives what transformers' own ``sdpa`` gives on float32 inputs; a float32 run keeps
+    ``sdpa``."""
+    from transformers.integrations import sdpa_attention
+
+    from ktae.runs.config import TrainConfig
+    from ktae.train.session import load_model
+
+    model, _, _ = load_model(TrainConfig(model=str(tiny_model), bf16=True, lora_r=lora_r))
+    assert model.config._attn_implementation == precision.FLOAT32_ATTENTION
+    assert load_model(TrainConfig(model=str(tiny_model)))[0].config._attn_implementation == "sdpa"
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recorded(q, k, v, *args, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded)
+    ids = torch.randint(3, 20, (2, 9))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids)
+    assert seen and set(seen) == {(torch.float32,) * 3}
+    layer = model.model.layers[0].self_attn
+    q, k, v = (torch.randn(2, h, 9, layer.head_dim, dtype=torch.bfloat16)
+               for h in (model.config.num_attention_heads,
+                         model.config.num_key_value_heads, model.config.num_key_value_heads))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = precision.float32_attention(layer, q, k, v, None, scaling=layer.scaling,
+                                             is_causal=True)
+    own, _ = sdpa_attention.sdpa_attention_forward(layer, q.float(), k.float(), v.float(),
+                                                   None, scaling=layer.scaling, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, own.bfloat16(), rtol=0, atol=0)

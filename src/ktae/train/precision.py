@@ -17,7 +17,11 @@ Mixed precision, as ``ktae train --bf16`` runs it:
   :func:`stored_dtype`): autocast would cast them anew at every forward pass and every
   decoding step, since it caches only the casts of weights that train;
 * **the log-probabilities in float32**: the log-prob head casts the logits before its
-  ``log_softmax`` (:mod:`ktae.train.logprob_head`).
+  ``log_softmax`` (:mod:`ktae.train.logprob_head`);
+* **attention in float32** on the CPU (:func:`attention_in_float32`): PyTorch's CPU
+  kernel for ``scaled_dot_product_attention`` runs its backward pass in bfloat16 at half
+  its float32 speed, so the queries, keys and values are cast up for it and its output
+  cast back (more exact, and faster).
 
 A LoRA run's saved adapters are float32; merging them into a bfloat16 base would round
 most of each update away (an adapter's delta is far below a weight's last bfloat16 bit),
@@ -100,3 +104,35 @@ def stored_dtype(bf16: bool, lora: bool) -> torch.dtype:
     """The dtype the model's weights are loaded in: bfloat16 where ``bf16`` and they are
     frozen (``lora``: every weight but the adapters'), else float32 (module docstring)."""
     return torch.bfloat16 if bf16 and lora else torch.float32
+
+
+FLOAT32_ATTENTION = "ktae_sdpa_float32"
+"""The name under which :func:`float32_attention` is registered with transformers."""
+
+
+def float32_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' ``sdpa`` attention with its inputs cast to float32 and its output
+    back to theirs, outside autocast (module docstring)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    dtype = query.dtype
+    with torch.autocast(query.device.type, enabled=False):
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(),
+                                              value.float(), attention_mask, **kwargs)
+    return out.to(dtype), weights
+
+
+def attention_in_float32(model) -> bool:
+    """Switch ``model`` (on the CPU, running transformers' ``sdpa`` attention) to
+    :func:`float32_attention`; whether it did. Other attention kernels and devices keep
+    their own."""
+    from transformers import AttentionInterface
+
+    config = getattr(model, "config", None)
+    if (config is None or getattr(config, "_attn_implementation", None) != "sdpa"
+            or next(model.parameters()).device.type != "cpu"
+            or not hasattr(model, "set_attn_implementation")):
+        return False
+    AttentionInterface.register(FLOAT32_ATTENTION, float32_attention)
+    model.set_attn_implementation(FLOAT32_ATTENTION)
+    return True

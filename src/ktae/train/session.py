@@ -44,7 +44,7 @@ from ktae.train.callbacks import (
 from ktae.train.data import TaskRows, default_template, format_task, read_task
 from ktae.train.flags import flag_names
 from ktae.train.no_signal import find_no_signal
-from ktae.train.precision import check_bf16, stored_dtype
+from ktae.train.precision import attention_in_float32, check_bf16, stored_dtype
 from ktae.train.reward_funcs import make_reward_funcs
 from ktae.train.step_timing import mean_step_seconds
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
@@ -197,6 +197,8 @@ def load_model(cfg: TrainConfig, path: str | None = None):
         path = str(default_model_path())
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=stored_dtype(cfg.bf16, lora=cfg.lora_r > 0))
+    if cfg.bf16:
+        attention_in_float32(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
