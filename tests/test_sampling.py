@@ -86,10 +86,11 @@ def test_fast_multinomial_takes_single_draws_only_and_restores_torch():
 def test_the_trainers_sampling_draws_with_it_and_merges_lora(tiny_model, tmp_path,
                                                             monkeypatch):
     """A LoRA run's sampling: every generate call of both steps draws through
-    :func:`categorical` and runs the merged float32 adapters."""
+    :func:`categorical` and runs the merged float32 adapters; so does its greedy
+    held-out evaluation."""
     from test_train_helpers import tiny_config
 
-    from ktae.train import sampling
+    from ktae.train import callbacks, sampling
     from ktae.train import trainer as trainer_module
     from ktae.train.session import train
 
@@ -109,7 +110,17 @@ def test_the_trainers_sampling_draws_with_it_and_merges_lora(tiny_model, tmp_pat
             yield how
 
     monkeypatch.setattr(sampling, "categorical", counted_draw)
+    evals = []
+
+    @contextmanager
+    def recorded_eval(model):
+        with real_lora(model) as how:
+            evals.append(how)
+            yield how
+
     monkeypatch.setattr(trainer_module, "lora_for_sampling", recorded)
+    monkeypatch.setattr(callbacks, "lora_for_sampling", recorded_eval)
     train(tiny_config(tiny_model, tmp_path / "run", lora_r=4, seed=3))
     assert len(ways) >= 2 and set(ways) == {"merged"}
+    assert evals == ["merged", "merged"]  # the held-out evaluation before and after
     assert len(draws) >= 2 * 8 and set(draws) == {16}  # 4 prompts x 4, 8 new tokens

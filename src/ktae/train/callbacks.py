@@ -11,6 +11,7 @@ from transformers import TrainerCallback
 from ktae.rewards.registry import DEFAULT_REWARD
 from ktae.runs.rundir import RunDir
 from ktae.train.evaluation import greedy_accuracy
+from ktae.train.lora_forward import lora_for_sampling
 from ktae.train.no_signal import find_no_signal, warn_no_signal
 from ktae.train.step_timing import describe_step
 
@@ -43,7 +44,9 @@ class EvalCallback(TrainerCallback):
 
     def evaluate(self, model, step: int) -> dict:
         device = next(model.parameters()).device.type
-        with torch.autocast(device, dtype=self.autocast, enabled=self.autocast is not None):
+        # a LoRA model's adapters as in the trainer's sampling (merged in float32)
+        with torch.autocast(device, dtype=self.autocast, enabled=self.autocast is not None), \
+                lora_for_sampling(model):
             accuracy = greedy_accuracy(model, self.tokenizer, self.rows,
                                        max_new_tokens=self.max_new_tokens, reward=self.reward)
         report = {"step": int(step), **accuracy}
