@@ -103,23 +103,18 @@ def test_the_trainers_sampling_draws_with_it_and_merges_lora(tiny_model, tmp_pat
 
     from contextlib import contextmanager
 
-    @contextmanager
-    def recorded(model):
-        with real_lora(model) as how:
-            ways.append(how)
-            yield how
+    def recorder(into: list):
+        @contextmanager
+        def recorded(model):
+            with real_lora(model) as how:
+                into.append(how)
+                yield how
+        return recorded
 
+    evals: list = []
     monkeypatch.setattr(sampling, "categorical", counted_draw)
-    evals = []
-
-    @contextmanager
-    def recorded_eval(model):
-        with real_lora(model) as how:
-            evals.append(how)
-            yield how
-
-    monkeypatch.setattr(trainer_module, "lora_for_sampling", recorded)
-    monkeypatch.setattr(callbacks, "lora_for_sampling", recorded_eval)
+    monkeypatch.setattr(trainer_module, "lora_for_sampling", recorder(ways))
+    monkeypatch.setattr(callbacks, "lora_for_sampling", recorder(evals))
     train(tiny_config(tiny_model, tmp_path / "run", lora_r=4, seed=3))
     assert len(ways) >= 2 and set(ways) == {"merged"}
     assert evals == ["merged", "merged"]  # the held-out evaluation before and after
