@@ -119,3 +119,34 @@ def test_the_trainers_sampling_draws_with_it_and_merges_lora(tiny_model, tmp_pat
     assert len(ways) >= 2 and set(ways) == {"merged"}
     assert evals == ["merged", "merged"]  # the held-out evaluation before and after
     assert len(draws) >= 2 * 8 and set(draws) == {16}  # 4 prompts x 4, 8 new tokens
+
+
+def test_contiguous_head_gives_the_lm_head_contiguous_input():
+    """``generate``'s prefill hands the LM head a strided slice of the hidden states (the
+    last position of each row); within ``contiguous_head`` it gets it contiguous, and the
+    sampled tokens are the same."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ktae.models.generate import contiguous_head
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+    seen = []
+    model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: seen.append(args[0].is_contiguous()))
+    ids = torch.randint(3, 61, (4, 7))
+    kwargs = dict(do_sample=True, max_new_tokens=5, min_new_tokens=5, pad_token_id=0)
+    torch.manual_seed(1)
+    plain = model.generate(input_ids=ids, **kwargs)
+    assert False in seen  # the case arises
+    seen.clear()
+    with contiguous_head(model):
+        torch.manual_seed(1)
+        contiguous = model.generate(input_ids=ids, **kwargs)
+    assert seen and all(seen)
+    assert torch.equal(plain, contiguous)
+    seen.clear()
+    model.generate(input_ids=ids, **kwargs)
+    assert False in seen  # the hook is gone after the block

@@ -16,12 +16,12 @@ a model whose forward takes no ``logits_to_keep``, TRL's head runs unchanged.
 docs/step-time.md measures both.
 
 Two things keep the full head's passes over the logits few, each without changing a value:
-the LM head gets its input contiguous (:func:`contiguous_head_input`: one matrix product
-instead of one per row), and the gathered log-probabilities' backward pass writes the
-gradient of the logits in one buffer (:class:`TokenLogProbs`) instead of a zero-filled
-gather gradient, the log-softmax's backward, the temperature's and a zero-padded copy.
-A LoRA model's plain adapters run :func:`ktae.train.lora_forward.fused_lora_forward` in
-these passes (generation keeps peft's forward).
+the LM head gets its input contiguous (:func:`ktae.models.generate.contiguous_head`: one
+matrix product instead of one per row), and the gathered log-probabilities' backward pass
+writes the gradient of the logits in one buffer (:class:`TokenLogProbs`) instead of a
+zero-filled gather gradient, the log-softmax's backward, the temperature's and a
+zero-padded copy. A LoRA model's plain adapters run
+:func:`ktae.train.lora_forward.fused_lora_forward` in these passes.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from contextlib import nullcontext
 import torch
 
 from ktae.core.entropy import categorical_entropy
+from ktae.models.generate import contiguous_head
 from ktae.runs.config import LOGPROB_HEADS as HEADS
 from ktae.train.lora_forward import fused_lora
 
@@ -131,15 +132,6 @@ class TokenLogProbs(torch.autograd.Function):
         return out.to(ctx.logits_dtype), None, None
 
 
-def contiguous_head_input(module, args):
-    """A forward pre-hook for the LM head: its input made contiguous. A model's forward
-    slices the hidden states to ``logits_to_keep`` positions, a strided view that
-    ``nn.Linear`` multiplies one row at a time (a batched product against the expanded
-    weight, forward and backward); contiguous, it is one matrix product, about 20% faster
-    on the CPU with the same values."""
-    return (args[0].contiguous(), *args[1:])
-
-
 def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                logits_to_keep: int, temperature: float, *, compute_entropy: bool,
                entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -147,16 +139,9 @@ def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     tokens of ``input_ids`` under ``model`` at ``temperature``, and their entropies
     (``compute_entropy``; with gradients only when ``entropy_grad``). Positions whose
     ``attention_mask`` is 0 (padding) get 0 for both, as in TRL's head."""
-    inner = getattr(model, "module", model)  # the model inside a DistributedDataParallel
-    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
-    hook = head.register_forward_pre_hook(contiguous_head_input) if head is not None else None
-    try:
-        with fused_lora(model):
-            logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                           logits_to_keep=logits_to_keep + 1, use_cache=False).logits
-    finally:
-        if hook is not None:
-            hook.remove()
+    with contiguous_head(model), fused_lora(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       logits_to_keep=logits_to_keep + 1, use_cache=False).logits
     targets = input_ids[:, -logits_to_keep:]
     padding = attention_mask[:, -logits_to_keep:] == 0
     if torch.is_grad_enabled() and not (compute_entropy and entropy_grad):

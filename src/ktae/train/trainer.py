@@ -87,6 +87,7 @@ from ktae.core import calibration, estimators
 from ktae.core.calibration import logged_metrics
 from ktae.core.methods import estimator_credit
 from ktae.core.needs import ModelResponses
+from ktae.models.generate import contiguous_head
 from ktae.models.generation_defaults import save_generation_defaults
 from ktae.runs.credit import CreditSettings
 from ktae.runs.rundir import (
@@ -389,7 +390,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields,
                                                  *args, **kwargs)
         model = self.accelerator.unwrap_model(self.model)
-        with shared_prefill(model), fast_multinomial(), lora_for_sampling(model):
+        with (shared_prefill(model), fast_multinomial(), contiguous_head(model),
+              lora_for_sampling(model)):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields,
                                                  *args, **kwargs)
 
