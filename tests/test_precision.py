@@ -111,9 +111,18 @@ def test_bf16_model_attends_in_float32(tiny_model, monkeypatch, lora_r):
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded)
     ids = torch.randint(3, 20, (2, 9))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        model(input_ids=ids)
+    padded = torch.ones_like(ids)
+    padded[0, :4] = 0  # left padding: the mask must reach the kernel
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        ours = model(input_ids=ids, attention_mask=padded).logits.float()
     assert seen and set(seen) == {(torch.float32,) * 3}
+    model.set_attn_implementation("sdpa")
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        own = model(input_ids=ids, attention_mask=padded).logits.float()
+    # the padded row's real positions as bfloat16 sdpa has them, within bfloat16's
+    # rounding (unmasked padding moves them by far more)
+    torch.testing.assert_close(ours[0, 4:], own[0, 4:], rtol=0.05, atol=0.05)
+    model.set_attn_implementation(precision.FLOAT32_ATTENTION)
     layer = model.model.layers[0].self_attn
     q, k, v = (torch.randn(2, h, 9, layer.head_dim, dtype=torch.bfloat16)
                for h in (model.config.num_attention_heads,

@@ -126,7 +126,8 @@ def attention_in_float32(model) -> bool:
     """Switch ``model`` (on the CPU, running transformers' ``sdpa`` attention) to
     :func:`float32_attention`; whether it did. Other attention kernels and devices keep
     their own."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
 
     config = getattr(model, "config", None)
     if (config is None or getattr(config, "_attn_implementation", None) != "sdpa"
@@ -134,5 +135,8 @@ def attention_in_float32(model) -> bool:
             or not hasattr(model, "set_attn_implementation")):
         return False
     AttentionInterface.register(FLOAT32_ATTENTION, float32_attention)
+    # the masks sdpa's: transformers builds none for a name it does not know, and padding
+    # would then go unmasked
+    AttentionMaskInterface.register(FLOAT32_ATTENTION, sdpa_mask)
     model.set_attn_implementation(FLOAT32_ATTENTION)
     return True
