@@ -123,9 +123,9 @@ def merged_lora(model) -> Iterator[int]:
     """
     linear = _lora_linear_class()
     swapped = []
-    if linear is not None:
+    try:
         with torch.no_grad():
-            for module in model.modules():
+            for module in model.modules() if linear is not None else ():
                 if not isinstance(module, linear) or (name := plain_adapter(module)) is None:
                     continue
                 weight = module.base_layer.weight
@@ -135,7 +135,6 @@ def merged_lora(model) -> Iterator[int]:
                 swapped.append((module, weight.data))
                 weight.data = merged
                 module._disable_adapters = True  # peft's forward: the base layer alone
-    try:
         yield len(swapped)
     finally:
         for module, own in swapped:
