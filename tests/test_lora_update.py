@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ktae.train.logprob_head import TokenLogProbs, full_logps
+from ktae.train import logprob_head
+from ktae.train.logprob_head import TokenLogProbs, full_logps, prefix_groups
 
 peft = pytest.importorskip("peft")
 
@@ -100,6 +101,101 @@ def test_loss_and_lora_gradients_equal_autograds_chain(temperature):
                                    msg=name)
     head = model.get_output_embeddings()
     assert not head._forward_pre_hooks  # the contiguous-input hook is removed
+
+
+def _group_batch(vocab: int = 53):
+    """Three responses to one left-padded prompt and three to another, shuffled as TRL
+    shuffles a generation batch; right-padded completions of 7."""
+    g = torch.Generator().manual_seed(4)
+    prompts = torch.randint(2, vocab, (2, 6), generator=g)
+    prompt_mask = torch.ones_like(prompts)
+    prompt_mask[1, :2] = 0
+    prompts[prompt_mask == 0] = 0
+    of = [1, 0, 0, 1, 1, 0]
+    completions = torch.randint(2, vocab, (6, 7), generator=g)
+    completion_mask = torch.ones_like(completions)
+    completion_mask[0, 4:] = 0
+    completion_mask[3, 2:] = 0
+    completions[completion_mask == 0] = 0
+    return (torch.cat([prompts[of], completions], 1),
+            torch.cat([prompt_mask[of], completion_mask], 1), 7)
+
+
+def test_prefix_groups_finds_rows_sharing_a_prefix():
+    ids, mask, keep = _group_batch()
+    split = ids.size(1) - keep
+
+    def partition(group):  # which rows go together, whatever the groups' numbering
+        return sorted(sorted(i for i in range(len(group)) if group[i] == g) for g in set(group))
+
+    first, group = prefix_groups(ids, mask, split)
+    assert partition(group.tolist()) == [[0, 3, 4], [1, 2, 5]]
+    assert sorted(first.tolist()) == [0, 1] and (group[first] == torch.arange(2)).all()
+    # the same tokens under another mask are another prefix; distinct rows share nothing
+    other = mask.clone()
+    other[2, 0] = 0
+    assert partition(prefix_groups(ids, other, split)[1].tolist()) == [[0, 3, 4], [1, 5], [2]]
+    assert prefix_groups(ids[:2], mask[:2], ids.size(1) - keep) is None
+    assert prefix_groups(ids, mask, 0) is None
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_shared_prefix_equals_the_whole_forward(grad, monkeypatch):
+    """Rows sharing a prompt run it once (two calls of the model: the distinct prefixes,
+    then every row's kept positions on their cache) and give the whole forward's
+    log-probabilities, entropies, loss and adapter gradients."""
+    model = _lora_llama()
+    model.train()
+    ids, mask, keep = _group_batch()
+    advantages = torch.randn(6, keep, generator=torch.Generator().manual_seed(7))
+    completion_mask = mask[:, -keep:]
+    with torch.set_grad_enabled(grad):
+        lp_ref, ent_ref = _autograd_logps(model, ids, mask, keep, 0.7)
+        if grad:
+            _grpo_loss(lp_ref, completion_mask, advantages).backward()
+        g_ref = _adapter_grads(model) if grad else {}
+
+        calls = []
+        forward = type(model).forward
+
+        def counted(self, *args, **kwargs):
+            calls.append(kwargs["input_ids"].shape)
+            return forward(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(model), "forward", counted)
+        lp, ent = full_logps(model, ids, mask, keep, 0.7, compute_entropy=True,
+                             entropy_grad=False)
+        assert calls == [torch.Size([2, 5]), torch.Size([6, 8])]  # prompt but its last token
+        if grad:
+            _grpo_loss(lp, completion_mask, advantages).backward()
+        g_new = _adapter_grads(model) if grad else {}
+    torch.testing.assert_close(lp, lp_ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ent, ent_ref, rtol=1e-6, atol=1e-6)
+    assert set(g_new) == set(g_ref)
+    for name, g in g_ref.items():
+        assert g.abs().max() > 0, name
+        torch.testing.assert_close(g_new[name], g, rtol=1e-5, atol=1e-5 * g.abs().max().item(),
+                                   msg=name)
+
+
+def test_shared_prefix_steps_aside_where_it_cannot_apply(monkeypatch):
+    """No repeated prefix, or gradient checkpointing (no cache): one whole forward."""
+    model = _lora_llama()
+    ids, mask, keep = _group_batch()
+    calls = []
+    forward = type(model).forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs["input_ids"].shape)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", counted)
+    with torch.no_grad():
+        logprob_head.shared_prefix_logits(model, ids[:2], mask[:2], keep + 1)
+        assert calls == [torch.Size([2, 13])]
+        monkeypatch.setattr(logprob_head, "_shares_prefix", lambda model: False)
+        logprob_head.shared_prefix_logits(model, ids, mask, keep + 1)
+        assert calls[-1] == torch.Size([6, 13]) and len(calls) == 2
 
 
 def test_token_logprobs_backward_is_the_log_softmax_derivative():

@@ -132,6 +132,78 @@ class TokenLogProbs(torch.autograd.Function):
         return out.to(ctx.logits_dtype), None, None
 
 
+def prefix_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  split: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first, group)`` for rows whose first ``split`` tokens (ids and mask) repeat:
+    ``first`` the index of one row of each distinct prefix, ``group`` ``[rows]`` each
+    row's entry in ``first``; ``None`` when no prefix repeats (or ``split`` < 1).
+
+    >>> ids = torch.tensor([[5, 6, 1], [7, 8, 2], [5, 6, 3]])
+    >>> [t.tolist() for t in prefix_groups(ids, torch.ones_like(ids), 2)]
+    [[0, 1], [0, 1, 0]]
+    """
+    if split < 1:
+        return None
+    key = torch.cat([input_ids[:, :split], attention_mask[:, :split].to(input_ids.dtype)], 1)
+    distinct, group = torch.unique(key, dim=0, return_inverse=True)
+    if distinct.size(0) == key.size(0):
+        return None
+    rows = torch.arange(key.size(0), device=key.device)
+    first = torch.full((distinct.size(0),), key.size(0), dtype=torch.long, device=key.device)
+    first.scatter_reduce_(0, group, rows, reduce="amin")
+    return first, group
+
+
+def _shares_prefix(model) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(type(base).forward).parameters
+    checkpointing = ("is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing")
+                     else "is_gradient_checkpointing")  # transformers 5 renames it
+    return (("cache" in params or "past_key_values" in params)
+            and not getattr(base, checkpointing, False))
+
+
+def shared_prefix_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         keep: int) -> torch.Tensor:
+    """The logits ``[rows, keep, vocab]`` of the last ``keep`` positions of ``input_ids``,
+    as ``model(input_ids, attention_mask, logits_to_keep=keep)`` gives them, with each
+    distinct prefix (every token before those ``keep``) run through the model once.
+
+    GRPO scores several responses to each prompt, and a micro-batch usually holds more than
+    one response to the same prompt (left-padded alike): their prompt tokens' hidden
+    states, keys and values are the same. Here each distinct prefix runs once, its KV cache
+    (with its autograd history) is indexed out to every row that shares it, and the kept
+    positions run on top of it, at the positions the whole forward gives them. The
+    backward pass sums the rows' gradients into the shared prefix, which is what the whole
+    forward's gradient is. Values equal the whole forward's up to float rounding (other
+    kernels' summation order); ``tests/test_lora_update.py`` compares them, the loss and
+    every adapter's gradient.
+
+    The whole forward runs instead where nothing repeats, or for a model whose forward
+    takes no cache, or under gradient checkpointing (which switches the cache off).
+    """
+    from transformers import DynamicCache
+
+    from ktae.train.shared_prefill import cache_keyword
+
+    split = input_ids.size(1) - keep
+    groups = prefix_groups(input_ids, attention_mask, split) if _shares_prefix(model) else None
+    if groups is None:
+        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep,
+                     use_cache=False).logits
+    first, group = groups
+    cache = DynamicCache(config=model.config)
+    key = cache_keyword(model)
+    model(input_ids=input_ids[first, :split], attention_mask=attention_mask[first, :split],
+          use_cache=True, logits_to_keep=1, **{key: cache})
+    if cache.get_seq_length() != split:  # the model kept no cache: the whole forward
+        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep,
+                     use_cache=False).logits
+    cache.batch_select_indices(group)
+    return model(input_ids=input_ids[:, split:], attention_mask=attention_mask,
+                 use_cache=True, logits_to_keep=keep, **{key: cache}).logits
+
+
 def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                logits_to_keep: int, temperature: float, *, compute_entropy: bool,
                entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -140,8 +212,7 @@ def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     (``compute_entropy``; with gradients only when ``entropy_grad``). Positions whose
     ``attention_mask`` is 0 (padding) get 0 for both, as in TRL's head."""
     with contiguous_head(model), fused_lora(model):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                       logits_to_keep=logits_to_keep + 1, use_cache=False).logits
+        logits = shared_prefix_logits(model, input_ids, attention_mask, logits_to_keep + 1)
     targets = input_ids[:, -logits_to_keep:]
     padding = attention_mask[:, -logits_to_keep:] == 0
     if torch.is_grad_enabled() and not (compute_entropy and entropy_grad):
