@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ktae.train import logprob_head
-from ktae.train.logprob_head import TokenLogProbs, full_logps, prefix_groups
+from ktae.train.logprob_head import TokenLogProbs, entropy_of, full_logps, prefix_groups
 
 peft = pytest.importorskip("peft")
 
@@ -205,8 +205,9 @@ def test_token_logprobs_backward_is_the_log_softmax_derivative():
     logits.data[0, 1, 3] = float("-inf")  # a banned entry: probability 0, gradient 0
     targets = torch.randint(0, 11, (2, 4), generator=g)
     targets[0, 1] = 4
-    per_token, logp = TokenLogProbs.apply(logits, targets, 0.7)
-    assert per_token.dtype == torch.float32 and not logp.requires_grad
+    per_token, logp, p = TokenLogProbs.apply(logits, targets, 0.7)
+    assert per_token.dtype == torch.float32 and not logp.requires_grad and not p.requires_grad
+    torch.testing.assert_close(p, logp.exp())
     weight = torch.randn(2, 4, generator=g)
     (per_token * weight).sum().backward()
     with torch.no_grad():
@@ -216,6 +217,21 @@ def test_token_logprobs_backward_is_the_log_softmax_derivative():
                               torch.zeros(2, 1, 11)], dim=1).double()
     torch.testing.assert_close(logits.grad, expected, rtol=1e-5, atol=1e-6)
     assert logits.grad[0, 1, 3] == 0
+
+
+def test_entropy_of_a_softmax_and_its_log_with_banned_entries():
+    """``-sum p log p`` with ``0 log 0 = 0``: a row with a ``-inf`` logit gets the entropy
+    of the entries left, not NaN; the others are ``categorical_entropy``'s."""
+    from ktae.core.entropy import categorical_entropy
+
+    logits = torch.randn(2, 3, 9, generator=torch.Generator().manual_seed(3))
+    logits[1, 2, :4] = float("-inf")
+    logp = torch.log_softmax(logits, -1)
+    h = entropy_of(logp.exp(), logp)
+    assert torch.isfinite(h).all()
+    torch.testing.assert_close(h, categorical_entropy(logp), rtol=1e-6, atol=1e-6)
+    kept = torch.log_softmax(logits[1, 2, 4:], -1)
+    torch.testing.assert_close(h[1, 2], -(kept.exp() * kept).sum())
 
 
 def test_no_gradient_pass_is_unchanged():

@@ -45,8 +45,9 @@ PEAK_LOGITS_TENSORS = {"no_grad": 2.25, "grad": 3.0, "entropy_grad": 5.25}
 * ``no_grad`` (the old-policy and reference passes): the log-softmax, the probabilities and
   the mask of ``-inf`` entries while the entropy is taken in place (before it, the logits
   and their copy divided by the temperature: 2);
-* ``grad`` (a pass with gradients whose entropy has none), through the backward pass: the
-  saved log-softmax, its gradient (the gather's) and the gradient of the logits;
+* ``grad`` (a pass with gradients whose entropy has none), through the backward pass: in
+  the forward pass the logits, the log-softmax and the softmax kept for the backward pass
+  (:class:`TokenLogProbs`), which then holds the softmax and the gradient of the logits;
 * ``entropy_grad`` (a pass whose entropy keeps its gradient, as the trainer's policy pass
   asks): the forward pass keeps the log-softmax, the probabilities and the product's other
   factor for the backward pass, which adds their gradients.
@@ -92,44 +93,67 @@ def choose_head(head: str, device: torch.device, rows: int, length: int, vocab: 
 
 
 class TokenLogProbs(torch.autograd.Function):
-    """``log softmax(logits[:, :-1] / T)`` at the target tokens, and the log-softmax itself.
+    """``log softmax(logits[:, :-1] / T)`` at the target tokens, the log-softmax itself and
+    the softmax.
 
     Forward: ``logits`` ``[rows, k + 1, vocab]`` (position t predicts token t + 1; the last
     position predicts nothing), ``targets`` ``[rows, k]``, ``temperature`` T. Returns the
-    target tokens' log-probabilities ``[rows, k]`` (float32) and the whole log-softmax
-    ``[rows, k, vocab]``, without gradient (for the entropy). The values are autograd's:
-    the same ``float``, division and ``log_softmax`` calls.
+    target tokens' log-probabilities ``[rows, k]`` (float32), and the whole log-softmax and
+    softmax ``[rows, k, vocab]`` without gradient (for the entropy,
+    :func:`entropy_of`). The logits are copied into one float32 buffer and divided by T
+    there before ``log_softmax``; the softmax is its ``exp``, taken once and kept for the
+    backward pass.
 
     Backward: with ``g`` the gradient of the gathered log-probabilities, the gradient of
     the logits at position t is ``g_t (onehot(y_t) - softmax_t) / T`` (the derivative of
     ``log softmax``), 0 at the last position: written into one buffer from the saved
-    log-softmax (``exp``, scale, scatter-add, divide), where autograd's chain (a
-    zero-filled gather gradient, the log-softmax's backward, the division's, the slice's
-    zero padding) makes four logits-sized tensors. Equal to autograd's within float
-    rounding (``tests/test_lora_update.py``).
+    softmax (one product, a scatter-add), where autograd's chain (a zero-filled gather
+    gradient, the log-softmax's backward, the division's, the slice's zero padding) makes
+    four logits-sized tensors. Equal to autograd's within float rounding
+    (``tests/test_lora_update.py``).
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float):
-        logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-        ctx.save_for_backward(logp, targets)
+        scaled = logits.new_empty(logits[:, :-1].shape, dtype=torch.float32)
+        scaled.copy_(logits[:, :-1]).div_(temperature)  # divided in float32, as .float() / T
+        logp = torch.log_softmax(scaled, dim=-1)
+        del scaled
+        p = logp.exp()
+        ctx.save_for_backward(p, targets)
         ctx.temperature = temperature
         ctx.logits_dtype = logits.dtype
-        ctx.mark_non_differentiable(logp)
-        return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), logp
+        ctx.mark_non_differentiable(logp, p)
+        ctx.set_materialize_grads(False)  # no zero-filled logits-sized gradients for logp, p
+        return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), logp, p
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor, _unused):
-        logp, targets = ctx.saved_tensors
-        rows, keep, vocab = logp.shape
-        out = logp.new_empty(rows, keep + 1, vocab)
+    def backward(ctx, grad: torch.Tensor, _logp, _p):
+        if grad is None:
+            return None, None, None
+        p, targets = ctx.saved_tensors
+        rows, keep, vocab = p.shape
+        out = p.new_empty(rows, keep + 1, vocab)
         out[:, -1].zero_()
         scored = out[:, :-1]
-        torch.exp(logp, out=scored)
-        scored.mul_(grad.neg().unsqueeze(-1))
-        scored.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
-        scored.div_(ctx.temperature)
+        scale = grad / ctx.temperature
+        torch.mul(p, scale.neg().unsqueeze(-1), out=scored)
+        scored.scatter_add_(-1, targets.unsqueeze(-1), scale.unsqueeze(-1))
         return out.to(ctx.logits_dtype), None, None
+
+
+def entropy_of(p: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """``-sum(p * logp)`` over the last dimension, from a softmax and its log-softmax, as
+    :func:`ktae.core.entropy.categorical_entropy` gives it (``0 log 0 = 0``), without
+    taking the softmax again or masking every entry: a product and a sum (a batched dot
+    product, ``einsum``, would skip the product tensor but sums 49,152 terms with a
+    relative error of about 4e-5, against 2e-7 for ``sum``); the rows holding a ``-inf``
+    log-probability, whose sum is NaN, go through ``categorical_entropy``."""
+    h = (p * logp).sum(-1).neg_()
+    bad = torch.isnan(h)
+    if bad.any():
+        h[bad] = categorical_entropy(logp[bad])
+    return h
 
 
 def prefix_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -215,8 +239,9 @@ def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         logits = shared_prefix_logits(model, input_ids, attention_mask, logits_to_keep + 1)
     targets = input_ids[:, -logits_to_keep:]
     padding = attention_mask[:, -logits_to_keep:] == 0
+    p = None
     if torch.is_grad_enabled() and not (compute_entropy and entropy_grad):
-        per_token, logp = TokenLogProbs.apply(logits, targets, temperature)
+        per_token, logp, p = TokenLogProbs.apply(logits, targets, temperature)
     else:  # no gradient, or one through the entropy too (the whole log-softmax): autograd's
         # position t's logits predict token t + 1: the last kept position predicts nothing
         logits = logits[:, :-1].float() / temperature
@@ -225,7 +250,9 @@ def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     del logits
     per_token = per_token.masked_fill(padding, 0.0)
     entropy = None
-    if compute_entropy:
+    if compute_entropy and p is not None:
+        entropy = entropy_of(p, logp).masked_fill_(padding, 0.0)
+    elif compute_entropy:
         with nullcontext() if entropy_grad else torch.no_grad():
             entropy = categorical_entropy(logp).masked_fill(padding, 0.0)
     return per_token, entropy
