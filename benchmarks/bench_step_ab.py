@@ -21,13 +21,17 @@ the 1-minute load average at each run's start and end.
 holds generation against the floor of one prefill per distinct prompt (the trainer's,
 ``ktae.train.shared_prefill``) instead of one per row. The row ``update, no trainer`` is
 bench_step's 1c: the update's passes through each tree's log-prob head alone, over the same
-micro-batches, against the same floor.
+micro-batches, against the same floor. The row ``update, 1 prefix/prompt`` holds the update
+against the floor of the work left when each micro-batch runs each distinct prompt once
+(the trainer's, ``ktae.train.logprob_head.shared_prefix_logits``; expected over TRL's
+shuffle of the batch).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import subprocess
@@ -62,6 +66,33 @@ def shared_prefill_floor(run: dict) -> float:
             + 2 * n * run["batch"] * run["new_tokens"] / rates["decode_flops"])
 
 
+def expected_distinct(groups: int, group_size: int, rows: int) -> float:
+    """The expected number of distinct groups among ``rows`` rows drawn without replacement
+    from ``groups`` groups of ``group_size`` (a micro-batch of a shuffled GRPO batch):
+    ``groups (1 - C(N - n, m) / C(N, m))``.
+
+    >>> expected_distinct(4, 8, 32), expected_distinct(4, 8, 1)
+    (4.0, 1.0)
+    """
+    total = groups * group_size
+    return groups * (1 - math.comb(total - group_size, rows) / math.comb(total, rows))
+
+
+def shared_prefix_floor(run: dict) -> float:
+    """The LoRA update's floor with one prefix per distinct prompt in each micro-batch
+    (``ktae.train.logprob_head.shared_prefix_logits``): the floor's ``T`` counts each
+    micro-batch's kept positions (``new_tokens + 1`` a row) and, once per distinct prompt
+    (:func:`expected_distinct`, TRL shuffles the batch before splitting it), the prompt's
+    other ``prompt_tokens - 1``."""
+    sizes, batch, prompts = run["lora_sizes"], run["batch"], run["prompts"]
+    micro = run["trl_settings"].get("gradient_accumulation_steps", 1)
+    distinct = micro * expected_distinct(prompts, batch // prompts, batch // micro)
+    tokens = batch * (run["new_tokens"] + 1) + distinct * (run["prompt_tokens"] - 1)
+    scored = batch * run["new_tokens"]
+    flops = 4 * sizes["body"] * tokens + 4 * sizes["head"] * scored + 6 * sizes["adapters"] * tokens
+    return flops / run["matmul"]["train_flops"]
+
+
 def summarize(runs: dict[str, list[dict]]) -> dict:
     """Per part and tree: median seconds, median x floor (each run over its own floor)."""
     table = {}
@@ -86,6 +117,14 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         f"{tree}_x_floor": statistics.median(
             r["ktae_part_medians"]["generation"] / shared_prefill_floor(r) for r in results)
         for tree, results in runs.items()}
+    if all("lora_sizes" in r for results in runs.values() for r in results):
+        table["update, 1 prefix/prompt"] = {
+            tree: table["update"][tree] for tree in runs} | {
+            f"{tree}_floor": statistics.median(shared_prefix_floor(r) for r in results)
+            for tree, results in runs.items()} | {
+            f"{tree}_x_floor": statistics.median(
+                r["ktae_part_medians"]["update"] / shared_prefix_floor(r) for r in results)
+            for tree, results in runs.items()}
     if all("lora_passes" in r for results in runs.values() for r in results):
         table["update, no trainer"] = {
             tree: statistics.median(r["lora_passes"]["total"] for r in results)
@@ -159,6 +198,8 @@ def report(trees: dict, runs: dict, json_path: str | None) -> dict:
             cells += f"  {floor_of.get(part, floor_of.get('update'))}"
         elif part.startswith("generation, "):
             cells += "  2 N a distinct prompt's token + 2 N a new token"
+        elif part.startswith("update, "):
+            cells += "  the same, T: one prefix per distinct prompt in a micro-batch"
         print(f"{part:<28} {cells}")
     loads = [float(x) for rs in runs.values() for r in rs
              for x in (r["load_start"], r["load_end"])]

@@ -129,6 +129,8 @@ def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
     assert 0 < cpu["new"] and 0 < cpu["old"]
     shared = result["table"]["generation, 1 prefill/prompt"]
     assert shared["new_floor"] < result["table"]["generation"]["new_floor"]  # 2 prompts, 4 rows
+    prefix = result["table"]["update, 1 prefix/prompt"]
+    assert 0 < prefix["new_floor"] < result["table"]["update"]["new_floor"]
     again = subprocess.run(
         [sys.executable, str(BENCH.parent / "bench_step_ab.py"), str(tmp_path / "ab.json"),
          "--from-json"], capture_output=True, text=True, check=True, timeout=60).stdout
@@ -136,3 +138,37 @@ def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
     update = next(x for x in out.splitlines() if x.startswith("update "))
     assert update.endswith("(LoRA)") and len(update.split()) > 7
     assert "load average" in out
+
+
+def _bench_step_ab():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_step_ab", BENCH.parent / "bench_step_ab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_expected_distinct_prompts_of_a_micro_batch_against_enumeration():
+    from itertools import combinations
+
+    ab = _bench_step_ab()
+    for groups, size, rows in [(2, 2, 2), (3, 2, 3), (4, 3, 5), (4, 8, 8)]:
+        members = [g for g in range(groups) for _ in range(size)]
+        if groups * size <= 12:
+            draws = [len({members[i] for i in c})
+                     for c in combinations(range(groups * size), rows)]
+            assert ab.expected_distinct(groups, size, rows) == pytest.approx(sum(draws) / len(draws))
+    assert ab.expected_distinct(4, 8, 32) == 4 and ab.expected_distinct(4, 8, 1) == 1
+    assert ab.expected_distinct(4, 8, 8) == pytest.approx(3.7203, abs=1e-4)
+
+
+def test_shared_prefix_floor_counts_each_distinct_prompt_once_a_micro_batch():
+    ab = _bench_step_ab()
+    run = {"lora_sizes": {"body": 100, "head": 10, "adapters": 1}, "batch": 4, "prompts": 2,
+           "new_tokens": 3, "prompt_tokens": 5, "trl_settings": {"gradient_accumulation_steps": 2},
+           "matmul": {"train_flops": 2.0}}
+    distinct = 2 * (2 * (1 - 1 / 6))  # 2 micro-batches of 2 rows from 2 prompts x 2 rows
+    tokens = 4 * 4 + distinct * 4
+    assert ab.shared_prefix_floor(run) == pytest.approx(
+        (4 * 100 * tokens + 4 * 10 * 12 + 6 * tokens) / 2.0)
