@@ -1,0 +1,92 @@
+"""Where the LoRA recipe's training step spends its CPU time, by PyTorch operator.
+
+Usage:
+    python benchmarks/profile_step.py            # float32
+    python benchmarks/profile_step.py --bf16     # ktae train --bf16's arithmetic
+
+Builds ``KTAEGRPOTrainer`` on the recipe (``configs/smollm2-recipe.yaml``: its model, batch,
+tokens, temperature, micro-batches and LoRA adapters; ``--credit none``; one thread), runs
+two optimizer steps and profiles the second with ``torch.profiler`` (CPU activities): the
+first step pays one-time costs (AdamW's state, first-call allocations). Prints the step's
+parts (``ktae.train.step_timing``), its CPU seconds, and the operators by self CPU time,
+with the share of matrix products (``aten::mm``, ``addmm``, ``bmm``) in the profiled
+total. The profiler adds its own overhead, so its total exceeds the step's CPU time; read
+the shares, not the seconds, against bench_step.py's measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import bench_step as B
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+
+    from ktae.train.session import _quiet, lora_config
+    from ktae.train.trainer import KTAEGRPOTrainer
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", default=str(B.ROOT / "configs" / "smollm2-recipe.yaml"))
+    p.add_argument("--bf16", action="store_true", help="ktae train --bf16's arithmetic")
+    p.add_argument("--rows", type=int, default=30, help="operators printed")
+    a = p.parse_args(argv)
+    _quiet()
+    recipe, rows = B.read_recipe(a.recipe)
+    torch.set_num_threads(recipe.torch_threads)
+    path = B.resolve_model(recipe.model)
+    peft = lora_config(recipe)
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    cpu = {}
+
+    class Profile(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step == 1:
+                prof.__enter__()
+                cpu["start"] = time.process_time()
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 2:
+                cpu["step"] = time.process_time() - cpu["start"]
+                prof.__exit__(None, None, None)
+
+    timer = B.StepTimes()
+    with tempfile.TemporaryDirectory(prefix="profile-step-") as tmp:
+        args, credit = B.trainer_args(
+            path, tmp, prompts=recipe.num_prompts, generations=recipe.num_generations,
+            new_tokens=recipe.max_new_tokens, threads=recipe.torch_threads, steps=2,
+            trl={**recipe.trl, "beta": 0.0}, temperature=recipe.temperature, bf16=a.bf16)
+        model, tokenizer = B.load_model(path, bf16=a.bf16, lora=True)
+        trainer = KTAEGRPOTrainer(
+            credit=credit, model=model, reward_funcs=[B.contains_answer], args=args,
+            train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+            callbacks=[timer.callback, Profile()], peft_config=peft)
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCTS)
+    parts = timer.parts[-1]
+    print(f"{'bfloat16' if a.bf16 else 'float32'} step 2: {parts['step']:.1f} s wall, "
+          f"{cpu['step']:.1f} s CPU; " + ", ".join(
+              f"{k} {parts[k]:.1f} s" for k in ("generation", "update")))
+    print(f"profiled self CPU time {total / 1e6:.1f} s; matrix products "
+          f"({', '.join(PRODUCTS)}) {products / total:.1%} of it\n")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=a.rows))
+    return {"parts": parts, "cpu": cpu["step"], "products_share": products / total}
+
+
+if __name__ == "__main__":
+    main()
