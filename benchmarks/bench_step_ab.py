@@ -110,21 +110,17 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         table["step, CPU time"] = {tree: statistics.median(r["step_cpu_median"]["ktae"]
                                                            for r in results)
                                    for tree, results in runs.items()}
-    table["generation, 1 prefill/prompt"] = {
-        tree: table["generation"][tree] for tree in runs} | {
-        f"{tree}_floor": statistics.median(shared_prefill_floor(r) for r in results)
-        for tree, results in runs.items()} | {
-        f"{tree}_x_floor": statistics.median(
-            r["ktae_part_medians"]["generation"] / shared_prefill_floor(r) for r in results)
-        for tree, results in runs.items()}
-    if all("lora_sizes" in r for results in runs.values() for r in results):
-        table["update, 1 prefix/prompt"] = {
-            tree: table["update"][tree] for tree in runs} | {
-            f"{tree}_floor": statistics.median(shared_prefix_floor(r) for r in results)
+    def against(part: str, floor) -> dict:  # ``part``'s seconds against another floor
+        return {tree: table[part][tree] for tree in runs} | {
+            f"{tree}_floor": statistics.median(floor(r) for r in results)
             for tree, results in runs.items()} | {
             f"{tree}_x_floor": statistics.median(
-                r["ktae_part_medians"]["update"] / shared_prefix_floor(r) for r in results)
+                r["ktae_part_medians"][part] / floor(r) for r in results)
             for tree, results in runs.items()}
+
+    table["generation, 1 prefill/prompt"] = against("generation", shared_prefill_floor)
+    if all("lora_sizes" in r for results in runs.values() for r in results):
+        table["update, 1 prefix/prompt"] = against("update", shared_prefix_floor)
     if all("lora_passes" in r for results in runs.values() for r in results):
         table["update, no trainer"] = {
             tree: statistics.median(r["lora_passes"]["total"] for r in results)

@@ -121,6 +121,19 @@ def _group_batch(vocab: int = 53):
             torch.cat([prompt_mask[of], completion_mask], 1), 7)
 
 
+def _count_forwards(model, monkeypatch) -> list:
+    """The ``input_ids`` shape of each call of ``model``'s forward from now on."""
+    calls = []
+    forward = type(model).forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs["input_ids"].shape)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", counted)
+    return calls
+
+
 def test_prefix_groups_finds_rows_sharing_a_prefix():
     ids, mask, keep = _group_batch()
     split = ids.size(1) - keep
@@ -155,14 +168,7 @@ def test_shared_prefix_equals_the_whole_forward(grad, monkeypatch):
             _grpo_loss(lp_ref, completion_mask, advantages).backward()
         g_ref = _adapter_grads(model) if grad else {}
 
-        calls = []
-        forward = type(model).forward
-
-        def counted(self, *args, **kwargs):
-            calls.append(kwargs["input_ids"].shape)
-            return forward(self, *args, **kwargs)
-
-        monkeypatch.setattr(type(model), "forward", counted)
+        calls = _count_forwards(model, monkeypatch)
         lp, ent = full_logps(model, ids, mask, keep, 0.7, compute_entropy=True,
                              entropy_grad=False)
         assert calls == [torch.Size([2, 5]), torch.Size([6, 8])]  # prompt but its last token
@@ -182,14 +188,7 @@ def test_shared_prefix_steps_aside_where_it_cannot_apply(monkeypatch):
     """No repeated prefix, or gradient checkpointing (no cache): one whole forward."""
     model = _lora_llama()
     ids, mask, keep = _group_batch()
-    calls = []
-    forward = type(model).forward
-
-    def counted(self, *args, **kwargs):
-        calls.append(kwargs["input_ids"].shape)
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(model), "forward", counted)
+    calls = _count_forwards(model, monkeypatch)
     with torch.no_grad():
         logprob_head.shared_prefix_logits(model, ids[:2], mask[:2], keep + 1)
         assert calls == [torch.Size([2, 13])]
