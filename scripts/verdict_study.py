@@ -9,7 +9,8 @@ seeds :data:`SEEDS`:
 * settings (:data:`SETTINGS`): a 64-token budget, where truncation is common, and a
   longer one, where it is rare.
 
-``run`` works through the runs in plan order, ``--jobs`` at a time (one thread each):
+``run`` works through the runs in plan order, ``--jobs`` at a time (one thread each), never
+two runs of :data:`HEAVY` (OAR-G at 128 tokens: half the machine's memory) at once:
 
 * a run whose record (``records/verdict/NAME/``) is complete is skipped;
 * a run whose folder holds a checkpoint resumes from it (``ktae train --resume``);
@@ -40,7 +41,7 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,11 @@ AUDIT_SEEDS = (11, 12)
 """Seeds whose trained models are audited, in each setting and arm."""
 AUDIT_FLAGS = ("--task arith@difficulty=0 --prompts 200 --samples 4 --temperature 0.6 "
                "--credit grpo,ktae,ktae@ngram=3 --threads 1 --no-progress --overwrite")
+HEAVY = {("t128", "oarg")}
+"""(setting, arm) whose runs hold about half of a 24 GB machine's memory at their peak:
+OAR-G's input-gradient pass over 128-token responses (12.5 GB resident when the kernel's
+out-of-memory killer stopped one beside another run and other jobs). ``run`` never
+starts one while another is running; the plan order is kept otherwise."""
 KEEP = ("summary.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "config.yaml")
 """Files of a finished run kept in its record."""
 CODE = RECORDS / "code.json"
@@ -88,6 +94,8 @@ class Job:
     keep: tuple[str, ...]
     code: Path | None = None
     """A checkout whose ``src`` the command imports, run from there; None: this one."""
+    heavy: bool = False
+    """Needs about half the machine's memory (:data:`HEAVY`): never beside another such job."""
 
 
 def runs_dir() -> Path:
@@ -130,7 +138,8 @@ def train_job(setting: str, arm: str, seed: int, root: Path) -> Job:
         argv.append("--resume")
     elif folder.exists():
         shutil.rmtree(folder)  # started but no checkpoint yet: nothing to keep
-    return Job(name, (*argv, "-o", str(folder)), folder, KEEP)
+    return Job(name, (*argv, "-o", str(folder)), folder, KEEP,
+               heavy=(setting, arm) in HEAVY)
 
 
 def audit_jobs(root: Path) -> list[Job]:
@@ -196,10 +205,26 @@ def pending_train(root: Path, code: Path | None = None) -> list[Job]:
             if not recorded(run_name(s, a, seed))]
 
 
+def next_job(pending: list[Job], running: list[Job]) -> Job | None:
+    """The first of ``pending`` that may start beside ``running``: a heavy job
+    (:data:`HEAVY`) only while no other heavy job runs; None when none may."""
+    heavy = any(job.heavy for job in running)
+    return next((job for job in pending if not (job.heavy and heavy)), None)
+
+
 def drive(jobs: list[Job], n_jobs: int, log_dir: Path) -> int:
+    """Runs ``jobs``, ``n_jobs`` at a time, in order but for :func:`next_job`'s rule."""
     print(f"{len(jobs)} to do, {n_jobs} at a time; logs in {log_dir}", flush=True)
+    pending, running, results = list(jobs), {}, []
     with ThreadPoolExecutor(max_workers=n_jobs) as pool:
-        results = list(pool.map(lambda j: execute(j, log_dir), jobs))
+        while pending or running:
+            while len(running) < n_jobs and (job := next_job(pending, list(running.values()))):
+                pending.remove(job)
+                running[pool.submit(execute, job, log_dir)] = job
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                results.append(future.result())
+                del running[future]
     failed = results.count(False)
     print(f"{len(results) - failed} finished, {failed} failed", flush=True)
     return 1 if failed else 0

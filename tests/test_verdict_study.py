@@ -85,3 +85,28 @@ def test_runs_import_the_frozen_code(study, tmp_path):
     assert study.execute(job, tmp_path / "logs")
     path, cwd = out.read_text().split("|")
     assert path.split(":")[0] == str(code / "src") and cwd == str(code)
+
+
+def test_heavy_runs_never_run_side_by_side(study, tmp_path):
+    """Two heavy jobs first in the queue: the second waits for the first, and a light job
+    runs beside it meanwhile; every job runs once."""
+    root, log = tmp_path / "runs", tmp_path / "order.log"
+    assert study.train_job("t128", "oarg", 11, root).heavy
+    assert not study.train_job("t64", "oarg", 11, root).heavy
+    assert not study.train_job("t128", "ktae", 11, root).heavy
+
+    def job(name, heavy, seconds):
+        script = ("import sys, time; log = open(sys.argv[1], 'a'); "
+                  "log.write('start ' + sys.argv[2] + chr(10)); log.flush(); "
+                  "time.sleep(float(sys.argv[3])); log.write('end ' + sys.argv[2] + chr(10))")
+        return study.Job(name, (sys.executable, "-c", script, str(log), name, str(seconds)),
+                         root / name, (), heavy=heavy)
+
+    jobs = [job("h1", True, 1.0), job("h2", True, 0.2), job("l1", False, 0.2)]
+    assert study.next_job(jobs[1:], [jobs[0]]) is jobs[2]
+    assert study.next_job(jobs[1:2], [jobs[0]]) is None
+    assert study.drive(jobs, 2, tmp_path / "logs") == 0
+    events = log.read_text().split("\n")
+    assert events.index("start l1") < events.index("end h1") < events.index("start h2")
+    assert sorted(e for e in events if e.startswith("start")) == ["start h1", "start h2",
+                                                                   "start l1"]
