@@ -268,6 +268,29 @@ def test_importance_noise_and_outcome_take_effect():
         input_grad_importance(model, ids, attn, positions, torch.zeros_like(answer))
 
 
+@pytest.mark.parametrize("outcome", ["answer_mean", "last", "answer_joint"])
+def test_importance_in_passes_of_fewer_rows_is_the_same(outcome):
+    """Rows are independent and the noise is drawn for the whole batch first: one row or
+    two per pass give the one-pass importance; the weights keep ``requires_grad``."""
+    model = tiny_llama()
+    model.lm_head.weight.requires_grad_(True)
+    ids, attn, positions, answer = layout()
+
+    def run(rows):
+        return input_grad_importance(model, ids, attn, positions, answer, outcome=outcome,
+                                     generator=torch.Generator().manual_seed(5),
+                                     rows_per_pass=rows)
+
+    whole = run(None)
+    assert whole[positions.bool()].max() > 0
+    for rows in (1, 2, 8):
+        torch.testing.assert_close(run(rows), whole, rtol=1e-10, atol=1e-15)
+    assert all(p.requires_grad for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="^rows_per_pass: expected a positive integer"):
+        run(0)
+
+
 def test_append_answer_places_each_answer_after_its_response():
     prompt = torch.tensor([[0, 1, 2], [3, 4, 5]])
     pmask = torch.tensor([[0, 1, 1], [1, 1, 1]])

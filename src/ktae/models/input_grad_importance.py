@@ -108,10 +108,19 @@ def _objective(outcome: str, ref, out, p0, log_p0):
         return ref - out
     return torch.where(p0 > 0, p0 * (log_p0 - F.log_softmax(out, dim=-1)), 0).sum(dim=-1)
 
+ROWS_PER_PASS = 8
+"""Rows of :func:`input_grad_importance` per forward-and-backward pass: the backward pass to
+the input embeddings keeps every layer's activations of every row it covers, so the memory
+held grows with the rows of a pass (the recipe's update runs micro-batches of 8 rows too).
+The pass also freezes the weights (:class:`_no_weight_grad`): a LoRA policy's adapters
+would otherwise keep what their own gradients need."""
+
+
 def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                           response_mask: torch.Tensor, answer_mask: torch.Tensor, *,
                           outcome: str = "answer_mean", noise_std: float = NOISE_STD,
-                          generator: torch.Generator | None = None) -> torch.Tensor:
+                          generator: torch.Generator | None = None,
+                          rows_per_pass: int | None = ROWS_PER_PASS) -> torch.Tensor:
     """``[B, L]`` importance ``s_t`` of every response position (module docstring), 0
     elsewhere, float32 (float64 for a float64 model).
 
@@ -124,26 +133,42 @@ def input_grad_importance(model, input_ids: torch.Tensor, attention_mask: torch.
         outcome: ``answer_mean`` (default), ``last`` or ``answer_joint``.
         noise_std: the standard deviation of the noise on the response embeddings (1e-3).
         generator: the CPU ``torch.Generator`` the noise is drawn from.
+        rows_per_pass: rows per pass (:data:`ROWS_PER_PASS`; None: all at once). Rows are
+            independent and the noise is drawn for the whole batch first, so this changes
+            the memory held, not the values (beyond float rounding).
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
+    if rows_per_pass is not None and (not isinstance(rows_per_pass, int) or rows_per_pass < 1):
+        raise ValueError(f"rows_per_pass: expected a positive integer or None, got {rows_per_pass!r}")
     response_mask, answer_mask = response_mask.bool(), answer_mask.bool()
     if not bool(answer_mask.any(dim=1).all()):
         raise ValueError("answer_mask: expected at least one answer token in every row")
-    embed = model.get_input_embeddings()
-    columns = _summary_columns(answer_mask)
     with torch.no_grad():
-        e = embed(input_ids).detach()
-        dtype = torch.promote_types(e.dtype, torch.float32)  # the code's logits.float()
+        e = model.get_input_embeddings()(input_ids).detach()
+    noise = torch.randn(e.shape, generator=generator, dtype=e.dtype).to(e.device) * noise_std
+    step = rows_per_pass or input_ids.shape[0]
+    parts = [_importance_of_rows(model, input_ids[i:i + step], attention_mask[i:i + step],
+                                 response_mask[i:i + step], answer_mask[i:i + step],
+                                 e[i:i + step], noise[i:i + step], outcome)
+             for i in range(0, input_ids.shape[0], step)]
+    return torch.cat(parts)
+
+
+def _importance_of_rows(model, input_ids, attention_mask, response_mask, answer_mask,
+                        e: torch.Tensor, noise: torch.Tensor, outcome: str) -> torch.Tensor:
+    """:func:`input_grad_importance` of some rows, their embeddings ``e`` and noise given."""
+    columns = _summary_columns(answer_mask)
+    dtype = torch.promote_types(e.dtype, torch.float32)  # the code's logits.float()
+    with torch.no_grad():
         ref = _answer_summary(_logits_at(model, e, attention_mask, columns).to(dtype),
                               input_ids, answer_mask, outcome, columns)
         p0 = log_p0 = None  # read only by the distribution outcomes
         if outcome != "answer_joint":
             p0 = F.softmax(ref, dim=-1)
             log_p0 = torch.log(p0 + KL_EPS)
-    noise = torch.randn(e.shape, generator=generator, dtype=e.dtype).to(e.device) * noise_std
     x = (e + torch.where(response_mask[..., None], noise, 0)).requires_grad_(True)
-    with torch.enable_grad():
+    with torch.enable_grad(), _no_weight_grad(model):
         out = _answer_summary(_logits_at(model, x, attention_mask, columns).to(dtype),
                               input_ids, answer_mask, outcome, columns)
         (grad,) = torch.autograd.grad(_objective(outcome, ref, out, p0, log_p0).sum(), x)
