@@ -10,7 +10,7 @@ seeds :data:`SEEDS`:
   longer one, where it is rare.
 
 ``run`` works through the runs in plan order, ``--jobs`` at a time (one thread each), never
-two runs of :data:`HEAVY` (OAR-G at 128 tokens: half the machine's memory) at once:
+two runs of :data:`HEAVY` (OAR-G's: half the machine's memory each) at once:
 
 * a run whose record (``records/verdict/NAME/``) is complete is skipped;
 * a run whose folder holds a checkpoint resumes from it (``ktae train --resume``);
@@ -72,11 +72,12 @@ AUDIT_SEEDS = (11, 12)
 """Seeds whose trained models are audited, in each setting and arm."""
 AUDIT_FLAGS = ("--task arith@difficulty=0 --prompts 200 --samples 4 --temperature 0.6 "
                "--credit grpo,ktae,ktae@ngram=3 --threads 1 --no-progress --overwrite")
-HEAVY = {("t128", "oarg")}
+HEAVY = {("t64", "oarg"), ("t128", "oarg")}
 """(setting, arm) whose runs hold about half of a 24 GB machine's memory at their peak:
-OAR-G's input-gradient pass over 128-token responses (12.5 GB resident when the kernel's
-out-of-memory killer stopped one beside another run and other jobs). ``run`` never
-starts one while another is running; the plan order is kept otherwise."""
+OAR-G's input-gradient pass over the whole rollout batch in the study's pinned code (11
+to 12.5 GB resident, by ``ps`` and by the kernel's out-of-memory killer, which stopped two
+of them beside other jobs). ``run`` never starts one while another is running; the plan
+order is kept otherwise."""
 KEEP = ("summary.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "config.yaml")
 """Files of a finished run kept in its record."""
 CODE = RECORDS / "code.json"
