@@ -32,7 +32,7 @@ from contextlib import nullcontext
 import torch
 
 from ktae.core.entropy import categorical_entropy
-from ktae.models.generate import contiguous_head
+from ktae.models.generate import cache_argument, contiguous_head
 from ktae.runs.config import LOGPROB_HEADS as HEADS
 from ktae.train.lora_forward import fused_lora
 
@@ -208,8 +208,6 @@ def shared_prefix_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
     """
     from transformers import DynamicCache
 
-    from ktae.train.shared_prefill import cache_keyword
-
     split = input_ids.size(1) - keep
     groups = prefix_groups(input_ids, attention_mask, split) if _shares_prefix(model) else None
     if groups is None:
@@ -217,7 +215,7 @@ def shared_prefix_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
                      use_cache=False).logits
     first, group = groups
     cache = DynamicCache(config=model.config)
-    key = cache_keyword(model)
+    key = cache_argument(model.get_base_model() if hasattr(model, "get_base_model") else model)
     model(input_ids=input_ids[first, :split], attention_mask=attention_mask[first, :split],
           use_cache=True, logits_to_keep=1, **{key: cache})
     if cache.get_seq_length() != split:  # the model kept no cache: the whole forward
