@@ -74,10 +74,10 @@ AUDIT_FLAGS = ("--task arith@difficulty=0 --prompts 200 --samples 4 --temperatur
                "--credit grpo,ktae,ktae@ngram=3 --threads 1 --no-progress --overwrite")
 HEAVY = {("t64", "oarg"), ("t128", "oarg")}
 """(setting, arm) whose runs hold about half of a 24 GB machine's memory at their peak:
-OAR-G's input-gradient pass over the whole rollout batch in the study's pinned code (11
-to 12.5 GB resident, by ``ps`` and by the kernel's out-of-memory killer, which stopped two
-of them beside other jobs). ``run`` never starts one while another is running; the plan
-order is kept otherwise."""
+OAR-G's input-gradient pass over the whole rollout batch in the study's pinned code
+(``benchmarks/importance_memory.py``: 8.7 GiB at 64 tokens and 12.5 GiB at 128 on top of
+the model; the kernel's out-of-memory killer stopped two such runs beside other jobs).
+``run`` never starts one while another is running; the plan order is kept otherwise."""
 KEEP = ("summary.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "config.yaml")
 """Files of a finished run kept in its record."""
 CODE = RECORDS / "code.json"
