@@ -62,10 +62,14 @@ def check_head(head: str) -> str:
     return head
 
 
+def unwrapped(model):
+    """The transformers model under a PEFT wrapper (``model`` itself without one)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def takes_logits_to_keep(model) -> bool:
     """Whether the (PEFT-unwrapped) model's forward accepts ``logits_to_keep``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(type(base).forward).parameters
+    return "logits_to_keep" in inspect.signature(type(unwrapped(model)).forward).parameters
 
 
 def full_head_peak_bytes(rows: int, length: int, vocab: int, *, grad: bool = True,
@@ -179,7 +183,7 @@ def prefix_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def _shares_prefix(model) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrapped(model)
     params = inspect.signature(type(base).forward).parameters
     checkpointing = ("is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing")
                      else "is_gradient_checkpointing")  # transformers 5 renames it
@@ -215,7 +219,7 @@ def shared_prefix_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
                      use_cache=False).logits
     first, group = groups
     cache = DynamicCache(config=model.config)
-    key = cache_argument(model.get_base_model() if hasattr(model, "get_base_model") else model)
+    key = cache_argument(unwrapped(model))
     model(input_ids=input_ids[first, :split], attention_mask=attention_mask[first, :split],
           use_cache=True, logits_to_keep=1, **{key: cache})
     if cache.get_seq_length() != split:  # the model kept no cache: the whole forward

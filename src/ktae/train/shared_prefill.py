@@ -22,14 +22,14 @@ model whose forward takes no ``logits_to_keep``.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache
 
-from ktae.train.logprob_head import takes_logits_to_keep
+from ktae.models.generate import cache_argument
+from ktae.train.logprob_head import takes_logits_to_keep, unwrapped
 
 
 def repeated_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -81,9 +81,7 @@ def shared_prefill_generate(model, generate, **kwargs):
 def cache_keyword(model) -> str:
     """``cache``, where the (PEFT-unwrapped) model's forward takes it (transformers 5.25
     deprecates ``past_key_values``), else ``past_key_values``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters \
-        else "past_key_values"
+    return cache_argument(unwrapped(model))
 
 
 @contextmanager
