@@ -21,13 +21,16 @@ The training runs import the package from one fixed commit (:data:`CODE`, a deta
 worktree beside the run folders), so that work landing on the branch while the study runs
 for hours cannot change it half-way; each record names that commit.
 
-``audit`` then audits the models the plan names (:data:`AUDIT_SEEDS`; and the starting
-model) on the held-out prompts, skipping audits already recorded. ``status`` prints what
-is done. Every sitting can be stopped at any time and started again with the same command.
+The audits of the models the plan names (:data:`AUDIT_SEEDS`; and the starting model)
+come after the training runs in ``run``'s queue, each once its model exists: they fill a
+slot that no training run may take (the last runs are OAR-G's, one at a time). They import
+the package from their own fixed commit (:data:`AUDIT_CODE`). ``audit`` runs only the
+audits. ``status`` prints what is done. Every sitting can be stopped at any time and
+started again with the same command.
 
     python scripts/verdict_study.py status
     python scripts/verdict_study.py run --jobs 2        # hours; resumable
-    python scripts/verdict_study.py audit --jobs 2      # after the runs; resumable
+    python scripts/verdict_study.py audit --jobs 2      # the audits alone; resumable
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ KEEP = ("summary.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "config
 """Files of a finished run kept in its record."""
 CODE = RECORDS / "code.json"
 """The commit the training runs import the package from: ``{"commit": SHA}``."""
+AUDIT_CODE = RECORDS / "audit-code.json"
+"""The commit the audits import the package from: ``{"commit": SHA}``."""
 MARKER = "record.json"
 """Written last into a record: the command, the seconds, the time it finished."""
 
@@ -97,6 +102,11 @@ class Job:
     """A checkout whose ``src`` the command imports, run from there; None: this one."""
     heavy: bool = False
     """Needs about half the machine's memory (:data:`HEAVY`): never beside another such job."""
+    needs: Path | None = None
+    """A path that must exist before the job may start (an audited run's final model)."""
+
+    def ready(self) -> bool:
+        return self.needs is None or self.needs.exists()
 
 
 def runs_dir() -> Path:
@@ -108,9 +118,10 @@ def runs_dir() -> Path:
     return (Path(cache) if cache else Path.home() / ".cache" / "ktae") / "verdict"
 
 
-def code_tree(root: Path) -> Path:
-    """A worktree of :data:`CODE`'s commit (made once, beside the run folders)."""
-    commit = json.loads(CODE.read_text())["commit"]
+def code_tree(root: Path, pin: Path | None = None) -> Path:
+    """A worktree of the commit that ``pin`` (default :data:`CODE`) names, made once,
+    beside the run folders."""
+    commit = json.loads((pin or CODE).read_text())["commit"]
     tree = root / f"code-{commit[:12]}"
     if not (tree / "src" / "ktae").exists():
         subprocess.run(["git", "worktree", "add", "--detach", "--force", str(tree), commit],
@@ -143,14 +154,16 @@ def train_job(setting: str, arm: str, seed: int, root: Path) -> Job:
                heavy=(setting, arm) in HEAVY)
 
 
-def audit_jobs(root: Path) -> list[Job]:
-    """The starting model per setting, then each audited run's final model."""
+def audit_jobs(root: Path, code: Path | None = None) -> list[Job]:
+    """The starting model per setting, then each audited run's final model (the job
+    :meth:`Job.ready` once that model exists), importing the package from ``code``."""
     jobs = []
     for setting, budget in SETTINGS.items():
         name = f"audit-{setting}-start"
         argv = ["ktae", "audit", "--model", "smollm2-135m", "--max-new-tokens", str(budget),
                 *shlex.split(AUDIT_FLAGS)]
-        jobs.append(Job(name, (*argv, "-o", str(root / name)), root / name, ("audit.json",)))
+        jobs.append(Job(name, (*argv, "-o", str(root / name)), root / name, ("audit.json",),
+                        code=code))
     for seed in AUDIT_SEEDS:
         for setting, budget in SETTINGS.items():
             for arm in ARMS:
@@ -159,7 +172,7 @@ def audit_jobs(root: Path) -> list[Job]:
                 argv = ["ktae", "audit", "--model", str(root / run / "final"),
                         "--max-new-tokens", str(budget), *shlex.split(AUDIT_FLAGS)]
                 jobs.append(Job(name, (*argv, "-o", str(root / name)), root / name,
-                                ("audit.json",)))
+                                ("audit.json",), code=code, needs=root / run / "final"))
     return jobs
 
 
@@ -206,11 +219,16 @@ def pending_train(root: Path, code: Path | None = None) -> list[Job]:
             if not recorded(run_name(s, a, seed))]
 
 
+def pending_audits(root: Path, code: Path | None = None) -> list[Job]:
+    return [job for job in audit_jobs(root, code) if not recorded(job.name)]
+
+
 def next_job(pending: list[Job], running: list[Job]) -> Job | None:
-    """The first of ``pending`` that may start beside ``running``: a heavy job
-    (:data:`HEAVY`) only while no other heavy job runs; None when none may."""
+    """The first of ``pending`` that may start beside ``running``: one that is
+    :meth:`Job.ready`, and a heavy job (:data:`HEAVY`) only while no other heavy job runs;
+    None when none may."""
     heavy = any(job.heavy for job in running)
-    return next((job for job in pending if not (job.heavy and heavy)), None)
+    return next((job for job in pending if job.ready() and not (job.heavy and heavy)), None)
 
 
 def drive(jobs: list[Job], n_jobs: int, log_dir: Path) -> int:
@@ -222,6 +240,10 @@ def drive(jobs: list[Job], n_jobs: int, log_dir: Path) -> int:
             while len(running) < n_jobs and (job := next_job(pending, list(running.values()))):
                 pending.remove(job)
                 running[pool.submit(execute, job, log_dir)] = job
+            if not running:  # what is left waits for models that no job will make
+                print(f"not started, their models missing: {', '.join(j.name for j in pending)}",
+                      flush=True)
+                return 1
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 results.append(future.result())
@@ -256,16 +278,15 @@ def main(argv: list[str] | None = None) -> int:
         return status()
     root = runs_dir()
     root.mkdir(parents=True, exist_ok=True)
+    audits = pending_audits(root, code_tree(root, AUDIT_CODE))
     if args.action == "run":
-        jobs = pending_train(root, code_tree(root))
+        jobs = pending_train(root, code_tree(root)) + audits
     else:
-        missing = [run_name(s, a, seed) for seed in AUDIT_SEEDS for s in SETTINGS for a in ARMS
-                   if not (root / run_name(s, a, seed) / "final").exists()]
+        missing = [j.name for j in audits if not j.ready()]
         if missing:
             print(f"verdict_study: audit: no final model for {', '.join(missing)}; "
                   "run them first", file=sys.stderr)
-        jobs = [j for j in audit_jobs(root) if not recorded(j.name)
-                and (j.name.endswith("-start") or (root / j.name[len("audit-"):] / "final").exists())]
+        jobs = [j for j in audits if j.ready()]
     return drive(jobs[:args.limit], args.jobs, root / "logs")
 
 

@@ -110,3 +110,29 @@ def test_heavy_runs_never_run_side_by_side(study, tmp_path):
     assert events.index("start l1") < events.index("end h1") < events.index("start h2")
     assert sorted(e for e in events if e.startswith("start")) == ["start h1", "start h2",
                                                                    "start l1"]
+
+
+def test_audits_follow_the_runs_once_their_models_exist(study, tmp_path):
+    """``run`` queues the audits after the training runs; an audit waits for its run's
+    final model, imports its own pinned code, and a queue that can only wait stops."""
+    root = tmp_path / "runs"
+    code = tmp_path / "audit-code"
+    jobs = study.pending_audits(root, code)
+    names = [j.name for j in jobs]
+    assert names[:2] == ["audit-t64-start", "audit-t128-start"]
+    assert len(names) == len(set(names)) == len(study.SETTINGS) * (
+        1 + len(study.AUDIT_SEEDS) * len(study.ARMS))
+    assert all(j.code == code for j in jobs)
+    start, trained = jobs[0], jobs[2]
+    assert start.ready() and not trained.ready()
+    assert study.next_job([trained, start], []) is start
+    assert study.next_job([trained], []) is None
+    run = trained.name.removeprefix("audit-")
+    argv = list(trained.argv)
+    assert argv[argv.index("--model") + 1] == str(root / run / "final")
+    (root / run / "final").mkdir(parents=True)
+    assert trained.ready() and study.next_job([trained], []) is trained
+    # a queue whose jobs all wait on models nobody makes ends instead of hanging
+    waiting = study.Job("audit-x", (sys.executable, "-c", "pass"), root / "audit-x", (),
+                        needs=root / "never")
+    assert study.drive([waiting], 2, tmp_path / "logs") == 1
