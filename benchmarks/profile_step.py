@@ -3,6 +3,7 @@
 Usage:
     python benchmarks/profile_step.py            # float32
     python benchmarks/profile_step.py --bf16     # ktae train --bf16's arithmetic
+    python benchmarks/profile_step.py --bf16 --part update   # the update alone
 
 Builds ``KTAEGRPOTrainer`` on the recipe (``configs/smollm2-recipe.yaml``: its model, batch,
 tokens, temperature, micro-batches and LoRA adapters; ``--credit none``; one thread), runs
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", default=str(B.ROOT / "configs" / "smollm2-recipe.yaml"))
     p.add_argument("--bf16", action="store_true", help="ktae train --bf16's arithmetic")
+    p.add_argument("--part", choices=("step", "update"), default="step",
+                   help="what is profiled: the whole second step, or its update alone")
     p.add_argument("--rows", type=int, default=30, help="operators printed")
     a = p.parse_args(argv)
     _quiet()
@@ -51,11 +54,14 @@ def main(argv: list[str] | None = None) -> dict:
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     cpu = {}
 
+    def start():
+        prof.__enter__()
+        cpu["start"] = time.process_time()
+
     class Profile(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            if state.global_step == 1:
-                prof.__enter__()
-                cpu["start"] = time.process_time()
+            if state.global_step == 1 and a.part == "step":
+                start()
 
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == 2:
@@ -74,13 +80,22 @@ def main(argv: list[str] | None = None) -> dict:
             train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
             callbacks=[timer.callback, Profile()], peft_config=peft)
         trainer.remove_callback(PrinterCallback)
+        if a.part == "update":
+            compute_loss = trainer.compute_loss
+
+            def first_loss_starts(*args, **kw):  # step 2's first micro-batch: the update
+                if trainer.state.global_step == 1 and "start" not in cpu:
+                    start()
+                return compute_loss(*args, **kw)
+
+            trainer.compute_loss = first_loss_starts
         trainer.train()
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCTS)
     parts = timer.parts[-1]
-    print(f"{'bfloat16' if a.bf16 else 'float32'} step 2: {parts['step']:.1f} s wall, "
-          f"{cpu['step']:.1f} s CPU; " + ", ".join(
+    print(f"{'bfloat16' if a.bf16 else 'float32'} step 2: {parts['step']:.1f} s wall; "
+          f"{cpu['step']:.1f} s CPU profiled ({a.part}); " + ", ".join(
               f"{k} {parts[k]:.1f} s" for k in ("generation", "update")))
     print(f"profiled self CPU time {total / 1e6:.1f} s; matrix products "
           f"({', '.join(PRODUCTS)}) {products / total:.1%} of it\n")
