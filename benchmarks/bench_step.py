@@ -491,6 +491,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--bf16", action="store_true",
                    help="ktae train --bf16: products in bfloat16 (autocast), a LoRA run's "
                         "frozen base stored in bfloat16; floors at the bfloat16 matmul rate")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave malloc as it is, where ktae train keeps freed memory for reuse "
+                        "(ktae.train.allocator; a tree from before it always leaves it)")
     p.add_argument("--json", help="write every number here")
     a = p.parse_args(argv)
     use_ktae_from(a.ktae_src)
@@ -515,6 +518,11 @@ def main(argv: list[str] | None = None) -> dict:
         peft_config = lora_config(recipe)
     trl["beta"] = a.beta
     torch.set_num_threads(a.threads)
+    try:  # what the tree's ktae train does (ktae.train.session.train)
+        from ktae.train.allocator import keep_freed_memory
+    except ImportError:  # a tree from before it
+        keep_freed_memory = None
+    kept = bool(keep_freed_memory and not a.default_malloc and keep_freed_memory())
     path = resolve_model(a.model)
     if a.bf16:
         from ktae.train.precision import check_bf16
@@ -532,7 +540,8 @@ def main(argv: list[str] | None = None) -> dict:
                     "load_start": load(), "logprob_head": a.logprob_head,
                     "batch": batch, "prompts": a.prompts, "prompt_tokens": prompt_tokens,
                     "new_tokens": a.new_tokens,
-                    "lora": a.lora, "bf16": a.bf16, "ktae_src": str(Path(find_spec("ktae").origin).parent),
+                    "lora": a.lora, "bf16": a.bf16, "keeps_freed_memory": kept,
+                    "ktae_src": str(Path(find_spec("ktae").origin).parent),
                     "trl_settings": {k: v for k, v in trl.items() if k != "beta"}}
     lora_flops = None
     tokens = batch * (prompt_tokens + a.new_tokens)

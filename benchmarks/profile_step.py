@@ -45,13 +45,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--part", choices=("step", "update"), default="step",
                    help="what is profiled: the whole second step, or its update alone")
     p.add_argument("--rows", type=int, default=30, help="operators printed")
+    p.add_argument("--shapes", action="store_true",
+                   help="one row per operator and input shapes (the profiler records them)")
     a = p.parse_args(argv)
     _quiet()
     recipe, rows = B.read_recipe(a.recipe)
     torch.set_num_threads(recipe.torch_threads)
     path = B.resolve_model(recipe.model)
     peft = lora_config(recipe)
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                  record_shapes=a.shapes)
     cpu = {}
 
     def start():
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
 
             trainer.compute_loss = first_loss_starts
         trainer.train()
-    events = prof.key_averages()
+    events = prof.key_averages(group_by_input_shape=a.shapes)
     total = sum(e.self_cpu_time_total for e in events)
     products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCTS)
     parts = timer.parts[-1]

@@ -34,8 +34,14 @@ def clean_registries():
 
 def pytest_configure(config):
     """``KTAE_TEST_THREADS=N`` runs every test at N torch threads (the CI sweep's setting;
-    modules with the ``single_thread`` fixture of ``oracle`` read it too)."""
+    modules with the ``single_thread`` fixture of ``oracle`` read it too).
+
+    Training in the test process leaves ``malloc`` as it is (``KTAE_KEEP_FREED_MEMORY=0``,
+    :mod:`ktae.train.allocator`): the setting is process-wide and would keep the test
+    process's peak memory resident for the rest of the session; tests/test_allocator.py
+    checks it in processes of its own."""
     import os
 
+    os.environ.setdefault("KTAE_KEEP_FREED_MEMORY", "0")
     if os.environ.get("KTAE_TEST_THREADS"):
         torch.set_num_threads(int(os.environ["KTAE_TEST_THREADS"]))

@@ -35,6 +35,7 @@ from ktae.runs.rundir import (
     prepare_output_dir,
     start_segment,
 )
+from ktae.train.allocator import keep_freed_memory
 from ktae.train.callbacks import (
     EvalCallback,
     MetricsCallback,
@@ -332,6 +333,7 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
 
     _quiet()
     torch.set_num_threads(cfg.torch_threads)
+    keep_freed_memory()  # the update's large tensors reuse freed pages (ktae.train.allocator)
     start = time.perf_counter()
     checked = checked if checked is not None else preflight(cfg)
     out = Path(cfg.output_dir)
