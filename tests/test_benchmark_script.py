@@ -99,3 +99,24 @@ def test_attention_kernel_benchmark_times_both_kernels_on_the_same_attention(tmp
     bad = subprocess.run([sys.executable, str(bench), "--rounds", "0"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--rounds: expected a positive integer" in bad.stderr
+
+
+@pytest.mark.slow
+def test_allocator_benchmark_runs_both_settings_and_the_kept_one_reuses_pages(tmp_path):
+    from ktae.train.allocator import _glibc
+
+    if _glibc() is None:
+        pytest.skip("the setting is glibc's")
+    bench = BENCH.parent / "bench_allocator.py"
+    out = subprocess.run([sys.executable, str(bench), "--processes", "1", "--json",
+                          str(tmp_path / "m.json")], capture_output=True, text=True, check=True,
+                         timeout=600).stdout
+    record = json.loads((tmp_path / "m.json").read_text())
+    assert [r["kept"] for r in record["runs"]["kept"]] == [True]
+    assert [r["kept"] for r in record["runs"]["default"]] == [False]
+    med = record["medians"]
+    # the default maps each vocabulary-sized tensor afresh; the kept setting reuses them
+    assert med["default"]["faults"] > 10 * med["kept"]["faults"]
+    assert record["kept_over_default"] == pytest.approx(med["kept"]["seconds"]
+                                                        / med["default"]["seconds"])
+    assert "| kept |" in out and "kept / default:" in out
