@@ -376,3 +376,41 @@ def test_lora_for_sampling_merges_float32_and_fuses_bfloat16():
     assert "forward" not in vars(layer)
     with model.disable_adapter(), lora_for_sampling(model) as how:
         assert how == "peft"  # no plain adapter active
+
+
+def test_frozen_fused_lora_casts_once_and_matches_the_fused_forward(monkeypatch):
+    """``fused_lora(frozen=True)`` (sampling): a bfloat16 base with float32 adapters under
+    autocast gives the same logits as the fused forward that casts at every call, while
+    each adapter's factors are cast once however many passes run (the second pass casts
+    only what is not an adapter's); float32 without autocast gives peft's logits."""
+    from ktae.train.lora_forward import fused_lora
+
+    model = _lora_llama()
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            p.data = p.data.to(torch.bfloat16)
+    ids, mask, _ = _batch()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with fused_lora(model):
+            every_call = model(input_ids=ids, attention_mask=mask).logits
+        casts = []
+        to = torch.Tensor.to
+        monkeypatch.setattr(torch.Tensor, "to",
+                            lambda self, *a, **k: casts.append(self.shape) or to(self, *a, **k))
+        with fused_lora(model, frozen=True) as count:
+            first = model(input_ids=ids, attention_mask=mask).logits
+            after_one = len(casts)
+            again = model(input_ids=ids, attention_mask=mask).logits
+            after_two = len(casts)
+        monkeypatch.undo()
+    adapter_casts = 2 * count  # A and B of each layer, float32 -> bfloat16
+    assert after_two - after_one <= after_one - adapter_casts
+    torch.testing.assert_close(first, every_call, rtol=0, atol=1e-6)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+
+    model32 = _lora_llama()
+    with torch.no_grad():
+        plain = model32(input_ids=ids, attention_mask=mask).logits
+        with fused_lora(model32, frozen=True):
+            frozen = model32(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(frozen, plain, rtol=1e-5, atol=1e-6)

@@ -90,16 +90,23 @@ def fused_lora_forward(module, name: str, x: torch.Tensor,
 
 
 @contextmanager
-def fused_lora(model) -> Iterator[int]:
+def fused_lora(model, *, frozen: bool = False) -> Iterator[int]:
     """Within the block, every plain LoRA layer of ``model`` (module docstring) runs
-    :func:`fused_lora_forward`; yields how many do. peft's forward comes back after."""
+    :func:`fused_lora_forward`; yields how many do. peft's forward comes back after.
+
+    ``frozen``: the adapters and the layers do not change within the block (sampling,
+    no gradient): each layer's adapter is looked up once, and its factors are cast to
+    autocast's dtype once per dtype (:func:`_frozen_forward_of`), not at every call: a
+    decoding step calls each layer with a few rows, and the lookup and the casts cost
+    more than the adapter's products."""
     linear = _lora_linear_class()
     patched = []
     if linear is not None:
         for module in model.modules():
-            if isinstance(module, linear) and plain_adapter(module) is not None:
+            if isinstance(module, linear) and (name := plain_adapter(module)) is not None:
                 patched.append(module)
-                module.forward = _forward_of(module)
+                module.forward = (_frozen_forward_of(module, name) if frozen
+                                  else _forward_of(module))
     try:
         yield len(patched)
     finally:
@@ -163,6 +170,44 @@ def _forward_of(module):
     return forward
 
 
+def _frozen_forward_of(module, name: str):
+    """:func:`_forward_of` for a block in which ``module`` and its adapter ``name`` do not
+    change: the adapter looked up once, the factors cast once per autocast dtype."""
+    general = _forward_of(module)
+    base = module.base_layer
+    weight, bias = base.weight, base.bias
+    a, b = module.lora_A[name].weight, module.lora_B[name].weight
+    scaling = module.scaling[name]
+    cast: dict[torch.dtype, tuple] = {}
+
+    def factors(dtype: torch.dtype) -> tuple:
+        if dtype not in cast:
+            with torch.no_grad():
+                cast[dtype] = (weight.to(dtype), None if bias is None else bias.to(dtype),
+                               a.to(dtype), b.to(dtype).t())
+        return cast[dtype]
+
+    def forward(x, *args, **kwargs):
+        if args or kwargs or not x.is_floating_point():
+            return general(x, *args, **kwargs)
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            if dtype not in (torch.bfloat16, torch.float16):
+                return general(x)
+        elif x.dtype == a.dtype and x.dtype == weight.dtype:
+            dtype = x.dtype
+        else:
+            return general(x)
+        w, c, low_a, low_bt = factors(dtype)
+        flat = x.reshape(-1, x.shape[-1]).to(dtype)
+        out = nn.functional.linear(flat, w, c)
+        out.addmm_(nn.functional.linear(flat, low_a), low_bt, alpha=scaling)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    return forward
+
+
 @contextmanager
 def lora_for_sampling(model) -> Iterator[str]:
     """The LoRA layers' forward for the trainer's sampling on the CPU; yields which:
@@ -184,5 +229,5 @@ def lora_for_sampling(model) -> Iterator[str]:
         with merged_lora(model):
             yield "merged"
     else:
-        with fused_lora(model):
+        with fused_lora(model, frozen=True):
             yield "fused"
