@@ -21,8 +21,12 @@ Five measurements, in one process, at one torch thread count (``--threads``):
 2. **Generation backends.** The step's batch (``prompts x generations`` rows, left-padded)
    sampled with ``model.generate`` under each setting that works here: dynamic KV cache
    (TRL 1.16's HF path), static cache, other thread counts (``--other-threads``), and with
-   ``--compile`` a static cache under ``torch.compile``. Every response is exactly ``--new-tokens`` long
-   (``min_new_tokens``), so every setting and trainer does the same work.
+   ``--compile`` a static cache under ``torch.compile``. Every response is exactly ``--new-tokens`` long,
+   so every setting and trainer does the same work: generation stops only at an
+   end-of-sequence id that is never drawn (:func:`never_drawn`, the vocabulary's size).
+   ``min_new_tokens`` would do the same with a logits processor at every decoding step
+   (a ``[rows, vocabulary]`` copy and ``where``, about 1 s of the recipe's generation)
+   that training does not run.
 3. **ktae's step by part** (generation, scoring, log-probs, advantages, update;
    :mod:`ktae.train.step_timing`), each against its floor: ``6 N T`` FLOPs for the update
    (forward and backward over the ``T`` tokens of the batch, ``N`` parameters), ``2 N T``
@@ -239,13 +243,20 @@ def lora_update_passes(model, batch: int, prompt_tokens: int, new_tokens: int,
 
 # ----------------------------------------------------------------------------- 2. generation
 
+def never_drawn(model) -> list[int]:
+    """An end-of-sequence id no draw can give: the vocabulary's size (the logits have one
+    entry per id below it). Generation with it stops at its budget alone, with no logits
+    processor (``min_new_tokens`` would add one)."""
+    return [model.config.vocab_size]
+
+
 def generation_seconds(model, tokenizer, prompts: list[str], new_tokens: int, *,
                        cache: str | None = None, repeats: int = 1) -> float:
     """Median wall seconds of sampling every prompt once, exactly ``new_tokens`` tokens."""
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                  max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                  max_new_tokens=new_tokens, eos_token_id=never_drawn(model),
                   pad_token_id=tokenizer.pad_token_id)
     if cache is not None:
         kwargs["cache_implementation"] = cache
@@ -348,7 +359,10 @@ class StepTimes:
 
 def trainer_args(path: str, out: str, *, prompts: int, generations: int, new_tokens: int,
                  threads: int, steps: int, trl: dict, temperature: float | None = None,
-                 bf16: bool = False):
+                 bf16: bool = False, stop: list[int] | None = None):
+    """GRPOConfig and credit settings of a ``--credit none`` run; ``stop``: the end-of-
+    sequence ids generation stops at (:func:`never_drawn`: none, every response
+    ``new_tokens`` long)."""
     from ktae.runs.config import TrainConfig
     from ktae.runs.credit import credit_settings
     from ktae.train.session import grpo_config
@@ -360,8 +374,8 @@ def trainer_args(path: str, out: str, *, prompts: int, generations: int, new_tok
                       num_generations=generations, max_new_tokens=new_tokens,
                       max_steps=steps, output_dir=out, torch_threads=threads,
                       save_every=0, eval_every=0, progress=False, **more).resolve()
-    settings = {"generation_kwargs": {"min_new_tokens": new_tokens}, "save_strategy": "no",
-                **trl}
+    fixed = {"min_new_tokens": new_tokens} if stop is None else {"eos_token_id": stop}
+    settings = {"generation_kwargs": fixed, "save_strategy": "no", **trl}
     return grpo_config(cfg, 1, settings), credit_settings(cfg)
 
 
@@ -531,6 +545,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_model(path, bf16=a.bf16, lora=peft_config is not None)
     model.eval()
     n_params = parameter_count(model)
+    stop = never_drawn(model)
     batch = a.prompts * a.generations
     if recipe is None:
         rows = prompts_of(tokenizer, 64)
@@ -539,7 +554,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"model": path, "parameters": n_params, "threads": a.threads,
                     "load_start": load(), "logprob_head": a.logprob_head,
                     "batch": batch, "prompts": a.prompts, "prompt_tokens": prompt_tokens,
-                    "new_tokens": a.new_tokens,
+                    "new_tokens": a.new_tokens, "stop_ids": stop,
                     "lora": a.lora, "bf16": a.bf16, "keeps_freed_memory": kept,
                     "ktae_src": str(Path(find_spec("ktae").origin).parent),
                     "trl_settings": {k: v for k, v in trl.items() if k != "beta"}}
@@ -646,7 +661,7 @@ def main(argv: list[str] | None = None) -> dict:
             args, credit = trainer_args(path, tmp, prompts=a.prompts, generations=a.generations,
                                         new_tokens=a.new_tokens, threads=a.threads,
                                         steps=a.steps, trl=trl, temperature=temperature,
-                                        bf16=a.bf16)
+                                        bf16=a.bf16, stop=stop)
             for r in range(a.rounds):
                 order = kinds if r % 2 == 0 else kinds[::-1]
                 for kind in order:

@@ -4,6 +4,7 @@ Usage:
     python benchmarks/profile_step.py            # float32
     python benchmarks/profile_step.py --bf16     # ktae train --bf16's arithmetic
     python benchmarks/profile_step.py --bf16 --part update   # the update alone
+    python benchmarks/profile_step.py --bf16 --part generation   # its sampling alone
 
 Builds ``KTAEGRPOTrainer`` on the recipe (``configs/smollm2-recipe.yaml``: its model, batch,
 tokens, temperature, micro-batches and LoRA adapters; ``--credit none``; one thread), runs
@@ -42,8 +43,9 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", default=str(B.ROOT / "configs" / "smollm2-recipe.yaml"))
     p.add_argument("--bf16", action="store_true", help="ktae train --bf16's arithmetic")
-    p.add_argument("--part", choices=("step", "update"), default="step",
-                   help="what is profiled: the whole second step, or its update alone")
+    p.add_argument("--part", choices=("step", "update", "generation"), default="step",
+                   help="what is profiled: the whole second step, its update alone or its "
+                        "generation alone")
     p.add_argument("--rows", type=int, default=30, help="operators printed")
     p.add_argument("--shapes", action="store_true",
                    help="one row per operator and input shapes (the profiler records them)")
@@ -67,17 +69,18 @@ def main(argv: list[str] | None = None) -> dict:
                 start()
 
         def on_step_end(self, args, state, control, **kw):
-            if state.global_step == 2:
+            if state.global_step == 2 and a.part != "generation":
                 cpu["step"] = time.process_time() - cpu["start"]
                 prof.__exit__(None, None, None)
 
     timer = B.StepTimes()
     with tempfile.TemporaryDirectory(prefix="profile-step-") as tmp:
+        model, tokenizer = B.load_model(path, bf16=a.bf16, lora=True)
         args, credit = B.trainer_args(
             path, tmp, prompts=recipe.num_prompts, generations=recipe.num_generations,
             new_tokens=recipe.max_new_tokens, threads=recipe.torch_threads, steps=2,
-            trl={**recipe.trl, "beta": 0.0}, temperature=recipe.temperature, bf16=a.bf16)
-        model, tokenizer = B.load_model(path, bf16=a.bf16, lora=True)
+            trl={**recipe.trl, "beta": 0.0}, temperature=recipe.temperature, bf16=a.bf16,
+            stop=B.never_drawn(model))
         trainer = KTAEGRPOTrainer(
             credit=credit, model=model, reward_funcs=[B.contains_answer], args=args,
             train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
@@ -92,6 +95,20 @@ def main(argv: list[str] | None = None) -> dict:
                 return compute_loss(*args, **kw)
 
             trainer.compute_loss = first_loss_starts
+        if a.part == "generation":
+            generate = trainer._generate_single_turn
+
+            def second_generation(*args, **kw):  # step 2's sampling alone
+                if trainer.state.global_step != 1:
+                    return generate(*args, **kw)
+                start()
+                try:
+                    return generate(*args, **kw)
+                finally:
+                    cpu["step"] = time.process_time() - cpu["start"]
+                    prof.__exit__(None, None, None)
+
+            trainer._generate_single_turn = second_generation
         trainer.train()
     events = prof.key_averages(group_by_input_shape=a.shapes)
     total = sum(e.self_cpu_time_total for e in events)

@@ -32,6 +32,10 @@ def test_tiny_model_step_against_floor_and_trl(tiny_model, tmp_path):
     assert result["first_step_medians"] == {k: result["steps"][k][0] for k in ("ktae", "trl")}
     assert result["ratio"] == pytest.approx(result["steps"]["ktae"][1] / result["steps"]["trl"][1])
     assert "first steps of each turn" in out
+    # every response is --new-tokens long: generation stops only at an id never drawn
+    # (generation_seconds checks the lengths it samples)
+    assert result["stop_ids"] == [json.loads((tiny_model / "config.json").read_text())
+                                  ["vocab_size"]]
     parts = result["ktae_part_medians"]
     assert parts["logprobs"] > 0  # beta > 0: the reference pass
     assert result["floors"]["logprobs"] == pytest.approx(result["floors"]["update"] / 3)
