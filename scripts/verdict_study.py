@@ -15,7 +15,9 @@ two runs of :data:`HEAVY` (OAR-G's: half the machine's memory each) at once:
 * a run whose record (``records/verdict/NAME/``) is complete is skipped;
 * a run whose folder holds a checkpoint resumes from it (``ktae train --resume``);
 * a finished run's files are copied into its record, the marker last, so that the record
-  outlives the machine; the run's ``final/`` model stays in the run folder for ``audit``.
+  outlives the machine; the run's ``final/`` model stays in the run folder for ``audit``;
+* a run killed by a signal (the kernel's out-of-memory killer) goes again at the end of
+  the queue, from its last checkpoint, at most :data:`RETRIES` times.
 
 The training runs import the package from one fixed commit (:data:`CODE`, a detached
 worktree beside the run folders), so that work landing on the branch while the study runs
@@ -44,8 +46,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,6 +93,10 @@ AUDIT_CODE = RECORDS / "audit-code.json"
 """The commit the audits import the package from: ``{"commit": SHA}``."""
 MARKER = "record.json"
 """Written last into a record: the command, the seconds, the time it finished."""
+RETRIES = 2
+"""Times :func:`drive` starts a training run again after a signal killed it (the kernel's
+out-of-memory killer sends SIGKILL), each time from its last checkpoint, at the end of
+the queue."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,9 @@ class Job:
     """Needs about half the machine's memory (:data:`HEAVY`): never beside another such job."""
     needs: Path | None = None
     """A path that must exist before the job may start (an audited run's final model)."""
+    again: Callable[[], Job] | None = field(default=None, compare=False)
+    """The job made anew (a training run: ``--resume`` from its last checkpoint), for
+    :func:`drive` to start again once a signal killed it (:data:`RETRIES`)."""
 
     def ready(self) -> bool:
         return self.needs is None or self.needs.exists()
@@ -182,6 +193,12 @@ def recorded(name: str) -> bool:
 
 def execute(job: Job, log_dir: Path) -> bool:
     """Runs ``job``; on success copies its files into its record, the marker last."""
+    return run_job(job, log_dir) == 0
+
+
+def run_job(job: Job, log_dir: Path) -> int:
+    """:func:`execute`, returning the command's exit status (negative: killed by that
+    signal)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     env, cwd, commit = dict(os.environ), REPO, None
@@ -198,7 +215,7 @@ def execute(job: Job, log_dir: Path) -> bool:
     if rc != 0:
         print(f"[{time.strftime('%H:%M:%S')}] FAILED {job.name} (exit {rc}, {seconds:.0f} s; "
               f"log: {log_dir / job.name}.log)", flush=True)
-        return False
+        return rc
     record = RECORDS / job.name
     if record.exists():
         shutil.rmtree(record)
@@ -211,12 +228,15 @@ def execute(job: Job, log_dir: Path) -> bool:
         {"command": shlex.join(argv), "code": commit, "seconds": round(seconds, 1),
          "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
     print(f"[{time.strftime('%H:%M:%S')}] done {job.name} in {seconds / 60:.1f} min", flush=True)
-    return True
+    return 0
 
 
 def pending_train(root: Path, code: Path | None = None) -> list[Job]:
-    return [dataclasses.replace(train_job(s, a, seed, root), code=code) for s, a, seed in plan()
-            if not recorded(run_name(s, a, seed))]
+    def made(s: str, a: str, seed: int) -> Job:
+        return dataclasses.replace(train_job(s, a, seed, root), code=code,
+                                   again=lambda: made(s, a, seed))
+
+    return [made(s, a, seed) for s, a, seed in plan() if not recorded(run_name(s, a, seed))]
 
 
 def pending_audits(root: Path, code: Path | None = None) -> list[Job]:
@@ -232,22 +252,29 @@ def next_job(pending: list[Job], running: list[Job]) -> Job | None:
 
 
 def drive(jobs: list[Job], n_jobs: int, log_dir: Path) -> int:
-    """Runs ``jobs``, ``n_jobs`` at a time, in order but for :func:`next_job`'s rule."""
+    """Runs ``jobs``, ``n_jobs`` at a time, in order but for :func:`next_job`'s rule; a
+    job a signal killed goes again at the end of the queue (:data:`RETRIES`)."""
     print(f"{len(jobs)} to do, {n_jobs} at a time; logs in {log_dir}", flush=True)
-    pending, running, results = list(jobs), {}, []
+    pending, running, results, retried = list(jobs), {}, [], Counter()
     with ThreadPoolExecutor(max_workers=n_jobs) as pool:
         while pending or running:
             while len(running) < n_jobs and (job := next_job(pending, list(running.values()))):
                 pending.remove(job)
-                running[pool.submit(execute, job, log_dir)] = job
+                running[pool.submit(run_job, job, log_dir)] = job
             if not running:  # what is left waits for models that no job will make
                 print(f"not started, their models missing: {', '.join(j.name for j in pending)}",
                       flush=True)
                 return 1
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
-                results.append(future.result())
-                del running[future]
+                job, rc = running.pop(future), future.result()
+                if rc < 0 and job.again is not None and retried[job.name] < RETRIES:
+                    retried[job.name] += 1
+                    print(f"[{time.strftime('%H:%M:%S')}] {job.name} again later (killed by "
+                          f"signal {-rc}; try {retried[job.name] + 1})", flush=True)
+                    pending.append(job.again())
+                    continue
+                results.append(rc == 0)
     failed = results.count(False)
     print(f"{len(results) - failed} finished, {failed} failed", flush=True)
     return 1 if failed else 0

@@ -136,3 +136,43 @@ def test_audits_follow_the_runs_once_their_models_exist(study, tmp_path):
     waiting = study.Job("audit-x", (sys.executable, "-c", "pass"), root / "audit-x", (),
                         needs=root / "never")
     assert study.drive([waiting], 2, tmp_path / "logs") == 1
+
+
+def test_a_run_killed_by_a_signal_goes_again_from_its_checkpoint(study, tmp_path):
+    """A job killed by SIGKILL (the out-of-memory killer) is made anew and run again, at
+    most RETRIES times; one that exits with an error is not."""
+    root, log = tmp_path / "runs", tmp_path / "tries.log"
+    kill = ("import os, signal, sys; open(sys.argv[1], 'a').write(sys.argv[2] + chr(10)); "
+            "os.kill(os.getpid(), signal.SIGKILL) if sys.argv[3] == 'kill' else "
+            "sys.exit(int(sys.argv[3]))")
+    made = []
+
+    def job(name, action, tries_left):
+        def again():
+            made.append(name)
+            return job(name, "0" if tries_left == 1 else action, tries_left - 1)
+
+        return study.Job(name, (sys.executable, "-c", kill, str(log), name, action),
+                         root / name, (), again=again)
+
+    # killed once, then finishes: recorded, and drive reports success
+    assert study.drive([job("k1", "kill", 1)], 2, tmp_path / "logs") == 0
+    assert made == ["k1"] and (study.RECORDS / "k1" / study.MARKER).exists()
+    # killed every time: RETRIES tries after the first, then a failure
+    made.clear()
+    assert study.drive([job("k2", "kill", 99)], 1, tmp_path / "logs") == 1
+    assert made == ["k2"] * study.RETRIES
+    # an error exit is not a kill: no second try
+    made.clear()
+    assert study.drive([job("e1", "3", 99)], 1, tmp_path / "logs") == 1
+    assert made == []
+    assert log.read_text().split().count("k2") == study.RETRIES + 1
+
+
+def test_pending_runs_are_made_again_with_resume(study, tmp_path):
+    root = tmp_path / "runs"
+    first = study.pending_train(root)[0]
+    assert "--resume" not in first.argv
+    (first.folder / "checkpoint-4").mkdir(parents=True)
+    again = first.again()
+    assert again.name == first.name and "--resume" in again.argv and again.again is not None
