@@ -5,6 +5,7 @@ Usage:
     python benchmarks/bench_step_ab.py /tmp/old-ktae/src     # the LoRA recipe, 3 rounds
     python benchmarks/bench_step_ab.py OLD_SRC --rounds 4 --json ab.json -- --steps 2
     python benchmarks/bench_step_ab.py OLD_SRC --new-args=--bf16   # the new tree in bfloat16
+    python benchmarks/bench_step_ab.py OLD_SRC --vllm VLLM_ENV/bin/python   # and vLLM vs HF
 
 Each round runs ``benchmarks/bench_step.py --lora --only passes,step --kinds ktae`` once with each
 tree (``--ktae-src``), each in its own process (a process imports one ktae), the order
@@ -25,6 +26,13 @@ micro-batches, against the same floor. The row ``update, 1 prefix/prompt`` holds
 against the floor of the work left when each micro-batch runs each distinct prompt once
 (the trainer's, ``ktae.train.logprob_head.shared_prefix_logits``; expected over TRL's
 shuffle of the batch).
+
+``--vllm PYTHON`` adds colocated vLLM against transformers to the same run: after each
+round's two trees, ``benchmarks/bench_vllm_step.py steps`` with the Python of a vLLM
+environment (whose ktae is the new tree's) runs ``ktae train`` on the recipe (float32,
+``--vllm-steps`` steps) once with each generation backend, the order alternating between
+rounds; each run's median step after its first, and their ratio vLLM/transformers, per
+round and as the median over rounds.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import statistics
 import subprocess
@@ -44,6 +53,20 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench_step.py"
 PARTS = ("generation", "scoring", "logprobs", "advantages", "update", "other", "step")
+
+
+def vllm_round(python: str, out: Path, steps: int, first: str) -> dict:
+    """One ``ktae train`` run with each generation backend (``first`` first), from the
+    vLLM environment's ``python``: their step medians after the first step, and the ratio."""
+    cmd = [python, str(ROOT / "benchmarks" / "bench_vllm_step.py"), "steps", "--out-dir",
+           str(out), "--steps", str(steps), "--rounds", "1", "--bracket", "0",
+           "--first", first]
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    subprocess.run(cmd, check=True, stdout=2, env=env)  # its progress to our stderr
+    summary = json.loads((out / "summary.json").read_text())["steps after the first"]
+    return {"hf": summary["hf"], "vllm": summary["vllm"], "ratio": summary["ratio"],
+            "first": first}
 
 
 def run_one(src: str, out: Path, extra: list[str]) -> dict:
@@ -132,6 +155,22 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     return table
 
 
+VLLM_PARTS = ("step_time", "generation_seconds", "logprob_seconds", "update_seconds")
+
+
+def vllm_table(rounds: list[dict]) -> dict:
+    """Per part: the median over rounds of each backend's seconds, and of each round's
+    ratio vLLM/transformers (the step's ratio is the rounds' own)."""
+    table = {}
+    for part in VLLM_PARTS:
+        hf = statistics.median(r["hf"][part] for r in rounds)
+        vl = statistics.median(r["vllm"][part] for r in rounds)
+        ratios = [r["vllm"][part] / r["hf"][part] for r in rounds if r["hf"][part]]
+        table[part.removesuffix("_seconds").replace("_time", "")] = {
+            "hf": hf, "vllm": vl, "ratio": statistics.median(ratios) if ratios else math.nan}
+    return table
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -142,18 +181,24 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3, help="runs of each tree")
     p.add_argument("--old-args", default="", help="bench_step arguments for the old tree only")
     p.add_argument("--new-args", default="", help="bench_step arguments for the new tree only")
+    p.add_argument("--vllm", metavar="PYTHON",
+                   help="also vLLM against transformers in ktae train, each round, with "
+                        "this vLLM environment's Python")
+    p.add_argument("--vllm-steps", type=int, default=3,
+                   help="steps of each ktae train run of --vllm (the first is left out)")
     p.add_argument("--json", help="write every run's result and the table here")
     p.add_argument("--from-json", action="store_true",
                    help="OLD_SRC is an earlier run's --json: print its table again, run nothing")
     a = p.parse_args(argv)
     if a.from_json:
         saved = json.loads(Path(a.old_src).read_text())
-        return report(saved["trees"], saved["runs"], a.json)
+        return report(saved["trees"], saved["runs"], a.json, saved.get("vllm", []))
     trees = {"old": a.old_src, "new": a.new_src}
     own = {"old": shlex.split(a.old_args), "new": shlex.split(a.new_args)}
     if a.old_args or a.new_args:
         trees = {t: f"{src} {' '.join(own[t])}".strip() for t, src in trees.items()}
     runs: dict[str, list[dict]] = {"old": [], "new": []}
+    vllm: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-step-ab-") as tmp:
         for r in range(a.rounds):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")
@@ -166,11 +211,20 @@ def main(argv: list[str] | None = None) -> dict:
                       f"update {result['ktae_part_medians']['update']:.1f} s (floor "
                       f"{result['floors']['update']:.1f} s); load {result['load_start']} -> "
                       f"{result['load_end']}", flush=True)
-    return report(trees, runs, a.json)
+            if a.vllm:
+                pair = vllm_round(a.vllm, Path(tmp) / f"vllm-{r}", a.vllm_steps,
+                                  "hf" if r % 2 == 0 else "vllm")
+                vllm.append(pair)
+                print(f"round {r + 1}, ktae train: transformers step "
+                      f"{pair['hf']['step_time']:.1f} s, vLLM step "
+                      f"{pair['vllm']['step_time']:.1f} s: vLLM/HF {pair['ratio']:.2f}",
+                      flush=True)
+    return report(trees, runs, a.json, vllm)
 
 
-def report(trees: dict, runs: dict, json_path: str | None) -> dict:
-    """Print the table of ``runs`` (tree -> bench_step results); write it with them."""
+def report(trees: dict, runs: dict, json_path: str | None, vllm: list[dict] = ()) -> dict:
+    """Print the table of ``runs`` (tree -> bench_step results) and of ``vllm``
+    (:func:`vllm_round` results); write them."""
     table = summarize(runs)
     first = runs["new"][0]
     rounds = len(runs["new"])
@@ -202,6 +256,15 @@ def report(trees: dict, runs: dict, json_path: str | None) -> dict:
     print(f"\n1-minute load average at the runs' starts and ends: {min(loads):.2f} to "
           f"{max(loads):.2f}")
     out = {"trees": trees, "runs": runs, "table": table}
+    if vllm:
+        out["vllm"] = list(vllm)
+        out["vllm_table"] = vllm_table(vllm)
+        print(f"\nktae train on the recipe (float32, the new tree), colocated vLLM against "
+              f"transformers' generation, {len(vllm)} round(s), medians of the steps after "
+              "each run's first:")
+        print(f"{'part':<22} {'transformers s':>15} {'vLLM s':>8} {'vLLM/HF':>8}")
+        for part, row in out["vllm_table"].items():
+            print(f"{part:<22} {row['hf']:15.2f} {row['vllm']:8.2f} {row['ratio']:8.2f}")
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
     return out

@@ -105,7 +105,8 @@ def median_parts(runs: list[dict], backend: str, *, skip_first: bool) -> dict[st
 def steps_mode(args) -> None:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    order = [b for _ in range(args.rounds) for b in ("hf", "vllm")] + ["hf"] * args.bracket
+    pair = ("vllm", "hf") if args.first == "vllm" else ("hf", "vllm")
+    order = [b for _ in range(args.rounds) for b in pair] + [pair[0]] * args.bracket
     runs = []
     for i, backend in enumerate(order):
         run_dir = out / f"{i}-{backend}"
@@ -285,7 +286,9 @@ def main() -> None:
     steps.add_argument("--steps", type=int, default=3)
     steps.add_argument("--rounds", type=int, default=1, help="hf, vllm pairs")
     steps.add_argument("--bracket", type=int, default=1,
-                       help="hf runs after the last pair (1: hf, vllm, hf)")
+                       help="runs of the first backend after the last pair (1: hf, vllm, hf)")
+    steps.add_argument("--first", choices=("hf", "vllm"), default="hf",
+                       help="the backend each pair starts with")
     steps.add_argument("--keep-old-pass", action="store_true",
                        help="vLLM runs keep TRL's old-policy pass on every step")
     steps.add_argument("--min-gib", type=float, default=7.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,62 @@ def test_shared_prefix_floor_counts_each_distinct_prompt_once_a_micro_batch():
     tokens = 4 * 4 + distinct * 4
     assert ab.shared_prefix_floor(run) == pytest.approx(
         (4 * 100 * tokens + 4 * 10 * 12 + 6 * tokens) / 2.0)
+
+
+FAKE_VLLM_PYTHON = """#!/bin/sh
+# stands in for a vLLM environment's Python running bench_vllm_step.py steps
+echo "$@" >> "{log}"
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--out-dir" ]; then out="$2"; fi
+  if [ "$1" = "--first" ]; then first="$2"; fi
+  shift
+done
+mkdir -p "$out"
+if [ "$first" = "vllm" ]; then v=30; else v=20; fi
+printf '{{"steps after the first": {{"hf": {{"step_time": 40, "generation_seconds": 20, \
+"logprob_seconds": 0, "update_seconds": 19}}, "vllm": {{"step_time": %s, \
+"generation_seconds": 8, "logprob_seconds": 1, "update_seconds": 19}}, "ratio": 0}}}}' \
+"$v" > "$out/summary.json"
+"""
+
+
+def test_vllm_rounds_alternate_their_order_and_make_one_table(tmp_path):
+    """--vllm: each round runs bench_vllm_step.py steps with the given Python, hf first in
+    even rounds and vLLM first in odd ones; the table holds the medians over rounds and the
+    median of each round's ratio."""
+    ab = _bench_step_ab()
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_VLLM_PYTHON.format(log=tmp_path / "calls.log"))
+    fake.chmod(0o755)
+    rounds = [ab.vllm_round(str(fake), tmp_path / f"v{r}", 3, first)
+              for r, first in enumerate(("hf", "vllm", "hf"))]
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert all("bench_vllm_step.py steps" in c and "--steps 3" in c and "--rounds 1" in c
+               and "--bracket 0" in c for c in calls)
+    assert [c.split("--first ")[1].split()[0] for c in calls] == ["hf", "vllm", "hf"]
+    table = ab.vllm_table(rounds)
+    assert table["step"] == {"hf": 40, "vllm": 20, "ratio": 0.5}
+    assert table["generation"]["ratio"] == pytest.approx(0.4)
+    assert math.isnan(table["logprob"]["ratio"])  # transformers ran no such pass
+
+
+def test_bench_vllm_step_order_of_backends(monkeypatch, tmp_path):
+    """bench_vllm_step.py steps --first vllm starts each pair with vLLM."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_vllm_step",
+                                                  BENCH.parent / "bench_vllm_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen = []
+
+    def train_once(out, backend, **kw):
+        seen.append(backend)
+        return {"backend": backend, "rows": [{k: 1.0 for k in module.PARTS}] * 2,
+                "checks": [], "wall_seconds": 1.0, "load_start": 0.0, "load_end": 0.0}
+
+    monkeypatch.setattr(module, "train_once", train_once)
+    monkeypatch.setattr(sys, "argv", ["x", "steps", "--out-dir", str(tmp_path / "o"),
+                                      "--rounds", "2", "--bracket", "1", "--first", "vllm"])
+    module.main()
+    assert seen == ["vllm", "hf", "vllm", "hf", "vllm"]
