@@ -26,6 +26,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from ktae.train.allocator import ENV  # noqa: E402
 
 ONE = """
 import json, resource, statistics, sys, time, torch
@@ -55,7 +58,7 @@ print(json.dumps({"kept": kept, "seconds": statistics.median(seconds),
 
 
 def one_process(setting: str) -> dict:
-    env = {**os.environ, "KTAE_KEEP_FREED_MEMORY": "1"}  # the setting is asked for here alone
+    env = {**os.environ, ENV: "1"}  # the setting is asked for here alone
     out = subprocess.run([sys.executable, "-c", ONE, setting, str(ROOT / "src")], env=env,
                          capture_output=True, text=True, check=True, timeout=600).stdout
     return json.loads(out.strip().splitlines()[-1])
