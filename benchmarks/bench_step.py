@@ -25,8 +25,7 @@ Five measurements, in one process, at one torch thread count (``--threads``):
    so every setting and trainer does the same work: generation stops only at an
    end-of-sequence id that is never drawn (:func:`never_drawn`, the vocabulary's size).
    ``min_new_tokens`` would do the same with a logits processor at every decoding step
-   (a ``[rows, vocabulary]`` copy and ``where``, about 1 s of the recipe's generation)
-   that training does not run.
+   (a copy of the ``[rows, vocabulary]`` scores and a ``where``) that training does not run.
 3. **ktae's step by part** (generation, scoring, log-probs, advantages, update;
    :mod:`ktae.train.step_timing`), each against its floor: ``6 N T`` FLOPs for the update
    (forward and backward over the ``T`` tokens of the batch, ``N`` parameters), ``2 N T``
