@@ -30,6 +30,13 @@ the package from their own fixed commit (:data:`AUDIT_CODE`). ``audit`` runs onl
 audits. ``status`` prints what is done. Every sitting can be stopped at any time and
 started again with the same command.
 
+A record keeps a run's files but not its final model, which stays in the run folder,
+outside the work tree: a new machine starts without it. An audit whose recorded run has no model
+on this machine gets the model made again first, by the run's own command and code (a
+:meth:`Job.remake`, queued just before the audit): it is audited only if its 200 held-out
+responses, before and after training, are the record's word for word, so the audit is of
+the recorded model and not of a second draw; ``remade.json`` in the record says so.
+
     python scripts/verdict_study.py status
     python scripts/verdict_study.py run --jobs 2        # hours; resumable
     python scripts/verdict_study.py audit --jobs 2      # the audits alone; resumable
@@ -50,6 +57,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,6 +123,9 @@ class Job:
     again: Callable[[], Job] | None = field(default=None, compare=False)
     """The job made anew (a training run: ``--resume`` from its last checkpoint), for
     :func:`drive` to start again once a signal killed it (:data:`RETRIES`)."""
+    remake: bool = False
+    """A recorded training run made again for its final model (:func:`remake_jobs`): its
+    record is checked against, not written (:func:`check_remake`)."""
 
     def ready(self) -> bool:
         return self.needs is None or self.needs.exists()
@@ -187,6 +198,41 @@ def audit_jobs(root: Path, code: Path | None = None) -> list[Job]:
     return jobs
 
 
+def remake_jobs(root: Path, audits: list[Job], code: Path | None = None) -> list[Job]:
+    """``audits`` with, just before each one whose recorded run has no final model here,
+    that run made again (:attr:`Job.remake`; resumed from its checkpoint if it has one)."""
+    jobs = []
+    for audit in audits:
+        run = audit.name.removeprefix("audit-")
+        if audit.needs is not None and not audit.needs.exists() and recorded(run):
+            setting, arm, seed = run.split("-")
+            seed_ = int(seed.removeprefix("s"))
+
+            def made(s=setting, a=arm, k=seed_) -> Job:
+                return dataclasses.replace(train_job(s, a, k, root), code=code, keep=(),
+                                           remake=True, again=lambda: made(s, a, k))
+
+            jobs.append(made())
+        jobs.append(audit)
+    return jobs
+
+
+def heldout_responses(path: Path) -> list[list[str]]:
+    """Each evaluation's held-out responses, in order, from an ``eval.jsonl``."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [[p["response"] for p in row["problems"]] for row in rows]
+
+
+def check_remake(job: Job) -> tuple[bool, int]:
+    """Whether the remade run's held-out responses are its record's, word for word, and
+    how many of them differ (every evaluation counted; a missing one counts whole)."""
+    ours, theirs = (heldout_responses(folder / "eval.jsonl")
+                    for folder in (job.folder, RECORDS / job.name))
+    differ = sum(a != b for x, y in zip_longest(ours, theirs, fillvalue=[])
+                 for a, b in zip_longest(x, y))
+    return differ == 0, differ
+
+
 def recorded(name: str) -> bool:
     return (RECORDS / name / MARKER).exists()
 
@@ -216,6 +262,8 @@ def run_job(job: Job, log_dir: Path) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] FAILED {job.name} (exit {rc}, {seconds:.0f} s; "
               f"log: {log_dir / job.name}.log)", flush=True)
         return rc
+    if job.remake:
+        return finish_remake(job, seconds, commit)
     record = RECORDS / job.name
     if record.exists():
         shutil.rmtree(record)
@@ -228,6 +276,29 @@ def run_job(job: Job, log_dir: Path) -> int:
         {"command": shlex.join(argv), "code": commit, "seconds": round(seconds, 1),
          "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
     print(f"[{time.strftime('%H:%M:%S')}] done {job.name} in {seconds / 60:.1f} min", flush=True)
+    return 0
+
+
+def finish_remake(job: Job, seconds: float, commit: str | None) -> int:
+    """Checks a remade run against its record and writes ``remade.json`` there; a model
+    whose held-out responses differ is moved aside (``final-differs``), so that no audit
+    takes it, and the job fails."""
+    same, differ = check_remake(job)
+    argv = [str(a).replace(str(runs_dir()), "{runs}") for a in job.argv]
+    (RECORDS / job.name / "remade.json").write_text(json.dumps(
+        {"command": shlex.join(argv), "code": commit, "seconds": round(seconds, 1),
+         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+         "same_heldout_responses": same, "responses_differing": differ}, indent=1) + "\n")
+    if not same:
+        aside = job.folder / "final-differs"
+        if aside.exists():
+            shutil.rmtree(aside)
+        (job.folder / "final").rename(aside)
+        print(f"[{time.strftime('%H:%M:%S')}] FAILED {job.name} remade: {differ} held-out "
+              "responses differ from its record; its audit will not run", flush=True)
+        return 1
+    print(f"[{time.strftime('%H:%M:%S')}] remade {job.name} in {seconds / 60:.1f} min, the "
+          "record's held-out responses word for word", flush=True)
     return 0
 
 
@@ -287,8 +358,13 @@ def status() -> int:
         for arm in ARMS:
             seeds = [s for s in SEEDS if recorded(run_name(setting, arm, s))]
             print(f"  {setting} {arm:7s} seeds {seeds}")
-    audits = [j.name for j in audit_jobs(runs_dir())]
-    print(f"audits recorded: {sum(map(recorded, audits))} of {len(audits)}")
+    audits = audit_jobs(runs_dir())
+    print(f"audits recorded: {sum(recorded(j.name) for j in audits)} of {len(audits)}")
+    remakes = [j.name for j in remake_jobs(runs_dir(), [j for j in audits
+                                                         if not recorded(j.name)]) if j.remake]
+    if remakes:
+        print(f"runs to make again for their audits (model not on this machine): "
+              f"{', '.join(remakes)}")
     return 0
 
 
@@ -307,12 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     audits = pending_audits(root, code_tree(root, AUDIT_CODE))
     if args.action == "run":
-        jobs = pending_train(root, code_tree(root)) + audits
+        code = code_tree(root)
+        jobs = pending_train(root, code) + remake_jobs(root, audits, code)
     else:
         missing = [j.name for j in audits if not j.ready()]
         if missing:
             print(f"verdict_study: audit: no final model for {', '.join(missing)}; "
-                  "run them first", file=sys.stderr)
+                  "`run` makes them (again)", file=sys.stderr)
         jobs = [j for j in audits if j.ready()]
     return drive(jobs[:args.limit], args.jobs, root / "logs")
 

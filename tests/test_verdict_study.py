@@ -176,3 +176,53 @@ def test_pending_runs_are_made_again_with_resume(study, tmp_path):
     (first.folder / "checkpoint-4").mkdir(parents=True)
     again = first.again()
     assert again.name == first.name and "--resume" in again.argv and again.again is not None
+
+
+def _eval_file(path, responses):
+    path.write_text("".join(json.dumps({"step": step, "problems": [
+        {"response": r} for r in rs]}) + "\n" for step, rs in enumerate(responses)))
+
+
+def test_a_recorded_run_without_its_model_is_made_again_before_its_audit(study, tmp_path):
+    """An audit whose run is recorded but whose final model is not on this machine gets
+    the run made again just before it; the remade model is audited only if its held-out
+    responses are the record's word for word, and the record's own files stay as they
+    were."""
+    root = tmp_path / "runs"
+    audits = study.pending_audits(root)
+    target = next(j for j in audits if j.needs is not None)
+    run = target.name.removeprefix("audit-")
+    record = study.RECORDS / run
+    record.mkdir(parents=True)
+    (record / study.MARKER).write_text("{}")
+    _eval_file(record / "eval.jsonl", [["a", "b"], ["c", "d"]])
+    jobs = study.remake_jobs(root, audits)
+    names = [j.name for j in jobs]
+    assert names.count(run) == 1 and names.index(run) == names.index(target.name) - 1
+    remake = jobs[names.index(run)]
+    assert remake.remake and remake.keep == () and remake.folder == root / run
+    assert list(remake.argv[:2]) == ["ktae", "train"] and remake.again().remake
+    # runs that are not recorded are the training queue's, not remade
+    assert sum(j.remake for j in jobs) == 1
+
+    def fake(responses):
+        script = ("import json, os, sys; f = sys.argv[1]; os.makedirs(f + '/final', "
+                  "exist_ok=True); open(f + '/eval.jsonl', 'w').write(sys.argv[2])")
+        text = "".join(json.dumps({"problems": [{"response": r} for r in rs]}) + "\n"
+                       for rs in responses)
+        return study.dataclasses.replace(remake, argv=(sys.executable, "-c", script,
+                                                       str(remake.folder), text))
+
+    # the same responses: the model stays for the audit, the record gains remade.json only
+    assert study.execute(fake([["a", "b"], ["c", "d"]]), tmp_path / "logs")
+    note = json.loads((record / "remade.json").read_text())
+    assert note["same_heldout_responses"] and note["responses_differing"] == 0
+    assert target.ready() and (record / study.MARKER).read_text() == "{}"
+    assert sorted(p.name for p in record.iterdir()) == ["eval.jsonl", "record.json",
+                                                        "remade.json"]
+    # one response differs, or the last evaluation is missing: set aside, no audit
+    for responses, differ in (([["a", "b"], ["c", "x"]], 1), ([["a", "b"]], 2)):
+        assert not study.execute(fake(responses), tmp_path / "logs")
+        note = json.loads((record / "remade.json").read_text())
+        assert not note["same_heldout_responses"] and note["responses_differing"] == differ
+        assert not target.ready() and (remake.folder / "final-differs").exists()
