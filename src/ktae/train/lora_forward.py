@@ -79,13 +79,20 @@ def fused_lora_forward(module, name: str, x: torch.Tensor,
     base = module.base_layer
     weight, bias = base.weight, base.bias
     a, b = module.lora_A[name].weight, module.lora_B[name].weight
-    flat = x.reshape(-1, x.shape[-1])
     if dtype is not None:
-        flat, weight, a, b = (t.to(dtype) for t in (flat, weight, a, b))
+        x, weight, a, b = (t.to(dtype) for t in (x, weight, a, b))
         bias = bias.to(dtype) if bias is not None else None
+    return _adapted(x, weight, bias, a, b.t(), module.scaling[name])
+
+
+def _adapted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             a: torch.Tensor, b_t: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``x W^T + b + scaling (x A^T) B^T`` with the factors as given, all of ``x``'s dtype
+    (``b_t`` is ``B^T``, ``[r, out]``): the frozen product, then the adapter's added into
+    it in place. ``x`` ``[..., in]`` -> ``[..., out]``."""
+    flat = x.reshape(-1, x.shape[-1])
     out = nn.functional.linear(flat, weight, bias)
-    low = nn.functional.linear(flat, a)
-    out.addmm_(low, b.t(), alpha=module.scaling[name])
+    out.addmm_(nn.functional.linear(flat, a), b_t, alpha=scaling)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -199,11 +206,7 @@ def _frozen_forward_of(module, name: str):
             dtype = x.dtype
         else:
             return general(x)
-        w, c, low_a, low_bt = factors(dtype)
-        flat = x.reshape(-1, x.shape[-1]).to(dtype)
-        out = nn.functional.linear(flat, w, c)
-        out.addmm_(nn.functional.linear(flat, low_a), low_bt, alpha=scaling)
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return _adapted(x.to(dtype), *factors(dtype), scaling)
 
     return forward
 
