@@ -326,9 +326,16 @@ def credit_mass_figures(records: Path) -> dict:
     return out
 
 
+BLAMED = ("ktae", "ktae@ngram=3")
+"""The credit methods whose blame on each audited model's own samples the audit table
+gives (the plan's audits score these beside GRPO, whose blame is 0.5 by construction)."""
+
+
 def audit_figures(records: Path) -> dict:
     """Per setting: the starting model's and each audited run's "right answer, wrong
-    tokens" rate (``audit.json``'s ``right_answer_wrong_tokens.all``), None where missing."""
+    tokens" rate (``audit.json``'s ``right_answer_wrong_tokens.all``) and the blame of
+    each of :data:`BLAMED` on that model's samples (``methods.M.all.blame``: 0.5 is
+    chance), None where missing."""
     out = {}
     for setting in SETTINGS:
         names = {"start": f"audit-{setting}-start"}
@@ -336,10 +343,14 @@ def audit_figures(records: Path) -> dict:
                   for arm in ARMS for seed in AUDIT_SEEDS}
         out[setting] = {}
         for key, name in names.items():
-            ok = recorded(records, name) and (records / name / "audit.json").is_file()
-            rate = (json.loads((records / name / "audit.json").read_text())
-                    ["right_answer_wrong_tokens"]["all"] if ok else None)
-            out[setting][key] = {"record": name, "rate": rate}
+            rate, blame = None, dict.fromkeys(BLAMED)
+            if recorded(records, name) and (records / name / "audit.json").is_file():
+                audit = json.loads((records / name / "audit.json").read_text())
+                rate = audit["right_answer_wrong_tokens"]["all"]
+                methods = audit.get("methods", {})
+                blame = {m: methods[m]["all"]["blame"] if m in methods else None
+                         for m in BLAMED}
+            out[setting][key] = {"record": name, "rate": rate, "blame": blame}
     return out
 
 

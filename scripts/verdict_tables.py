@@ -19,7 +19,7 @@ CLASS_LABELS = {"number": "numbers", "word": "words", "end": "end of turn", "res
 MASS_HEAD = ("| setting | arm | share of | " + " | ".join(CLASS_LABELS[c] for c in CLASSES)
              + " |")
 AUDIT_HEAD = ("| setting | model | seed | right answers | right answers holding a false claim "
-              "(%), 95% interval |")
+              "(%), 95% interval | blame of KTAE's credit | blame of KTAE over 3-grams' |")
 HEADS = {"verdict": VERDICT_HEAD, "length": LENGTH_HEAD, "credit-mass": MASS_HEAD,
          "audit": AUDIT_HEAD}
 
@@ -161,8 +161,14 @@ def credit_mass(figures: dict, missing: list[str]) -> str:
 def audit(figures: dict) -> str:
     """The "right answer, wrong tokens" rate of the starting and the trained models, one
     row per recorded audit."""
-    rows = [AUDIT_HEAD, "|---" * 5 + "|"]
+    rows = [AUDIT_HEAD, "|---" * 7 + "|"]
     missing = []
+
+    def blame(b: dict | None) -> str:
+        if b is None or b.get("mean") is None:
+            return "n/a"
+        return f"{b['mean']:.3f} [{b['low']:.3f}, {b['high']:.3f}] ({b['responses']})"
+
     for setting, entry in figures.items():
         for key, e in entry.items():
             r = e["rate"]
@@ -173,11 +179,17 @@ def audit(figures: dict) -> str:
             model = "starting model" if key == "start" else _label(arm)
             cell = ("n/a" if r["mean"] is None else
                     f"{100 * r['mean']:.1f} [{100 * r['low']:.1f}, {100 * r['high']:.1f}]")
-            rows.append(f"| `{setting}` | {model} | {seed or '—'} | {r['responses']} | {cell} |")
+            blames = " | ".join(blame(b) for b in e.get("blame", {}).values())
+            rows.append(f"| `{setting}` | {model} | {seed or '—'} | {r['responses']} | {cell} "
+                        f"| {blames} |")
     if len(rows) == 2:
         return empty("audit")
     rows += ["", "`ktae audit` on 200 prompts of the `eval` split x 4 samples at temperature "
-             "0.6, at the setting's budget; bootstrap 95% interval over prompts."]
+             "0.6, at the setting's budget; bootstrap 95% interval over prompts. Blame: "
+             "how often the method's credit on that model's own samples puts a false "
+             "claim's token below a right token of the same wrong answer (0.5 is chance, "
+             "GRPO's by construction), over the wrong answers holding both (their number "
+             "after the interval, in parentheses)."]
     if missing:
         rows.append(f"Not recorded yet: {', '.join(missing)}.")
     return "\n".join(rows)

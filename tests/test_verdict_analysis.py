@@ -171,8 +171,11 @@ def write_audit(folder: Path, va, mean: float) -> None:
     folder.mkdir(parents=True)
     rate = {"mean": mean, "low": mean / 2, "high": min(1.0, mean * 2), "responses": 40,
             "groups": 30}
+    blame = {"mean": 0.6, "low": 0.55, "high": 0.65, "responses": 12, "groups": 9}
     (folder / "audit.json").write_text(json.dumps(
-        {"right_answer_wrong_tokens": {"all": rate, "levels": {}, "steps": {}}}))
+        {"right_answer_wrong_tokens": {"all": rate, "levels": {}, "steps": {}},
+         "methods": {"grpo": {"all": {"blame": dict(blame, mean=0.5)}},
+                     "ktae": {"all": {"blame": blame}}}}))
     (folder / va.MARKER).write_text("{}\n")
 
 
@@ -248,7 +251,10 @@ def test_the_whole_script_on_synthetic_records(va, tmp_path, fake_classes, capsy
     for title in ("## Verdict", "## Length and truncation", "## Credit mass", "## Audit"):
         assert title in text
     assert f"| `{FIRST}` | GRPO + KTAE | 3 |" in text and "helps" in text
-    assert f"| `{FIRST}` | starting model | — | 40 | 10.0 [5.0, 20.0] |" in text
+    assert audit["start"]["blame"]["ktae"]["mean"] == 0.6
+    assert audit["start"]["blame"]["ktae@ngram=3"] is None  # not scored: n/a, not an error
+    assert (f"| `{FIRST}` | starting model | — | 40 | 10.0 [5.0, 20.0] | 0.600 [0.550, 0.650] "
+            "(12) | n/a |") in text
     assert "Not recorded yet (" in text and f"audit-{SECOND}-start" in text
 
 
