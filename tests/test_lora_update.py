@@ -414,3 +414,29 @@ def test_frozen_fused_lora_casts_once_and_matches_the_fused_forward(monkeypatch)
         with fused_lora(model32, frozen=True):
             frozen = model32(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(frozen, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_frozen_fused_lora_decodes_a_bfloat16_base_as_autocast_would(monkeypatch):
+    """transformers' ``generate`` runs its decoding steps through the inner model's
+    forward, outside the autocast the trainer's prefill runs in: there, a bfloat16 input
+    over a bfloat16 base still takes the fused adapter in bfloat16 (never peft's forward,
+    which would run the adapter in float32), and gives the logits autocast gives."""
+    from ktae.train.lora_forward import fused_lora
+
+    model = _lora_llama()
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            p.data = p.data.to(torch.bfloat16)
+    ids, mask, _ = _batch()
+    peft_calls = []
+    forward = peft.tuners.lora.Linear.forward
+    monkeypatch.setattr(peft.tuners.lora.Linear, "forward",
+                        lambda self, *a, **k: peft_calls.append(1) or forward(self, *a, **k))
+    with torch.no_grad(), fused_lora(model, frozen=True) as count:
+        assert count > 0
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under = model(input_ids=ids, attention_mask=mask).logits
+        outside = model(input_ids=ids, attention_mask=mask).logits
+    assert peft_calls == []
+    assert outside.dtype == torch.bfloat16
+    torch.testing.assert_close(outside.float(), under.float(), rtol=0, atol=0)

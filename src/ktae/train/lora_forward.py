@@ -38,6 +38,10 @@ KNOWN_PEFT = ("0.17", "0.18", "0.19", "0.20", "0.21")
 """peft minor versions whose ``lora.Linear.forward`` :func:`fused_lora_forward` replicates."""
 
 
+HALF = (torch.bfloat16, torch.float16)
+"""The dtypes autocast runs a linear layer's products in, on the CPU and on GPUs."""
+
+
 def _lora_linear_class():
     """peft's ``lora.Linear`` when peft is a known version, else None (with one warning)."""
     try:
@@ -179,7 +183,14 @@ def _forward_of(module):
 
 def _frozen_forward_of(module, name: str):
     """:func:`_forward_of` for a block in which ``module`` and its adapter ``name`` do not
-    change: the adapter looked up once, the factors cast once per autocast dtype."""
+    change: the adapter looked up once, the factors cast once per autocast dtype.
+
+    Outside autocast, a half-precision input over a base layer of its own dtype runs the
+    adapter in that dtype too, as autocast would: transformers' ``generate`` calls the
+    inner model's forward for its decoding steps, outside the autocast with which
+    accelerate wraps only the outer model's (the trainer's prefill), so a bfloat16 base
+    would otherwise decode through peft's forward with its adapters in float32, cast to
+    and back at every layer of every step."""
     general = _forward_of(module)
     base = module.base_layer
     weight, bias = base.weight, base.bias
@@ -202,7 +213,7 @@ def _frozen_forward_of(module, name: str):
             dtype = torch.get_autocast_dtype(device)
             if dtype not in (torch.bfloat16, torch.float16):
                 return general(x)
-        elif x.dtype == a.dtype and x.dtype == weight.dtype:
+        elif x.dtype == weight.dtype and (x.dtype == a.dtype or x.dtype in HALF):
             dtype = x.dtype
         else:
             return general(x)
