@@ -198,9 +198,15 @@ def audit_jobs(root: Path, code: Path | None = None) -> list[Job]:
     return jobs
 
 
+REMADE = "remade-as-recorded"
+"""Written into a remade run's folder once its check passed (:func:`finish_remake`): what
+its audit waits for, since ``final/`` appears before the run's last evaluation."""
+
+
 def remake_jobs(root: Path, audits: list[Job], code: Path | None = None) -> list[Job]:
     """``audits`` with, just before each one whose recorded run has no final model here,
-    that run made again (:attr:`Job.remake`; resumed from its checkpoint if it has one)."""
+    that run made again (:attr:`Job.remake`; resumed from its checkpoint if it has one),
+    the audit then waiting for the remade run's check (:data:`REMADE`)."""
     jobs = []
     for audit in audits:
         run = audit.name.removeprefix("audit-")
@@ -213,6 +219,8 @@ def remake_jobs(root: Path, audits: list[Job], code: Path | None = None) -> list
                                            remake=True, again=lambda: made(s, a, k))
 
             jobs.append(made())
+            # the model is saved before the run's last evaluation: wait for the check
+            audit = dataclasses.replace(audit, needs=root / run / REMADE)
         jobs.append(audit)
     return jobs
 
@@ -283,6 +291,7 @@ def finish_remake(job: Job, seconds: float, commit: str | None) -> int:
     """Checks a remade run against its record and writes ``remade.json`` there; a model
     whose held-out responses differ is moved aside (``final-differs``), so that no audit
     takes it, and the job fails."""
+    (job.folder / REMADE).unlink(missing_ok=True)
     same, differ = check_remake(job)
     argv = [str(a).replace(str(runs_dir()), "{runs}") for a in job.argv]
     (RECORDS / job.name / "remade.json").write_text(json.dumps(
@@ -297,6 +306,7 @@ def finish_remake(job: Job, seconds: float, commit: str | None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] FAILED {job.name} remade: {differ} held-out "
               "responses differ from its record; its audit will not run", flush=True)
         return 1
+    (job.folder / REMADE).write_text(f"{differ}\n")
     print(f"[{time.strftime('%H:%M:%S')}] remade {job.name} in {seconds / 60:.1f} min, the "
           "record's held-out responses word for word", flush=True)
     return 0

@@ -199,8 +199,12 @@ def test_a_recorded_run_without_its_model_is_made_again_before_its_audit(study, 
     jobs = study.remake_jobs(root, audits)
     names = [j.name for j in jobs]
     assert names.count(run) == 1 and names.index(run) == names.index(target.name) - 1
-    remake = jobs[names.index(run)]
+    remake, target = jobs[names.index(run)], jobs[names.index(target.name)]
     assert remake.remake and remake.keep == () and remake.folder == root / run
+    # the model is saved before the run's last evaluation: the audit waits for the check
+    (root / run / "final").mkdir(parents=True)
+    assert not target.ready()
+    (root / run / "final").rmdir()
     assert list(remake.argv[:2]) == ["ktae", "train"] and remake.again().remake
     # runs that are not recorded are the training queue's, not remade
     assert sum(j.remake for j in jobs) == 1
