@@ -31,11 +31,12 @@ audits. ``status`` prints what is done. Every sitting can be stopped at any time
 started again with the same command.
 
 A record keeps a run's files but not its final model, which stays in the run folder,
-outside the work tree: a new machine starts without it. An audit whose recorded run has no model
-on this machine gets the model made again first, by the run's own command and code (a
-:meth:`Job.remake`, queued just before the audit): it is audited only if its 200 held-out
-responses, before and after training, are the record's word for word, so the audit is of
-the recorded model and not of a second draw; ``remade.json`` in the record says so.
+outside the work tree: a new machine starts without it. An audit whose recorded run has
+no model on this machine gets the model made again first, by the run's own command and
+code (a :attr:`Job.remake`, queued just before the audit): it is audited only if its 200
+held-out responses, before and after training, are the record's word for word, so the
+audit is of the recorded model and not of a second draw; ``remade.json`` in the record
+says so.
 
     python scripts/verdict_study.py status
     python scripts/verdict_study.py run --jobs 2        # hours; resumable
