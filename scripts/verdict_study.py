@@ -204,6 +204,12 @@ REMADE = "remade-as-recorded"
 its audit waits for, since ``final/`` appears before the run's last evaluation."""
 
 
+def to_remake(audit: Job) -> bool:
+    """Whether ``audit``'s run is recorded but its final model is not on this machine."""
+    return (audit.needs is not None and not audit.needs.exists()
+            and recorded(audit.name.removeprefix("audit-")))
+
+
 def remake_jobs(root: Path, audits: list[Job], code: Path | None = None) -> list[Job]:
     """``audits`` with, just before each one whose recorded run has no final model here,
     that run made again (:attr:`Job.remake`; resumed from its checkpoint if it has one),
@@ -211,7 +217,7 @@ def remake_jobs(root: Path, audits: list[Job], code: Path | None = None) -> list
     jobs = []
     for audit in audits:
         run = audit.name.removeprefix("audit-")
-        if audit.needs is not None and not audit.needs.exists() and recorded(run):
+        if to_remake(audit):
             setting, arm, seed = run.split("-")
             seed_ = int(seed.removeprefix("s"))
 
@@ -371,8 +377,10 @@ def status() -> int:
             print(f"  {setting} {arm:7s} seeds {seeds}")
     audits = audit_jobs(runs_dir())
     print(f"audits recorded: {sum(recorded(j.name) for j in audits)} of {len(audits)}")
-    remakes = [j.name for j in remake_jobs(runs_dir(), [j for j in audits
-                                                         if not recorded(j.name)]) if j.remake]
+    # names only: making the jobs (train_job) clears a run folder without a checkpoint,
+    # which may be a run that a driver is making right now
+    remakes = [j.name.removeprefix("audit-") for j in audits
+               if not recorded(j.name) and to_remake(j)]
     if remakes:
         print(f"runs to make again for their audits (model not on this machine): "
               f"{', '.join(remakes)}")

@@ -230,3 +230,19 @@ def test_a_recorded_run_without_its_model_is_made_again_before_its_audit(study, 
         note = json.loads((record / "remade.json").read_text())
         assert not note["same_heldout_responses"] and note["responses_differing"] == differ
         assert not target.ready() and (remake.folder / "final-differs").exists()
+
+
+def test_status_names_the_runs_to_make_again_and_touches_no_run_folder(study, tmp_path,
+                                                                         capsys):
+    root = tmp_path / "runs"
+    target = next(j for j in study.pending_audits(root) if j.needs is not None)
+    run = target.name.removeprefix("audit-")
+    (study.RECORDS / run).mkdir(parents=True)
+    (study.RECORDS / run / study.MARKER).write_text("{}")
+    started = root / run / "metrics.jsonl"  # a remake a driver is making, no checkpoint yet
+    started.parent.mkdir(parents=True)
+    started.write_text("{}\n")
+    assert study.status() == 0
+    assert f"make again for their audits (model not on this machine): {run}" in (
+        capsys.readouterr().out)
+    assert started.exists()

@@ -170,7 +170,7 @@ def _forward_of(module):
         device = x.device.type
         if torch.is_autocast_enabled(device):
             dtype = torch.get_autocast_dtype(device)
-            if not x.is_floating_point() or dtype not in (torch.bfloat16, torch.float16):
+            if not x.is_floating_point() or dtype not in HALF:
                 return peft_forward(module, x, *args, **kwargs)
             return fused_lora_forward(module, name, x, dtype)
         if (x.dtype != module.lora_A[name].weight.dtype
@@ -211,7 +211,7 @@ def _frozen_forward_of(module, name: str):
         device = x.device.type
         if torch.is_autocast_enabled(device):
             dtype = torch.get_autocast_dtype(device)
-            if dtype not in (torch.bfloat16, torch.float16):
+            if dtype not in HALF:
                 return general(x)
         elif x.dtype == weight.dtype and (x.dtype == a.dtype or x.dtype in HALF):
             dtype = x.dtype
