@@ -87,18 +87,22 @@ def test_cli_threads_benchmark_parses_its_options_and_prints_its_table():
 
 def test_attention_kernel_benchmark_times_both_kernels_on_the_same_attention(tmp_path):
     bench = BENCH.parent / "bench_attention_kernel.py"
-    out = subprocess.run([sys.executable, str(bench), "--rows", "2", "--heads", "2", "--rounds",
-                          "2", "--json", str(tmp_path / "a.json")],
+    out = subprocess.run([sys.executable, str(bench), "--rows", "2", "--heads", "4",
+                          "--kv-heads", "2", "--rounds", "2", "--json", str(tmp_path / "a.json")],
                          capture_output=True, text=True, check=True, timeout=120).stdout
     record = json.loads((tmp_path / "a.json").read_text())
     assert [(r["queries"], r["keys"]) for r in record["rows"]] == [(124, 124), (64, 124), (60, 60)]
     for r in record["rows"]:
         assert r["flash_s"] > 0 and r["math_s"] > 0 and r["largest_difference"] <= 1e-4
         assert r["math_over_flash"] == pytest.approx(r["math_s"] / r["flash_s"])
+        assert r["gqa_over_flash"] == pytest.approx(r["flash_gqa_s"] / r["flash_s"])
         assert f"| {r['queries']} x {r['keys']} |" in out
     bad = subprocess.run([sys.executable, str(bench), "--rounds", "0"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--rounds: expected a positive integer" in bad.stderr
+    bad = subprocess.run([sys.executable, str(bench), "--kv-heads", "2"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "--kv-heads: expected a divisor of --heads" in bad.stderr
 
 
 @pytest.mark.slow

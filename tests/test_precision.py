@@ -134,3 +134,47 @@ def test_bf16_model_attends_in_float32(tiny_model, monkeypatch, lora_r):
                                                    None, scaling=layer.scaling, is_causal=True)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, own.bfloat16(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("causal_mask", [True, False], ids=["mask", "no-mask"])
+def test_float32_attention_reads_grouped_heads_as_transformers_repeats_them(monkeypatch,
+                                                                            causal_mask):
+    """Several queries over shared key-value heads: the kernel gets the 2 key-value heads
+    with ``enable_gqa`` (no repeat), and the output and the gradients of the queries, keys
+    and values are transformers' own (which repeats them under a mask) within float32
+    rounding; one query goes transformers' way."""
+    from types import SimpleNamespace
+
+    from transformers.integrations import sdpa_attention
+
+    layer = SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
+    gen = torch.Generator().manual_seed(0)
+    shapes = ((3, 4, 7, 8), (3, 2, 7, 8), (3, 2, 7, 8))
+    inputs = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
+    mask = torch.ones(3, 1, 7, 7, dtype=torch.bool).tril() if causal_mask else None
+    if mask is not None:
+        mask[0, :, :, :3] = False  # a left-padded row
+        mask[0, :, :3, 0] = True  # its padded queries see one key, as transformers' mask does
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recorded(q, k, v, *args, **kwargs):
+        seen.append((k.size(1), kwargs.get("enable_gqa", False)))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded)
+    ours, _ = precision.float32_attention(layer, *inputs, mask, scaling=0.3)
+    assert seen == [(2, True)]
+    grads = torch.autograd.grad(ours.square().sum(), inputs)
+    own, _ = sdpa_attention.sdpa_attention_forward(layer, *inputs, mask, scaling=0.3)
+    assert seen[1] == ((4, False) if causal_mask else (2, True))  # transformers repeats
+    want = torch.autograd.grad(own.square().sum(), inputs)
+    torch.testing.assert_close(ours, own, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    seen.clear()
+    one = [t[:, :, -1:] if i == 0 else t for i, t in enumerate(inputs)]
+    precision.float32_attention(layer, *one, None if mask is None else mask[:, :, -1:],
+                                scaling=0.3)
+    # transformers' own path: the groups folded into the query under a mask (pack_gqa)
+    assert seen == [(2, not causal_mask)]

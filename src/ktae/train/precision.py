@@ -112,14 +112,50 @@ FLOAT32_ATTENTION = "ktae_sdpa_float32"
 
 def float32_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' ``sdpa`` attention with its inputs cast to float32 and its output
-    back to theirs, outside autocast (module docstring)."""
+    back to theirs, outside autocast (module docstring).
+
+    Where several query heads share a key-value head and more than one query comes in (a
+    prefill, the update), the kernel reads the shared keys and values itself
+    (:func:`grouped_sdpa`); transformers would repeat them to every query head first
+    when a mask is present, a copy forward and a sum backward."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     dtype = query.dtype
     with torch.autocast(query.device.type, enabled=False):
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(),
-                                              value.float(), attention_mask, **kwargs)
+        query, key, value = query.float(), key.float(), value.float()
+        if _grouped_applies(module, query, kwargs):
+            out, weights = grouped_sdpa(module, query, key, value, attention_mask, **kwargs), None
+        else:
+            out, weights = sdpa_attention_forward(module, query, key, value, attention_mask,
+                                                  **kwargs)
     return out.to(dtype), weights
+
+
+def _grouped_applies(module, query: torch.Tensor, kwargs: dict) -> bool:
+    # one query: transformers folds the groups into the query itself (pack_gqa); the
+    # arguments below take transformers' own path
+    return (getattr(module, "num_key_value_groups", 1) > 1 and query.size(2) > 1
+            and kwargs.get("softcap") is None and kwargs.get("position_bias") is None
+            and not kwargs.get("output_attentions", False))
+
+
+def grouped_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                 scaling: float | None = None, is_causal: bool | None = None,
+                 **kwargs) -> torch.Tensor:
+    """``[batch, queries, heads, dim]``: transformers 5's ``sdpa_attention_forward``
+    (``integrations/sdpa_attention.py``) for ``query`` ``[batch, heads, queries, dim]``
+    over ``key`` and ``value`` of fewer heads, with ``enable_gqa`` where it repeats them
+    (``repeat_kv``) under a mask; the same values (benchmarks/bench_attention_kernel.py
+    times both)."""
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    is_causal = attention_mask is None and is_causal  # more than one query: its own rule
+    if is_causal and key.size(2) > query.size(2):  # as transformers: flash needs them equal
+        key, value = key[:, :, :query.size(2)], value[:, :, :query.size(2)]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        is_causal=is_causal, enable_gqa=True)
+    return out.transpose(1, 2).contiguous()
 
 
 def attention_in_float32(model) -> bool:
