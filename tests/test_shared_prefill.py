@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import pytest
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from ktae.train.shared_prefill import BufferedLayer, buffered, repeated_rows, shared_prefill
+from ktae.train.shared_prefill import repeated_rows, shared_prefill
 
 
 def _llama():
@@ -60,111 +58,6 @@ def test_same_samples_as_generates_own_prefill(seed):
     # the distinct prompts' prefill (all tokens but the last), then every row a token a step
     assert rows[0] == (3, 6) and rows[1] == (9, 1) and all(r == (9, 1) for r in rows[1:])
     assert "generate" not in vars(model)
-
-
-def _states(tokens: int, seed: int, rows: int = 3, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(rows, 2, tokens, 4, generator=g).to(dtype),
-            torch.randn(rows, 2, tokens, 4, generator=g).to(dtype))
-
-
-def test_buffered_layer_holds_what_a_dynamic_layer_holds():
-    """Every use generate and TRL make of a layer: a prefill, steps past the buffer's
-    capacity, a crop, rows selected, a reset; the same keys and values as DynamicLayer's
-    concatenation at every step, the steps that fit written in place."""
-    from transformers.cache_utils import DynamicLayer
-
-    plain, layer = DynamicLayer(), BufferedLayer(capacity=6)
-    for seed, tokens in enumerate((4, 1, 1, 1, 1)):  # the fifth step passes capacity 6
-        pointer = layer._keys.data_ptr() if layer._keys is not None else None
-        k, v = _states(tokens, seed)
-        want, got = plain.update(k, v), layer.update(k, v)
-        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
-        assert layer.get_seq_length() == plain.get_seq_length()
-        if seed in (1, 2):  # written into the buffer the prefill allocated
-            assert layer._keys.data_ptr() == pointer
-    plain.crop(-2)
-    layer.crop(-2)
-    k, v = _states(1, 9)
-    assert torch.equal(plain.update(k, v)[0], layer.update(k, v)[0])
-    select = torch.tensor([2, 2, 0])
-    plain.batch_select_indices(select)
-    layer.batch_select_indices(select)
-    k, v = _states(1, 10)
-    assert all(torch.equal(a, b) for a, b in zip(plain.update(k, v), layer.update(k, v),
-                                                  strict=True))
-    plain.reset()
-    layer.reset()
-    k, v = _states(2, 11)
-    assert torch.equal(plain.update(k, v)[1], layer.update(k, v)[1])
-
-
-def test_buffered_layer_stores_bfloat16_states_in_float32_exactly():
-    layer = BufferedLayer(capacity=8, stored=torch.float32)
-    states = [_states(3, 0, dtype=torch.bfloat16), _states(1, 1, dtype=torch.bfloat16)]
-    for k, v in states:
-        keys, values = layer.update(k, v)
-    assert keys.dtype == values.dtype == torch.float32
-    assert torch.equal(keys, torch.cat([k for k, _ in states], -2).float())
-    assert torch.equal(values, torch.cat([v for _, v in states], -2).float())
-
-
-@pytest.mark.parametrize("bf16", [False, True])
-def test_buffered_cache_samples_and_scores_as_a_dynamic_one(bf16, monkeypatch):
-    """The shared prefill's buffered cache against the same prefill's DynamicCache and
-    generate's own, in float32 and in a bfloat16 model with float32 attention (ktae train
-    --bf16): the same tokens; the same scores as the DynamicCache's at every step (within
-    float rounding of generate's own prefill); no decoding step concatenates."""
-    from transformers.cache_utils import DynamicLayer
-
-    from ktae.train import shared_prefill as module
-    from ktae.train.precision import attention_in_float32
-
-    model = _llama()
-    if bf16:
-        model = model.to(torch.bfloat16)
-        assert attention_in_float32(model)
-    ids, mask = _prompts()
-    config = _config(output_scores=True, return_dict_in_generate=True)
-    concatenated = []
-    update = DynamicLayer.update
-
-    def counted(self, *args, **kwargs):
-        concatenated.append(type(self))
-        return update(self, *args, **kwargs)
-
-    real = module.buffered
-
-    def sample(shared: bool, buffer: bool):
-        monkeypatch.setattr(module, "buffered", real if buffer
-                            else lambda cache, capacity, stored=None: None)
-        concatenated.clear()
-        torch.manual_seed(0)
-        with torch.no_grad(), (shared_prefill(model) if shared else nullcontext()):
-            return model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-
-    monkeypatch.setattr(DynamicLayer, "update", counted)
-    plain = sample(shared=False, buffer=False)
-    dynamic = sample(shared=True, buffer=False)
-    fed = len(concatenated)
-    out = sample(shared=True, buffer=True)
-    # the prefill's 3 rows concatenate into its 2 empty layers; no decoding step does
-    assert concatenated == [DynamicLayer] * 2 and fed > 2
-    assert torch.equal(out.sequences, plain.sequences)
-    assert torch.equal(out.sequences, dynamic.sequences)
-    for a, b, c in zip(out.scores, dynamic.scores, plain.scores, strict=True):
-        assert torch.equal(a, b)
-        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
-
-
-def test_buffered_keeps_other_layer_kinds():
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
-    cache = DynamicCache()
-    cache.layers = [DynamicSlidingWindowLayer(sliding_window=4), DynamicLayer()]
-    buffered(cache, capacity=8)
-    assert [type(x) for x in cache.layers] == [DynamicSlidingWindowLayer, BufferedLayer]
 
 
 def test_calls_it_does_not_cover_run_generate_unchanged():
