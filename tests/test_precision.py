@@ -176,5 +176,64 @@ def test_float32_attention_reads_grouped_heads_as_transformers_repeats_them(monk
     one = [t[:, :, -1:] if i == 0 else t for i, t in enumerate(inputs)]
     precision.float32_attention(layer, *one, None if mask is None else mask[:, :, -1:],
                                 scaling=0.3)
-    # transformers' own path: the groups folded into the query under a mask (pack_gqa)
-    assert seen == [(2, not causal_mask)]
+    assert seen == []  # one query: decoding_attention's two products, no kernel
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_decoding_attention_is_transformers_sdpa_for_one_query(mask_kind, groups):
+    """One query a row over a cache of keys (a decoding step): decoding_attention's output
+    and gradients are transformers' ``sdpa`` path's (the groups folded into the query)
+    within float32 rounding, under a boolean mask, an additive one, or none, with the
+    default scale or a given one; float32_attention takes it for bfloat16 inputs."""
+    from types import SimpleNamespace
+
+    from transformers.integrations import sdpa_attention
+
+    gen = torch.Generator().manual_seed(1)
+    rows, kv_heads, keys, dim = 4, 2, 11, 8
+    inputs = [torch.randn(s, generator=gen).requires_grad_()
+              for s in ((rows, kv_heads * groups, 1, dim), (rows, kv_heads, keys, dim),
+                        (rows, kv_heads, keys, dim))]
+    seen = torch.ones(rows, 1, 1, keys, dtype=torch.bool)
+    seen[0, :, :, :5] = False  # a left-padded row
+    seen[2, :, :, :2] = False
+    mask = {"bool": seen, "none": None,
+            "additive": torch.zeros(rows, 1, 1, keys).masked_fill(~seen, torch.finfo(
+                torch.float32).min)}[mask_kind]
+    layer = SimpleNamespace(num_key_value_groups=groups, is_causal=True, training=False)
+    for scaling in (None, 0.3):
+        ours = precision.decoding_attention(*inputs, mask, scaling)
+        own, _ = sdpa_attention.sdpa_attention_forward(layer, *inputs, mask, scaling=scaling)
+        assert ours.shape == own.shape == (rows, 1, kv_heads * groups, dim)
+        torch.testing.assert_close(ours, own, rtol=1e-6, atol=1e-6)
+        weights = torch.randn(ours.shape, generator=gen)
+        for a, b in zip(torch.autograd.grad((ours * weights).sum(), inputs),
+                        torch.autograd.grad((own * weights).sum(), inputs), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    half = [t.detach().bfloat16() for t in inputs]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = precision.float32_attention(layer, *half, mask, scaling=0.3)
+    want = precision.decoding_attention(*(t.float() for t in half), mask, 0.3)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, want.bfloat16(), rtol=0, atol=0)
+
+
+def test_decoding_attention_leaves_other_masks_to_transformers(monkeypatch):
+    """A mask per head, or over more keys than given, and dropout take transformers'
+    path (the flash kernel), not decoding_attention's."""
+    from types import SimpleNamespace
+
+    layer = SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for mask, kwargs in ((torch.ones(2, 4, 1, 6, dtype=torch.bool), {}),
+                         (torch.ones(2, 1, 1, 7, dtype=torch.bool)[..., :6].expand(2, 1, 1, 6)
+                          .clone(), {"dropout": 0.1}),
+                         (None, {"output_attentions": True})):
+        calls.clear()
+        precision.float32_attention(layer, q, k, v, mask, **kwargs)
+        assert calls == [1]

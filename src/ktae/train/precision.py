@@ -117,13 +117,17 @@ def float32_attention(module, query, key, value, attention_mask, **kwargs):
     Where several query heads share a key-value head and more than one query comes in (a
     prefill, the update), the kernel reads the shared keys and values itself
     (:func:`grouped_sdpa`); transformers would repeat them to every query head first
-    when a mask is present, a copy forward and a sum backward."""
+    when a mask is present, a copy forward and a sum backward. A single query (a decoding
+    step) is two small matrix products and a softmax (:func:`decoding_attention`)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     dtype = query.dtype
     with torch.autocast(query.device.type, enabled=False):
         query, key, value = query.float(), key.float(), value.float()
-        if _grouped_applies(module, query, kwargs):
+        if _decoding_applies(query, key, attention_mask, kwargs):
+            out, weights = decoding_attention(query, key, value, attention_mask,
+                                              kwargs.get("scaling")), None
+        elif _grouped_applies(module, query, kwargs):
             out, weights = grouped_sdpa(module, query, key, value, attention_mask, **kwargs), None
         else:
             out, weights = sdpa_attention_forward(module, query, key, value, attention_mask,
@@ -137,6 +141,50 @@ def _grouped_applies(module, query: torch.Tensor, kwargs: dict) -> bool:
     return (getattr(module, "num_key_value_groups", 1) > 1 and query.size(2) > 1
             and kwargs.get("softcap") is None and kwargs.get("position_bias") is None
             and not kwargs.get("output_attentions", False))
+
+
+def _decoding_applies(query: torch.Tensor, key: torch.Tensor,
+                      attention_mask: torch.Tensor | None, kwargs: dict) -> bool:
+    # one query, every query head on one key-value head's group, a mask shared by the heads
+    # over exactly the keys given; anything else (dropout, softcap, a position bias,
+    # attention weights asked for) takes transformers' path
+    return (query.size(2) == 1 and query.size(1) % key.size(1) == 0
+            and not kwargs.get("dropout") and kwargs.get("softcap") is None
+            and kwargs.get("position_bias") is None
+            and not kwargs.get("output_attentions", False)
+            and (attention_mask is None
+                 or (attention_mask.dim() == 4 and attention_mask.size(1) == 1
+                     and attention_mask.size(2) == 1
+                     and attention_mask.size(-1) == key.size(2))))
+
+
+def decoding_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None,
+                       scaling: float | None = None) -> torch.Tensor:
+    """``[batch, 1, heads, dim]``: the attention of one query per row, ``query``
+    ``[batch, heads, 1, dim]``, over ``key`` and ``value`` ``[batch, kv_heads, keys, dim]``
+    (``heads`` a multiple of ``kv_heads``, consecutive query heads sharing one), under
+    ``attention_mask`` ``[batch or 1, 1, 1, keys]`` (True or 0 where a key is seen) or None.
+
+    The query heads of each key-value head are stacked as rows (transformers' ``pack_gqa``)
+    and the attention is ``softmax(q K^T scale + mask) V`` as two batched products: at a
+    decoding step's shapes (a few rows over about a hundred keys) PyTorch's CPU flash
+    kernel spends more on its tiling than on the arithmetic
+    (benchmarks/bench_attention_kernel.py ``--decoding`` times both). The same values
+    within float rounding (the scale is applied to the query, before its products).
+    """
+    batch, heads, _, dim = query.shape
+    kv_heads = key.size(1)
+    scale = dim ** -0.5 if scaling is None else scaling
+    packed = query.reshape(batch, kv_heads, heads // kv_heads, dim) * scale
+    scores = torch.matmul(packed, key.transpose(-1, -2))  # [batch, kv_heads, groups, keys]
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill_(attention_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores.add_(attention_mask)
+    out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [batch, kv_heads, groups, dim]
+    return out.reshape(batch, 1, heads, dim)
 
 
 def grouped_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
