@@ -11,7 +11,11 @@ Five measurements, in one process, at one torch thread count (``--threads``):
 
 1. **Matmul rate.** ``torch.mm`` in float32 on the model's own linear shapes (every layer's
    projections and the LM head): at M = the step's token count (the shapes of the update
-   and of a log-prob pass) and at M = the batch (the shapes of one decoding step).
+   and of a log-prob pass) and at M = the batch (the shapes of one decoding step). A
+   decoding step reads every weight once for a few rows, so its rate is measured over
+   one matrix per layer, as the step reads them (``streamed``: 135M weights do not fit in
+   the CPU's caches), and, for comparison, over one matrix per shape reused (``cached``),
+   which flatters it.
 1b. **The model's own passes** over the step's batch shape, no trainer: a forward pass, a
    forward pass with gradients (log-probabilities of the given tokens) and its backward,
    against ``2 N T``, ``2 N T`` and ``4 N T``: what the update would cost without the
@@ -31,7 +35,7 @@ Five measurements, in one process, at one torch thread count (``--threads``):
    (forward and backward over the ``T`` tokens of the batch, ``N`` parameters), ``2 N T``
    for each log-prob pass (old policy, reference), ``2 N`` per prompt token (prefill, at
    the training shapes' rate) plus ``2 N`` per generated token (at the decoding shapes'
-   rate) for generation. Floors divide those FLOPs by the rates measured in 1.
+   streamed rate) for generation. Floors divide those FLOPs by the rates measured in 1.
 4. **ktae against TRL.** ``KTAEGRPOTrainer`` (``--credit none``) and TRL's own
    ``GRPOTrainer`` on the same model (fresh copies of the same weights), batch, reward,
    ``GRPOConfig`` and backend, one optimizer step each, alternating for ``--rounds``
@@ -159,24 +163,32 @@ def contains_answer(completions, answer, **_):
 # ----------------------------------------------------------------------------- 1. matmul
 
 def matmul_rate(shapes: list[tuple[int, int]], rows: int, repeats: int = 3,
-                dtype: torch.dtype = torch.float32) -> float:
+                dtype: torch.dtype = torch.float32, *, streamed: bool = False) -> float:
     """FLOP/s of ``torch.mm`` in ``dtype`` over ``shapes`` with ``rows`` rows (median of
-    ``repeats``)."""
+    ``repeats``).
+
+    ``streamed``: one weight matrix per entry of ``shapes``, multiplied in their order, as a
+    forward pass reads the model's own weights (every layer its own); otherwise one matrix
+    per distinct shape, multiplied as many times as the shape occurs, which stays in the
+    CPU's caches. A decoding step's few rows make few FLOPs per weight read: there the
+    streamed rate is the one a step can reach (docs/step-time.md, "Generation's floor")."""
     distinct = {}
     for s in shapes:
         distinct[s] = distinct.get(s, 0) + 1
-    mats = {s: (torch.randn(rows, s[0], dtype=dtype), torch.randn(s[0], s[1], dtype=dtype))
-            for s in distinct}
-    flops = sum(2 * rows * i * o * n for (i, o), n in distinct.items())
-    for a, b in mats.values():  # warm-up
+    inputs = {i: torch.randn(rows, i, dtype=dtype) for i, _ in distinct}
+    if streamed:
+        order = [(inputs[i], torch.randn(i, o, dtype=dtype)) for i, o in shapes]
+    else:
+        one = {s: torch.randn(*s, dtype=dtype) for s in distinct}
+        order = [(inputs[s[0]], one[s]) for s, n in distinct.items() for _ in range(n)]
+    flops = sum(2 * rows * i * o for i, o in shapes)
+    for a, b in order:  # warm-up
         torch.mm(a, b)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        for s, n in distinct.items():
-            a, b = mats[s]
-            for _ in range(n):
-                torch.mm(a, b)
+        for a, b in order:
+            torch.mm(a, b)
         times.append(time.perf_counter() - start)
     return flops / statistics.median(times)
 
@@ -581,14 +593,21 @@ def main(argv: list[str] | None = None) -> dict:
     say(f"\n1. {str(dtype).removeprefix('torch.')} matmul rate (the model's {len(shapes)} "
         "linear shapes)")
     rate_train = matmul_rate(shapes, tokens, repeats=a.rate_repeats, dtype=dtype)
-    rate_decode = matmul_rate(shapes, batch, repeats=5, dtype=dtype)
+    rate_cached = matmul_rate(shapes, batch, repeats=5, dtype=dtype)
+    rate_decode = matmul_rate(shapes, batch, repeats=5, dtype=dtype, streamed=True)
     result["matmul"] = {"train_rows": tokens, "train_flops": rate_train,
-                        "decode_rows": batch, "decode_flops": rate_decode}
+                        "decode_rows": batch, "decode_flops": rate_cached,
+                        "decode_streamed_flops": rate_decode}
     say(f"  M = {tokens} rows (update, log-prob passes): {rate_train / 1e9:.1f} GFLOP/s")
-    say(f"  M = {batch} rows (one decoding step):      {rate_decode / 1e9:.1f} GFLOP/s")
+    say(f"  M = {batch} rows (one decoding step):      {rate_decode / 1e9:.1f} GFLOP/s over "
+        f"the model's own weights ({rate_cached / 1e9:.1f} with one matrix per shape, in "
+        "the CPU's caches)")
     passes = 1 if a.beta > 0 else 0
     floor = floors(n_params, batch, prompt_tokens, a.new_tokens, rate_train, rate_decode,
                    passes, lora_flops)
+    result["generation_floor_cached"] = floors(
+        n_params, batch, prompt_tokens, a.new_tokens, rate_train, rate_cached, passes,
+        lora_flops)["generation"]
     floor_of = dict(FLOOR_OF, update=LORA_FLOOR_OF if lora_flops else FLOOR_OF["update"])
     result["floors"] = floor
     result["floor_of"] = floor_of

@@ -20,7 +20,11 @@ floor, and new/old of the medians; the row ``step, CPU time`` holds the step's C
 the 1-minute load average at each run's start and end.
 ``--from-json`` prints a saved run's table again. The row ``generation, 1 prefill/prompt``
 holds generation against the floor of one prefill per distinct prompt (the trainer's,
-``ktae.train.shared_prefill``) instead of one per row. The row ``update, no trainer`` is
+``ktae.train.shared_prefill``) instead of one per row. Generation's floors take the
+decoding step's matmul rate over the model's own weights (bench_step's ``streamed`` rate);
+the row ``generation, cached rate`` holds generation against the floor at the rate of one
+matrix per shape, kept in the CPU's caches (the floor of runs from before it was measured).
+The row ``update, no trainer`` is
 bench_step's 1c: the update's passes through each tree's log-prob head alone, over the same
 micro-batches, against the same floor. The row ``update, 1 prefix/prompt`` holds the update
 against the floor of the work left when each micro-batch runs each distinct prompt once
@@ -86,7 +90,8 @@ def shared_prefill_floor(run: dict) -> float:
         prompts = yaml.safe_load(Path(run["lora"]).read_text())["num_prompts"]
     n, rates = run["parameters"], run["matmul"]
     return (2 * n * prompts * run["prompt_tokens"] / rates["train_flops"]
-            + 2 * n * run["batch"] * run["new_tokens"] / rates["decode_flops"])
+            + 2 * n * run["batch"] * run["new_tokens"]
+            / rates.get("decode_streamed_flops", rates["decode_flops"]))
 
 
 def expected_distinct(groups: int, group_size: int, rows: int) -> float:
@@ -142,6 +147,9 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
             for tree, results in runs.items()}
 
     table["generation, 1 prefill/prompt"] = against("generation", shared_prefill_floor)
+    if all("generation_floor_cached" in r for results in runs.values() for r in results):
+        table["generation, cached rate"] = against(
+            "generation", lambda r: r["generation_floor_cached"])
     if all("lora_sizes" in r for results in runs.values() for r in results):
         table["update, 1 prefix/prompt"] = against("update", shared_prefix_floor)
     if all("lora_passes" in r for results in runs.values() for r in results):
@@ -246,6 +254,8 @@ def report(trees: dict, runs: dict, json_path: str | None, vllm: list[dict] = ()
         floor_of = first.get("floor_of", {})
         if part in floor_of or part == "update, no trainer":
             cells += f"  {floor_of.get(part, floor_of.get('update'))}"
+        elif part == "generation, cached rate":
+            cells += "  as generation's, a new token at the cached rate"
         elif part.startswith("generation, "):
             cells += "  2 N a distinct prompt's token + 2 N a new token"
         elif part.startswith("update, "):

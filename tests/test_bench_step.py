@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_step.py"
 
@@ -49,6 +51,13 @@ def test_tiny_model_step_against_floor_and_trl(tiny_model, tmp_path):
         assert ratio == pytest.approx(seconds / floor, rel=0.2, abs=0.02)
         assert line.endswith(result["floor_of"][part])
     assert result["floor_of"]["update"].startswith("6 N T")
+    # generation's floor decodes at the rate over the model's own weights; the cached
+    # rate's floor is recorded beside it
+    rates, n, batch = result["matmul"], result["parameters"], result["batch"]
+    prefill = 2 * n * batch * result["prompt_tokens"] / rates["train_flops"]
+    for floor, rate in ((result["floors"]["generation"], rates["decode_streamed_flops"]),
+                        (result["generation_floor_cached"], rates["decode_flops"])):
+        assert floor == pytest.approx(prefill + 2 * n * batch * 6 / rate)
     assert result["floors"]["update"] == pytest.approx(
         6 * result["parameters"] * result["matmul"]["train_rows"]
         / result["matmul"]["train_flops"])
@@ -71,6 +80,32 @@ eval_size: 10
 trl:
   gradient_accumulation_steps: 2
 """
+
+
+def test_streamed_matmul_rate_reads_one_matrix_per_layer(monkeypatch):
+    """``streamed``: every entry of the shapes multiplies its own weight matrix, in order
+    (a forward pass's reads); otherwise one matrix per distinct shape, reused."""
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_step
+
+    shapes = [(8, 4), (4, 6), (8, 4), (4, 6), (6, 3)]
+    seen = []
+    real = torch.mm
+
+    def recorded(a, b):
+        seen.append((tuple(a.shape), tuple(b.shape), b.data_ptr()))
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "mm", recorded)
+    for streamed, weights in ((True, 5), (False, 3)):
+        seen.clear()
+        assert bench_step.matmul_rate(shapes, 2, repeats=1, streamed=streamed) > 0
+        timed = seen[len(seen) // 2:]  # after the warm-up: one pass
+        assert len(timed) == len(shapes) and {b[1] for b in timed} == set(shapes)
+        assert all(a == (2, b[0]) for a, b, _ in timed)
+        assert len({ptr for *_, ptr in timed}) == weights
+        if streamed:
+            assert [b for _, b, _ in timed] == shapes
 
 
 def test_lora_sizes_and_floor_flops():
@@ -134,6 +169,9 @@ def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
     assert 0 < cpu["new"] and 0 < cpu["old"]
     shared = result["table"]["generation, 1 prefill/prompt"]
     assert shared["new_floor"] < result["table"]["generation"]["new_floor"]  # 2 prompts, 4 rows
+    cached = result["table"]["generation, cached rate"]
+    assert cached["new_floor"] == pytest.approx(statistics.median(
+        r["generation_floor_cached"] for r in result["runs"]["new"]))
     prefix = result["table"]["update, 1 prefix/prompt"]
     assert 0 < prefix["new_floor"] < result["table"]["update"]["new_floor"]
     again = subprocess.run(
