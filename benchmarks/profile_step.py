@@ -9,7 +9,8 @@ Usage:
 Builds ``KTAEGRPOTrainer`` on the recipe (``configs/smollm2-recipe.yaml``: its model, batch,
 tokens, temperature, micro-batches and LoRA adapters; ``--credit none``; one thread), runs
 two optimizer steps and profiles the second with ``torch.profiler`` (CPU activities): the
-first step pays one-time costs (AdamW's state, first-call allocations). Prints the step's
+first step pays one-time costs (AdamW's state, first-call allocations). Freed memory is
+kept for reuse, as in ``ktae train``'s process (:mod:`ktae.train.allocator`). Prints the step's
 parts (``ktae.train.step_timing``), its CPU seconds, and the operators by self CPU time,
 with the share of matrix products (``aten::mm``, ``addmm``, ``bmm``) in the profiled
 total. The profiler adds its own overhead, so its total exceeds the step's CPU time; read
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
 
+    from ktae.train.allocator import keep_freed_memory
     from ktae.train.session import _quiet, lora_config
     from ktae.train.trainer import KTAEGRPOTrainer
 
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="one row per operator and input shapes (the profiler records them)")
     a = p.parse_args(argv)
     _quiet()
+    keep_freed_memory()  # as ktae train's process runs (ktae.train.allocator)
     recipe, rows = B.read_recipe(a.recipe)
     torch.set_num_threads(recipe.torch_threads)
     path = B.resolve_model(recipe.model)
