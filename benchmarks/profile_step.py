@@ -13,8 +13,10 @@ first step pays one-time costs (AdamW's state, first-call allocations). Freed me
 kept for reuse, as in ``ktae train``'s process (:mod:`ktae.train.allocator`). Prints the step's
 parts (``ktae.train.step_timing``), its CPU seconds, and the operators by self CPU time,
 with the share of matrix products (``aten::mm``, ``addmm``, ``bmm``) in the profiled
-total. The profiler adds its own overhead, so its total exceeds the step's CPU time; read
-the shares, not the seconds, against bench_step.py's measurements.
+total, and the profiled time by kind (:func:`by_kind`): products, attention kernels,
+vocabulary-sized operations, the rest. The profiler adds its own overhead, so its total
+exceeds the step's CPU time; read the shares, not the seconds, against bench_step.py's
+measurements (the overhead is per operation: the many small ones of "the rest" gain most).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     path = B.resolve_model(recipe.model)
     peft = lora_config(recipe)
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                  record_shapes=a.shapes)
+                                  record_shapes=True)
     cpu = {}
 
     def start():
@@ -122,8 +124,35 @@ def main(argv: list[str] | None = None) -> dict:
               f"{k} {parts[k]:.1f} s" for k in ("generation", "update")))
     print(f"profiled self CPU time {total / 1e6:.1f} s; matrix products "
           f"({', '.join(PRODUCTS)}) {products / total:.1%} of it\n")
+    kinds = by_kind(prof.key_averages(group_by_input_shape=True), model.config.vocab_size)
+    print("self CPU time by kind: " + ", ".join(
+        f"{kind} {seconds:.2f} s ({seconds / (total / 1e6):.0%})" for kind, seconds in kinds.items()))
+    print(f"  products + attention + vocabulary-sized: {sum(list(kinds.values())[:3]):.2f} s, "
+          "what the part would take with every other operation fused away\n")
     print(events.table(sort_by="self_cpu_time_total", row_limit=a.rows))
-    return {"parts": parts, "cpu": cpu["step"], "products_share": products / total}
+    return {"parts": parts, "cpu": cpu["step"], "products_share": products / total,
+            "kinds": kinds}
+
+
+def by_kind(events, vocab: int) -> dict[str, float]:
+    """Self CPU seconds of profiled ``events`` (grouped by input shape) by kind: matrix
+    products (:data:`PRODUCTS`), the attention kernels (forward and backward), operations on
+    vocabulary-sized tensors (an input whose last dimension is ``vocab``: the log-prob
+    head's softmax, its gradient, casts of the logits) and the rest (elementwise work,
+    copies, views, autograd's bookkeeping)."""
+    kinds = dict.fromkeys(("products", "attention", "vocabulary-sized", "the rest"), 0.0)
+    for e in events:
+        if e.key in PRODUCTS:
+            kind = "products"
+        elif "scaled_dot_product" in e.key:
+            kind = "attention"
+        elif any(isinstance(shape, list) and shape and shape[-1] == vocab
+                 for shape in e.input_shapes):
+            kind = "vocabulary-sized"
+        else:
+            kind = "the rest"
+        kinds[kind] += e.self_cpu_time_total / 1e6
+    return kinds
 
 
 if __name__ == "__main__":

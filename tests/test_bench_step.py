@@ -274,3 +274,29 @@ def test_bench_vllm_step_order_of_backends(monkeypatch, tmp_path):
                                       "--rounds", "2", "--bracket", "1", "--first", "vllm"])
     module.main()
     assert seen == ["vllm", "hf", "vllm", "hf", "vllm"]
+
+
+def test_profile_by_kind_sorts_a_real_profile():
+    """profile_step's kinds from a real profile: a product, the attention kernel, an
+    operation over a vocabulary-sized last dimension, and an elementwise rest, each in
+    its own kind, summing to the profile's self time."""
+    sys.path.insert(0, str(BENCH.parent))
+    from profile_step import by_kind
+
+    vocab = 97
+    x, w = torch.randn(16, 32), torch.randn(32, 48)
+    q = torch.randn(1, 2, 5, 8)
+    logits = torch.randn(4, vocab)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                record_shapes=True) as prof:
+        torch.mm(x, w)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        torch.log_softmax(logits, -1)
+        torch.sin(x)
+    events = prof.key_averages(group_by_input_shape=True)
+    kinds = by_kind(events, vocab)
+    assert list(kinds) == ["products", "attention", "vocabulary-sized", "the rest"]
+    assert all(seconds > 0 for seconds in kinds.values())
+    assert sum(kinds.values()) == pytest.approx(
+        sum(e.self_cpu_time_total for e in events) / 1e6)
+    assert by_kind(events, vocab + 1)["vocabulary-sized"] == 0  # no tensor of that size
