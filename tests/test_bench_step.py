@@ -300,3 +300,29 @@ def test_profile_by_kind_sorts_a_real_profile():
     assert sum(kinds.values()) == pytest.approx(
         sum(e.self_cpu_time_total for e in events) / 1e6)
     assert by_kind(events, vocab + 1)["vocabulary-sized"] == 0  # no tensor of that size
+
+
+@pytest.mark.slow
+def test_bench_compile_times_eager_and_compiled_layers(tiny_model, tmp_path):
+    """bench_compile on a tiny recipe: the compiled layers give eager's log-probs, both
+    variants are timed each round, and the pay-back count follows from the medians."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(TINY_RECIPE.format(model=tiny_model))
+    out = subprocess.run(
+        [sys.executable, str(BENCH.parent / "bench_compile.py"), "--recipe", str(recipe),
+         "--float32", "--rounds", "2", "--lengths", "9,12", "--json", str(tmp_path / "c.json")],
+        capture_output=True, text=True, check=True, timeout=600).stdout
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert result["rows"] == 2 and result["new_tokens"] == 5 and not result["bf16"]
+    assert result["logp_sum"]["compiled"] == pytest.approx(result["logp_sum"]["eager"], rel=1e-3)
+    med = result["medians"]
+    for name in ("eager", "compiled"):
+        assert len(result["times"][name]) == 2 and min(result["times"][name]) > 0
+        assert med[name] == pytest.approx(statistics.median(result["times"][name]))
+    assert result["compiled_over_eager"] == pytest.approx(med["compiled"] / med["eager"])
+    if med["eager"] > med["compiled"]:
+        assert result["passes_to_pay"] == pytest.approx(
+            (result["first_compiled_s"] - med["compiled"]) / (med["eager"] - med["compiled"]))
+        assert f"after {result['passes_to_pay']:.0f} passes" in out
+    else:
+        assert result["passes_to_pay"] is None and "pays never" in out
