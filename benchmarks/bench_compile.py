@@ -14,15 +14,16 @@ and its backward pass:
 
 * **eager**: as PyTorch runs it, peft's LoRA forward;
 * **compiled**: every decoder layer compiled (``torch.compile(layer, dynamic=True)``,
-  regional compilation: the 30 identical layers share one compiled graph, and the
-  sequence length may change without compiling again), the rest eager.
+  regional compilation: layers alike reuse compiled code where their guards allow, and
+  the sequence length may change without compiling again), the rest eager.
 
 The prompt length changes round by round (``--lengths``), as the update's micro-batches
 do. The compiled variant's first pass holds the compilation, and its log-probs must be
-eager's (within 1e-3 of their sum); then the two alternate round by round. Prints the first pass, the median pass of each, their ratio, and after
-how many passes the compilation has paid for itself. The update's passes in ``ktae train``
-run ktae's own fused LoRA forward and log-prob head (:mod:`ktae.train.logprob_head`),
-eager and faster than peft's; what compiling changes is what this measures.
+eager's (within 1e-3 of their sum); then the two alternate round by round. Prints the
+first pass, the median pass of each, their ratio, and after how many passes the
+compilation has paid for itself. The update's passes in ``ktae train`` run ktae's own
+fused LoRA forward and log-prob head (:mod:`ktae.train.logprob_head`), eager and faster
+than peft's; what compiling changes is what this measures.
 """
 
 from __future__ import annotations
