@@ -17,6 +17,10 @@ and its backward pass:
   regional compilation: layers alike reuse compiled code where their guards allow, and
   the sequence length may change without compiling again), the rest eager.
 
+PyTorch keeps compiled code on disk (``TORCHINDUCTOR_CACHE_DIR``, by default under the
+temporary directory): a process compiling what an earlier one compiled finishes sooner,
+so the first pass is a cold cache's only on a fresh one.
+
 The prompt length changes round by round (``--lengths``), as the update's micro-batches
 do. The compiled variant's first pass holds the compilation, and its log-probs must be
 eager's (within 1e-3 of their sum); then the two alternate round by round. Prints the
@@ -84,6 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         B.say(check_bf16("cpu"))
     model, _ = B.load_model(B.resolve_model(recipe.model), bf16=bf16, lora=True)
+    torch.manual_seed(0)  # peft draws the adapters' A from the global generator
     model = get_peft_model(model, lora_config(recipe))
     for name, param in model.named_parameters():  # adapters that change the output
         if "lora_B" in name:
