@@ -170,10 +170,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"| {r['queries']} x {r['keys']} | {r['flash_s'] * 1e3:.2f} | "
               f"{r['math_s'] * 1e3:.2f} | {r['flash_gqa_s'] * 1e3:.2f} | "
               f"{r['math_over_flash']:.2f} | {r['gqa_over_flash']:.2f} |")
+    write_json(a, rows)
+    return rows
+
+
+def write_json(a, rows: list[dict]) -> None:
+    """The arguments and the measured rows to ``--json``, where it is given."""
     if a.json:
         a.json.write_text(json.dumps({"args": vars(a) | {"json": str(a.json)}, "rows": rows},
                                      indent=1) + "\n")
-    return rows
 
 
 def decoding_table(a) -> list[dict]:
@@ -189,9 +194,7 @@ def decoding_table(a) -> list[dict]:
     for r in rows:
         print(f"| {r['keys']} | {r['sdpa_s'] * 1e3:.3f} | {r['matmul_s'] * 1e3:.3f} | "
               f"{r['matmul_over_sdpa']:.2f} |")
-    if a.json:
-        a.json.write_text(json.dumps({"args": vars(a) | {"json": str(a.json)}, "rows": rows},
-                                     indent=1) + "\n")
+    write_json(a, rows)
     return rows
 
 

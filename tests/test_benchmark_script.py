@@ -103,6 +103,17 @@ def test_attention_kernel_benchmark_times_both_kernels_on_the_same_attention(tmp
     bad = subprocess.run([sys.executable, str(bench), "--kv-heads", "2"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--kv-heads: expected a divisor of --heads" in bad.stderr
+    out = subprocess.run([sys.executable, str(bench), "--decoding", "--rows", "4", "--heads",
+                          "4", "--kv-heads", "2", "--rounds", "2", "--json",
+                          str(tmp_path / "d.json")],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    record = json.loads((tmp_path / "d.json").read_text())
+    assert record["args"]["decoding"] and record["args"]["rows"] == 4
+    assert [r["keys"] for r in record["rows"]] == [60, 92, 124]
+    for r in record["rows"]:  # ktae's decoding attention against transformers' path
+        assert r["sdpa_s"] > 0 and r["matmul_s"] > 0 and r["largest_difference"] <= 1e-4
+        assert r["matmul_over_sdpa"] == pytest.approx(r["matmul_s"] / r["sdpa_s"])
+        assert f"| {r['keys']} |" in out
 
 
 @pytest.mark.slow
