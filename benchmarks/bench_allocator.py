@@ -34,7 +34,7 @@ ONE = """
 import json, resource, statistics, sys, time, torch
 sys.path.insert(0, sys.argv[2])
 from ktae.train.allocator import keep_freed_memory
-from ktae.train.logprob_head import TokenLogProbs, entropy_of
+from ktae.train.logprob_head import TokenLogProbs
 kept = keep_freed_memory() if sys.argv[1] == "kept" else False
 torch.set_num_threads(1)
 gen = torch.Generator().manual_seed(0)
@@ -45,9 +45,7 @@ seconds, faults = [], []
 for i in range(8):
     hidden.grad = None
     f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
-    logp_t, logp, p = TokenLogProbs.apply(hidden @ head.t(), targets, 0.6)
-    entropy = entropy_of(p, logp)
-    del logp, p
+    logp_t, entropy = TokenLogProbs.apply(hidden @ head.t(), targets, 0.6, True)
     logp_t.sum().backward()
     if i:
         seconds.append(time.process_time() - t0)

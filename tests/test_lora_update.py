@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ktae.train import logprob_head
-from ktae.train.logprob_head import TokenLogProbs, entropy_of, full_logps, prefix_groups
+from ktae.train.logprob_head import TokenLogProbs, chunk_positions, full_logps, prefix_groups
 
 peft = pytest.importorskip("peft")
 
@@ -197,40 +197,64 @@ def test_shared_prefix_steps_aside_where_it_cannot_apply(monkeypatch):
         assert calls[-1] == torch.Size([6, 13]) and len(calls) == 2
 
 
-def test_token_logprobs_backward_is_the_log_softmax_derivative():
-    """``g (onehot - softmax) / T`` at every kept position, 0 at the last one, in float64."""
+@pytest.mark.parametrize("chunk_bytes", [None, 1, 3 * 11 * 4])
+def test_token_logprobs_backward_is_the_log_softmax_derivative(monkeypatch, chunk_bytes):
+    """``g (onehot - softmax) / T`` at every kept position, 0 at the last one, in float64;
+    the same in one chunk a row, a position a chunk, and chunks of 3 (the last short)."""
+    if chunk_bytes is not None:
+        monkeypatch.setattr(logprob_head, "CHUNK_BYTES", chunk_bytes)
     g = torch.Generator().manual_seed(2)
-    logits = torch.randn(2, 5, 11, dtype=torch.float64, generator=g, requires_grad=True)
+    logits = torch.randn(2, 8, 11, dtype=torch.float64, generator=g, requires_grad=True)
     logits.data[0, 1, 3] = float("-inf")  # a banned entry: probability 0, gradient 0
-    targets = torch.randint(0, 11, (2, 4), generator=g)
+    targets = torch.randint(0, 11, (2, 7), generator=g)
     targets[0, 1] = 4
-    per_token, logp, p = TokenLogProbs.apply(logits, targets, 0.7)
-    assert per_token.dtype == torch.float32 and not logp.requires_grad and not p.requires_grad
-    torch.testing.assert_close(p, logp.exp())
-    weight = torch.randn(2, 4, generator=g)
+    per_token, entropy = TokenLogProbs.apply(logits, targets, 0.7, False)
+    assert per_token.dtype == torch.float32 and entropy is None
+    weight = torch.randn(2, 7, generator=g)
     (per_token * weight).sum().backward()
     with torch.no_grad():
-        p = torch.softmax(logits[:, :-1].float() / 0.7, dim=-1)
-        expected = torch.nn.functional.one_hot(targets, 11).float() - p
+        logp = torch.log_softmax(logits[:, :-1].float() / 0.7, dim=-1)
+        expected = torch.nn.functional.one_hot(targets, 11).float() - logp.exp()
         expected = torch.cat([expected * weight[..., None] / 0.7,
                               torch.zeros(2, 1, 11)], dim=1).double()
+    torch.testing.assert_close(per_token, logp.gather(-1, targets[..., None]).squeeze(-1),
+                               rtol=0, atol=1e-6)
+    assert logits.grad.dtype == torch.float64
     torch.testing.assert_close(logits.grad, expected, rtol=1e-5, atol=1e-6)
     assert logits.grad[0, 1, 3] == 0
 
 
-def test_entropy_of_a_softmax_and_its_log_with_banned_entries():
-    """``-sum p log p`` with ``0 log 0 = 0``: a row with a ``-inf`` logit gets the entropy
-    of the entries left, not NaN; the others are ``categorical_entropy``'s."""
+@pytest.mark.parametrize("chunk_bytes", [None, 1, 2 * 9 * 4])
+def test_token_logprobs_entropy_with_banned_entries(monkeypatch, chunk_bytes):
+    """``-sum p log p`` with ``0 log 0 = 0``, without gradient: a position with a ``-inf``
+    logit gets the entropy of the entries left, not NaN; the others are
+    ``categorical_entropy``'s. The log-probabilities are those without the entropy."""
     from ktae.core.entropy import categorical_entropy
 
-    logits = torch.randn(2, 3, 9, generator=torch.Generator().manual_seed(3))
+    if chunk_bytes is not None:
+        monkeypatch.setattr(logprob_head, "CHUNK_BYTES", chunk_bytes)
+    logits = torch.randn(2, 4, 9, generator=torch.Generator().manual_seed(3)) * 4
     logits[1, 2, :4] = float("-inf")
-    logp = torch.log_softmax(logits, -1)
-    h = entropy_of(logp.exp(), logp)
+    targets = torch.tensor([[0, 1, 2], [3, 4, 8]])
+    leaf = logits.clone().requires_grad_()
+    per_token, h = TokenLogProbs.apply(leaf, targets, 0.9, True)
+    assert per_token.requires_grad and not h.requires_grad
     assert torch.isfinite(h).all()
+    logp = torch.log_softmax(logits[:, :-1] / 0.9, -1)
     torch.testing.assert_close(h, categorical_entropy(logp), rtol=1e-6, atol=1e-6)
-    kept = torch.log_softmax(logits[1, 2, 4:], -1)
+    kept = torch.log_softmax(logits[1, 2, 4:] / 0.9, -1)
     torch.testing.assert_close(h[1, 2], -(kept.exp() * kept).sum())
+    alone, _ = TokenLogProbs.apply(logits, targets, 0.9, False)
+    torch.testing.assert_close(per_token, alone, rtol=0, atol=1e-6)
+
+
+def test_chunk_positions_spread_evenly_within_the_budget():
+    assert logprob_head.CHUNK_BYTES == 4 << 20
+    assert chunk_positions(64, 49152) == 16  # at most 21 fit: 4 chunks of 16
+    assert chunk_positions(64, 151936) == 6  # at most 6 fit: 11 chunks (10 of 6, one of 4)
+    assert chunk_positions(5, 11) == 5  # a small vocabulary: the row at once
+    assert chunk_positions(3, 10 << 20) == 1  # at least one position
+    assert chunk_positions(0, 11) == 1
 
 
 def test_no_gradient_pass_is_unchanged():

@@ -8,26 +8,28 @@ Triton (on the CPU) it projects *every* position, prompt included, and folds eac
 into its statistics with a dozen elementwise torch passes, forward and backward.
 
 The ``full`` head asks the model's own forward for the logits of the completion
-positions only (``logits_to_keep``) and takes one ``log_softmax`` of them: one projection
-of the tokens that are scored, no recomputation. It holds several tensors of the size of
-the micro-batch's logits at once (:func:`full_head_peak_bytes`), so it is chosen
-(``auto``) on the CPU while that peak fits in :data:`FULL_HEAD_BUDGET`; elsewhere, or for
-a model whose forward takes no ``logits_to_keep``, TRL's head runs unchanged.
-docs/step-time.md measures both.
+positions only (``logits_to_keep``) and takes their log-softmax a few positions at a
+time (:class:`TokenLogProbs`): one projection of the tokens that are scored, no
+recomputation of it. It holds the micro-batch's logits and, in the backward pass, their
+gradient (:func:`full_head_peak_bytes`), so it is chosen (``auto``) on the CPU while that
+peak fits in :data:`FULL_HEAD_BUDGET`; elsewhere, or for a model whose forward takes no
+``logits_to_keep``, TRL's head runs unchanged. docs/step-time.md measures both.
 
-Two things keep the full head's passes over the logits few, each without changing a value:
-the LM head gets its input contiguous (:func:`ktae.models.generate.contiguous_head`: one
-matrix product instead of one per row), and the gathered log-probabilities' backward pass
-writes the gradient of the logits in one buffer (:class:`TokenLogProbs`) instead of a
-zero-filled gather gradient, the log-softmax's backward, the temperature's and a
-zero-padded copy. A LoRA model's plain adapters run
+Three things keep the full head's passes over the logits few, each without changing a
+value beyond float rounding: the LM head gets its input contiguous
+(:func:`ktae.models.generate.contiguous_head`: one matrix product instead of one per row);
+the log-softmax, the target's log-probability and the entropy are taken chunk by chunk
+in a buffer that stays in the CPU's caches, and the backward pass writes the gradient of
+the logits in one pass from the logits and the saved log-sum-exp (:class:`TokenLogProbs`),
+instead of a zero-filled gather gradient, the log-softmax's backward, the temperature's
+and a zero-padded copy; each micro-batch runs each of its distinct prompts once
+(:func:`shared_prefix_logits`). A LoRA model's plain adapters run
 :func:`ktae.train.lora_forward.fused_lora_forward` in these passes.
 """
 
 from __future__ import annotations
 
 import inspect
-from contextlib import nullcontext
 
 import torch
 
@@ -39,19 +41,32 @@ from ktae.train.lora_forward import fused_lora
 FULL_HEAD_BUDGET = 1 << 30
 """Bytes of the full head's peak (:func:`full_head_peak_bytes`) up to which ``auto`` runs it."""
 
-PEAK_LOGITS_TENSORS = {"no_grad": 2.25, "grad": 3.0, "entropy_grad": 5.25}
+CHUNK_BYTES = 4 << 20
+"""Float32 bytes of the logits :class:`TokenLogProbs` works on at once: a few positions'
+vocabulary, held in the CPU's caches while every pass over them runs."""
+
+
+def chunk_positions(positions: int, vocab: int) -> int:
+    """Positions per chunk of :class:`TokenLogProbs`: at most :data:`CHUNK_BYTES` of
+    float32 logits (at least one position), spread evenly over the ``positions``."""
+    most = max(1, CHUNK_BYTES // (4 * vocab))
+    chunks = -(-positions // most)
+    return -(-positions // chunks) if positions else 1
+
+
+PEAK_LOGITS_TENSORS = {"no_grad": 1.0, "grad": 2.0, "entropy_grad": 5.25}
 """The full head's peak in float32 logits tensors (a boolean mask counts a quarter), by pass:
 
-* ``no_grad`` (the old-policy and reference passes): the log-softmax, the probabilities and
-  the mask of ``-inf`` entries while the entropy is taken in place (before it, the logits
-  and their copy divided by the temperature: 2);
-* ``grad`` (a pass with gradients whose entropy has none), through the backward pass: in
-  the forward pass the logits, the log-softmax and the softmax kept for the backward pass
-  (:class:`TokenLogProbs`), which then holds the softmax and the gradient of the logits;
+* ``no_grad`` (the old-policy and reference passes): the logits, read a few positions at a
+  time (:class:`TokenLogProbs`);
+* ``grad`` (a pass with gradients whose entropy has none), through the backward pass: the
+  logits, kept for the backward pass, and their gradient;
 * ``entropy_grad`` (a pass whose entropy keeps its gradient, as the trainer's policy pass
   asks): the forward pass keeps the log-softmax, the probabilities and the product's other
   factor for the backward pass, which adds their gradients.
 
+The first two add :class:`TokenLogProbs`'s float32 buffers of one chunk's positions: two
+in the forward pass (with the entropy), one in the backward pass.
 ``tests/test_logprob_head.py`` measures each against the estimate.
 """
 
@@ -77,10 +92,13 @@ def full_head_peak_bytes(rows: int, length: int, vocab: int, *, grad: bool = Tru
     """The most memory :func:`full_logps` holds at once, in bytes, for ``rows`` x ``length``
     scored positions of a ``vocab``-sized vocabulary: :data:`PEAK_LOGITS_TENSORS` tensors
     of ``rows x (length + 1) x vocab`` float32 (the model's forward returns one position
-    more). ``grad``: a pass with gradients, counted through its backward pass;
-    ``entropy_grad``: the entropy keeps its gradient too."""
+    more), and where :class:`TokenLogProbs` runs its chunk buffers (two in a pass without
+    gradients, one in the backward pass). ``grad``: a pass with gradients, counted through
+    its backward pass; ``entropy_grad``: the entropy keeps its gradient too."""
     kind = "entropy_grad" if grad and entropy_grad else "grad" if grad else "no_grad"
-    return int(PEAK_LOGITS_TENSORS[kind] * rows * (length + 1) * vocab * 4)
+    buffers = {"no_grad": 2, "grad": 1, "entropy_grad": 0}[kind]
+    chunk = chunk_positions(length, vocab) * vocab * 4
+    return int(PEAK_LOGITS_TENSORS[kind] * rows * (length + 1) * vocab * 4 + buffers * chunk)
 
 
 def choose_head(head: str, device: torch.device, rows: int, length: int, vocab: int, *,
@@ -97,67 +115,88 @@ def choose_head(head: str, device: torch.device, rows: int, length: int, vocab: 
 
 
 class TokenLogProbs(torch.autograd.Function):
-    """``log softmax(logits[:, :-1] / T)`` at the target tokens, the log-softmax itself and
-    the softmax.
+    """``log softmax(logits[:, :-1] / T)`` at the target tokens and, when asked, the
+    softmax's entropy, a few positions at a time.
 
     Forward: ``logits`` ``[rows, k + 1, vocab]`` (position t predicts token t + 1; the last
-    position predicts nothing), ``targets`` ``[rows, k]``, ``temperature`` T. Returns the
-    target tokens' log-probabilities ``[rows, k]`` (float32), and the whole log-softmax and
-    softmax ``[rows, k, vocab]`` without gradient (for the entropy,
-    :func:`entropy_of`). The logits are copied into one float32 buffer and divided by T
-    there before ``log_softmax``; the softmax is its ``exp``, taken once and kept for the
-    backward pass.
+    position predicts nothing), ``targets`` ``[rows, k]``, ``temperature`` T, ``entropy``
+    (bool). Returns the target tokens' log-probabilities ``[rows, k]`` (float32) and their
+    entropies ``[rows, k]`` (float32, without gradient; None unless ``entropy``). The
+    positions are taken in chunks of :func:`chunk_positions` (a row's next few): each
+    chunk's logits are copied into one float32 buffer and divided by T there (as
+    ``.float() / T``), and its log-sum-exp ``m + log sum exp(x - m)`` (``m`` the
+    maximum), target log-probability ``x_y - lse`` and entropy
+    ``lse - sum(exp(x - m) x) / sum exp(x - m)`` come from that buffer while it sits in
+    the CPU's caches: no logits-sized float32 tensor is made. A position whose entropy is
+    NaN (a ``-inf`` logit, whose ``0 * -inf`` the sum meets) takes
+    :func:`ktae.core.entropy.categorical_entropy` of its log-softmax (``0 log 0 = 0``).
+    Only the log-sum-exp ``[rows, k]`` is kept for the backward pass.
 
     Backward: with ``g`` the gradient of the gathered log-probabilities, the gradient of
     the logits at position t is ``g_t (onehot(y_t) - softmax_t) / T`` (the derivative of
-    ``log softmax``), 0 at the last position: written into one buffer from the saved
-    softmax (one product, a scatter-add), where autograd's chain (a zero-filled gather
-    gradient, the log-softmax's backward, the division's, the slice's zero padding) makes
-    four logits-sized tensors. Equal to autograd's within float rounding
+    ``log softmax``), 0 at the last position. Chunk by chunk, the softmax is taken again
+    from the logits and the saved log-sum-exp, scaled and scatter-added in float32, and
+    written once into the gradient, in the logits' dtype: one pass over the logits and one
+    over their gradient, where autograd's chain (a zero-filled gather gradient, the
+    log-softmax's backward, the division's, the slice's zero padding) makes four
+    logits-sized tensors. Equal to autograd's within float rounding
     (``tests/test_lora_update.py``).
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float):
-        scaled = logits.new_empty(logits[:, :-1].shape, dtype=torch.float32)
-        scaled.copy_(logits[:, :-1]).div_(temperature)  # divided in float32, as .float() / T
-        logp = torch.log_softmax(scaled, dim=-1)
-        del scaled
-        p = logp.exp()
-        ctx.save_for_backward(p, targets)
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                entropy: bool):
+        rows, keep, vocab = logits.size(0), logits.size(1) - 1, logits.size(2)
+        per = chunk_positions(keep, vocab)
+        logp = logits.new_empty(rows, keep, dtype=torch.float32)
+        lse = torch.empty_like(logp)
+        h = torch.empty_like(logp) if entropy else None
+        x = logits.new_empty(per, vocab, dtype=torch.float32)
+        e = torch.empty_like(x) if entropy else None
+        for r in range(rows):
+            for start in range(0, keep, per):
+                at = slice(start, min(keep, start + per))
+                xs = x[:at.stop - start]
+                xs.copy_(logits[r, at]).div_(temperature)  # divided in float32, as .float() / T
+                if entropy:
+                    es = e[:len(xs)]
+                    top = xs.amax(-1, keepdim=True)
+                    torch.sub(xs, top, out=es).exp_()
+                    total = es.sum(-1)
+                    lse[r, at] = top.squeeze(-1) + total.log()
+                    h[r, at] = lse[r, at] - es.mul_(xs).sum(-1).div_(total)
+                else:
+                    lse[r, at] = torch.logsumexp(xs, -1)
+                logp[r, at] = xs.gather(-1, targets[r, at, None]).squeeze(-1) - lse[r, at]
+                if entropy and (bad := torch.isnan(h[r, at])).any():
+                    h[r, at][bad] = categorical_entropy(xs[bad] - lse[r, at][bad, None])
+        ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
-        ctx.logits_dtype = logits.dtype
-        ctx.mark_non_differentiable(logp, p)
-        ctx.set_materialize_grads(False)  # no zero-filled logits-sized gradients for logp, p
-        return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), logp, p
+        if entropy:
+            ctx.mark_non_differentiable(h)
+        ctx.set_materialize_grads(False)
+        return logp, h
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor, _logp, _p):
+    def backward(ctx, grad: torch.Tensor, _entropy):
         if grad is None:
-            return None, None, None
-        p, targets = ctx.saved_tensors
-        rows, keep, vocab = p.shape
-        out = p.new_empty(rows, keep + 1, vocab)
+            return None, None, None, None
+        logits, targets, lse = ctx.saved_tensors
+        rows, keep, vocab = logits.size(0), logits.size(1) - 1, logits.size(2)
+        per = chunk_positions(keep, vocab)
+        out = torch.empty_like(logits)
         out[:, -1].zero_()
-        scored = out[:, :-1]
         scale = grad / ctx.temperature
-        torch.mul(p, scale.neg().unsqueeze(-1), out=scored)
-        scored.scatter_add_(-1, targets.unsqueeze(-1), scale.unsqueeze(-1))
-        return out.to(ctx.logits_dtype), None, None
-
-
-def entropy_of(p: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-    """``-sum(p * logp)`` over the last dimension, from a softmax and its log-softmax, as
-    :func:`ktae.core.entropy.categorical_entropy` gives it (``0 log 0 = 0``), without
-    taking the softmax again or masking every entry: a product and a sum (a batched dot
-    product, ``einsum``, would skip the product tensor but sums the vocabulary in one
-    running sum, less accurately than ``sum``); the rows holding a ``-inf``
-    log-probability, whose sum is NaN, go through ``categorical_entropy``."""
-    h = (p * logp).sum(-1).neg_()
-    bad = torch.isnan(h)
-    if bad.any():
-        h[bad] = categorical_entropy(logp[bad])
-    return h
+        x = logits.new_empty(per, vocab, dtype=torch.float32)
+        for r in range(rows):
+            for start in range(0, keep, per):
+                at = slice(start, min(keep, start + per))
+                xs = x[:at.stop - start]
+                xs.copy_(logits[r, at]).div_(ctx.temperature)
+                xs.sub_(lse[r, at, None]).exp_().mul_(scale[r, at, None].neg())
+                xs.scatter_add_(-1, targets[r, at, None], scale[r, at, None])
+                out[r, at].copy_(xs)
+        return out, None, None, None
 
 
 def prefix_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -241,20 +280,15 @@ def full_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         logits = shared_prefix_logits(model, input_ids, attention_mask, logits_to_keep + 1)
     targets = input_ids[:, -logits_to_keep:]
     padding = attention_mask[:, -logits_to_keep:] == 0
-    p = None
-    if torch.is_grad_enabled() and not (compute_entropy and entropy_grad):
-        per_token, logp, p = TokenLogProbs.apply(logits, targets, temperature)
-    else:  # no gradient, or one through the entropy too (the whole log-softmax): autograd's
-        # position t's logits predict token t + 1: the last kept position predicts nothing
-        logits = logits[:, :-1].float() / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        per_token = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not (compute_entropy and entropy_grad and torch.is_grad_enabled()):
+        per_token, entropy = TokenLogProbs.apply(logits, targets, temperature, compute_entropy)
+        del logits
+        per_token = per_token.masked_fill(padding, 0.0)
+        return per_token, None if entropy is None else entropy.masked_fill_(padding, 0.0)
+    # the entropy keeps its gradient: autograd's chain through the whole log-softmax;
+    # position t's logits predict token t + 1: the last kept position predicts nothing
+    logits = logits[:, :-1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
     del logits
-    per_token = per_token.masked_fill(padding, 0.0)
-    entropy = None
-    if compute_entropy and p is not None:
-        entropy = entropy_of(p, logp).masked_fill_(padding, 0.0)
-    elif compute_entropy:
-        with nullcontext() if entropy_grad else torch.no_grad():
-            entropy = categorical_entropy(logp).masked_fill(padding, 0.0)
-    return per_token, entropy
+    per_token = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).masked_fill(padding, 0.0)
+    return per_token, categorical_entropy(logp).masked_fill(padding, 0.0)
