@@ -406,6 +406,8 @@ def run_steps(kind: str, state: dict, tokenizer, rows, args, credit, timer: Step
     trainer = (KTAEGRPOTrainer(credit=credit, logprob_head=state["head"], **kwargs)
                if kind == "ktae"
                else GRPOTrainer(**kwargs))
+    if kind == "ktae":  # whether its update's micro-batches keep the batch's prompt order
+        state["by_prompt"] = bool(getattr(trainer, "_micro_batches_by_prompt", False))
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     del trainer, model
@@ -708,6 +710,8 @@ def main(argv: list[str] | None = None) -> dict:
         result["step_cpu_median"] = {k: statistics.median(steady(t.cpu))
                                      for k, t in timers.items()}
         result["ktae_parts"] = timers["ktae"].parts
+        if "by_prompt" in state:
+            result["micro_batches_by_prompt"] = state["by_prompt"]
         if a.steps > 1:
             say("\n  first steps of each turn (left out below), medians: " + ", ".join(
                 f"{k} {result['first_step_medians'][k]:.1f} s" for k in kinds))

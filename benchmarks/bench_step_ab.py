@@ -29,7 +29,8 @@ bench_step's 1c: the update's passes through each tree's log-prob head alone, ov
 micro-batches, against the same floor. The row ``update, 1 prefix/prompt`` holds the update
 against the floor of the work left when each micro-batch runs each distinct prompt once
 (the trainer's, ``ktae.train.logprob_head.shared_prefix_logits``; expected over TRL's
-shuffle of the batch).
+shuffle of the batch, or counted where the tree's trainer keeps the batch in prompt order,
+``ktae.train.micro_batches``).
 
 ``--vllm PYTHON`` adds colocated vLLM against transformers to the same run: after each
 round's two trees, ``benchmarks/bench_vllm_step.py steps`` with the Python of a vLLM
@@ -106,15 +107,34 @@ def expected_distinct(groups: int, group_size: int, rows: int) -> float:
     return groups * (1 - math.comb(total - group_size, rows) / math.comb(total, rows))
 
 
+def spanned_groups(groups: int, group_size: int, rows: int) -> int:
+    """How many groups the micro-batches of ``rows`` consecutive rows span, summed over
+    the micro-batches, for ``groups`` groups of ``group_size`` consecutive rows (a GRPO
+    batch split in its own order, :mod:`ktae.train.micro_batches`).
+
+    >>> spanned_groups(4, 8, 8), spanned_groups(4, 8, 12), spanned_groups(2, 4, 8)
+    (4, 5, 2)
+    """
+    total = groups * group_size
+    return sum((min(start + rows, total) - 1) // group_size - start // group_size + 1
+               for start in range(0, total, rows))
+
+
 def shared_prefix_floor(run: dict) -> float:
     """The LoRA update's floor with one prefix per distinct prompt in each micro-batch
     (``ktae.train.logprob_head.shared_prefix_logits``): the floor's ``T`` counts each
-    micro-batch's kept positions (``new_tokens + 1`` a row) and, once per distinct prompt
-    (:func:`expected_distinct`, TRL shuffles the batch before splitting it), the prompt's
-    other ``prompt_tokens - 1``."""
+    micro-batch's kept positions (``new_tokens + 1`` a row) and, once per distinct prompt,
+    the prompt's other ``prompt_tokens - 1``. The distinct prompts of a micro-batch are
+    those of the trainer's split: where it keeps the batch in prompt order
+    (``micro_batches_by_prompt``, :mod:`ktae.train.micro_batches`) the groups each block of
+    consecutive rows spans (:func:`spanned_groups`), else their expectation over TRL's
+    shuffle (:func:`expected_distinct`)."""
     sizes, batch, prompts = run["lora_sizes"], run["batch"], run["prompts"]
     micro = run["trl_settings"].get("gradient_accumulation_steps", 1)
-    distinct = micro * expected_distinct(prompts, batch // prompts, batch // micro)
+    if run.get("micro_batches_by_prompt"):
+        distinct = spanned_groups(prompts, batch // prompts, batch // micro)
+    else:
+        distinct = micro * expected_distinct(prompts, batch // prompts, batch // micro)
     tokens = batch * (run["new_tokens"] + 1) + distinct * (run["prompt_tokens"] - 1)
     scored = batch * run["new_tokens"]
     flops = 4 * sizes["body"] * tokens + 4 * sizes["head"] * scored + 6 * sizes["adapters"] * tokens

@@ -154,6 +154,7 @@ def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
         assert run["batch"] == 4 and run["new_tokens"] == 5 and run["lora"] == str(recipe)
         assert run["trl_settings"] == {"gradient_accumulation_steps": 2}
         assert set(run["steps"]) == {"ktae"}  # --kinds ktae: no TRL trainer
+        assert run["micro_batches_by_prompt"] is True  # grpo, no calibration
         sizes = run["lora_sizes"]
         assert sizes["adapters"] > 0 and run["floor_of"]["update"].endswith("(LoRA)")
         tokens = run["matmul"]["train_rows"]
@@ -215,6 +216,19 @@ def test_shared_prefix_floor_counts_each_distinct_prompt_once_a_micro_batch():
     tokens = 4 * 4 + distinct * 4
     assert ab.shared_prefix_floor(run) == pytest.approx(
         (4 * 100 * tokens + 4 * 10 * 12 + 6 * tokens) / 2.0)
+    run["micro_batches_by_prompt"] = True  # the trainer keeps the batch in prompt order
+    tokens = 4 * 4 + 2 * 4  # each micro-batch is one prompt's 2 rows
+    assert ab.shared_prefix_floor(run) == pytest.approx(
+        (4 * 100 * tokens + 4 * 10 * 12 + 6 * tokens) / 2.0)
+
+
+def test_spanned_groups_of_consecutive_micro_batches_against_enumeration():
+    ab = _bench_step_ab()
+    for groups, size, rows in [(4, 8, 8), (4, 8, 12), (2, 4, 8), (3, 2, 4), (5, 3, 1), (4, 8, 32)]:
+        members = [g for g in range(groups) for _ in range(size)]
+        blocks = [members[i:i + rows] for i in range(0, groups * size, rows)]
+        assert ab.spanned_groups(groups, size, rows) == sum(len(set(b)) for b in blocks)
+    assert ab.spanned_groups(4, 8, 8) == 4 < 4 * ab.expected_distinct(4, 8, 8)
 
 
 FAKE_VLLM_PYTHON = """#!/bin/sh

@@ -65,6 +65,12 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    The draws use one uniform variate a row (:mod:`ktae.train.sampling`), and on the CPU a
    LoRA model samples with merged float32 weights, or a bfloat16 one through the update's
    fused adapter forward (:func:`ktae.train.lora_forward.lora_for_sampling`).
+8. ``_prepare_inputs``: TRL shuffles the generation batch before splitting it into the
+   update's micro-batches. Where the gradient does not depend on that split (a ``grpo``,
+   ``dr_grpo`` or ``dapo`` loss, one optimizer step per batch, no calibration, entropy
+   mask or bonus: :func:`ktae.train.micro_batches.keeps_gradient`), the batch keeps its
+   order instead, each prompt's responses together, so that the log-prob head runs each
+   micro-batch's few distinct prompts once (:mod:`ktae.train.micro_batches`).
 
 Metrics (``ktae/*`` keys) go through TRL's ``_metrics`` so they reach every logger.
 """
@@ -106,6 +112,7 @@ from ktae.train.dynamic_sampling import (
 )
 from ktae.train.logprob_head import check_head, choose_head, full_logps, takes_logits_to_keep
 from ktae.train.lora_forward import lora_for_sampling
+from ktae.train.micro_batches import keeps_gradient, micro_batches_by_prompt
 from ktae.train.sampling import fast_multinomial
 from ktae.train.shared_prefill import shared_prefill
 from ktae.train.step_timing import PART_KEYS, StepClock
@@ -267,6 +274,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.callback_handler.callbacks.insert(0, _StepClockCallback(self))
         self._full_head_fits = takes_logits_to_keep(self.model)
+        self._micro_batches_by_prompt = keeps_gradient(
+            self.loss_type, one_step=self.args.steps_per_generation
+            == self.args.gradient_accumulation_steps, calibration=credit.calibration,
+            top_entropy_quantile=self.top_entropy_quantile,
+            entropy_bonus=self._entropy_bonus_enabled, aux_loss=self.aux_loss_enabled)
         if logprob_head == "full" and not self._full_head_fits:
             raise ValueError("logprob_head: 'full' needs a model whose forward takes "
                              "logits_to_keep; use 'chunked'")
@@ -380,6 +392,12 @@ class KTAEGRPOTrainer(GRPOTrainer):
         # timed as the update part; the parts inside it are counted as themselves
         with self.step_clock.part("update"):
             return super().training_step(model, inputs, num_items_in_batch)
+
+    def _prepare_inputs(self, generation_batch):
+        # TRL 1.16's _prepare_inputs shuffles the generation batch before it splits it into
+        # micro-batches: kept in prompt order where no gradient changes (module docstring, 8)
+        with micro_batches_by_prompt(self.model.training and self._micro_batches_by_prompt):
+            return super()._prepare_inputs(generation_batch)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
         # TRL 1.16's HF path samples with unwrapped_model.generate on each prompt repeated
