@@ -317,17 +317,22 @@ def test_profile_by_kind_sorts_a_real_profile():
 
 
 @pytest.mark.slow
-def test_bench_compile_times_eager_and_compiled_layers(tiny_model, tmp_path):
+@pytest.mark.parametrize("ktae", [False, True])
+def test_bench_compile_times_eager_and_compiled_layers(tiny_model, tmp_path, ktae):
     """bench_compile on a tiny recipe: the compiled layers give eager's log-probs, both
-    variants are timed each round, and the pay-back count follows from the medians."""
+    variants are timed each round, and the pay-back count follows from the medians; the
+    trainer's path (--ktae) compiles the prompt's pass and the responses' apart."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(TINY_RECIPE.format(model=tiny_model))
     out = subprocess.run(
         [sys.executable, str(BENCH.parent / "bench_compile.py"), "--recipe", str(recipe),
-         "--float32", "--rounds", "2", "--lengths", "9,12", "--json", str(tmp_path / "c.json")],
+         "--float32", "--rounds", "2", "--lengths", "9,12", "--json", str(tmp_path / "c.json"),
+         *(["--ktae"] if ktae else [])],
         capture_output=True, text=True, check=True, timeout=600).stdout
     result = json.loads((tmp_path / "c.json").read_text())
     assert result["rows"] == 2 and result["new_tokens"] == 5 and not result["bf16"]
+    assert result["ktae_path"] == ktae and f"compiled graphs: {result['unique_graphs']}" in out
+    assert result["unique_graphs"] >= (2 if ktae else 1)
     assert result["logp_sum"]["compiled"] == pytest.approx(result["logp_sum"]["eager"], rel=1e-3)
     med = result["medians"]
     for name in ("eager", "compiled"):
