@@ -27,9 +27,9 @@ TRL's shuffled order a micro-batch of 8 rows drawn from 4 prompts of 8 responses
 3.7 distinct prompts on average; in the generation batch's own order, one.
 :func:`prompt_ordered` keeps that order; it draws the permutation TRL's shuffle draws
 and leaves it unused, so that every later random draw (the next step's samples) comes
-from the same generator state as under TRL's shuffle. The values change by float rounding only
-(the order in which the micro-batches' gradients are summed); ``tests/test_micro_batches.py``
-compares a step's weights.
+from the same generator state as under TRL's shuffle. The values change by float rounding
+only (the order in which the micro-batches' gradients are summed);
+``tests/test_micro_batches.py`` compares a step's loss, gradient norm and weights.
 """
 
 from __future__ import annotations
