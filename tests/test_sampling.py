@@ -5,6 +5,8 @@ the cumulative distribution, in two levels; checked against the probabilities th
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -122,6 +124,41 @@ def test_the_trainers_sampling_draws_with_it_and_merges_lora(tiny_model, tmp_pat
     assert len(ways) >= 2 and set(ways) == {"merged"}
     assert evals == ["merged", "merged"]  # the held-out evaluation before and after
     assert len(draws) >= 2 * 8 and set(draws) == {16}  # 4 prompts x 4, 8 new tokens
+
+
+def test_contiguous_head_gives_one_rows_last_position_standard_strides():
+    """One row's last position, ``[1, 1, hidden]`` sliced from ``[1, T, hidden]``, counts
+    as contiguous with its parent's strides, and PyTorch's product with a frozen weight (a
+    LoRA model's head) then takes the batched path, copying the weight out; within
+    ``contiguous_head`` the input gets standard strides and the head runs one matrix
+    product, with the same logits."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ktae.models.generate import contiguous_head, standard_strides
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    model.requires_grad_(False)
+    ids = torch.randint(3, 61, (1, 9))
+    strides = []
+    model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: strides.append(args[0].stride()))
+
+    def head_products(block):
+        with profile(activities=[ProfilerActivity.CPU]) as prof, block:
+            logits = model(input_ids=ids, logits_to_keep=1).logits
+        return logits, {e.name for e in prof.events()} & {"aten::bmm", "aten::mm"}
+
+    plain, ops = head_products(contextlib.nullcontext())
+    assert strides[-1] == (9 * 32, 32, 1) and "aten::bmm" in ops  # the case arises
+    fixed, ops = head_products(contiguous_head(model))
+    assert strides[-1] == standard_strides((1, 1, 32)) == (32, 32, 1)
+    assert "aten::bmm" not in ops and "aten::mm" in ops
+    torch.testing.assert_close(fixed, plain)
+    assert standard_strides((2, 0, 3)) == (3, 3, 1)
 
 
 def test_contiguous_head_gives_the_lm_head_contiguous_input():

@@ -193,15 +193,34 @@ class _ScoreRecorder:
         return torch.stack(self.logprobs, dim=1), torch.stack(self.entropies, dim=1)
 
 
+def standard_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a freshly allocated row-major tensor of ``shape``.
+
+    >>> standard_strides((1, 1, 576))
+    (576, 576, 1)
+    """
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def contiguous_head_input(module, args):
-    """A forward pre-hook for the LM head: its input made contiguous. A model's forward
-    slices the hidden states to ``logits_to_keep`` positions, a strided view that
+    """A forward pre-hook for the LM head: its input with standard strides. A model's
+    forward slices the hidden states to ``logits_to_keep`` positions, a strided view that
     ``nn.Linear`` multiplies one row at a time: a batched product against the weight
     expanded to every row, which PyTorch copies out first (a ``[rows, hidden,
     vocabulary]`` tensor: 1.8 GB in bfloat16 for the recipe's 32 rows of SmolLM2, at the
-    first decoding step of each ``generate`` call). Contiguous, it is one matrix product,
-    with the same values."""
-    return (args[0].contiguous(), *args[1:])
+    first decoding step of each ``generate`` call). With standard strides it is one matrix
+    product, with the same values. ``contiguous()`` is not enough: a single row's last
+    position (``[1, 1, hidden]``, the shared prefix's pass for one prompt) counts as
+    contiguous with its parent's strides, and the product still takes the batched path,
+    copying the whole weight (PyTorch 2.13's ``matmul`` folds by the strides themselves)."""
+    x = args[0]
+    if x.stride() != standard_strides(x.shape):
+        x = x.new_empty(x.shape).copy_(x)  # a fresh tensor's strides; the copy keeps autograd
+    return (x, *args[1:])
 
 
 @contextmanager
