@@ -192,8 +192,8 @@ class _TrainConfig:
     logprob_head: str = field(default="auto", metadata=flag(
         "how the policy's log-probs are computed: auto | full | chunked (docs/step-time.md)"))
     """``full``: the model's logits of the completion positions; ``chunked``: TRL's fused LM
-    head; ``auto``: full on the CPU while its peak memory for a micro-batch (about three
-    times the micro-batch's logits) fits in 1 GiB (:mod:`ktae.train.logprob_head`)."""
+    head; ``auto``: full on the CPU while its peak memory for a micro-batch (about twice the
+    micro-batch's logits) fits in 1 GiB (:mod:`ktae.train.logprob_head`)."""
     generation: str = field(default="hf", metadata=flag(
         "who samples: hf (transformers) | vllm (colocated vLLM) | auto (the faster here; "
         "docs/vllm.md)"))
