@@ -153,23 +153,19 @@ class TokenLogProbs(torch.autograd.Function):
         h = torch.empty_like(logp) if entropy else None
         x = logits.new_empty(per, vocab, dtype=torch.float32)
         e = torch.empty_like(x) if entropy else None
-        for r in range(rows):
-            for start in range(0, keep, per):
-                at = slice(start, min(keep, start + per))
-                xs = x[:at.stop - start]
-                xs.copy_(logits[r, at]).div_(temperature)  # divided in float32, as .float() / T
-                if entropy:
-                    es = e[:len(xs)]
-                    top = xs.amax(-1, keepdim=True)
-                    torch.sub(xs, top, out=es).exp_()
-                    total = es.sum(-1)
-                    lse[r, at] = top.squeeze(-1) + total.log()
-                    h[r, at] = lse[r, at] - es.mul_(xs).sum(-1).div_(total)
-                else:
-                    lse[r, at] = torch.logsumexp(xs, -1)
-                logp[r, at] = xs.gather(-1, targets[r, at, None]).squeeze(-1) - lse[r, at]
-                if entropy and (bad := torch.isnan(h[r, at])).any():
-                    h[r, at][bad] = categorical_entropy(xs[bad] - lse[r, at][bad, None])
+        for r, at, xs in _scaled_chunks(logits, x, temperature):
+            if entropy:
+                es = e[:len(xs)]
+                top = xs.amax(-1, keepdim=True)
+                torch.sub(xs, top, out=es).exp_()
+                total = es.sum(-1)
+                lse[r, at] = top.squeeze(-1) + total.log()
+                h[r, at] = lse[r, at] - es.mul_(xs).sum(-1).div_(total)
+            else:
+                lse[r, at] = torch.logsumexp(xs, -1)
+            logp[r, at] = xs.gather(-1, targets[r, at, None]).squeeze(-1) - lse[r, at]
+            if entropy and (bad := torch.isnan(h[r, at])).any():
+                h[r, at][bad] = categorical_entropy(xs[bad] - lse[r, at][bad, None])
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
         if entropy:
@@ -182,21 +178,31 @@ class TokenLogProbs(torch.autograd.Function):
         if grad is None:
             return None, None, None, None
         logits, targets, lse = ctx.saved_tensors
-        rows, keep, vocab = logits.size(0), logits.size(1) - 1, logits.size(2)
-        per = chunk_positions(keep, vocab)
+        vocab = logits.size(2)
         out = torch.empty_like(logits)
         out[:, -1].zero_()
         scale = grad / ctx.temperature
-        x = logits.new_empty(per, vocab, dtype=torch.float32)
-        for r in range(rows):
-            for start in range(0, keep, per):
-                at = slice(start, min(keep, start + per))
-                xs = x[:at.stop - start]
-                xs.copy_(logits[r, at]).div_(ctx.temperature)
-                xs.sub_(lse[r, at, None]).exp_().mul_(scale[r, at, None].neg())
-                xs.scatter_add_(-1, targets[r, at, None], scale[r, at, None])
-                out[r, at].copy_(xs)
+        x = logits.new_empty(chunk_positions(logits.size(1) - 1, vocab), vocab,
+                             dtype=torch.float32)
+        for r, at, xs in _scaled_chunks(logits, x, ctx.temperature):
+            xs.sub_(lse[r, at, None]).exp_().mul_(scale[r, at, None].neg())
+            xs.scatter_add_(-1, targets[r, at, None], scale[r, at, None])
+            out[r, at].copy_(xs)
         return out, None, None, None
+
+
+def _scaled_chunks(logits: torch.Tensor, buffer: torch.Tensor, temperature: float):
+    """:class:`TokenLogProbs`'s chunks: each row's scored positions (all but the last),
+    ``buffer.size(0)`` at a time, copied into ``buffer`` in float32 and divided by the
+    temperature there (as ``.float() / T``). Yields ``(row, positions, chunk)``, the chunk
+    a view of ``buffer``, overwritten by the next."""
+    keep, per = logits.size(1) - 1, buffer.size(0)
+    for r in range(logits.size(0)):
+        for start in range(0, keep, per):
+            at = slice(start, min(keep, start + per))
+            chunk = buffer[:at.stop - start]
+            chunk.copy_(logits[r, at]).div_(temperature)
+            yield r, at, chunk
 
 
 def prefix_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
