@@ -69,8 +69,9 @@ def test_the_shuffle_is_replaced_in_the_block_only():
 
 
 def _micro_batches(tiny_model, out, monkeypatch, **overrides):
-    """Train one step (2 prompts x 4 responses, 2 micro-batches); the prompt rows of each
-    micro-batch the loss saw, the weights after the step and the step's metrics."""
+    """Train one step (2 prompts x 4 responses, 2 micro-batches unless ``trl`` says
+    otherwise); the prompt rows of each micro-batch the loss saw, the weights after the
+    step and the step's metrics."""
     from test_train_helpers import contains_digit, read_jsonl, tiny_config
     from transformers import AutoModelForCausalLM
 
@@ -85,11 +86,28 @@ def _micro_batches(tiny_model, out, monkeypatch, **overrides):
         return compute_loss(self, model, inputs)
 
     monkeypatch.setattr(trainer_module.KTAEGRPOTrainer, "_compute_loss", recorded)
+    trl_settings = overrides.pop("trl", {"gradient_accumulation_steps": 2})
     cfg = tiny_config(tiny_model, out, max_steps=1, num_prompts=2, seed=4, save_every=1,
-                      trl={"gradient_accumulation_steps": 2}, **overrides)
+                      trl=trl_settings, **overrides)
     train(cfg, reward_funcs=[contains_digit])
     weights = AutoModelForCausalLM.from_pretrained(out / "checkpoint-1").state_dict()
     return seen, weights, read_jsonl(out / "metrics.jsonl")[-1]
+
+
+def _assert_same_step(tiny_model, metrics, weights, other_metrics, other_weights) -> None:
+    """The same samples; loss, gradient norm and every weight's move equal within float
+    rounding (the sums' order differs: about 1e-6 apart)."""
+    from transformers import AutoModelForCausalLM
+
+    assert metrics["reward"] == other_metrics["reward"]  # the same samples
+    for key in ("loss", "grad_norm"):
+        assert metrics[key] == pytest.approx(other_metrics[key], rel=1e-5), key
+    before = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    assert set(weights) == set(other_weights)
+    for name, w in other_weights.items():  # each weight's move, to two float32 ulps at 1.0
+        torch.testing.assert_close(weights[name] - before[name], w - before[name], rtol=1e-3,
+                                   atol=2.5e-7, msg=name)
+    assert max((w - before[name]).abs().max() for name, w in weights.items()) > 1e-5
 
 
 def _one_prompt_each(seen) -> list[bool]:
@@ -101,8 +119,6 @@ def test_a_step_in_prompt_order_equals_trls_shuffled_step(tiny_model, tmp_path, 
     """``dapo``: each micro-batch holds one prompt's 4 responses, and the step's loss,
     gradient norm and every weight's move are those of TRL's shuffled split (forced here)
     to float rounding; ``bnpo`` keeps the shuffle, which with this seed mixes the prompts."""
-    from transformers import AutoModelForCausalLM
-
     from ktae.train import trainer as trainer_module
 
     seen, grouped, grouped_metrics = _micro_batches(tiny_model, tmp_path / "grouped",
@@ -114,14 +130,21 @@ def test_a_step_in_prompt_order_equals_trls_shuffled_step(tiny_model, tmp_path, 
         seen, shuffled, shuffled_metrics = _micro_batches(tiny_model, tmp_path / "shuffled",
                                                           monkeypatch, loss_type="dapo")
     assert not all(_one_prompt_each(seen))
-    assert grouped_metrics["reward"] == shuffled_metrics["reward"]  # the same samples
-    for key in ("loss", "grad_norm"):  # the sums' order differs: about 1e-6 apart
-        assert grouped_metrics[key] == pytest.approx(shuffled_metrics[key], rel=1e-5), key
-    before = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
-    assert set(grouped) == set(shuffled)
-    for name, w in shuffled.items():  # each weight's move, to two float32 ulps at 1.0
-        torch.testing.assert_close(grouped[name] - before[name], w - before[name], rtol=1e-3,
-                                   atol=2.5e-7, msg=name)
-    assert max((w - before[name]).abs().max() for name, w in grouped.items()) > 1e-5
+    _assert_same_step(tiny_model, grouped_metrics, grouped, shuffled_metrics, shuffled)
     seen, _, _ = _micro_batches(tiny_model, tmp_path / "bnpo", monkeypatch, loss_type="bnpo")
     assert not all(_one_prompt_each(seen))
+
+
+@pytest.mark.slow
+def test_the_micro_batch_size_leaves_the_step_unchanged(tiny_model, tmp_path, monkeypatch):
+    """``grpo`` (the recipe's loss): the update in one micro-batch of both prompts'
+    responses is the update in two of one prompt each, to float rounding, from the same
+    samples: the recipe's micro-batch size is a matter of memory and speed alone."""
+    seen, split, split_metrics = _micro_batches(tiny_model, tmp_path / "two", monkeypatch,
+                                                loss_type="grpo")
+    assert len(seen) == 2 and all(_one_prompt_each(seen))
+    seen, whole, whole_metrics = _micro_batches(tiny_model, tmp_path / "one", monkeypatch,
+                                                loss_type="grpo",
+                                                trl={"gradient_accumulation_steps": 1})
+    assert len(seen) == 1 and seen[0].size(0) == 8 and not _one_prompt_each(seen)[0]
+    _assert_same_step(tiny_model, split_metrics, split, whole_metrics, whole)
