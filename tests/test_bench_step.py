@@ -82,6 +82,29 @@ trl:
 """
 
 
+
+@pytest.mark.slow
+def test_recipe_memory_runs_each_split_and_compares_their_steps(tiny_model, tmp_path):
+    """recipe_memory.py: one ``ktae train`` per split, each process's peak memory, and the
+    same steps in one micro-batch and in two (the same rewards, the loss and gradient norm
+    to float rounding)."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(TINY_RECIPE.format(model=tiny_model))
+    out = subprocess.run(
+        [sys.executable, str(BENCH.parent / "recipe_memory.py"), "--recipe", str(recipe),
+         "--splits", "1,2", "--precisions", "float32", "--json", str(tmp_path / "m.json")],
+        capture_output=True, text=True, check=True, timeout=600).stdout
+    rows = json.loads((tmp_path / "m.json").read_text())["rows"]
+    assert [(r["micro_batches"], r["rows_per_micro_batch"]) for r in rows] == [(1, 4), (2, 2)]
+    for row in rows:
+        assert 0.1 < row["peak_gb"] < 50 and [s["step"] for s in row["steps"]] == [1, 2]
+    against = rows[1]["against_first"]
+    assert against["rewards_equal"] and against["loss"] < 1e-5 and against["grad_norm"] < 1e-5
+    assert "float32  2 against 1 micro-batch(es): rewards equal" in out
+    bad = subprocess.run([sys.executable, str(BENCH.parent / "recipe_memory.py"), "--recipe",
+                          str(recipe), "--splits", "3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--splits: expected divisors of the recipe's 4 rows" in bad.stderr
+
 def test_streamed_matmul_rate_reads_one_matrix_per_layer(monkeypatch):
     """``streamed``: every entry of the shapes multiplies its own weight matrix, in order
     (a forward pass's reads); otherwise one matrix per distinct shape, reused."""
