@@ -10,7 +10,7 @@ Three measurements, each side by side in one process, one thread:
    entry) against :func:`ktae.train.sampling.categorical` (one uniform variate a row), on
    the recipe's 32 rows of the model's vocabulary; median milliseconds a call.
 2. **attention**: ``scaled_dot_product_attention``'s forward and backward at the update's
-   shapes (a micro-batch of 8 rows, the model's heads, prompt and completion tokens,
+   shapes (a micro-batch of the recipe's rows, the model's heads, prompt and completion tokens,
    causal), in bfloat16 and in float32 (``ktae.train.precision.float32_attention``'s
    casts included); median milliseconds a layer.
 3. **the LoRA forward of sampling**: the log-probabilities of 32 sampled responses under

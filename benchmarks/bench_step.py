@@ -44,7 +44,7 @@ Five measurements, in one process, at one torch thread count (``--threads``):
 
 **LoRA** (``--lora [RECIPE]``, default ``configs/smollm2-recipe.yaml``): the recipe's
 model, batch (``num_prompts x num_generations``), ``max_new_tokens``, temperature, thread
-count, ``trl`` settings (its 4 micro-batches) and LoRA adapters (rank, alpha, targets,
+count, ``trl`` settings (its micro-batches) and LoRA adapters (rank, alpha, targets,
 dropout), on prompts of the recipe's task. Both trainers train the same adapters; 1b
 measures the model with the adapters. The update's floor is then LoRA's
 (:func:`lora_update_flops`): the frozen weights get no gradient, only the activations

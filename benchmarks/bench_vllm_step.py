@@ -4,7 +4,7 @@ with vLLM's generation side by side, and the parts of vLLM's cost measured alone
 Two modes (docs/vllm.md has the results):
 
 ``steps``: ``ktae train --config configs/smollm2-recipe.yaml`` (SmolLM2-135M, LoRA r16,
-4 prompts x 8, 64 new tokens, one thread, the update in 4 micro-batches) for a few steps
+4 prompts x 8, 64 new tokens, one thread, the update in its micro-batches) for a few steps
 with transformers' generation and with ``--trl use_vllm=true --trl vllm_mode=colocate``,
 alternating (hf, vllm, hf, ... for ``--rounds``), each run in its own process. Prints each
 backend's median step parts (generation, which holds vLLM's weight sync; the log-prob

@@ -111,7 +111,8 @@ def _objective(outcome: str, ref, out, p0, log_p0):
 ROWS_PER_PASS = 8
 """Rows of :func:`input_grad_importance` per forward-and-backward pass: the backward pass to
 the input embeddings keeps every layer's activations of every row it covers, so the memory
-held grows with the rows of a pass (the recipe's update runs micro-batches of 8 rows too).
+held grows with the rows of a pass (the credit study's recipe runs its update in micro-batches
+of 8 rows too).
 The pass also freezes the weights (:class:`_no_weight_grad`): a LoRA policy's adapters
 would otherwise keep what their own gradients need."""
 
