@@ -35,6 +35,7 @@ from ktae.groups.input import GroupInput
 from ktae.groups.sampling import generation_scores, importance_references
 from ktae.models.generate import SamplingConfig, generate_hf
 from ktae.rewards.answer_line import number_check
+from ktae.rewards.ends import DEFAULT_CUT_OFF, counts_as_right
 from ktae.tasks import arith
 from ktae.tasks.arith import parse_task_name, problem_in, user_message
 from ktae.tasks.claims import claim_token_labels
@@ -124,9 +125,12 @@ def progress_printer(total: int, samples: int, stream=None) -> Callable[[int], N
 def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int, samples: int,
                   seed: int, max_new_tokens: int, temperature: float, prompt_set: int = 0,
                   on_batch: Callable[[int], None] | None = None, on_phase=None,
-                  references: Callable[[list[float]], bool] | None = None):
+                  references: Callable[[list[float]], bool] | None = None,
+                  cut_off: str = DEFAULT_CUT_OFF):
     """``prompts`` arith problems (:func:`prompt_set_problems`) x ``samples`` responses
-    from ``model``, scored by the ``number`` reward and labelled by their claims; an
+    from ``model``, scored by the ``number`` reward (a response cut at ``max_new_tokens``
+    is wrong unless ``cut_off="read"``, :mod:`ktae.rewards.ends`) and labelled by their
+    claims; an
     :class:`ktae.credit_audit.run.AuditInput` whose groups' level is the problem's kind.
     ``on_phase``: progress of the labelling (:mod:`ktae.credit_audit.progress`).
     ``references(rewards)`` True for a group: its clean answer summaries for the
@@ -142,7 +146,8 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
 
     tails, on_tail, refs = importance_references(
         tokenizer, [p.answer for p in problems], references,
-        lambda gens, answer: [float(number_check(g.text, answer)[0]) for g in gens])
+        lambda gens, answer: [float(counts_as_right(number_check(g.text, answer)[0],
+                                                    g.truncated, cut_off)) for g in gens])
     # the log-probs and entropies at the sampling temperature come from the sampling steps
     out = generate_hf(model, tokenizer, texts, sampling, add_special_tokens=False,
                       batch_size=max(1, SEQUENCES_PER_BATCH // samples), on_batch=on_batch,
@@ -151,7 +156,8 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
     group_refs: dict[int, object] = {}
     step = (on_phase or quiet_phase)("labelled", "groups (claims labels)", len(problems))
     for i, (p, text, gens) in enumerate(zip(problems, texts, out, strict=True)):
-        correct = [number_check(g.text, p.answer)[0] for g in gens]
+        correct = [counts_as_right(number_check(g.text, p.answer)[0], g.truncated, cut_off)
+                   for g in gens]
         g = GroupInput(prompt=text, responses=[list(x.token_ids) for x in gens],
                        rewards=[float(c) for c in correct], correct=correct,
                        label=f"prompt {i}", answer=p.answer, **generation_scores(gens))
@@ -164,7 +170,8 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
             f"{prompt_set}{f'; {repeats} repeat an earlier problem' if repeats else ''}) x "
             f"{samples} responses sampled from {path} (chat template, "
             f"temperature {temperature:g}, seed {seed}, at most {max_new_tokens} new tokens; "
-            "reward number; labels: claims)")
+            f"reward number, cut-off responses {'wrong' if cut_off == 'wrong' else 'read'}; "
+            "labels: claims)")
     return AuditInput(groups, tokenizer, desc, "model",
                       meta=["labels: ktae.tasks.claims.claim_token_labels"],
                       references=group_refs)

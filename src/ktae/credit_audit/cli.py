@@ -25,6 +25,7 @@ from ktae.credit_audit.arith_input import progress_printer
 from ktae.credit_audit.progress import phase_printer
 from ktae.credit_audit.report import summary
 from ktae.credit_audit.run import DEFAULT_PROMPTS, DEFAULT_RESAMPLES, DEFAULT_SAMPLES, audit
+from ktae.rewards.ends import CUT_OFF_RULES, DEFAULT_CUT_OFF
 
 DEFAULT_ROOT = "runs/audit"
 RESULT_FILES = ("audit.md", "audit.json")
@@ -55,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, help="response length budget with "
                         "--model (default 40 for character-level tokenizers, 64 on arith, "
                         "else 256)")
+    parser.add_argument("--cut-off-answers", choices=CUT_OFF_RULES, default=DEFAULT_CUT_OFF,
+                        help="a --model response cut at --max-new-tokens without ending: "
+                        "wrong (default; never a right answer) or read (scored from its text)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="sampling and scoring temperature (default 0.7 on arith, the "
                         "recipe's; a run directory: its own; else 1)")
@@ -143,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
                        temperature=args.temperature, tokenizer=args.tokenizer,
                        resamples=args.resamples, threads=args.threads,
                        output_dir=out, prompt_set=args.prompt_set, task=args.task,
-                       announce=announce, on_batch=on_batch, on_phase=on_phase)
+                       announce=announce, on_batch=on_batch, on_phase=on_phase,
+                       cut_off=args.cut_off_answers)
     except ValueError as err:
         return error("audit", str(err))
     print(summary(result))

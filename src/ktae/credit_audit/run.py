@@ -57,6 +57,7 @@ from ktae.groups import sampling
 from ktae.groups.credit import credit_values
 from ktae.groups.input import GroupInput, load_jsonl
 from ktae.rewards import math_reward
+from ktae.rewards.ends import DEFAULT_CUT_OFF, check_cut_off_rule, require_end
 from ktae.runs.credit import credit_method
 from ktae.runs.reader import (
     load_tokenizer,
@@ -162,21 +163,23 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
                   max_new_tokens: int, temperature: float, prompt_set: int = 0,
                   on_batch: Callable[[int], None] | None = None,
                   on_phase: Phase | None = None,
-                  references: Callable[[list[float]], bool] | None = None) -> AuditInput:
+                  references: Callable[[list[float]], bool] | None = None,
+                  cut_off: str = DEFAULT_CUT_OFF) -> AuditInput:
     """``prompts`` held-out embedded prompts (:func:`prompt_set_problems`) x ``samples``
     responses from ``model`` (``on_batch``: progress, as :func:`ktae.models.generate.generate_hf`
-    calls it; ``references``: as :func:`ktae.credit_audit.arith_input.sampled_input` takes
-    it)."""
+    calls it; ``references``, ``cut_off``: as
+    :func:`ktae.credit_audit.arith_input.sampled_input` takes them)."""
 
     template = "compact" if len(tokenizer) < 1000 else "qwen-math"
     problems = prompt_set_problems(prompts, prompt_set)
     rows = [{"prompt": format_prompt(p, template), "answer": p.answer} for p in problems]
     tails, on_tail, refs = sampling.importance_references(
-        tokenizer, [p.answer for p in problems], references, _math_rewards)
+        tokenizer, [p.answer for p in problems], references,
+        lambda gens, answer: _math_rewards(gens, answer, cut_off))
     sampled = sampling.sample_groups(model, tokenizer, rows, num_generations=samples,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             on_batch=on_batch, scores=temperature, tails=tails,
-                            on_tail=on_tail)
+                            on_tail=on_tail, cut_off=cut_off)
 
     step = (on_phase or quiet_phase)("labelled", "groups", len(problems))
     groups = []
@@ -192,9 +195,10 @@ def sampled_input(model, tokenizer, path: str, *, prompts: int, samples: int, se
     return AuditInput(groups, tokenizer, desc, "model", references=group_refs)
 
 
-def _math_rewards(gens, answer) -> list[float]:
+def _math_rewards(gens, answer, cut_off: str = DEFAULT_CUT_OFF) -> list[float]:
 
-    return [math_reward(g.text, answer).score for g in gens]
+    return [r.score for r in require_end([math_reward(g.text, answer) for g in gens],
+                                          [g.truncated for g in gens], rule=cut_off)]
 
 
 def run_input(run: Path, *, tokenizer: str | None = None, task: str | None = None,
@@ -511,7 +515,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
           output_dir: str | Path | None = None, prompt_set: int = 0, task: str | None = None,
           announce: Callable[[str], None] | None = None,
           on_batch: Callable[[int], None] | None = None,
-          on_phase: Phase | None = None) -> dict:
+          on_phase: Phase | None = None, cut_off: str = DEFAULT_CUT_OFF) -> dict:
     """Audit credit methods on labelled groups (see the module docstring); what
     ``ktae audit`` computes, as the ``audit.json`` dictionary.
 
@@ -541,6 +545,10 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
         on_batch: called with the number of prompts after each sampled batch (progress).
         on_phase: the progress of every phase after sampling (labelling, scoring, each
             method's credit, the bootstrap; :mod:`ktae.credit_audit.progress`).
+        cut_off: how a sampled response cut at ``max_new_tokens`` is scored: ``"wrong"``
+            (never a right answer), or ``"read"`` from its text (:mod:`ktae.rewards.ends`).
+            Recorded as ``cut_off_answers`` (None for a run directory or JSONL input, whose
+            correctness is recorded).
 
     Raises:
         ValueError: bad arguments or input (one line naming what was expected).
@@ -549,6 +557,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     check_arguments(input=input, model=model, prompts=prompts, samples=samples,
                     resamples=resamples, temperature=temperature, max_new_tokens=max_new_tokens)
     check_prompt_set(prompt_set)
+    check_cut_off_rule(cut_off, "cut_off")
     if task is not None:
         if input is not None:
             raise ValueError("task: only when sampling from --model with no INPUT (a run "
@@ -604,13 +613,13 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
             data = sampled_input(m, tok, where, prompts=prompts, samples=samples, seed=seed,
                                  max_new_tokens=max_new, temperature=temperature,
                                  prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase,
-                                 references=refs)
+                                 references=refs, cut_off=cut_off)
         else:
             data = arith_input.sampled_input(
                 m, tok, where, difficulty=difficulty, prompts=prompts, samples=samples,
                 seed=seed, max_new_tokens=max_new, temperature=temperature,
                 prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase,
-                references=refs)
+                references=refs, cut_off=cut_off)
     clock.lap("sampling" if path is None else "reading")
     temperature = 1.0 if temperature is None else temperature
     ignore = group_input.ignore_ids(data.tokenizer)
@@ -636,6 +645,7 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     result.update(seconds=clock.seconds, cpu_seconds=clock.cpu_seconds,
                   input=data.description, kind=data.kind, scored_with=scored,
                   prompt_set=prompt_set if data.kind == "model" else None,
+                  cut_off_answers=cut_off if data.kind == "model" else None,
                   resamples=resamples, counts=_counts(data.groups), meta=data.meta,
                   credit={n: _describe(s) for n, s in methods.items()},
                   right_answer_wrong_tokens=result_rates)

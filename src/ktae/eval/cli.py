@@ -49,6 +49,7 @@ from ktae.eval.vllm_engine import expected_settings, prepare_environment
 from ktae.models.generate import SamplingConfig, vllm_available
 from ktae.models.generation_defaults import GENERATION_FILE, resolve_generation
 from ktae.models.model_path import resolve_model_path
+from ktae.rewards.ends import CUT_OFF_RULES, DEFAULT_CUT_OFF
 
 ALL_NAMES = (*BENCHMARK_NAMES, *CHOICE_BENCHMARKS)
 
@@ -68,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "3000 new tokens, k=1) or taco (temperature 0.7, top-p 0.9, "
                              "16384 new tokens, avg@32/4/16 per benchmark); explicit "
                              "flags override it")
+    parser.add_argument("--cut-off-answers", choices=CUT_OFF_RULES, default=DEFAULT_CUT_OFF,
+                        help="a response cut at --max-new-tokens without ending (or recorded "
+                             "as truncated with --responses): wrong (default) or read "
+                             "(scored from its text)")
     parser.add_argument("--grader", choices=tuple(GRADERS), default=None,
                         help="math grader: default (ktae's verifier), ktae-authors (the KTAE "
                              "authors' evaluation grader) or taco (normalised exact match or "
@@ -241,6 +246,7 @@ def _settings_key(args, settings, choice, names: list[str], backend: str,
             "template": choice.template, "seed": args.seed, "limit": args.limit,
             "backend": backend, "dtype": args.dtype, "split": args.split,
             "timeout": args.timeout, "long_prompts": args.long_prompts,
+            "cut_off_answers": args.cut_off_answers,
             "grader": settings.grader}
 
 
@@ -307,6 +313,7 @@ def _run(args: argparse.Namespace, console) -> int:
         batch_size=args.batch_size, seed=args.seed, output_dir=output_dir,
         timeout=args.timeout, show_progress=not args.no_progress, backend=backend,
         model_path=model_path, dtype=args.dtype, grader=settings.grader,
+        cut_off=args.cut_off_answers,
         long_prompts=args.long_prompts, data=origins, verbose=args.verbose,
         config={"model": args.model, **_settings_record(settings, names, args),
                 "template_source": choice.template_source,
@@ -382,6 +389,7 @@ def _run_responses(args: argparse.Namespace, console) -> int:
     console.print(f"grading {args.responses} with grader {grader}", markup=False,
                   highlight=False, soft_wrap=True)
     results = grade_responses(problems, grader=grader, timeout=args.timeout,
+                              cut_off=args.cut_off_answers,
                               config={"responses": str(args.responses),
                                       "protocol": args.protocol, "limit": args.limit})
     samples = results.pop("samples")
@@ -461,7 +469,7 @@ def _run_checkpoints(args: argparse.Namespace, console, names: list[str]) -> int
             template=choice.template, batch_size=args.batch_size, seed=args.seed,
             output_dir=out, timeout=args.timeout, show_progress=not args.no_progress,
             backend=backend, model_path=str(ck.path), dtype=args.dtype, grader=settings.grader,
-            long_prompts=args.long_prompts, data=origins, verbose=args.verbose,
+            cut_off=args.cut_off_answers, long_prompts=args.long_prompts, data=origins, verbose=args.verbose,
             config={"model": str(ck.path), "checkpoint": ck.label, "step": ck.step,
                     **_settings_record(settings, names, args),
                     "template_source": choice.template_source,

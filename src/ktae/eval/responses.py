@@ -33,6 +33,7 @@ from ktae.eval.results import benchmark_metrics, sample_rows, summarize
 from ktae.eval.runner import verify_responses, vote_classes
 from ktae.models.generate import Generation
 from ktae.rewards import reward_stats
+from ktae.rewards.ends import DEFAULT_CUT_OFF, check_cut_off_rule
 
 BENCHMARK_KEYS = ("benchmark", "task_name", "task", "data_source")
 REFERENCE_KEYS = ("answer", "reference", "ground_truth", "gt")
@@ -164,10 +165,13 @@ def read_responses(path: str | Path) -> dict[str, list[GradedProblem]]:
 
 
 def grade_responses(problems: dict[str, list[GradedProblem]], *, grader: str = "default",
-                    timeout: float = 5.0, config: dict | None = None) -> dict:
+                    timeout: float = 5.0, config: dict | None = None,
+                    cut_off: str = DEFAULT_CUT_OFF) -> dict:
     """The results document (as :func:`ktae.eval.runner.evaluate` returns it, ``samples``
-    included) of already generated responses, graded by ``grader``."""
+    included) of already generated responses, graded by ``grader``; a response recorded
+    as ``truncated`` is wrong unless ``cut_off="read"`` (:mod:`ktae.rewards.ends`)."""
     get_grader(grader)
+    check_cut_off_rule(cut_off, "cut_off")
     before = reward_stats()["timeouts"]
     per_bench, samples, ks = {}, {}, {}
     for name, probs in problems.items():
@@ -178,12 +182,14 @@ def grade_responses(problems: dict[str, list[GradedProblem]], *, grader: str = "
                  for t, n, c in zip(p.responses, p.tokens, p.truncated, strict=True)]
                 for p in probs]
         rewards = verify_responses(name, [t for p in probs for t in p.responses],
-                                   [p.answer for p in probs for _ in range(k)], timeout, grader)
+                                   [p.answer for p in probs for _ in range(k)], timeout, grader,
+                                   truncated=[c for p in probs for c in p.truncated],
+                                   cut_off=cut_off)
         classes = vote_classes(name, rewards, k, timeout)
         samples[name] = sample_rows(records, [p.prompt for p in probs], gens, rewards, classes)
         per_bench[name] = benchmark_metrics(samples[name], k=k)
         ks[name] = k
-    results = summarize(per_bench, {"grader": grader, "k": ks,
+    results = summarize(per_bench, {"grader": grader, "k": ks, "cut_off_answers": cut_off,
                                     "verifier_timeouts": reward_stats()["timeouts"] - before,
                                     **dict(config or {})})
     results["samples"] = samples

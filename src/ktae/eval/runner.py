@@ -42,6 +42,7 @@ from ktae.models.generate import (
 from ktae.models.generation_defaults import resolve_generation
 from ktae.models.tokenizer import warn_unknown_characters
 from ktae.rewards import RewardResult, batch_math_reward, reward_stats
+from ktae.rewards.ends import DEFAULT_CUT_OFF, check_cut_off_rule, require_end
 from ktae.rewards.registry import get_reward
 
 
@@ -97,14 +98,21 @@ def _k_of(k, names) -> dict[str, int]:
 
 
 def verify_responses(name: str, texts: list[str], answers: list, timeout: float,
-                     grader: str = "default") -> list[RewardResult]:
+                     grader: str = "default", *, truncated: Sequence[bool] | None = None,
+                     cut_off: str = DEFAULT_CUT_OFF) -> list[RewardResult]:
     """Scores of one benchmark's responses: the option letter for multiple-choice
-    benchmarks, the ``grader`` of :mod:`ktae.eval.graders` otherwise."""
+    benchmarks, the ``grader`` of :mod:`ktae.eval.graders` otherwise; a response flagged
+    in ``truncated`` (cut at the budget) is wrong unless ``cut_off="read"``
+    (:mod:`ktae.rewards.ends`)."""
     if name in choice.CHOICE_BENCHMARKS:
-        return [choice.letter_reward(t, a) for t, a in zip(texts, answers, strict=True)]
-    if name == "arith":  # the task's own answer format, whatever the grader
-        return get_reward("number").score(texts, answers, timeout=timeout)
-    return get_grader(grader).grade(texts, answers, timeout=timeout)
+        results = [choice.letter_reward(t, a) for t, a in zip(texts, answers, strict=True)]
+    elif name == "arith":  # the task's own answer format, whatever the grader
+        results = get_reward("number").score(texts, answers, timeout=timeout)
+    else:
+        results = get_grader(grader).grade(texts, answers, timeout=timeout)
+    if truncated is None:
+        return results
+    return require_end(results, truncated, rule=cut_off)
 
 
 def vote_classes(name: str, rewards: list[RewardResult], k: int, timeout: float
@@ -154,7 +162,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
              show_progress: bool = False, backend: str = "hf", model_path: str | None = None,
              dtype: str = "auto", config: Mapping | None = None, long_prompts: str = "error",
              data: Mapping[str, Mapping] | None = None, grader: str = "default",
-             verbose: bool = False) -> dict:
+             verbose: bool = False, cut_off: str = DEFAULT_CUT_OFF) -> dict:
     """Evaluate ``model`` on ``benchmarks`` and return the results document.
 
     Args:
@@ -181,6 +189,9 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             dtype the engine runs in is recorded under ``config.engine``.
         verbose: vLLM's start-up log (quiet otherwise).
         grader: the math grader (:mod:`ktae.eval.graders`), recorded in the config.
+        cut_off: a response cut at ``max_new_tokens`` without ending is ``"wrong"``
+            (default) or ``"read"`` from its text (:mod:`ktae.rewards.ends`); recorded in
+            the config as ``cut_off_answers``.
         long_prompts: what happens to prompts that do not fit in the model's context:
             ``"error"`` (default: refused before anything is generated), ``"skip"`` or
             ``"truncate"`` (:mod:`ktae.eval.context`; reported per benchmark as
@@ -211,6 +222,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         raise ValueError(f"backend: expected 'hf' or 'vllm', got {backend!r}")
 
     get_grader(grader)
+    check_cut_off_rule(cut_off, "cut_off")
     choice_of = resolve_generation(_model_dir(model, model_path), template=template,
                                    max_new_tokens=max_new_tokens)
     if isinstance(benchmarks, Mapping):
@@ -274,7 +286,8 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
             flat: list[Generation] = [g for gs in gens for g in gs]
             rewards = verify_responses(name, [g.text for g in flat],
                                        [r.answer for r in recs for _ in range(s.k)], timeout,
-                                       grader)
+                                       grader, truncated=[g.truncated for g in flat],
+                                       cut_off=cut_off)
             classes = vote_classes(name, rewards, s.k, timeout)
             samples[name] = sample_rows(recs, prompts[name], gens, rewards, classes)
             per_bench[name] = benchmark_metrics(samples[name], k=s.k)
@@ -291,7 +304,7 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
                   "template_source": choice_of.template_source,
                   "max_new_tokens_source": choice_of.max_new_tokens_source,
                   "verifier_timeouts": reward_stats()["timeouts"] - timeouts_before,
-                  "grader": grader,
+                  "grader": grader, "cut_off_answers": cut_off,
                   "long_prompts": long_prompts, **engine,
                   **dict(config or {})}
     results = summarize(per_bench, run_config)

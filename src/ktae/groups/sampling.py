@@ -13,6 +13,7 @@ from ktae.models.generate import SamplingConfig, generate_hf
 from ktae.models.input_grad_importance import answer_tokens, tail_reference
 from ktae.models.named import is_named, named_model_path
 from ktae.rewards import math_reward
+from ktae.rewards.ends import DEFAULT_CUT_OFF, require_end
 from ktae.runs.reader import load_tokenizer
 from ktae.tasks import EVAL_SEED, format_prompt, generate
 
@@ -85,8 +86,10 @@ def prompt_rows(prompts: Path | None, tokenizer, n: int) -> list[dict]:
 def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
                   max_new_tokens: int, temperature: float, seed: int, first_index: int = 0,
                   on_batch=None, scores: float | None = None, tails=None,
-                  on_tail=None) -> list[tuple[str, GroupInput]]:
-    """``num_generations`` sampled responses per prompt, scored by ``math_reward``; groups
+                  on_tail=None, cut_off: str = DEFAULT_CUT_OFF) -> list[tuple[str, GroupInput]]:
+    """``num_generations`` sampled responses per prompt, scored by ``math_reward`` (a
+    response cut at ``max_new_tokens`` is wrong unless ``cut_off="read"``,
+    :mod:`ktae.rewards.ends`); groups
     are keyed and labelled by prompt index (``first_index`` for ``rows[0]``); ``on_batch``
     as :func:`ktae.models.generate.generate_hf` takes it (progress). ``scores``: a
     temperature at which each group's ``logprobs`` and ``entropies`` are read from the
@@ -101,7 +104,8 @@ def sample_groups(model, tokenizer, rows: list[dict], *, num_generations: int,
                       scores=scores, tails=tails, on_tail=on_tail)
     groups = []
     for i, (row, gens) in enumerate(zip(rows, out, strict=True), first_index):
-        results = [math_reward(g.text, row["answer"]) for g in gens]
+        results = require_end([math_reward(g.text, row["answer"]) for g in gens],
+                              [g.truncated for g in gens], rule=cut_off)
         groups.append((str(i), GroupInput(
             prompt=row["prompt"], responses=[list(g.token_ids) for g in gens],
             rewards=[r.score for r in results], correct=[r.correct for r in results],

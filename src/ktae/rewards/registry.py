@@ -21,9 +21,13 @@ held-out accuracy. Entries:
 Every check (the answer-line scorers too) runs in a verifier process under a hard time
 limit (:mod:`ktae.rewards.pool`).
 
+A response cut at the token budget without ending is wrong under every reward
+(:func:`score_responses`, :mod:`ktae.rewards.ends`), unless the caller's
+``cut_off="read"`` says otherwise.
+
 Adding a reward is one :class:`Reward` in :data:`REWARDS`: a name, a one-line summary
-(shown by ``ktae train --help`` and in error messages) and a batch ``score`` function
-with the signature of :func:`score_boxed`.
+(shown by ``ktae train --help`` and in error messages), a batch ``score`` function with
+the signature of :func:`score_boxed` and, when it is not 0, its wrong score.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ktae.rewards.batch import batch_math_reward, batch_scorer_reward
+from ktae.rewards.ends import DEFAULT_CUT_OFF, require_end
 from ktae.rewards.graded import score_digits
 from ktae.rewards.verify import RewardResult
 
@@ -54,6 +59,9 @@ class Reward:
     prompt_marker: str | None = None
     """Text a prompt must mention for the model to know the answer format this reward
     reads (``dapo``: ``Answer:``); None: no check."""
+    wrong_score: float = 0.0
+    """The score of a wrong response: what a response cut at the budget gets
+    (:mod:`ktae.rewards.ends`)."""
 
 
 def score_boxed(completions: Sequence[str], answers: Sequence, *, timeout: float = 5.0,
@@ -133,7 +141,7 @@ REWARDS: dict[str, Reward] = {r.name: r for r in (
     Reward("boxed", "the strict last \\boxed{} answer, checked for equivalence (1 / 0)",
            score_boxed),
     Reward("dapo", "the last 'Answer: ...' line, normalised as verl's math_dapo (+1 / -1)",
-           _scorer("dapo"), template="dapo", prompt_marker="Answer:"),
+           _scorer("dapo"), template="dapo", prompt_marker="Answer:", wrong_score=-1.0),
     Reward("gsm8k", "the last '#### N', as verl's strict GSM8K scorer (1 / 0)",
            _scorer("gsm8k")),
     Reward("number", "the last number of the response (commas allowed), equal to the answer "
@@ -163,6 +171,33 @@ def warn_if_prompts_miss_the_format(reward: str, prompts: Sequence[str],
                   f"wrong. Use --template {get_reward(reward).template or 'dapo'} or rows "
                   "whose prompts ask for it", stacklevel=2)
     return True
+
+
+def wrong_scores(name: str, n: int, data_sources: Sequence | None = None) -> list[float]:
+    """The wrong score of each of ``n`` responses under the reward ``name`` (``auto``: the
+    reward of each row's data source)."""
+    if name != "auto":
+        return [get_reward(name).wrong_score] * n
+    sources = [None] * n if data_sources is None else list(data_sources)
+    return [REWARDS[auto_reward_name(s)].wrong_score for s in sources]
+
+
+def score_responses(name: str, completions: Sequence[str], answers: Sequence, *,
+                    truncated: Sequence[bool] | None, cut_off: str = DEFAULT_CUT_OFF,
+                    timeout: float = 5.0, num_workers: int | None = 1,
+                    data_sources: Sequence | None = None) -> list[RewardResult]:
+    """The reward ``name`` of each completion, a completion cut at its token budget
+    (``truncated``) counted wrong unless ``cut_off == "read"`` (:mod:`ktae.rewards.ends`).
+
+    ``truncated=None`` says that no response was cut (text from a source that does not
+    record it); pass the flags wherever the generator gave them.
+    """
+    results = get_reward(name).score(list(completions), list(answers), timeout=timeout,
+                                     num_workers=num_workers, data_sources=data_sources)
+    if truncated is None:
+        return results
+    return require_end(results, truncated, rule=cut_off,
+                       wrong_score=wrong_scores(name, len(results), data_sources))
 
 
 def get_reward(name: str) -> Reward:

@@ -58,7 +58,9 @@ class RewardResult:
 
     ``formatted``: the completion closes a non-empty ``\\boxed{}``; ``extracted``: its
     content (None when there is no complete box); ``timed_out``: the symbolic check was
-    killed at its deadline (the answer then counts as incorrect).
+    killed at its deadline (the answer then counts as incorrect); ``cut_off``: the response
+    hit its token budget without ending, and was counted wrong for it
+    (:func:`ktae.rewards.ends.require_end`).
     """
 
     score: float
@@ -66,6 +68,7 @@ class RewardResult:
     formatted: bool
     extracted: str | None
     timed_out: bool = False
+    cut_off: bool = False
 
 
 def _count(key: str) -> None:

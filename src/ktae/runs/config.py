@@ -43,6 +43,7 @@ from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.methods import check_alias_settings, declared_aliases
 from ktae.data import FIELDS, check_filters, parse_source
 from ktae.eval.prompts import TEMPLATES
+from ktae.rewards.ends import check_cut_off_rule
 from ktae.rewards.registry import REWARDS, get_reward
 from ktae.runs.fields import FieldError, check_value, closest, flag
 from ktae.runs.rundir import atomic_write
@@ -108,6 +109,12 @@ class _TrainConfig:
     reward: str = field(default="boxed", metadata=flag(
         f"reward of a response: {' | '.join(REWARDS)}"))
     """Reward of a response (:mod:`ktae.rewards.registry`): ``boxed`` (strict last box)."""
+    cut_off_answers: str = field(default="wrong", metadata=flag(
+        "a response cut at --max-new-tokens without ending: wrong (default) | read (scored "
+        "from its text)"))
+    """How a response that hit ``max_new_tokens`` without its stop token is scored, in the
+    reward and in the held-out evaluation (:mod:`ktae.rewards.ends`): ``wrong``, or
+    ``read`` from its text."""
     algo: str = field(default="dapo", metadata=flag(f"one of {', '.join(ALGOS)}"))
     """``grpo``, ``dapo`` or ``drgrpo``: fills the fields marked "None = algo default"."""
     credit: str = field(default="ktae", metadata=flag(
@@ -181,6 +188,12 @@ class _TrainConfig:
     """Held-out evaluation every this many steps (0 = only before and after)."""
     eval_size: int = field(default=300, metadata=flag("held-out problems per eval"))
     """Held-out problems per evaluation (embedded test split, greedy, strict reward)."""
+    eval_split: str = field(default="test", metadata=flag(
+        "held-out split of the arith task: test (default) | eval (tuning, leaving test "
+        "untouched)"))
+    """The ``arith`` task's split the held-out evaluation draws from: ``test`` (the task's
+    held-out set), or ``eval`` (a disjoint set of computations for choosing settings
+    without looking at ``test``; :mod:`ktae.tasks.arith`). Other tasks take ``test`` only."""
     save_every: int = field(default=50, metadata=flag("checkpoint every N steps (0 = at the end)"))
     """Checkpoint every this many steps (0 = only at the end)."""
     save_total_limit: int = field(default=2, metadata=flag("complete checkpoints kept (0 = all)"))
@@ -332,6 +345,12 @@ class _TrainConfig:
             raise ValueError(f"eval_task: the {self.eval_task} held-out split goes with "
                              f"--task {self.eval_task}")
         get_reward(self.reward)
+        check_cut_off_rule(self.cut_off_answers)
+        if self.eval_split not in ("test", "eval"):
+            raise ValueError(f"eval_split: expected test or eval, got {self.eval_split!r}")
+        if self.eval_split != "test" and parse_task_name(self.task) is None:
+            raise ValueError(f"eval_split: the {self.task} task has one held-out set; eval "
+                             "goes with --task arith")
         for key, column in self.task_fields.items():
             if key not in FIELDS or not isinstance(column, str) or not column:
                 raise ValueError(f"task_fields: expected FIELD=COLUMN with FIELD among "

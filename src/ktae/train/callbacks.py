@@ -8,6 +8,7 @@ import sys
 import torch
 from transformers import TrainerCallback
 
+from ktae.rewards.ends import DEFAULT_CUT_OFF
 from ktae.rewards.registry import DEFAULT_REWARD
 from ktae.runs.rundir import RunDir
 from ktae.train.evaluation import greedy_accuracy
@@ -34,9 +35,12 @@ class EvalCallback(TrainerCallback):
     """Greedy held-out evaluation every ``every`` steps (0 = never during training)."""
 
     def __init__(self, rundir: RunDir, rows: list[dict], *, every: int, max_new_tokens: int,
-                 tokenizer, reward: str = DEFAULT_REWARD, autocast: torch.dtype | None = None):
+                 tokenizer, reward: str = DEFAULT_REWARD, autocast: torch.dtype | None = None,
+                 cut_off: str = DEFAULT_CUT_OFF):
         self.rundir, self.rows, self.every = rundir, rows, every
         self.max_new_tokens, self.tokenizer, self.reward = max_new_tokens, tokenizer, reward
+        self.cut_off = cut_off
+        """How a held-out response cut at the budget is scored (:mod:`ktae.rewards.ends`)."""
         self.autocast = autocast
         """The dtype the products run in (``--bf16``: bfloat16, as in training, before
         the trainer wraps the model's forward too); None: the weights' own."""
@@ -48,7 +52,8 @@ class EvalCallback(TrainerCallback):
         with torch.autocast(device, dtype=self.autocast, enabled=self.autocast is not None), \
                 lora_for_sampling(model):
             accuracy = greedy_accuracy(model, self.tokenizer, self.rows,
-                                       max_new_tokens=self.max_new_tokens, reward=self.reward)
+                                       max_new_tokens=self.max_new_tokens, reward=self.reward,
+                                       cut_off=self.cut_off)
         report = {"step": int(step), **accuracy}
         self.rundir.append(self.rundir.eval_path, report)
         self.last = report

@@ -81,13 +81,15 @@ def _load(task: str, *, option: str, fields=None, filters=None, check=None) -> l
 def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
               fields: Mapping[str, str] | None = None,
               filters: Mapping[str, Sequence[str]] | None = None, eval_task: str | None = None,
-              check: Callable | None = None) -> TaskRows:
+              check: Callable | None = None, eval_split: str = "test") -> TaskRows:
     """Read and check a task's problems (no model or tokenizer needed).
 
     Embedded: ``train_size`` train-split problems for ``seed`` and ``eval_size`` test-split
-    problems (fixed seed, disjoint from train). External tasks: ``fields`` and ``filters``
-    apply to the training source; the held-out set is the first ``eval_size`` problems of
-    ``eval_task`` when given, else the last ``min(eval_size, n // 5)`` training problems.
+    problems (fixed seed, disjoint from train). ``arith``: the same, the held-out problems
+    from ``eval_split`` (``test``, or ``eval`` for tuning without touching ``test``).
+    External tasks: ``fields`` and ``filters`` apply to the training source; the held-out
+    set is the first ``eval_size`` problems of ``eval_task`` when given, else the last
+    ``min(eval_size, n // 5)`` training problems.
     ``check(example)`` may refuse a row (ValueError; reported with the row's place).
 
     Raises:
@@ -108,7 +110,8 @@ def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
             raise ValueError("task: the arith task takes no task_fields, task_filters or "
                              "eval_task (it has its own held-out split)")
         return TaskRows(_arith_examples(train_size, "train", seed, difficulty),
-                        _arith_examples(eval_size, "test", None, difficulty), embedded=False)
+                        _arith_examples(eval_size, eval_split, None, difficulty),
+                        embedded=False)
     rows = _load(task, option="task", fields=fields, filters=filters, check=check)
     if eval_task is not None:
         held = _load(eval_task, option="eval_task", check=check)
@@ -123,9 +126,11 @@ def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
 
 def _arith_examples(n: int, split: str, seed: int | None, difficulty: int) -> list:
     """``arith`` problems as chat rows: the user message is the question and its instruction
-    (the held-out ``test`` problems use the task's fixed seed, the same for every run)."""
+    (the held-out ``test`` and ``eval`` problems use the task's fixed seed of their split,
+    the same for every run)."""
+    fixed = arith.TEST_SEED if split == "test" else arith.EVAL_SEED
     problems = arith.generate(n, split=split, difficulty=difficulty,
-                              seed=arith.TEST_SEED if seed is None else seed)
+                              seed=fixed if seed is None else seed)
     return [Example(id=p.id, problem=p.question, answer=p.answer,
                     messages=[{"role": "user", "content": arith.user_message(p)}])
             for p in problems]

@@ -9,15 +9,18 @@ from __future__ import annotations
 import torch
 
 from ktae.models.generate import SamplingConfig, generate_hf
-from ktae.rewards.registry import DEFAULT_REWARD, get_reward
+from ktae.rewards.ends import DEFAULT_CUT_OFF
+from ktae.rewards.registry import DEFAULT_REWARD, score_responses
 
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
-                    batch_size: int = 100, reward: str = DEFAULT_REWARD) -> dict:
+                    batch_size: int = 100, reward: str = DEFAULT_REWARD,
+                    cut_off: str = DEFAULT_CUT_OFF) -> dict:
     """Greedy pass@1 of ``model`` on ``rows`` (dicts with ``prompt``, ``answer`` and
     optional ``data_source`` and bool ``carry``), judged correct by the reward ``reward``
-    (:mod:`ktae.rewards.registry`).
+    (:mod:`ktae.rewards.registry`); a response cut at ``max_new_tokens`` is wrong unless
+    ``cut_off="read"`` (:mod:`ktae.rewards.ends`).
 
     Returns:
         ``{"accuracy", "formatted", "response_length", "truncated", "n", "problems"}`` and,
@@ -37,8 +40,9 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
     texts = [g[0].text for g in gens]
     lengths = [g[0].num_tokens for g in gens]
     sources = [r["data_source"] for r in rows] if "data_source" in rows[0] else None
-    results = get_reward(reward).score(texts, [r["answer"] for r in rows], num_workers=1,
-                                       data_sources=sources)
+    results = score_responses(reward, texts, [r["answer"] for r in rows],
+                              truncated=[g[0].truncated for g in gens], cut_off=cut_off,
+                              num_workers=1, data_sources=sources)
     correct = [r.correct for r in results]
     report = {
         "accuracy": sum(correct) / len(rows),

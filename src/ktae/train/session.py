@@ -132,7 +132,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
             reward.check_source(example.data_source)
     task = read_task(cfg.task, train_size=cfg.train_size, eval_size=cfg.eval_size,
                      seed=cfg.seed, fields=cfg.task_fields, filters=cfg.task_filters,
-                     eval_task=cfg.eval_task, check=check)
+                     eval_task=cfg.eval_task, check=check, eval_split=cfg.eval_split)
     if len(task.train) < cfg.num_prompts:
         raise ValueError(f"task: {len(task.train)} training problem(s), fewer than "
                          f"num_prompts={cfg.num_prompts} per step")
@@ -368,11 +368,12 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
     generation = {"template": template, "max_new_tokens": cfg.max_new_tokens}
     rewards = reward_funcs if reward_funcs is not None else make_reward_funcs(
         max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
-        overlong_factor=cfg.overlong_factor, reward=cfg.reward)
+        overlong_factor=cfg.overlong_factor, reward=cfg.reward, cut_off=cfg.cut_off_answers)
     metrics_cb = MetricsCallback(rundir)
     eval_cb = EvalCallback(rundir, eval_rows, every=cfg.eval_every,
                            max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer,
-                           reward=cfg.reward, autocast=torch.bfloat16 if cfg.bf16 else None)
+                           reward=cfg.reward, autocast=torch.bfloat16 if cfg.bf16 else None,
+                           cut_off=cfg.cut_off_answers)
     callbacks = [metrics_cb, eval_cb,
                  NoSignalCallback(metrics_cb, steps=cfg.no_signal_steps,
                                   max_new_tokens=cfg.max_new_tokens, reward=cfg.reward),

@@ -291,6 +291,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
             if i is not None:
                 ignore.add(int(i))
         self.ignore_token_ids = sorted(ignore)
+        for func in self.reward_funcs:  # ktae's accuracy reward tells cut-off responses
+            if getattr(func, "stop_ids", False) is None:
+                func.stop_ids = frozenset(int(i) for i in self._stop_ids() if i is not None)
 
     @property
     def _method(self):
