@@ -1,0 +1,130 @@
+"""The paired verdict's pilot: a plain-GRPO recipe that learns, tuned on development data.
+
+Before any method is compared, the SmolLM2 recipe (configs/smollm2-recipe.yaml) must make
+plain GRPO learn: over at least 5 development seeds, a gain of at least +10 held-out points
+with a seed sd of at most 6 points (the study's bar). The pilot tries recipes on
+development seeds only (:data:`DEV_SEEDS`, never a seed of the final runs) and scores
+them on the arith task's ``eval`` split only (``--eval-split eval``: 200 computations
+disjoint from the ``test`` split the final table reads, and from training). A response
+cut at the budget is wrong (``ktae train``'s default). Every run evaluates every
+:data:`EVAL_EVERY` steps, so that one run of :data:`MAX_STEPS` steps under a constant
+learning rate also gives the recipe at each shorter length.
+
+Each grid point (:data:`GRID`) changes the recipe's learning rate, prompts per step,
+samples per prompt, budget or steps; runs go seed by seed over the points, so that a
+pilot stopped early holds the same seeds at every point. Precision is float32, which every
+CPU runs natively (fixed for the final runs too: bfloat16 is emulated, and slower, on a
+CPU without bfloat16 instructions).
+
+    python studies/paired-verdict/pilot.py status
+    python studies/paired-verdict/pilot.py run --jobs 2     # hours; resumable
+    python studies/paired-verdict/pilot.py table            # the tuning table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import driver  # noqa: E402
+
+STUDY = "paired-verdict-pilot"
+RECORDS = HERE / "records" / "pilot"
+CODE = HERE / "records" / "pilot-code.json"
+"""``{"commit": SHA}``: the commit every pilot run imports ``ktae`` from."""
+CONFIG = "configs/smollm2-recipe.yaml"
+DEV_SEEDS = (101, 102, 103, 104, 105)
+"""Development seeds: the pilot's only; the final runs use others."""
+MAX_STEPS = 30
+EVAL_EVERY = 6
+COMMON = (f"--credit none --eval-split eval --eval-size 200 --max-steps {MAX_STEPS} "
+          f"--eval-every {EVAL_EVERY} --save-every {EVAL_EVERY} --rollout-every 0 --threads 1 "
+          "--no-progress")
+GRID = {
+    "lr2e-4-p4g8-t96": "--lr 2e-4 --num-prompts 4 --num-generations 8 "
+                       "--max-new-tokens 96",
+    "lr5e-4-p4g8-t96": "--lr 5e-4 --num-prompts 4 --num-generations 8 "
+                       "--max-new-tokens 96",
+    "lr5e-4-p8g8-t96": "--lr 5e-4 --num-prompts 8 --num-generations 8 "
+                       "--max-new-tokens 96 --trl gradient_accumulation_steps=2",
+}
+"""Grid point -> its flags beside :data:`COMMON`, in the order they were added."""
+GAIN, SD = 0.10, 0.06
+"""The bar: mean held-out gain >= +10 points with a seed sd <= 6 points."""
+
+
+def run_name(point: str, seed: int) -> str:
+    return f"{point}-s{seed}"
+
+
+def jobs() -> list[driver.Job]:
+    return [driver.Job(run_name(point, seed),
+                       ("train", "--config", CONFIG, *COMMON.split(), *flags.split(),
+                        "--seed", str(seed)))
+            for seed in DEV_SEEDS for point, flags in GRID.items()]
+
+
+def evaluations(name: str) -> list[dict]:
+    path = RECORDS / name / "eval.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def tuning_table() -> str:
+    """Per grid point and evaluated step: the seeds recorded, the mean gain over the
+    starting accuracy and its seed sd, the held-out share cut at the budget, and whether
+    the bar holds (at least 5 seeds)."""
+    import statistics
+
+    lines = ["| recipe | step | seeds | before | after | gain (points) | seed sd | cut off | "
+             "bar |", "|---|---|---|---|---|---|---|---|---|"]
+    for point in GRID:
+        seeds = [s for s in DEV_SEEDS if driver.recorded(RECORDS, run_name(point, s))]
+        if not seeds:
+            continue
+        runs = [evaluations(run_name(point, s)) for s in seeds]
+        for i, row in enumerate(runs[0][1:], start=1):
+            step = row["step"]
+            at = [r[i] for r in runs if len(r) > i and r[i]["step"] == step]
+            before = [r[0]["accuracy"] for r in runs]
+            gains = [a["accuracy"] - r[0]["accuracy"] for a, r in zip(at, runs, strict=True)]
+            sd = statistics.stdev(gains) if len(gains) > 1 else float("nan")
+            mean = statistics.fmean(gains)
+            ok = len(gains) >= 5 and mean >= GAIN and sd <= SD
+            lines.append(
+                f"| `{point}` | {step} | {len(at)} | {100 * statistics.fmean(before):.1f} | "
+                f"{100 * statistics.fmean(a['accuracy'] for a in at):.1f} | "
+                f"{100 * mean:+.1f} | {100 * sd:.1f} | "
+                f"{100 * statistics.fmean(a['truncated'] for a in at):.1f}% | "
+                f"{'yes' if ok else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=("status", "run", "table"))
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        print("pilot: --jobs: expected a positive integer", file=sys.stderr)
+        return 2
+    if args.action == "status":
+        todo = [j.name for j in jobs() if not driver.recorded(RECORDS, j.name)]
+        print(f"recorded {len(jobs()) - len(todo)} of {len(jobs())}; next: "
+              f"{', '.join(todo[:4]) or 'none'}")
+        return 0
+    if args.action == "table":
+        print(tuning_table())
+        return 0
+    root = driver.runs_root(STUDY)
+    code = driver.code_tree(root, json.loads(CODE.read_text())["commit"])
+    return driver.drive(jobs(), n_jobs=args.jobs, root=root, records=RECORDS, code=code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

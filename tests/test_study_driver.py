@@ -1,0 +1,86 @@
+"""The studies' driver: a recorded run is skipped, a run with a checkpoint resumes, a
+finished run's files reach its record with the marker last, a refused command stops the
+queue; the pilot's grid holds development seeds only and reads the eval split."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+sys.path.insert(0, str(STUDIES))
+
+import driver  # noqa: E402
+
+# a stand-in for `python -m ktae`: writes its arguments and a summary into -o, and fails
+# with exit 2 when asked to
+FAKE = '''
+import json, pathlib, sys
+argv = sys.argv[1:]
+if "--refuse" in argv:
+    sys.exit(2)
+out = pathlib.Path(argv[argv.index("-o") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "summary.json").write_text(json.dumps({"argv": argv}))
+(out / "calls").open("a").write("x")
+'''
+
+
+@pytest.fixture
+def code(tmp_path) -> Path:
+    tree = tmp_path / "code"
+    (tree / "src" / "ktae").mkdir(parents=True)
+    (tree / "src" / "ktae" / "__init__.py").write_text("")
+    (tree / "src" / "ktae" / "__main__.py").write_text(FAKE)
+    return tree
+
+
+def test_drive_records_skips_and_resumes(tmp_path, code, capsys):
+    root, records = tmp_path / "runs", tmp_path / "records"
+    jobs = [driver.Job("a", ("train", "--seed", "1")), driver.Job("b", ("train", "--seed", "2"))]
+    (root / "b" / "checkpoint-6").mkdir(parents=True)  # b was cut after a checkpoint
+    (root / "b" / "summary.json").write_text("{}")
+    assert driver.drive(jobs, n_jobs=2, root=root, records=records, code=code) == 0
+    a = json.loads((records / "a" / "summary.json").read_text())["argv"]
+    b = json.loads((records / "b" / "summary.json").read_text())["argv"]
+    assert "--resume" not in a and b[-1] == "--resume"
+    marker = json.loads((records / "a" / driver.MARKER).read_text())
+    assert marker["command"] == "ktae train --seed 1 -o '{runs}/a'"
+    # a second sitting skips both
+    assert driver.drive(jobs, n_jobs=1, root=root, records=records, code=code) == 0
+    assert (root / "a" / "calls").read_text() == "x"
+    assert "2 of 2 recorded; 0 to do" in capsys.readouterr().out
+
+
+def test_a_start_without_checkpoint_is_cleared_and_a_refusal_stops_the_queue(tmp_path, code,
+                                                                              capsys):
+    root, records = tmp_path / "runs", tmp_path / "records"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "stale").write_text("half a start")
+    jobs = [driver.Job("a", ("train", "--refuse")), driver.Job("b", ("train",))]
+    assert driver.drive(jobs, n_jobs=1, root=root, records=records, code=code) == 1
+    assert not (root / "a" / "stale").exists() and not (records / "a").exists()
+    assert not (root / "b").exists()  # never started
+    assert "no further job starts" in capsys.readouterr().out
+
+
+def test_the_pilot_tunes_on_development_seeds_and_the_eval_split():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pilot", STUDIES / "paired-verdict" /
+                                                  "pilot.py")
+    pilot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilot)
+    jobs = pilot.jobs()
+    assert len(jobs) == len(pilot.GRID) * len(pilot.DEV_SEEDS)
+    for job in jobs:
+        argv = list(job.argv)
+        assert argv[argv.index("--eval-split") + 1] == "eval"
+        assert argv[argv.index("--credit") + 1] == "none"
+        assert int(argv[argv.index("--seed") + 1]) in pilot.DEV_SEEDS
+    # seed by seed: a pilot stopped early holds the same seeds at every grid point
+    first = [j.name for j in jobs[:len(pilot.GRID)]]
+    assert all(name.endswith(f"-s{pilot.DEV_SEEDS[0]}") for name in first)
