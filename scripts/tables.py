@@ -1076,6 +1076,21 @@ TABLES.update({"verdict" if name == "verdict" else f"verdict-{name}": Table((), 
                for name in ("verdict", "length", "credit-mass", "audit")})
 
 
+def _verdict_rescored() -> str:
+    """studies/paired-verdict/rescore.py's tables: the 5-seed study's 50 runs with every
+    held-out answer cut at the budget counted wrong, paired and Holm-corrected."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "paired_verdict_rescore", REPO / "studies" / "paired-verdict" / "rescore.py")
+    rescore = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rescore)
+    return rescore.table(rescore.figures(rescore.old.RECORDS))
+
+
+TABLES["verdict-rescored"] = Table((), _verdict_rescored)
+
+
 # --- markers ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
