@@ -46,7 +46,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "runs" / "tables"
 RECORDS = REPO / "records" / "tables"
-DOCS = ("README.md", "docs/*.md")
+VERDICT = REPO / "studies" / "verdict-5seed"
+DOCS = ("README.md", "docs/*.md", "studies/*/report.md")
 MARKER = ".json"
 """Suffix of the file beside a run's cache folder (``runs/tables/NAME.json``): the command
 that filled the folder and whether it finished; the script removes only such folders."""
@@ -782,8 +783,8 @@ def _recipe_runs(folders: tuple[Path, ...]) -> dict[str, list[dict]]:
 def recipe(*folders: Path) -> str:
     """docs/real-model.md and README.md: the recipe's held-out greedy accuracy before and
     after, over the seeds, per arm; the change of KTAE against GRPO with Welch's interval."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    from credit_study import welch
+    sys.path.insert(0, str(REPO / "studies"))
+    from stats import welch
 
     runs = _recipe_runs(folders)
     rows = ["| arm | seeds | held-out greedy before | after | change (points) | "
@@ -827,8 +828,8 @@ def precision_recipe(*folders: Path) -> str:
     problems (scripts/verdict_analysis.py)."""
     import numpy as np
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from credit_study import welch
+    sys.path.insert(0, str(REPO / "studies"))
+    from stats import welch
     from verdict_analysis import two_level_bootstrap
 
     runs: dict[str, list[dict]] = {}
@@ -938,7 +939,7 @@ def _audit_means(folder: Path, figure: str) -> dict[str, float]:
 
 
 def _corr_row(cells: str, x: dict[str, float], y: dict[str, float], better: int) -> str:
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path[:0] = [str(REPO / "studies" / "credit-study"), str(REPO / "studies")]
     from credit_study import spearman, verdict
 
     common = [m for m in x if m in y]
@@ -987,7 +988,7 @@ def cross_gains(*folders: Path) -> str:
     """docs/credit-study.md: each audit's figures against the real model's training gain
     over GRPO (the study's arms: mean change over seeds minus GRPO's; GRPO's gain is 0),
     Spearman's rho as in :func:`cross_audits`, the verdict in the audit's better direction."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path[:0] = [str(REPO / "studies" / "credit-study"), str(REPO / "studies")]
     from credit_study import BETTER
 
     audits, runs = folders[:3], folders[3:]
@@ -1058,17 +1059,17 @@ TABLES = {
 }
 
 
-# The real-model verdict (docs/verdict-plan.md): these tables read the study's records
-# (records/verdict/, which scripts/verdict_study.py fills) through
-# scripts/verdict_analysis.py, so they name no run of their own; a partial study renders
+# The real-model 5-seed verdict (studies/verdict-5seed/plan.md): these tables read the
+# study's records (studies/verdict-5seed/records/, which its verdict_study.py fills)
+# through its verdict_tables.py, so they name no run of their own; a partial study renders
 # with the seeds it has, and names the runs still missing.
 def _verdict(name: str) -> Callable[[], str]:
     def render() -> str:
-        sys.path.insert(0, str(REPO / "scripts"))
-        import verdict_analysis
+        sys.path.insert(0, str(VERDICT))
+        import verdict_tables
 
-        return verdict_analysis.table(name)
-    render.__doc__ = f"scripts/verdict_analysis.py's {name!r} table over records/verdict/."
+        return verdict_tables.table(name)
+    render.__doc__ = f"studies/verdict-5seed/verdict_tables.py's {name!r} table."
     return render
 
 

@@ -28,7 +28,7 @@ import itertools
 import math
 
 import numpy as np
-from scipy import stats
+from scipy import stats as sps
 
 LEVEL = 0.95
 
@@ -65,11 +65,37 @@ def paired_interval(d, *, level: float = LEVEL) -> dict:
         return out
     df = var ** 2 / sum(v ** 2 / k for v, k in parts if v > 0)
     se = math.sqrt(var)
-    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    half = float(sps.t.ppf(0.5 + level / 2, df)) * se
     t = out["diff"] / se
     out.update(se=se, df=float(df), low=out["diff"] - half, high=out["diff"] + half,
-               p=float(2 * stats.t.sf(abs(t), df)))
+               p=float(2 * sps.t.sf(abs(t), df)))
     return out
+
+
+def welch(a, b) -> dict:
+    """Welch's t-test of ``mean(a) - mean(b)`` and the Welch-Satterthwaite 95% interval
+    of the difference: ``{"diff", "low", "high", "p", "df", "n_a", "n_b"}`` (None where
+    undefined: fewer than two values on a side, or both sides without spread)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    out = {"diff": None, "low": None, "high": None, "p": None, "df": None,
+           "n_a": int(a.size), "n_b": int(b.size)}
+    if a.size == 0 or b.size == 0:
+        return out
+    diff = float(a.mean() - b.mean())
+    out["diff"] = diff
+    if a.size < 2 or b.size < 2:
+        return out
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se2 = va + vb
+    if se2 == 0:
+        return out
+    df = se2 ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1))
+    half = sps.t.ppf(0.975, df) * math.sqrt(se2)
+    t = diff / math.sqrt(se2)
+    out.update(low=diff - half, high=diff + half, df=float(df),
+               p=float(2 * sps.t.sf(abs(t), df)))
+    return out
+
 
 
 def sign_flip_p(values, null: float = 0.0) -> float:

@@ -1,4 +1,4 @@
-"""scripts/credit_study.py: the join of compare, audit and simulate outputs, its
+"""studies/credit-study/credit_study.py: the join of compare, audit and simulate outputs, its
 statistics (checked against scipy), the missing-method list and the report's numbers.
 
 Inputs are written by the real writers where cheap (``TrainConfig.save`` for the runs'
@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("credit_study", ROOT / "scripts" / "credit_study.py")
+    spec = importlib.util.spec_from_file_location(
+        "credit_study", ROOT / "studies" / "credit-study" / "credit_study.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

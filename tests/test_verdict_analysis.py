@@ -1,4 +1,4 @@
-"""scripts/verdict_analysis.py: the verdict study's bootstrap, Welch interval, seed rule,
+"""studies/verdict-5seed/verdict_analysis.py: the verdict study's bootstrap, Welch interval, seed rule,
 credit classes on real tokens, and the whole script on synthetic records."""
 
 import importlib.util
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "scripts"
+SCRIPTS = REPO / "studies" / "verdict-5seed"
 
 
-def _load(name: str):
+def _load(name: str, folder: Path = SCRIPTS):
     if name not in sys.modules:
         sys.path.insert(0, str(SCRIPTS))
-        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -216,7 +216,8 @@ def test_the_whole_script_on_synthetic_records(va, tmp_path, fake_classes, capsy
     write_audit(tmp_path / f"audit-{FIRST}-start", va, 0.1)
     write_audit(tmp_path / f"audit-{va.run_name(FIRST, 'ktae', va.AUDIT_SEEDS[0])}", va, 0.05)
     out = tmp_path / "out" / "figures.json"
-    assert va.main(["--records", str(tmp_path), "--json", str(out), "--draws", "2000"]) == 0
+    vt = _load("verdict_tables")
+    assert vt.main(["--records", str(tmp_path), "--json", str(out), "--draws", "2000"]) == 0
     text = capsys.readouterr().out
     result = json.loads(out.read_text())
     first = result["verdict"][FIRST]
@@ -259,10 +260,11 @@ def test_the_whole_script_on_synthetic_records(va, tmp_path, fake_classes, capsy
 
 
 def test_no_records_is_one_line(va, tmp_path, capsys):
-    assert va.main(["--records", str(tmp_path / "none")]) == 0
+    vt = _load("verdict_tables")
+    assert vt.main(["--records", str(tmp_path / "none")]) == 0
     assert capsys.readouterr().out.strip().count("\n") == 0
     for name in va.TABLES:
-        table = va.table(name, tmp_path)
+        table = vt.table(name, tmp_path)
         assert table.startswith("| setting |") and va.NO_RECORDS in table
 
 
@@ -281,7 +283,7 @@ def test_a_record_of_another_run_or_other_problems_is_refused(va, tmp_path):
 
 
 def test_tables_renders_the_verdict_from_the_records(va, tmp_path, monkeypatch, fake_classes):
-    tables = _load("tables")
+    tables = _load("tables", REPO / "scripts")
     rng = np.random.default_rng(1)
     for setting in va.SETTINGS:
         for arm in va.ARMS:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "verdict_study.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "studies" / "verdict-5seed" / "verdict_study.py"
 
 
 @pytest.fixture

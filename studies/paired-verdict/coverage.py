@@ -37,7 +37,7 @@ from scipy import stats as sps
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(HERE.parent), str(REPO / "scripts")]
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "verdict-5seed")]
 
 import stats  # noqa: E402
 
@@ -117,7 +117,7 @@ def true_difference(var: dict, effect: float, *, draws: int = 400_000, seed: int
 
 def intervals(a: np.ndarray, b: np.ndarray, rng, *, boot_draws: int) -> dict:
     import verdict_analysis as old
-    from credit_study import welch
+    from stats import welch
 
     d = a - b
     per_seed = d.mean(axis=0)

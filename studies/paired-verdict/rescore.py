@@ -1,6 +1,6 @@
 """The 5-seed verdict's 50 runs re-scored: a held-out answer cut at the budget is wrong.
 
-The 5-seed study (records/verdict/, docs/verdict.md) scored a held-out response by its last
+The 5-seed study (studies/verdict-5seed/) scored a held-out response by its last
 number even when the response hit the token budget without ending. Its records keep, per
 held-out problem, ``correct`` and ``truncated``; re-scored, a problem is right only when
 it was read right and not cut off. This prints, per setting and arm, the held-out accuracy
@@ -13,7 +13,7 @@ against GRPO, and KTAE against the length control), the difference after trainin
   (:func:`stats.paired_interval`), Holm-corrected over the plan's 10 comparisons, and
   the label each comparison gets with each seed left out in turn.
 
-    python studies/paired-verdict/rescore.py [--records records/verdict] [--json PATH]
+    python studies/paired-verdict/rescore.py [--records studies/verdict-5seed/records] [--json PATH]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(HERE.parent), str(REPO / "scripts")]
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "verdict-5seed")]
 
 import stats  # noqa: E402
 import verdict_analysis as old  # noqa: E402

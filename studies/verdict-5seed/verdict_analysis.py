@@ -1,6 +1,6 @@
-"""The real-model verdict's figures, computed from the study's records (docs/verdict-plan.md).
+"""The real-model verdict's figures, computed from the study's records (plan.md here).
 
-Reads ``records/verdict/`` as ``scripts/verdict_study.py`` writes it: one folder per run,
+Reads ``records/`` here as ``verdict_study.py`` writes it: one folder per run,
 ``SETTING-ARM-sSEED/`` (``summary.json``, ``metrics.jsonl``, ``eval.jsonl``,
 ``rollouts.jsonl``, ``config.yaml``; a run counts once its ``record.json`` marker is
 there), and one per audit, ``audit-SETTING-start/`` and ``audit-SETTING-ARM-sSEED/``
@@ -19,16 +19,13 @@ plan's rule; the rest are named as missing). Four tables:
   (:mod:`verdict_credit_mass`);
 * ``audit``: the "right answer, wrong tokens" rate of the starting and trained models.
 
-    python scripts/verdict_analysis.py [--records DIR] [--json PATH] [--draws 10000]
-
-``scripts/verdict_tables.py`` writes the tables; ``scripts/tables.py`` renders them
-between their markers in the docs (``verdict``, ``verdict-length``,
-``verdict-credit-mass``, ``verdict-audit``) through :func:`table`.
+``verdict_tables.py`` turns them into tables (and prints them all); ``scripts/tables.py``
+renders them between their markers in the report (``verdict``, ``verdict-length``,
+``verdict-credit-mass``, ``verdict-audit``) through ``verdict_tables.table``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -37,12 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-SCRIPTS = Path(__file__).resolve().parent
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
+HERE = Path(__file__).resolve().parent
+for folder in (HERE, HERE.parent):  # this study's modules; studies/stats.py
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 import verdict_study as study  # noqa: E402  (the plan as code: arms, settings, seeds)
-from credit_study import welch  # noqa: E402
+from stats import welch  # noqa: E402
 from verdict_credit_mass import credit_mass  # noqa: E402
 
 ARMS, ARM_LABELS, SETTINGS = tuple(study.ARMS), study.ARM_LABELS, study.SETTINGS
@@ -373,45 +371,3 @@ def analyse(records: Path, *, draws: int = DRAWS, seed: int = 0) -> dict:
 TABLES = {"verdict": verdict_figures, "length": length_figures,
           "credit-mass": credit_mass_figures, "audit": audit_figures}
 """The tables ``scripts/tables.py`` renders (as ``verdict``, ``verdict-length``, ...)."""
-
-
-def table(name: str, records: Path | None = None) -> str:
-    """The markdown table ``name`` of :data:`TABLES` over ``records`` (default: the study's)."""
-    import verdict_tables
-
-    records = RECORDS if records is None else records
-    render = getattr(verdict_tables, name.replace("-", "_"))
-    if name == "audit":
-        return render(audit_figures(records))
-    if not any(recorded(records, run_name(s, a, seed))
-               for s in SETTINGS for a in ARMS for seed in SEEDS):
-        return verdict_tables.empty(name)
-    return render(TABLES[name](records), missing_runs(records))
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--records", type=Path, default=RECORDS,
-                   help="the study's records (default: records/verdict)")
-    p.add_argument("--json", type=Path, default=None, help="write every figure here")
-    p.add_argument("--draws", type=int, default=DRAWS, help="bootstrap draws (the plan's: 10000)")
-    p.add_argument("--seed", type=int, default=0, help="the bootstrap's random seed")
-    args = p.parse_args(argv)
-    if args.draws < 1:
-        print("verdict_analysis: --draws: expected a positive integer", file=sys.stderr)
-        return 2
-    result = analyse(args.records, draws=args.draws, seed=args.seed)
-    if has_records(args.records):
-        import verdict_tables
-
-        print(verdict_tables.document(result))
-    else:
-        print(f"{NO_RECORDS} ({args.records}).")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,24 @@
-"""Markdown tables of the verdict study's figures (docs/verdict-plan.md).
+"""Markdown tables of the verdict study's figures (studies/verdict-5seed/plan.md).
 
-Pure functions of the figures :mod:`verdict_analysis` computes (its ``analyse`` result's
-parts) and of the runs still missing; ``scripts/tables.py`` writes them between their
-markers in the docs, ``scripts/verdict_analysis.py`` prints them.
+Functions of the figures :mod:`verdict_analysis` computes (its ``analyse`` result's parts)
+and of the runs still missing; ``scripts/tables.py`` writes them between their markers in
+the report (:func:`table`), and this script prints them all:
+
+    python studies/verdict-5seed/verdict_tables.py [--records DIR] [--json PATH] [--draws 10000]
 """
 
 from __future__ import annotations
 
-from verdict_analysis import ARM_LABELS, ARMS, BASELINE, KIND_LABELS, NO_RECORDS, SEEDS, SETTINGS, mean_sd
-from verdict_credit_mass import CLASSES
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import verdict_analysis as analysis  # noqa: E402
+from verdict_analysis import ARM_LABELS, ARMS, BASELINE, KIND_LABELS, NO_RECORDS, SEEDS, SETTINGS, mean_sd  # noqa: E402
+from verdict_credit_mass import CLASSES  # noqa: E402
 
 VERDICT_HEAD = ("| setting | arm | seeds | held-out before | after | change (points) | "
                 "after − GRPO's (points) | bootstrap 95% | Welch 95% | verdict |")
@@ -203,3 +213,43 @@ def document(result: dict) -> str:
              ("Credit mass on real text", credit_mass(result["credit_mass"], missing)),
              ("Audit of the trained models", audit(result["audit"]))]
     return "\n\n".join(f"## {title}\n\n{table}" for title, table in parts)
+
+
+def table(name: str, records: Path | None = None) -> str:
+    """The markdown table ``name`` of :data:`verdict_analysis.TABLES` over ``records``
+    (default: the study's)."""
+    records = analysis.RECORDS if records is None else records
+    render = globals()[name.replace("-", "_")]
+    if name == "audit":
+        return render(analysis.audit_figures(records))
+    if not any(analysis.recorded(records, analysis.run_name(s, a, seed))
+               for s in SETTINGS for a in ARMS for seed in SEEDS):
+        return empty(name)
+    return render(analysis.TABLES[name](records), analysis.missing_runs(records))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="The 5-seed verdict's tables from its records.")
+    p.add_argument("--records", type=Path, default=analysis.RECORDS,
+                   help="the study's records (default: studies/verdict-5seed/records)")
+    p.add_argument("--json", type=Path, default=None, help="write every figure here")
+    p.add_argument("--draws", type=int, default=analysis.DRAWS,
+                   help="bootstrap draws (the plan's: 10000)")
+    p.add_argument("--seed", type=int, default=0, help="the bootstrap's random seed")
+    args = p.parse_args(argv)
+    if args.draws < 1:
+        print("verdict_tables: --draws: expected a positive integer", file=sys.stderr)
+        return 2
+    result = analysis.analyse(args.records, draws=args.draws, seed=args.seed)
+    if analysis.has_records(args.records):
+        print(document(result))
+    else:
+        print(f"{NO_RECORDS} ({args.records}).")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """The real-model verdict study: its plan, and a driver that runs it over several sittings.
 
-The plan (docs/verdict-plan.md, committed before any of its runs) is five arms of the
+The plan (studies/verdict-5seed/plan.md, committed before any of its runs) is five arms of the
 SmolLM2 recipe (configs/smollm2-recipe.yaml, arith level 0) in two settings, over the
 seeds :data:`SEEDS`:
 
@@ -12,7 +12,7 @@ seeds :data:`SEEDS`:
 ``run`` works through the runs in plan order, ``--jobs`` at a time (one thread each), never
 two runs of :data:`HEAVY` (OAR-G's: half the machine's memory each) at once:
 
-* a run whose record (``records/verdict/NAME/``) is complete is skipped;
+* a run whose record (``studies/verdict-5seed/records/NAME/``) is complete is skipped;
 * a run whose folder holds a checkpoint resumes from it (``ktae train --resume``);
 * a finished run's files are copied into its record, the marker last, so that the record
   outlives the machine; the run's ``final/`` model stays in the run folder for ``audit``;
@@ -38,9 +38,9 @@ held-out responses, before and after training, are the record's word for word, s
 audit is of the recorded model and not of a second draw; ``remade.json`` in the record
 says so.
 
-    python scripts/verdict_study.py status
-    python scripts/verdict_study.py run --jobs 2        # hours; resumable
-    python scripts/verdict_study.py audit --jobs 2      # the audits alone; resumable
+    python studies/verdict-5seed/verdict_study.py status
+    python studies/verdict-5seed/verdict_study.py run --jobs 2        # hours; resumable
+    python studies/verdict-5seed/verdict_study.py audit --jobs 2      # the audits alone; resumable
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RECORDS = REPO / "records" / "verdict"
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+RECORDS = HERE / "records"
 CONFIG = "configs/smollm2-recipe.yaml"
 SEEDS = (11, 12, 13, 14, 15)
 """Seeds of the final table: none of them was used before the plan was committed."""
@@ -76,7 +77,7 @@ ARMS = {
 """Arm -> its ``ktae train`` flags. ``length`` is DAPO's overlong shaping with its default
 cache (a fifth of the budget); ``oarg`` is OAR-G, the 2026 method with the best blame on
 the development audit of the real model under the corrected claim labels (docs/audit.md,
-docs/verdict-plan.md)."""
+studies/verdict-5seed/plan.md)."""
 ARM_LABELS = {"grpo": "GRPO", "ktae": "GRPO + KTAE", "length": "GRPO + overlong shaping",
               "ktae3": "GRPO + KTAE over 3-grams", "oarg": "GRPO + OAR-G"}
 SETTINGS = {"t64": 64, "t128": 128}

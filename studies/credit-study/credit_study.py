@@ -21,9 +21,9 @@ Names: compare's ``none`` is GRPO (``grpo``), simulate's ``broadcast`` is GRPO; 
 simulation of KTAE over N-token spans (``ktae_ngram: N``) is ``ktae@ngram=N``, as
 ``ktae audit --credit`` names it. The audit's names are kept as written.
 
-    python scripts/credit_study.py --compare runs/compare --audit runs/audit/X \\
+    python studies/credit-study/credit_study.py --compare runs/compare --audit runs/audit/X \\
         --simulate runs/simulate/quick --seeds 0,1,2,3,4 -o runs/credit-study
-    python scripts/credit_study.py --compare runs/compare --run-audit --prompt-set 3 \\
+    python studies/credit-study/credit_study.py --compare runs/compare --run-audit --prompt-set 3 \\
         --audit-prompts 100 --run-simulate -o runs/credit-study
 """
 
@@ -39,6 +39,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from stats import welch  # noqa: E402  (studies/stats.py)
 
 GRPO = "grpo"
 FIGURES = ("blame", "lowest", "contamination", "contamination_vs_grpo", "mass_gap",
@@ -192,31 +195,6 @@ def audit_overlap(prompt_set: int | None, prompts: int | None, eval_sizes) -> st
 
 
 # ------------------------------------------------------------------------ statistics
-
-
-def welch(a, b) -> dict:
-    """Welch's t-test of ``mean(a) - mean(b)`` and the Welch-Satterthwaite 95% interval
-    of the difference: ``{"diff", "low", "high", "p", "df", "n_a", "n_b"}`` (None where
-    undefined: fewer than two values on a side, or both sides without spread)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    out = {"diff": None, "low": None, "high": None, "p": None, "df": None,
-           "n_a": int(a.size), "n_b": int(b.size)}
-    if a.size == 0 or b.size == 0:
-        return out
-    diff = float(a.mean() - b.mean())
-    out["diff"] = diff
-    if a.size < 2 or b.size < 2:
-        return out
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    se2 = va + vb
-    if se2 == 0:
-        return out
-    df = se2 ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1))
-    half = stats.t.ppf(0.975, df) * math.sqrt(se2)
-    t = diff / math.sqrt(se2)
-    out.update(low=diff - half, high=diff + half, df=float(df),
-               p=float(2 * stats.t.sf(abs(t), df)))
-    return out
 
 
 def paired(a, b) -> dict:
