@@ -131,3 +131,24 @@ def test_rescoring_counts_every_cut_off_answer_wrong():
                      "truncated": np.array([0.0, 1.0, 1.0])}}
     assert list(rescore.scored(run, "after", "wrong")) == [1.0, 0.0, 0.0]
     assert list(rescore.scored(run, "after", "read")) == [1.0, 1.0, 0.0]
+
+
+def test_power_components_recover_known_variances_and_count_seeds():
+    power = _script("power")
+    rng = np.random.default_rng(3)
+    p, s = 400, 300
+    d = (0.05 + 0.10 * rng.standard_normal(s)[None, :] + 0.20 * rng.standard_normal(p)[:, None]
+         + 0.50 * rng.standard_normal((p, s)))
+    parts = power.components(d)
+    assert parts["seed"] == pytest.approx(0.10 ** 2, rel=0.2)
+    assert parts["problem"] == pytest.approx(0.20 ** 2, rel=0.2)
+    assert parts["residual"] == pytest.approx(0.50 ** 2, rel=0.02)
+    known = {"seed": 0.01, "problem": 0.0, "residual": 0.0}
+    # 0.1 * t(0.975, S - 1) / sqrt(S) <= 0.05 first holds at S = 18 (2.110 * 0.1 / 4.243 = 0.0497)
+    need = power.seeds_needed(known, target=0.05, problems=200)
+    assert power.half_width(known, need, 200) <= 0.05 < power.half_width(known, need - 1, 200)
+    assert need == 18
+    assert power.seeds_needed({"seed": 0.0, "problem": 1.0, "residual": 0.0},
+                              target=0.05, problems=200) is None
+    with pytest.raises(ValueError, match="at least 2 of each"):
+        power.components(np.ones((1, 5)))
