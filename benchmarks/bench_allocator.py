@@ -1,5 +1,5 @@
 """The update's vocabulary-sized work with glibc's default ``malloc`` and with freed memory
-kept for reuse (:mod:`ktae.train.allocator`), side by side (docs/step-time.md).
+kept for reuse (:mod:`ktae.train.allocator`), side by side (studies/step-time/report.md).
 
 Usage:
     python benchmarks/bench_allocator.py                 # 3 processes of each, alternating

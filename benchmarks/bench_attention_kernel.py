@@ -1,7 +1,7 @@
 """Attention's forward and backward at the update's shapes under PyTorch's two CPU kernels
 for ``scaled_dot_product_attention``: the flash kernel (what sdpa picks) and the plain
 "math" one (two batched products and a softmax), and the flash kernel reading grouped
-keys and values itself (``enable_gqa``), side by side (docs/step-time.md).
+keys and values itself (``enable_gqa``), side by side (studies/step-time/report.md).
 
 Usage:
     python benchmarks/bench_attention_kernel.py                # SmolLM2-135M's heads

@@ -1,5 +1,5 @@
 """The policy pass's forward and backward under TRL's fused LM head and under ktae's full
-head, side by side, on a real model (docs/step-time.md, "The log-prob head").
+head, side by side, on a real model (studies/step-time/report.md, "The log-prob head").
 
 Usage:
     python benchmarks/bench_logprob_head.py                      # SmolLM2-135M, 8 x (50 + 32)

@@ -171,7 +171,7 @@ def matmul_rate(shapes: list[tuple[int, int]], rows: int, repeats: int = 3,
     forward pass reads the model's own weights (every layer its own); otherwise one matrix
     per distinct shape, multiplied as many times as the shape occurs, which stays in the
     CPU's caches. A decoding step's few rows make few FLOPs per weight read: there the
-    streamed rate is the one a step can reach (docs/step-time.md, "generation's true
+    streamed rate is the one a step can reach (studies/step-time/report.md, "generation's true
     floor")."""
     distinct = {}
     for s in shapes:

@@ -11,7 +11,7 @@ each in its own process, one after the other, and reads each process's peak resi
 (``ru_maxrss`` from ``os.wait4``) and wall time. ``K`` micro-batches split the recipe's
 rows (``num_prompts x num_generations``: 32) into ``rows / K`` each; the step's gradient is the same
 for every ``K`` to float rounding (``tests/test_micro_batches.py``), its memory and speed
-are not. The peak includes the model, the evaluation and the two steps (docs/step-time.md,
+are not. The peak includes the model, the evaluation and the two steps (studies/step-time/report.md,
 "The recipe's update in one micro-batch"). Each run's steps (reward, loss, gradient norm,
 from its ``metrics.jsonl``) are printed too, and, per precision, the largest relative
 difference (absolute where the first is 0) of the loss and of the gradient norm from the

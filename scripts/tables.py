@@ -150,7 +150,7 @@ for _arm, _credit in RECIPE.items():
 
 PRECISION_SEEDS = (21, 22, 23)
 """The recipe (GRPO + KTAE) in float32 and under ``--bf16``, runs
-``precision-recipe-{float32,bf16}-sSEED`` (docs/step-time.md): seeds of their own, used by
+``precision-recipe-{float32,bf16}-sSEED`` (studies/step-time/report.md): seeds of their own, used by
 no other table; each resumes from its last checkpoint when cut off."""
 for _precision, _flag in (("float32", ""), ("bf16", " --bf16")):
     for _seed in PRECISION_SEEDS:
@@ -185,7 +185,7 @@ for _threads, _contend in ((1, 0), (2, 0), (1, 2), (2, 2)):
     RUNS[f"speed-paper-t{_threads}-k{_contend}"] = Run(
         f"{SPEED} --threads {_threads} --contend {_contend}", 90, ("bench.json",))
 # One step of SmolLM2-135M-Instruct against its floors and against TRL's own trainer
-# (docs/step-time.md): best on an otherwise idle machine; the table records the load.
+# (studies/step-time/report.md): best on an otherwise idle machine; the table records the load.
 RUNS["step-idle"] = Run(
     "python benchmarks/bench_step.py --prompts 2 --generations 4 --new-tokens 32 --threads 1 "
     "--other-threads 2 --rounds 3 --steps 3 --json {out}/bench.json", 420, ("bench.json",))
@@ -693,7 +693,7 @@ def arith_baseline(folder: Path) -> str:
 
 
 def step_idle(folder: Path) -> str:
-    """docs/step-time.md: generation and the update against their floors, and ktae's step
+    """studies/step-time/report.md: generation and the update against their floors, and ktae's step
     against TRL's, from one ``benchmarks/bench_step.py`` run."""
     b = _json(folder, "bench.json")
     floor, parts, gens = b["floors"], b["ktae_part_medians"], b["generation"]
@@ -744,7 +744,7 @@ def step_idle(folder: Path) -> str:
 
 
 def logprob_head(folder: Path) -> str:
-    """docs/step-time.md: the policy pass's forward and backward under each head."""
+    """studies/step-time/report.md: the policy pass's forward and backward under each head."""
     b = _json(folder, "bench.json")
     rows = ["| pass (forward with gradients, backward) | forward | backward | total | "
             "x 6 N T |", "|---|---|---|---|---|"]
@@ -822,7 +822,7 @@ def recipe(*folders: Path) -> str:
 
 
 def precision_recipe(*folders: Path) -> str:
-    """docs/step-time.md: the recipe (GRPO + KTAE) in float32 and under ``--bf16``: held-out
+    """studies/step-time/report.md: the recipe (GRPO + KTAE) in float32 and under ``--bf16``: held-out
     greedy accuracy before and after, the step's time by part, and bfloat16's difference
     from float32 with Welch's interval over seeds and the bootstrap over seeds and
     problems (scripts/verdict_analysis.py)."""

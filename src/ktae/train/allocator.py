@@ -6,7 +6,7 @@ update allocates several vocabulary-sized tensors per micro-batch (the recipe's 
 their float32 copy, log-softmax, softmax, the entropy's product, the logits' gradient:
 50 to 100 MB each), so every one of them faults in tens of thousands of fresh, zeroed
 pages, and the kernel's time for that is a large part of the log-softmax's cost on the
-CPU (docs/step-time.md, "Freed memory kept for reuse").
+CPU (studies/step-time/report.md, "Freed memory kept for reuse").
 
 :func:`keep_freed_memory` raises glibc's mmap threshold and its trim threshold to
 :data:`KEEP_BYTES`: blocks below it come from the heap, and up to that much freed memory

@@ -136,7 +136,7 @@ def merged_lora(model) -> Iterator[int]:
 
     The merged map differs from the adapted one by the rounding of ``W + scaling B A``
     to ``W``'s dtype: float32's, or for a bfloat16 base (``--bf16``) bfloat16's, which is
-    also the size of that base's own rounding (docs/step-time.md measures the log-probs).
+    also the size of that base's own rounding (studies/step-time/report.md measures the log-probs).
     Extra memory: one copy of the adapted layers' weights while the block runs.
     """
     linear = _lora_linear_class()
@@ -230,7 +230,7 @@ def lora_for_sampling(model) -> Iterator[str]:
       weight's rounding is float32's, and the adapters' small products go;
     * ``"fused"`` (:func:`fused_lora`) when it is bfloat16 (``--bf16``): a bfloat16
       merged weight would round the adapters' small delta as coarsely as the base itself
-      (docs/step-time.md), so the samples come from the update's own arithmetic instead;
+      (studies/step-time/report.md), so the samples come from the update's own arithmetic instead;
     * ``"peft"`` elsewhere (no plain LoRA layer, a GPU): peft's forward, unchanged.
     """
     linear = _lora_linear_class()

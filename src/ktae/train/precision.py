@@ -25,7 +25,7 @@ Mixed precision, as ``ktae train --bf16`` runs it:
 
 A LoRA run's saved adapters are float32; merging them into a bfloat16 base would round
 most of each update away (an adapter's delta is far below a weight's last bfloat16 bit),
-so the saved run is the float32 adapter over the base model's own file. docs/step-time.md
+so the saved run is the float32 adapter over the base model's own file. studies/step-time/report.md
 measures the speed and the drift from float32.
 """
 

@@ -11,7 +11,7 @@ rounding of the prefill's logits (a batch of 4 rows instead of 32, the last prom
 in the first decoding step instead of the prefill), which a draw notices only on a
 boundary of the sampling distribution: ``tests/test_shared_prefill.py`` finds them equal
 on a small model, and on SmolLM2-135M-Instruct the recipe's 32 x 64 sampled tokens were
-equal for the seeds tried (docs/step-time.md).
+equal for the seeds tried (studies/step-time/report.md).
 
 :func:`shared_prefill` switches it on for a block (the trainer's text-only generation);
 any call it does not cover runs ``generate`` unchanged: inputs other than ``input_ids``
