@@ -658,7 +658,7 @@ def majority_at_k_slow(classes, correct_class) -> float:
 
 
 def audit_response_metrics(credit, labels, mask, correct, group) -> list[dict]:
-    """The credit audit's per-response figures (ktae.credit_audit.metrics), by plain loops
+    """The credit audit's per-response figures (ktae.core.credit_metrics), by plain loops
     over token pairs: ``{"blame", "lowest", "chance", "contamination"}`` per response, None
     where undefined."""
     credit, labels, mask = _np(credit, np.float64), _np(labels), _np(mask).astype(bool)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from oracle import audit_response_metrics
 
-from ktae.credit_audit.metrics import (
+from ktae.core.credit_metrics import (
     OTHER,
     RIGHT,
     WRONG,
@@ -19,7 +19,7 @@ from ktae.credit_audit.metrics import (
     summarise_ratio,
 )
 from ktae.credit_audit.run import AuditGroup, audit_groups, parse_methods
-from ktae.explain.report import GroupInput
+from ktae.groups.input import GroupInput
 
 W, R, O = WRONG, RIGHT, OTHER
 

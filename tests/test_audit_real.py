@@ -23,7 +23,7 @@ from ktae.credit_audit.run import (
     parse_methods,
     right_answer_wrong_tokens,
 )
-from ktae.explain.report import GroupInput
+from ktae.groups.input import GroupInput
 from ktae.rewards.answer_line import number_check
 from ktae.tasks import arith
 from ktae.tasks.claims import claim_token_labels
@@ -58,7 +58,7 @@ def encode(tok, text: str) -> list[int]:
 
 
 def test_sampled_groups_are_eval_problems_in_the_chat_template_with_claim_labels(tiny_dir):
-    from ktae.explain.sources import load_model
+    from ktae.groups.sampling import load_model
 
     model, tok, where = load_model(str(tiny_dir))
     calls = []

@@ -17,7 +17,7 @@ from ktae.credit_audit.progress import phase_printer
 from ktae.credit_audit.run import AuditGroup, audit, audit_groups, parse_methods
 from ktae.credit_audit.sanity import SANITY_RULES
 from ktae.credit_audit.token_kinds import KINDS
-from ktae.explain.report import GroupInput
+from ktae.groups.input import GroupInput
 
 
 def synthetic_groups(n: int = 60, seed: int = 0) -> list[AuditGroup]:

@@ -101,8 +101,8 @@ def test_the_full_head_gives_finite_entropies_and_gradients(entropy_grad):
 
 
 def test_explain_scoring_gives_finite_entropies():
-    from ktae.explain.report import GroupInput
-    from ktae.explain.sources import score_groups
+    from ktae.groups.input import GroupInput
+    from ktae.groups.scoring import score_groups
 
     class Tokenizer:
         pad_token_id = 1

@@ -17,7 +17,8 @@ import pytest
 from test_explain_helpers import byte_level_tokenizer, colours, token_spans
 
 from ktae.core.methods import Method
-from ktae.explain.report import GroupInput, build_report
+from ktae.explain.report import build_report
+from ktae.groups.input import GroupInput
 from ktae.viz.report_html import report_html
 
 WINDOW = (1000, 1800)

@@ -11,7 +11,8 @@ from test_explain_helpers import byte_level_tokenizer, token_spans
 
 import ktae
 from ktae.core.methods import Method
-from ktae.explain.report import GroupInput, build_report
+from ktae.explain.report import build_report
+from ktae.groups.input import GroupInput
 from ktae.viz.report_html import report_html
 
 

@@ -13,7 +13,8 @@ from test_explain_helpers import byte_level_tokenizer, colours, token_spans, too
 
 import ktae
 from ktae.core.methods import Method
-from ktae.explain.report import GroupInput, build_report
+from ktae.explain.report import build_report
+from ktae.groups.input import GroupInput
 from ktae.viz.report_html import report_html
 
 STAT_NAMES = {"a": "a", "b": "b", "c": "c", "d": "d", "p": "p_value", "F": "fisher",

@@ -12,8 +12,9 @@ import ktae
 from ktae.core import methods
 from ktae.core.methods import Method, parse_method
 from ktae.credit_audit.run import parse_methods
-from ktae.explain.report import GroupInput, credit_values
 from ktae.explain.sources import credit_spec
+from ktae.groups.credit import credit_values
+from ktae.groups.input import GroupInput
 from ktae.runs.config import TrainConfig
 from ktae.runs.credit import credit_settings
 from ktae.train.cli_compare import parse_arm

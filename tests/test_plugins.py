@@ -311,7 +311,8 @@ def test_doc_rule_in_explain_and_audit_credit_values(doc_plugin):
     """``ktae explain`` / ``audit`` compute credit through credit_values: a user rule and
     its options work there, and so does prefix-value."""
     from ktae.core.methods import Method
-    from ktae.explain.report import GroupInput, credit_values
+    from ktae.groups.credit import credit_values
+    from ktae.groups.input import GroupInput
 
     plugins.load_plugin(str(doc_plugin))
     groups = [GroupInput(prompt="p", responses=[[5, 6, 7], [5, 8]], rewards=[1.0, 0.0])]

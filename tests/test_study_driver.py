@@ -84,3 +84,29 @@ def test_the_pilot_tunes_on_development_seeds_and_the_eval_split():
     # seed by seed: a pilot stopped early holds the same seeds at every grid point
     first = [j.name for j in jobs[:len(pilot.GRID)]]
     assert all(name.endswith(f"-s{pilot.DEV_SEEDS[0]}") for name in first)
+
+
+def test_the_pilots_tuning_table_reads_its_records(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pilot_table", STUDIES / "paired-verdict" /
+                                                  "pilot.py")
+    pilot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilot)
+    monkeypatch.setattr(pilot, "RECORDS", tmp_path)
+    point = next(iter(pilot.GRID))
+    gains = [0.12, 0.15, 0.10, 0.14, 0.13]
+    for seed, gain in zip(pilot.DEV_SEEDS, gains, strict=True):
+        folder = tmp_path / pilot.run_name(point, seed)
+        folder.mkdir()
+        rows = [{"step": 0, "accuracy": 0.30, "truncated": 0.2},
+                {"step": 6, "accuracy": 0.30 + gain / 2, "truncated": 0.1},
+                {"step": 12, "accuracy": 0.30 + gain, "truncated": 0.05}]
+        (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (folder / driver.MARKER).write_text("{}")
+    table = pilot.tuning_table()
+    lines = [line for line in table.splitlines() if line.startswith(f"| `{point}`")]
+    assert len(lines) == 2
+    # step 12: mean gain +12.8 points, sd 1.9: the bar holds with 5 seeds
+    assert "| 12 | 5 | 30.0 | 42.8 | +12.8 | 1.9 | 5.0% | yes |" in lines[1]
+    assert lines[0].endswith("| no |")  # step 6: +6.4 points

@@ -219,7 +219,8 @@ def test_wrapping_keeps_tokens_whole_and_cuts_at_max_lines(tok):
 
 def _report(tok, *, calibrated: bool = False):
     from ktae.core.methods import Method
-    from ktae.explain.report import GroupInput, build_report
+    from ktae.explain.report import build_report
+    from ktae.groups.input import GroupInput
 
     ids = [encode(tok, t) for t in TEXTS[:4]]
     group = GroupInput(prompt="<|im_start|>user\nWhat is 27 + 15?<|im_end|>\n"
@@ -364,7 +365,8 @@ def test_character_level_rendering_is_kept():
     from rich.console import Console
 
     from ktae.core.methods import Method
-    from ktae.explain.report import GroupInput, build_report
+    from ktae.explain.report import build_report
+    from ktae.groups.input import GroupInput
     from ktae.models import build_char_tokenizer
     from ktae.viz.report_html import VISIBLE
     from ktae.viz.report_terminal import print_report, response_text

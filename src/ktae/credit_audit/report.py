@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ktae.credit_audit.metrics import METRICS
+from ktae.core.credit_metrics import METRICS
 from ktae.credit_audit.sanity import SANITY_RULES
 from ktae.credit_audit.token_kinds import KINDS
 

@@ -1,6 +1,6 @@
 """``ktae audit``: does each credit method put its credit on the right tokens?
 
-Groups come with per-token local-error labels (:mod:`ktae.credit_audit.metrics`):
+Groups come with per-token local-error labels (:mod:`ktae.core.credit_metrics`):
 
 * sampled from a model (``--model default``: the shipped tiny model on the embedded
   task's held-out prompts), labelled by :func:`ktae.tasks.label_response`;
@@ -32,12 +32,7 @@ import numpy as np
 import torch
 
 from ktae.core.calibration import CALIBRATIONS
-from ktae.core.estimators import ADVANTAGE_ESTIMATORS
-from ktae.core.needs import CALIBRATION_SCORES, group_calls, load, needs_of
-from ktae.credit_audit import arith_input
-from ktae.credit_audit.arith_input import check_task, run_labels
-from ktae.credit_audit.inputs import AuditGroup, AuditInput
-from ktae.credit_audit.metrics import (
+from ktae.core.credit_metrics import (
     MASS_METRICS,
     METRICS,
     OTHER,
@@ -48,6 +43,11 @@ from ktae.credit_audit.metrics import (
     summarise,
     summarise_ratio,
 )
+from ktae.core.estimators import ADVANTAGE_ESTIMATORS
+from ktae.core.needs import CALIBRATION_SCORES, group_calls, load, needs_of
+from ktae.credit_audit import arith_input
+from ktae.credit_audit.arith_input import check_task, run_labels
+from ktae.credit_audit.inputs import AuditGroup, AuditInput
 from ktae.credit_audit.progress import Phase, quiet_phase
 from ktae.credit_audit.report import write_outputs
 from ktae.credit_audit.sanity import SANITY_RULES, sanity_credit
@@ -367,7 +367,7 @@ def per_response(groups: list[AuditGroup], spec, reference=None, *,
     """Per-response figures of one method over ``groups`` (NaN where undefined), with
     each response's group index, level and step; with ``reference`` (a method's spec,
     GRPO in the audit) also the terms of the mass figures against its credit
-    (:func:`ktae.credit_audit.metrics.mass_metrics`). ``spec`` may be the name of a
+    (:func:`ktae.core.credit_metrics.mass_metrics`). ``spec`` may be the name of a
     sanity rule (:mod:`ktae.credit_audit.sanity`, which needs ``reference``; ``random``
     draws from ``sanity_seed``). ``batches``: what :func:`audit_groups` prepared once for
     every method (labels, the reference's credit, the token kinds); with token kinds,
@@ -446,7 +446,7 @@ def audit_groups(groups: list[AuditGroup], methods: dict, *, resamples: int = DE
     "levels": {level: {...}}, "steps": {step: {...}}}}, "sanity_rules": {rule: the
     same}, "levels": [...], "steps": [...]}`` with the figures :data:`METRICS`,
     :data:`EXTRA` and :data:`MASS_METRICS` (summaries as
-    :func:`ktae.credit_audit.metrics.summarise` and ``summarise_ratio``). The sanity
+    :func:`ktae.core.credit_metrics.summarise` and ``summarise_ratio``). The sanity
     rules (:mod:`ktae.credit_audit.sanity`) are scored as the methods are, on the same
     responses, as reference rows. When every group carries token kinds, also
     ``"credit_by_kind"``: per method and rule the shares of its negative and positive
@@ -764,7 +764,7 @@ def right_answer_wrong_tokens(groups: list[AuditGroup], *, resamples: int = DEFA
                               seed: int = 0) -> dict:
     """The share of right answers that hold a locally wrong token (on the arith task: a
     false claim), over every right answer (mixed groups or not), with its bootstrap 95%
-    interval over groups (:func:`ktae.credit_audit.metrics.summarise`): ``{"all":
+    interval over groups (:func:`ktae.core.credit_metrics.summarise`): ``{"all":
     summary, "levels": {level: summary}, "steps": {step: summary}}``."""
     values, group, level, step = [], [], [], []
     for k, g in enumerate(groups):

@@ -24,9 +24,8 @@ import torch
 
 from ktae.core.ktae import key_token_table
 from ktae.core.methods import Method
-from ktae.groups.credit import CreditValues as CreditValues
 from ktae.groups.credit import credit_values, in_loss_mask, per_response
-from ktae.groups.input import GroupInput as GroupInput
+from ktae.groups.input import GroupInput
 from ktae.viz.page import GroupReport, Report, ResponseReport
 from ktae.viz.tokens import TokenPiece, token_label, token_pieces
 

@@ -15,16 +15,7 @@ from pathlib import Path
 
 from ktae.core.methods import Method
 from ktae.core.needs import NEEDS
-from ktae.groups.input import GroupInput as GroupInput
-from ktae.groups.input import ignore_ids as ignore_ids
-from ktae.groups.input import load_jsonl as load_jsonl
-from ktae.groups.sampling import DEFAULT_MODEL as DEFAULT_MODEL
-from ktae.groups.sampling import load_model as load_model
-from ktae.groups.sampling import model_tokenizer_path as model_tokenizer_path
-from ktae.groups.sampling import prompt_rows as prompt_rows
-from ktae.groups.sampling import sample_groups as sample_groups
-from ktae.groups.scoring import importance_groups as importance_groups
-from ktae.groups.scoring import score_groups as score_groups
+from ktae.groups.input import GroupInput, ignore_ids
 from ktae.runs.credit import credit_method
 from ktae.runs.reader import (
     read_run_rollouts,
