@@ -262,3 +262,44 @@ def test_the_audit_command_passes_its_cut_off_rule(monkeypatch, capsys, tmp_path
     assert main(["audit", "--model", "default", "--cut-off-answers", "read",
                  "-o", str(tmp_path / "a")]) == 2
     assert seen["cut_off"] == "read" and "stop here" in capsys.readouterr().err
+
+
+def test_a_training_mix_is_followed_however_few_computations_a_kind_has():
+    from collections import Counter
+
+    from ktae.tasks import arith
+
+    level = arith.generate(2000, split="train", seed=0, difficulty=0)
+    mix = arith.parse_mix("add=0.555,sub=0.335,mul=0.11")
+    drawn = arith.generate(2000, split="train", seed=0, difficulty=0, mix=mix)
+    share = {k: v / 2000 for k, v in Counter(p.kind for p in drawn).items()}
+    for kind, weight in mix.items():
+        if weight:
+            assert abs(share[kind] - weight) < 0.04, (kind, share)
+    # level 0's few products are drawn far below their weight of 0.5 without a mix
+    assert Counter(p.kind for p in level)["mul"] / 2000 < 0.3
+    assert all(arith.split_of(p.kind, p.operands) == "train" for p in drawn)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("add=1,times=2", "task_mix: expected KIND=WEIGHT"),
+    ("add=-1", "task_mix: expected KIND=WEIGHT"),
+    ("add=1,add=2", "task_mix: expected KIND=WEIGHT"),
+    ("add=0,sub=0", "task_mix: expected a positive weight"),
+    ("add", "task_mix: expected KIND=WEIGHT"),
+])
+def test_bad_mixes_are_refused(text, match):
+    from ktae.tasks import arith
+
+    with pytest.raises(ValueError, match=match):
+        arith.parse_mix(text)
+
+
+def test_a_mix_goes_with_the_arith_task_and_weighs_every_kind():
+    from ktae.runs.config import TrainConfig
+    from ktae.tasks import arith
+
+    with pytest.raises(ValueError, match="mix: expected a weight for each of"):
+        arith.generate(5, split="train", difficulty=0, mix={"add": 1.0})
+    with pytest.raises(ValueError, match="task_mix: goes with --task arith"):
+        TrainConfig(task_mix="add=1").resolve()

@@ -122,6 +122,9 @@ NON_DEFAULT = {
     "eval_task": "HELD",
     "template": "qwen-math",
     "reward": "gsm8k",
+    "cut_off_answers": "read",
+    "eval_split": "eval",
+    "task_mix": "mul=1",
     "algo": "drgrpo",
     "credit": "ktae+taco",
     "seed": 7,
@@ -223,13 +226,49 @@ def check_template(ctx):
 def check_reward(ctx):
     from ktae.train.callbacks import EvalCallback
 
+    ended = [[5, 0], [5, 0]]  # each response's ids end with a stop id
     _, p = ctx.probe(reward="gsm8k")
     accuracy = p.kw["reward_funcs"][0]
-    assert accuracy(["#### 12", "\\boxed{12}"], answer=["12", "12"]) == [1.0, 0.0]
+    accuracy.stop_ids = frozenset({0})  # what KTAEGRPOTrainer gives it
+    assert accuracy(["#### 12", "\\boxed{12}"], answer=["12", "12"], completion_ids=ended) == \
+        [1.0, 0.0]
     assert p.callback(EvalCallback).reward == "gsm8k"
     _, plain = ctx.probe()
-    assert plain.kw["reward_funcs"][0](["#### 12", "\\boxed{12}"], answer=["12", "12"]) == \
-        [0.0, 1.0]
+    plain_accuracy = plain.kw["reward_funcs"][0]
+    plain_accuracy.stop_ids = frozenset({0})
+    assert plain_accuracy(["#### 12", "\\boxed{12}"], answer=["12", "12"],
+                          completion_ids=ended) == [0.0, 1.0]
+
+
+def check_cut_off_answers(ctx):
+    from ktae.train.callbacks import EvalCallback
+
+    cut = [[5, 6]]  # ids that end without a stop id: cut at the budget
+    _, p = ctx.probe(cut_off_answers="read")
+    reading = p.kw["reward_funcs"][0]
+    assert reading(["\\boxed{12}"], answer=["12"], completion_ids=cut) == [1.0]
+    assert p.callback(EvalCallback).cut_off == "read"
+    _, plain = ctx.probe()
+    strict = plain.kw["reward_funcs"][0]
+    strict.stop_ids = frozenset({0})
+    assert strict(["\\boxed{12}"], answer=["12"], completion_ids=cut) == [0.0]
+    assert plain.callback(EvalCallback).cut_off == "wrong"
+
+
+def check_eval_split(ctx):
+    held = preflight(cfg_with(task="arith@difficulty=0", eval_split="eval", eval_size=5)).task
+    assert all(e.id.startswith("arith-eval-0-") for e in held.eval)
+    test = preflight(cfg_with(task="arith@difficulty=0", eval_size=5)).task
+    assert all(e.id.startswith("arith-test-0-") for e in test.eval)
+
+
+def check_task_mix(ctx):
+    from ktae.tasks import arith
+
+    rows = preflight(cfg_with(task="arith@difficulty=0", task_mix="mul=1", train_size=40)).task
+    assert {arith.problem_in(e.problem).kind for e in rows.train} == {"mul"}
+    plain = preflight(cfg_with(task="arith@difficulty=0", train_size=40)).task
+    assert len({arith.problem_in(e.problem).kind for e in plain.train}) == 3
 
 
 def check_algo(ctx):

@@ -48,7 +48,7 @@ from ktae.rewards.registry import REWARDS, get_reward
 from ktae.runs.fields import FieldError, check_value, closest, flag
 from ktae.runs.rundir import atomic_write
 from ktae.tasks import TEMPLATES as EMBEDDED_TEMPLATES
-from ktae.tasks.arith import parse_task_name
+from ktae.tasks.arith import parse_mix, parse_task_name
 
 ALGOS = ("grpo", "dapo", "drgrpo")
 """Algorithms accepted by ``TrainConfig.algo``."""
@@ -96,6 +96,12 @@ class _TrainConfig:
         "--task-filter 'level=Level 3,Level 4,Level 5' (repeatable)",
         name="--task-filter", kind="pairs", metavar="COLUMN=V1,V2"))
     """Column -> values: keep the task's rows whose column takes one of them."""
+    task_mix: str | None = field(default=None, metadata=flag(
+        "arith: the kinds' weights of the training problems, e.g. add=0.55,sub=0.34,mul=0.11 "
+        "(default: the level's)"))
+    """The ``arith`` task's training mix (:func:`ktae.tasks.arith.parse_mix`): each kind's
+    weight, each kind refilled on its own so the drawn problems follow it; None = the
+    level's weights and pools. The held-out problems are unchanged."""
     eval_task: str | None = field(default=None, metadata=flag(
         "held-out problems, a source as --task or math500 (default: the task's last fifth)"))
     """Held-out problems (a source as ``task``, or ``math500``); None = the task's last
@@ -348,6 +354,10 @@ class _TrainConfig:
         check_cut_off_rule(self.cut_off_answers)
         if self.eval_split not in ("test", "eval"):
             raise ValueError(f"eval_split: expected test or eval, got {self.eval_split!r}")
+        if self.task_mix is not None:
+            if parse_task_name(self.task) is None:
+                raise ValueError(f"task_mix: goes with --task arith, got --task {self.task}")
+            parse_mix(self.task_mix)
         if self.eval_split != "test" and parse_task_name(self.task) is None:
             raise ValueError(f"eval_split: the {self.task} task has one held-out set; eval "
                              "goes with --task arith")

@@ -176,9 +176,32 @@ def check_difficulty(difficulty) -> int:
     return int(difficulty)
 
 
+def parse_mix(text: str) -> dict[str, float]:
+    """The kinds' weights of ``"add=0.55,sub=0.34,mul=0.11"`` (kinds left out weigh 0).
+
+    Raises:
+        ValueError: an unknown kind, a weight that is not a non-negative number, a kind
+            named twice, or weights that sum to 0.
+    """
+    out: dict[str, float] = {}
+    for part in str(text).split(","):
+        kind, eq, value = part.strip().partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not eq or kind not in KINDS or kind in out or not weight >= 0:
+            raise ValueError(f"task_mix: expected KIND=WEIGHT,... with KIND among "
+                             f"{', '.join(KINDS)} and WEIGHT >= 0, got {text!r}")
+        out[kind] = weight
+    if sum(out.values()) <= 0:
+        raise ValueError(f"task_mix: expected a positive weight, got {text!r}")
+    return {k: out.get(k, 0.0) for k in KINDS}
+
+
 def generate(n: int, *, split: str = "train", seed: int = 0,
-             difficulty: int = DEFAULT_DIFFICULTY, repeats: bool | None = None
-             ) -> list[ArithProblem]:
+             difficulty: int = DEFAULT_DIFFICULTY, repeats: bool | None = None,
+             mix: dict[str, float] | None = None) -> list[ArithProblem]:
     """``n`` problems of ``split``, drawn with ``seed``: each draw picks a kind by the
     level's weights, then that kind's next computation in a seeded shuffle of the split's
     computations (:func:`computations`), worded with a random name, object and operand
@@ -190,9 +213,14 @@ def generate(n: int, *, split: str = "train", seed: int = 0,
     and ``eval``: a held-out set holds each computation once) asking for more problems
     than the split holds is an error.
 
+    ``mix`` (:func:`parse_mix`) replaces the level's weights, and a kind then starts a fresh
+    shuffle of its own computations as soon as they are used up (with repeats), so that
+    the problems drawn follow ``mix`` however few computations a kind has. Without it, a
+    kind with few computations (level 0's products) is drawn less often than its weight.
+
     Raises:
-        ValueError: a bad ``n``, ``split`` or ``difficulty``, or more problems than a split
-            without repeats holds.
+        ValueError: a bad ``n``, ``split`` or ``difficulty``, more problems than a split
+            without repeats holds, or a ``mix`` without a weight for each kind.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n: expected a non-negative integer, got {n!r}")
@@ -201,10 +229,17 @@ def generate(n: int, *, split: str = "train", seed: int = 0,
     level = LEVELS[check_difficulty(difficulty)]
     repeats = split == "train" if repeats is None else bool(repeats)
     rng = random.Random(f"arith:{split}:{difficulty}:{seed}")
-    weights = dict(zip(KINDS, level.mix, strict=True))
+    weights = dict(zip(KINDS, level.mix, strict=True)) if mix is None else dict(mix)
+    if mix is not None:
+        if set(weights) != set(KINDS):
+            raise ValueError(f"mix: expected a weight for each of {KINDS} (parse_mix), got "
+                             f"{sorted(weights)}")
     pools: dict[str, list] = {}
     out: list[ArithProblem] = []
     while len(out) < n:
+        if mix is not None and repeats:  # each kind refills alone: the draws follow mix
+            for kind in [k for k, p in pools.items() if not p]:
+                del pools[kind]
         live = [k for k in KINDS if weights[k] > 0 and (k not in pools or pools[k])]
         if not live:
             if not repeats:

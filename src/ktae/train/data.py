@@ -81,12 +81,14 @@ def _load(task: str, *, option: str, fields=None, filters=None, check=None) -> l
 def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
               fields: Mapping[str, str] | None = None,
               filters: Mapping[str, Sequence[str]] | None = None, eval_task: str | None = None,
-              check: Callable | None = None, eval_split: str = "test") -> TaskRows:
+              check: Callable | None = None, eval_split: str = "test",
+              mix: str | None = None) -> TaskRows:
     """Read and check a task's problems (no model or tokenizer needed).
 
     Embedded: ``train_size`` train-split problems for ``seed`` and ``eval_size`` test-split
     problems (fixed seed, disjoint from train). ``arith``: the same, the held-out problems
-    from ``eval_split`` (``test``, or ``eval`` for tuning without touching ``test``).
+    from ``eval_split`` (``test``, or ``eval`` for tuning without touching ``test``), the
+    training problems drawn by ``mix`` when given (:func:`ktae.tasks.arith.parse_mix`).
     External tasks: ``fields`` and ``filters`` apply to the training source; the held-out
     set is the first ``eval_size`` problems of ``eval_task`` when given, else the last
     ``min(eval_size, n // 5)`` training problems.
@@ -109,7 +111,8 @@ def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
         if fields or filters or eval_task:
             raise ValueError("task: the arith task takes no task_fields, task_filters or "
                              "eval_task (it has its own held-out split)")
-        return TaskRows(_arith_examples(train_size, "train", seed, difficulty),
+        return TaskRows(_arith_examples(train_size, "train", seed, difficulty,
+                                        None if mix is None else arith.parse_mix(mix)),
                         _arith_examples(eval_size, eval_split, None, difficulty),
                         embedded=False)
     rows = _load(task, option="task", fields=fields, filters=filters, check=check)
@@ -124,13 +127,14 @@ def read_task(task: str, *, train_size: int, eval_size: int, seed: int,
     return TaskRows(rows[: len(rows) - n_eval], rows[len(rows) - n_eval:], embedded=False)
 
 
-def _arith_examples(n: int, split: str, seed: int | None, difficulty: int) -> list:
+def _arith_examples(n: int, split: str, seed: int | None, difficulty: int,
+                    mix: dict | None = None) -> list:
     """``arith`` problems as chat rows: the user message is the question and its instruction
     (the held-out ``test`` and ``eval`` problems use the task's fixed seed of their split,
     the same for every run)."""
     fixed = arith.TEST_SEED if split == "test" else arith.EVAL_SEED
     problems = arith.generate(n, split=split, difficulty=difficulty,
-                              seed=fixed if seed is None else seed)
+                              seed=fixed if seed is None else seed, mix=mix)
     return [Example(id=p.id, problem=p.question, answer=p.answer,
                     messages=[{"role": "user", "content": arith.user_message(p)}])
             for p in problems]

@@ -132,7 +132,8 @@ def preflight(cfg: TrainConfig) -> Preflight:
             reward.check_source(example.data_source)
     task = read_task(cfg.task, train_size=cfg.train_size, eval_size=cfg.eval_size,
                      seed=cfg.seed, fields=cfg.task_fields, filters=cfg.task_filters,
-                     eval_task=cfg.eval_task, check=check, eval_split=cfg.eval_split)
+                     eval_task=cfg.eval_task, check=check, eval_split=cfg.eval_split,
+                     mix=cfg.task_mix)
     if len(task.train) < cfg.num_prompts:
         raise ValueError(f"task: {len(task.train)} training problem(s), fewer than "
                          f"num_prompts={cfg.num_prompts} per step")
