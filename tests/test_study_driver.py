@@ -81,6 +81,9 @@ def test_the_pilot_tunes_on_development_seeds_and_the_eval_split():
         assert argv[argv.index("--eval-split") + 1] == "eval"
         assert argv[argv.index("--credit") + 1] == "none"
         assert int(argv[argv.index("--seed") + 1]) in pilot.DEV_SEEDS
+        rows = (int(argv[argv.index("--num-prompts") + 1])
+                * int(argv[argv.index("--num-generations") + 1]))
+        assert argv[argv.index("--trl") + 1] == f"gradient_accumulation_steps={rows // 8}"
     # seed by seed: a pilot stopped early holds the same seeds at every grid point
     first = [j.name for j in jobs[:len(pilot.GRID)]]
     assert all(name.endswith(f"-s{pilot.DEV_SEEDS[0]}") for name in first)
