@@ -35,7 +35,7 @@ from ktae.core.calibration import CALIBRATIONS
 from ktae.core.estimators import ADVANTAGE_ESTIMATORS
 from ktae.core.needs import CALIBRATION_SCORES, group_calls, load, needs_of
 from ktae.credit_audit import arith_input
-from ktae.credit_audit.arith_input import check_task, run_labels
+from ktae.credit_audit.arith_input import check_task, run_labels, run_stop_ids
 from ktae.credit_audit.inputs import AuditGroup, AuditInput
 from ktae.credit_audit.metrics import (
     MASS_METRICS,
@@ -215,7 +215,8 @@ def run_input(run: Path, *, tokenizer: str | None = None, task: str | None = Non
         prompt = r["prompt"]
         if arith:
             try:
-                labels, level, prompt = run_labels(r["prompt"], r["responses"], tok)
+                labels, level, prompt = run_labels(r["prompt"], r["responses"], tok,
+                                                   run_stop_ids(header, tok))
             except ValueError as err:
                 raise ValueError(f"INPUT: {run / ROLLOUTS_FILE}: {str(err)[len('INPUT: '):]}"
                                  ) from None
