@@ -46,7 +46,8 @@ def plain_math(text: str) -> str:
       ``\\;``, ``\\:``, ``\\!``, ``\\`` + space, and ``\\,`` except between two digits -> spaces;
     * ``{N}``, braces around a number, not right after a letter, ``\\``, ``^``, ``_`` or
       ``}`` (a command's, a power's or an index's argument) -> the number between spaces;
-    * ``\\%`` -> a space and ``%``; ``&=`` (an aligned equation) -> a space and ``=``.
+    * ``\\%`` and ``\\$`` -> a space and the sign; ``&=`` (an aligned equation) -> a space
+      and ``=``.
 
     A ``$`` directly followed by a digit stays: as a currency sign or an opening math
     delimiter it is read the same way (unlabelled, the value unchanged)."""
@@ -66,7 +67,7 @@ def plain_math(text: str) -> str:
                 if nxt in "()[];:! " or (nxt == "," and not (
                         _digit(text, k - 1) and _digit(text, k + 2))):
                     _blank(out, k, k + 2)
-                elif nxt == "%":
+                elif nxt in "%$":  # an escaped percent or dollar sign: the sign itself
                     out[k] = " "
                 k += 2
                 continue
