@@ -160,3 +160,44 @@ def test_a_recorded_response_is_cut_off_when_it_does_not_end_with_a_stop_token(t
                                                                            False]
     assert run_stop_ids({"ignore_token_ids": [0, 2]}, tok) == [0, 2]
     assert run_stop_ids({}, tok) == [i for i in (eos, pad) if i is not None]
+
+
+def _script():
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "scripts" / "claims_cut_off.py"
+    spec = importlib.util.spec_from_file_location("claims_cut_off", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_cut_off_counts_on_smollm2_samples():
+    """scripts/claims_cut_off.py on the 500 responses: the counts docs/claims.md (Cut-off
+    responses) reports; each skipped claim is the last claim of its response."""
+    with gzip.open(FIXTURE, "rt", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    counts, notes = _script().compare(records, 96)
+    assert counts == {"responses": 500, "cut off": 188, "claims as ended": 198,
+                      "false as ended": 148, "claims as cut off": 186, "false as cut off": 138,
+                      "skipped": 12, "skipped false": 10}
+    assert len(notes) == 12
+    assert any(n.endswith("37 + 37 = 7'") for n in notes)  # 74, cut after its first digit
+    counts, _ = _script().compare(records, 95)  # another budget: the 3 responses of 95 ids
+    assert counts["cut off"] == 3
+
+
+def test_cut_off_script_prints_the_counts(capsys, tmp_path):
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps({"response": "So 6 * 6 = 3", "answer": "36",
+                                "response_ids": [1, 2, 3]}) + "\n"
+                    + json.dumps({"response": "So 6 * 6 = 3", "answer": "36",
+                                  "response_ids": [1, 2]}) + "\n")
+    _script().main([str(path), "--max-new-tokens", "3", "--list"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[:5] == ["responses          2", "cut off            1",
+                       "claims as ended    1 (1 false)", "claims as cut off  0 (0 false)",
+                       "skipped            1 (1 false)"]
+    assert out[5] == "None false: 'So 6 * 6 = 3'"
+    with pytest.raises(SystemExit):
+        _script().main([str(path), "--max-new-tokens", "0"])
