@@ -1,8 +1,9 @@
 """Responses cut at the token budget (docs/claims.md, Cut-off responses): a claim the end of
 the text leaves open is skipped, a claim something closes is read as in a response that
 ended; a claim read in a cut-off prefix is read the same in the whole response (checked at
-every cut of real and generated responses); through the labeller, the token labels and
-the audit's per-response labelling."""
+every cut of real and generated responses), and by the independent reference
+(tests/claims_reference.py) the same way; through the labeller, the token labels and the
+audit's per-response labelling."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import random
 from pathlib import Path
 
 import pytest
+from claims_reference import reference_claims
 from test_viz_bpe import smollm2_tokenizer
 
 from ktae.credit_audit.arith_input import claims_labels, cut_off_rows, run_stop_ids
@@ -21,9 +23,17 @@ from ktae.tasks.claims_grammar import generate_response
 FIXTURE = Path(__file__).parent / "data" / "smollm2_arithmetic_samples.jsonl.gz"
 
 
-def read(text: str, answer=None, *, cut_off: bool) -> list[tuple[str, bool]]:
+def module(text: str, answer=None, *, cut_off: bool) -> list[tuple[str, bool]]:
     return [(" ".join(text[a:b] for a, b in c.labelled), c.correct)
             for c in find_claims(text, answer, cut_off=cut_off)]
+
+
+def reference(text: str, answer=None, *, cut_off: bool) -> list[tuple[str, bool]]:
+    claims = sorted(reference_claims(text, answer, cut_off), key=lambda c: c[1][0])
+    return [(" ".join(text[a:b] for a, b in spans), ok) for _, spans, ok in claims]
+
+
+BOTH = pytest.mark.parametrize("read", [module, reference], ids=["module", "reference"])
 
 
 @pytest.mark.parametrize("text, answer, ended", [
@@ -44,7 +54,8 @@ def read(text: str, answer=None, *, cut_off: bool) -> list[tuple[str, bool]]:
     ("#### 4", "42", [("4", False)]),
     ("\\boxed{42}", "42", [("42", True)]),
 ])
-def test_a_claim_the_end_leaves_open_is_skipped(text, answer, ended):
+@BOTH
+def test_a_claim_the_end_leaves_open_is_skipped(read, text, answer, ended):
     assert read(text, answer, cut_off=False) == ended
     assert read(text, answer, cut_off=True) == []
 
@@ -65,7 +76,8 @@ def test_a_claim_the_end_leaves_open_is_skipped(text, answer, ended):
     ("3 + 4 = 7\n#### 7", "7", [("7", True)]),
     (r"$3 + 4 = 8$ and", None, [("8", False)]),
 ])
-def test_a_claim_something_closes_is_read_when_cut_off(text, answer, expected):
+@BOTH
+def test_a_claim_something_closes_is_read_when_cut_off(read, text, answer, expected):
     assert read(text, answer, cut_off=True) == expected
     ended = read(text, answer, cut_off=False)
     assert all(c in ended for c in expected)
@@ -117,6 +129,20 @@ def test_a_claim_read_in_a_cut_off_prefix_is_read_the_same_in_the_whole_response
                 assert _key(c) in whole, (text[:k], c)
                 checked += 1
     assert checked > 5_000
+
+
+def test_the_reference_agrees_at_every_cut():
+    """Module and reference read the same claims at every cut of 20 SmolLM2 responses, 20
+    generated ones and a LaTeX one, as cut off."""
+    responses = _responses()
+    checked = 0
+    for text, answer in responses[:20] + responses[63:83] + responses[-1:]:
+        for k in range(len(text) + 1):
+            got = {(c.kind, c.labelled, c.correct)
+                   for c in find_claims(text[:k], answer, cut_off=True)}
+            assert got == set(reference_claims(text[:k], answer, True)), text[:k]
+            checked += len(got)
+    assert checked > 1_000
 
 
 def test_a_cut_after_a_line_break_keeps_the_claims_before_it():

@@ -1,6 +1,7 @@
 """LaTeX arithmetic (docs/claims.md, LaTeX): each form read with its verdict and the
-characters it labels in the original text, the forms that are skipped, the rewrite that
-keeps every position, and the labels on SmolLM2's real tokens."""
+characters it labels in the original text, the forms that are skipped (both on
+ktae.tasks.claims and on tests/claims_reference.py), the rewrite that keeps every
+position, and the labels on SmolLM2's real tokens."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from claims_reference import latex_plain, reference_claims
 from test_viz_bpe import smollm2_tokenizer
 
 from ktae.tasks.claims import claim_labels, claim_token_labels, find_claims
@@ -18,10 +20,18 @@ from ktae.viz.tokens import token_pieces
 FIXTURE = Path(__file__).parent / "data" / "smollm2_arithmetic_samples.jsonl.gz"
 
 
-def read(text: str, answer=None) -> list[tuple[str, bool]]:
+def module(text: str, answer=None) -> list[tuple[str, bool]]:
     """(labelled text of the original, verdict) of each claim, in the order of results."""
     return [(" ".join(text[a:b] for a, b in c.labelled), c.correct)
             for c in find_claims(text, answer)]
+
+
+def reference(text: str, answer=None) -> list[tuple[str, bool]]:
+    claims = sorted(reference_claims(text, answer), key=lambda c: c[1][0])
+    return [(" ".join(text[a:b] for a, b in spans), ok) for _, spans, ok in claims]
+
+
+BOTH = pytest.mark.parametrize("read", [module, reference], ids=["module", "reference"])
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -61,7 +71,8 @@ def read(text: str, answer=None) -> list[tuple[str, bool]]:
     # remainders after a closing delimiter
     (r"$7 \div 2 = 3$ remainder 1", [("3 1", True)]),
 ])
-def test_latex_forms_are_read_with_their_spans(text, expected):
+@BOTH
+def test_latex_forms_are_read_with_their_spans(read, text, expected):
     assert read(text) == expected
 
 
@@ -70,7 +81,8 @@ def test_latex_forms_are_read_with_their_spans(text, expected):
     (r"$\boxed{41}$", 42, [("41", False)]),
     (r"6 \times 7 = \boxed{42}", 42, [("42", True)]),  # the answer marker, not the equation
 ])
-def test_latex_answers(text, answer, expected):
+@BOTH
+def test_latex_answers(read, text, answer, expected):
     assert read(text, answer) == expected
 
 
@@ -93,7 +105,8 @@ def test_latex_answers(text, answer, expected):
     r"\( 3 + 4 = \)", r"6 \times = 42",
     r"3 + 4 \approx 7", r"3 + 4 \neq 8",
 ])
-def test_ambiguous_or_unread_latex_is_skipped(text):
+@BOTH
+def test_ambiguous_or_unread_latex_is_skipped(read, text):
     assert read(text, 7) == []
 
 
@@ -106,6 +119,7 @@ def test_plain_math_keeps_the_length_and_what_is_read():
         texts += [json.loads(line)["response"] for line in f]
     for text in texts:
         plain = plain_math(text)
+        assert plain == latex_plain(text)  # the reference's own rewrite
         assert len(plain) == len(text)
         for k, (a, b) in enumerate(zip(text, plain, strict=True)):
             if a in "0123456789=.-":
