@@ -12,9 +12,13 @@ what is skipped and why); ``tests/claims_reference.py`` is a second implementati
 from it alone, and :mod:`ktae.tasks.claims_grammar` writes responses whose claims are
 known by construction.
 
-Each line is cut into items (:func:`ktae.tasks.claims_lexer.lex`); claims are read off the
-items around each ``=`` and each answer marker. Pure Python; :func:`claim_token_labels`
-maps the labels to a tokenizer's tokens.
+LaTeX arithmetic is first rewritten in place, character for character
+(:func:`ktae.tasks.claims_latex.plain_math`), so spans stay those of the response as
+written. Each line is cut into items (:func:`ktae.tasks.claims_lexer.lex`); claims are read
+off the items around each ``=`` and each answer marker. A response cut at the token budget
+(``cut_off=True``) keeps only the claims a closing mark after them puts out of the cut's
+reach (docs/claims.md, Cut-off responses). Pure Python; :func:`claim_token_labels` maps the
+labels to a tokenizer's tokens.
 """
 
 from __future__ import annotations
