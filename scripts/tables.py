@@ -959,7 +959,7 @@ _CROSS_HEAD = ["| figure | x | y | methods | rho | 95% interval | p | verdict |"
 
 
 def cross_audits(*audits: Path) -> str:
-    """docs/credit-study.md: Spearman's rho over the methods both audits scored (bootstrap
+    """studies/credit-study/report.md: Spearman's rho over the methods both audits scored (bootstrap
     95% interval over methods, scipy's p, credit_study.py's verdict, "predicts" = the same
     order) between the shipped model's audit and the real model's two audits."""
     names = list(_CROSS_AUDITS)
@@ -985,7 +985,7 @@ def study_gains(runs: tuple[Path, ...]) -> dict[str, float]:
 
 
 def cross_gains(*folders: Path) -> str:
-    """docs/credit-study.md: each audit's figures against the real model's training gain
+    """studies/credit-study/report.md: each audit's figures against the real model's training gain
     over GRPO (the study's arms: mean change over seeds minus GRPO's; GRPO's gain is 0),
     Spearman's rho as in :func:`cross_audits`, the verdict in the audit's better direction."""
     sys.path[:0] = [str(REPO / "studies" / "credit-study"), str(REPO / "studies")]

@@ -1,9 +1,11 @@
 """A second claim labeller, written from docs/claims.md alone, as a character scanner.
 
 It shares no code with ``ktae.tasks.claims`` (no regular expressions, its own number
-reader, a shunting-yard evaluator): the tests check that both find the same claims with
-the same verdicts and labels. Each line is cut into tokens by one pass over its
-characters; claims are read off the tokens.
+reader, a shunting-yard evaluator, its own LaTeX rewrite): the tests check that both find
+the same claims with the same verdicts and labels. The LaTeX of the text is rewritten in
+place (docs/claims.md, LaTeX); each line is cut into tokens by one pass over its
+characters; claims are read off the tokens; in a cut-off text, a claim of the last line
+needs a closing mark after it (docs/claims.md, Cut-off responses).
 """
 
 from __future__ import annotations
@@ -18,6 +20,113 @@ TIMES = ("\u00d7", "\u22c5", "\u2219")
 
 def digit(ch: str) -> bool:
     return len(ch) == 1 and ch in DIGITS
+
+
+# -- LaTeX (docs/claims.md, LaTeX) -------------------------------------------------------
+
+
+def _at(s: str, k: int) -> str:
+    return s[k] if 0 <= k < len(s) else ""
+
+
+def _number_end(s: str, i: int) -> int | None:
+    """End of "spaces, optional -, a number literal, spaces" at i (a fraction's part or a
+    braced number), or None."""
+    k = i
+    while _at(s, k) != "" and _at(s, k) in SPACE:
+        k += 1
+    if _at(s, k) == "-":
+        k += 1
+    start = k
+    while digit(_at(s, k)):
+        k += 1
+    if k == start:
+        return None
+    if k - start <= 3:  # groups of three digits after a separator
+        j = k
+        while True:
+            for sep in ("{,}", "\\,", ","):
+                if s[j:j + len(sep)] == sep:
+                    g = j + len(sep)
+                    if all(digit(_at(s, g + t)) for t in range(3)) and not digit(_at(s, g + 3)):
+                        j = g + 3
+                        break
+            else:
+                break
+        k = j
+    if _at(s, k) == "." and digit(_at(s, k + 1)):
+        k += 1
+        while digit(_at(s, k)):
+            k += 1
+    while _at(s, k) != "" and _at(s, k) in SPACE:
+        k += 1
+    return k
+
+
+def latex_plain(text: str) -> str:
+    """The text with its LaTeX rewritten as the table of docs/claims.md (LaTeX) says,
+    character for character."""
+    out = list(text)
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            j = i + 1
+            while j < len(text) and text[j].isascii() and text[j].isalpha():
+                j += 1
+            name = text[i + 1:j]
+            if not name:
+                nxt = text[i + 1]
+                if nxt in "()[];:! ":
+                    out[i] = out[i + 1] = " "
+                elif nxt == ",":
+                    if not (digit(_at(text, i - 1)) and digit(_at(text, i + 2))):
+                        out[i] = out[i + 1] = " "
+                elif nxt in "%$":
+                    out[i] = " "
+                i += 2
+                continue
+            if name in ("times", "cdot", "ast", "div"):
+                out[i] = "\u00f7" if name == "div" else "\u00d7"
+                for k in range(i + 1, j):
+                    out[k] = " "
+            elif name in ("left", "right"):
+                for k in range(i, j):
+                    out[k] = " "
+            elif name in ("frac", "dfrac", "tfrac") and _at(text, j) == "{":
+                a_end = _number_end(text, j + 1)
+                if a_end is not None and _at(text, a_end) == "}" and _at(text, a_end + 1) == "{":
+                    b_end = _number_end(text, a_end + 2)
+                    if b_end is not None and _at(text, b_end) == "}":
+                        out[i] = "("
+                        for k in range(i + 1, j + 1):
+                            out[k] = " "
+                        out[a_end], out[a_end + 1], out[b_end] = " ", "/", ")"
+                        i = b_end + 1
+                        continue
+            i = j
+            continue
+        if c == "$" and not digit(_at(text, i + 1)):
+            out[i] = " "
+        if c == "&" and _at(text, i + 1) == "=":
+            out[i] = " "
+        i += 1
+    changed = True
+    while changed:  # braces around a number, innermost first
+        changed = False
+        s = "".join(out)
+        k = 0
+        while k < len(s):
+            if s[k] == "{":
+                before = _at(s, k - 1)
+                end = _number_end(s, k + 1)
+                if end is not None and _at(s, end) == "}" and not before.isalpha() \
+                        and before not in ("\\", "^", "_", "}"):
+                    out[k] = out[end] = " "
+                    changed = True
+                    k = end
+            k += 1
+    return "".join(out)
 
 
 class Tok:
@@ -65,9 +174,13 @@ class Line:
         end = j
         if j - i <= 3:
             k, groups = j, 0
-            while self.ch(k) == "," and all(digit(self.ch(k + t)) for t in (1, 2, 3)) \
-                    and not digit(self.ch(k + 4)):
-                k += 4
+            while True:
+                sep = next((x for x in ("{,}", "\\,", ",") if self.s[k:k + len(x)] == x), "")
+                g = k + len(sep)
+                if not (sep and all(digit(self.ch(g + t)) for t in (0, 1, 2))
+                        and not digit(self.ch(g + 3))):
+                    break
+                k = g + 3
                 groups += 1
             if groups:
                 end = k
@@ -96,6 +209,8 @@ class Line:
             return True
         if self.times_x(i - 1):
             return True
+        if self.s[max(0, i - 3):i] == "{,}" or self.s[max(0, i - 2):i] == "\\,":
+            return False
         return not (c.isalpha() or c in DIGITS or c in "_.,$")
 
     def ok_after(self, j: int) -> bool:
@@ -105,6 +220,10 @@ class Line:
         if self.times_x(j):
             return True
         if c.isalpha() or c in DIGITS or c in "_%":
+            return False
+        if self.s[j:j + 3] == "{,}" and digit(self.ch(j + 3)):
+            return False
+        if self.s[j:j + 2] == "\\," and digit(self.ch(j + 2)):
             return False
         return not (c in ",." and digit(self.ch(j + 1)))
 
@@ -135,7 +254,7 @@ class Line:
 
     @staticmethod
     def value_of(text: str) -> tuple[Fraction, int]:
-        whole, _, frac = text.replace(",", "").partition(".")
+        whole, _, frac = text.replace("{,}", "").replace("\\,", "").replace(",", "").partition(".")
         v = Fraction(int(whole))
         if frac:
             v += Fraction(int(frac), 10 ** len(frac))
@@ -300,10 +419,37 @@ def lower_at(s: str, k: int, word: str) -> bool:
     return s[k:k + len(word)].lower() == word
 
 
+OPEN = ("with", "a", "remainder", "of", "r", "x")
+
+
 class Reader:
-    def __init__(self, line: Line, answer: Fraction | None):
+    def __init__(self, line: Line, answer: Fraction | None, cut: bool = False):
+        """``cut``: the line is the last of a cut-off text (no line break after it)."""
         self.line, self.s, self.toks, self.answer = line, line.s, line.toks, answer
+        self.cut = cut
         self.claims: list[tuple[str, tuple[tuple[int, int], ...], bool]] = []
+
+    def closed(self, end: int) -> bool:
+        """A closing mark after ``end`` on this line (docs/claims.md, Cut-off responses)."""
+        s, k = self.s, end
+        while k < len(s):
+            c = s[k]
+            if c.isalpha():
+                j = k
+                while j < len(s) and s[j].isalpha():
+                    j += 1
+                word = s[k:j].lower()
+                if _at(s, k - 1) != "\\" and all(w[:len(word)] != word for w in OPEN):
+                    return True
+                k = j
+                continue
+            nxt = _at(s, k + 1)
+            if nxt != "" and c == "=" and nxt not in ("=", ">"):
+                return True
+            if nxt != "" and c in '.!?;"' and not digit(nxt):
+                return True
+            k += 1
+        return not self.cut
 
     def emit(self, kind: str, spans, ok: bool) -> None:
         b = self.line.base
@@ -472,6 +618,8 @@ class Reader:
                         break
         if right is None:
             return False
+        if not self.closed(right[-1].b):
+            return False
         after = e + 1 + len(right)
         middle = after < len(toks) and toks[after].kind == "="
         if not middle and not self.complete_right(right[-1].b):
@@ -555,16 +703,21 @@ class Reader:
                 continue
             if boxed and self.line.ch(self.line.solid_right(num.b)) != "}":
                 continue
+            if not self.closed(num.b):
+                continue
             self.emit("answer", (self.span(cand),),
                       close_enough(self.answer, sign * num.value, num.places))
 
 
-def reference_claims(text: str, answer=None) -> list[tuple[str, tuple[tuple[int, int], ...], bool]]:
-    """(kind, labelled spans, verdict) of every claim of ``text``, line by line."""
+def reference_claims(text: str, answer=None, cut_off: bool = False
+                     ) -> list[tuple[str, tuple[tuple[int, int], ...], bool]]:
+    """(kind, labelled spans, verdict) of every claim of ``text``, line by line;
+    ``cut_off``: the text was cut at the token budget."""
     out, base = [], 0
     value = None if answer is None else Fraction(str(answer).replace(",", ""))
-    for line_text in text.split("\n"):
-        reader = Reader(Line(line_text, base), value)
+    lines = latex_plain(text).split("\n")
+    for n, line_text in enumerate(lines):
+        reader = Reader(Line(line_text, base), value, cut=cut_off and n == len(lines) - 1)
         reader.links()
         if value is not None:
             reader.answers()
@@ -573,10 +726,10 @@ def reference_claims(text: str, answer=None) -> list[tuple[str, tuple[tuple[int,
     return out
 
 
-def reference_labels(text: str, answer=None) -> str:
+def reference_labels(text: str, answer=None, cut_off: bool = False) -> str:
     """Per-character labels of ``text`` (``w``, ``r``, ``.``) as docs/claims.md defines them."""
     labels = ["."] * len(text)
-    for _, spans, ok in reference_claims(text, answer):
+    for _, spans, ok in reference_claims(text, answer, cut_off):
         for a, b in spans:
             for k in range(a, b):
                 if labels[k] != "w":

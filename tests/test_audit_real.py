@@ -74,7 +74,8 @@ def test_sampled_groups_are_eval_problems_in_the_chat_template_with_claim_labels
             tokenize=False, add_generation_prompt=True)
         assert g.level == p.kind and g.group.answer == p.answer
         for ids, labels, c in zip(g.group.responses, g.labels, g.group.correct, strict=True):
-            assert labels == "".join(claim_token_labels(tok, ids, p.answer))
+            cut = ids[-1] != tok.eos_token_id  # no end of turn: the budget stopped it
+            assert labels == "".join(claim_token_labels(tok, ids, p.answer, cut_off=cut))
             assert c == number_check(tok.decode(ids, skip_special_tokens=True), p.answer)[0]
     # random weights rarely stop: the budget is what cuts the responses
     assert max(len(r) for g in data.groups for r in g.group.responses) == 64
@@ -160,9 +161,11 @@ def test_the_rate_counts_every_right_answer_and_splits_by_step(tok):
 # --------------------------------------------------------------------------- a run directory
 
 
-def write_arith_run(path, tok, *, steps=(1, 3)) -> list:
+def write_arith_run(path, tok, *, steps=(1, 3), texts=None, eos=True) -> list:
     """A run directory of the arith task: recorded groups whose prompts are decoded chat
-    prompts (as the trainer records them) and whose responses are hand-written."""
+    prompts (as the trainer records them) and whose responses are hand-written
+    (``texts(answer)``), each ending with the end-of-turn token when ``eos`` (as the
+    trainer records a response that stopped) and without it otherwise (cut at the budget)."""
     path.mkdir()
     problems = arith.generate(len(steps), split="train", seed=0, difficulty=1)
     lines = [{"kind": "header", "format": "ktae-rollouts", "version": 1, "estimator": "grpo",
@@ -170,11 +173,13 @@ def write_arith_run(path, tok, *, steps=(1, 3)) -> list:
               "ignore_token_ids": [tok.eos_token_id], "num_generations": 3}]
     for step, p in zip(steps, problems, strict=True):
         a = int(p.answer)
-        texts = [f"{a - 1} + 1 = {a + 1}. The answer is {a}.", f"The answer is {a}.",
-                 f"{a} + 1 = {a + 1}. The answer is {a + 1}."]
+        written = texts(a) if texts else [f"{a - 1} + 1 = {a + 1}. The answer is {a}.",
+                                          f"The answer is {a}.",
+                                          f"{a} + 1 = {a + 1}. The answer is {a + 1}."]
         prompt = tok.decode(encode(tok, arith_input.chat_prompt(tok, p)), skip_special_tokens=True)
+        end = [tok.eos_token_id] if eos else []
         lines.append({"kind": "group", "step": step, "group": 0, "prompt": prompt,
-                      "responses": [encode(tok, t) for t in texts], "rewards": [1, 1, 0],
+                      "responses": [encode(tok, t) + end for t in written], "rewards": [1, 1, 0],
                       "correct": [True, True, False]})
     (path / "rollouts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (path / "config.yaml").write_text(f"model: {path.parent / 'model'}\ntask: arith@difficulty=1\n"
@@ -203,6 +208,42 @@ def test_an_arith_run_directory_is_labelled_by_claims_with_the_rate_per_step(tok
         assert g.labels == ["".join(claim_token_labels(tok, r, p.answer))
                             for r in g.group.responses]
         assert "w" in g.labels[0] and "w" in g.labels[2] and "w" not in g.labels[1]
+
+
+def _cut_texts(a: int) -> list[str]:
+    """Response 0 stops in the middle of its result (``12 + 12 = 2`` where ``24`` was being
+    written); response 2's false claim is closed by a word before the end."""
+    assert 2 * a >= 10
+    return [f"So {a} + {a} = {str(2 * a)[0]}", f"The answer is {a}.",
+            f"{a} + 1 = {a + 2} apples, so"]
+
+
+@pytest.mark.parametrize("eos", [True, False], ids=["stopped", "cut-off"])
+def test_an_arith_run_labels_a_response_cut_at_the_budget_as_cut_off(tok, tmp_path, eos):
+    """A recorded response without its end-of-turn token ran out of budget: the claim its
+    end leaves open is not labelled (nor counted in the rate); the same text that stopped
+    is labelled false. A claim closed before the cut is labelled either way."""
+    from ktae.credit_audit.run import run_input
+
+    run = tmp_path / "run"
+    problems = write_arith_run(run, tok, texts=_cut_texts, eos=eos)
+    data = run_input(run, tokenizer=str(run / "tokenizer"), task="arith@difficulty=1")
+    for g, p in zip(data.groups, problems, strict=True):
+        a = int(p.answer)
+        for text, ids, labels in zip(_cut_texts(a), g.group.responses, g.labels, strict=True):
+            assert tok.decode(ids, skip_special_tokens=True) == text
+            assert labels == "".join(claim_token_labels(tok, ids, p.answer, cut_off=not eos))
+        pieces = [tok.decode([i]) for i in g.group.responses[0]]
+        wrong0 = [x for x, lab in zip(pieces, g.labels[0], strict=True) if lab == "w"]
+        assert wrong0 == ([str(2 * a)[0]] if eos else [])
+        pieces = [tok.decode([i]) for i in g.group.responses[2]]
+        wrong2 = "".join(x for x, lab in zip(pieces, g.labels[2], strict=True) if lab == "w")
+        assert wrong2 == str(a + 2)
+    result = audit(str(run), credit="grpo", tokenizer=str(run / "tokenizer"), resamples=0)
+    # responses 0 and 1 are the right answers: response 0's false claim counts only when
+    # the response stopped by itself
+    rate = result["right_answer_wrong_tokens"]["steps"]
+    assert rate["1"]["mean"] == rate["3"]["mean"] == (0.5 if eos else 0.0)
 
 
 def test_an_arith_run_without_a_question_is_a_one_line_error(tok, tmp_path):

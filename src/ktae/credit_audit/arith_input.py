@@ -16,11 +16,14 @@ the task the credit study trains it on (:mod:`ktae.tasks.arith` at level 1,
   :func:`ktae.rewards.answer_line.number_check`);
 * labelled per token by the claims labeller (:func:`ktae.tasks.claims.claim_token_labels`,
   docs/claims.md): the result tokens of a false claim are wrong, those of a true claim
-  right, every other token not labelled.
+  right, every other token not labelled; a response that ran out of the budget (no
+  end-of-sequence token) is labelled as cut off, so a claim its end leaves open
+  (``6 * 6 = 3`` where the budget stopped ``36``) is not labelled.
 
 The recorded rollouts of a ``ktae train`` run on the arith task are labelled the same way
 (:func:`run_labels`): the question is read back from the recorded prompt
-(:func:`ktae.tasks.arith.problem_in`) and its answer recomputed.
+(:func:`ktae.tasks.arith.problem_in`) and its answer recomputed; a recorded response is cut
+off when its last token is not one of the run's stop tokens (:func:`cut_off_rows`).
 """
 
 from __future__ import annotations
@@ -100,10 +103,36 @@ def chat_prompt(tokenizer, problem) -> str:
                                          tokenize=False, add_generation_prompt=True)
 
 
-def claims_labels(tokenizer, responses, answer) -> list[str]:
-    """Per response (token ids), one label per token from the claims labeller."""
+def claims_labels(tokenizer, responses, answer, cut_off=None) -> list[str]:
+    """Per response (token ids), one label per token from the claims labeller;
+    ``cut_off[i]``: response ``i`` ran out of its token budget (None: none did)."""
 
-    return ["".join(claim_token_labels(tokenizer, ids, answer)) for ids in responses]
+    cut_off = [False] * len(responses) if cut_off is None else list(cut_off)
+    if len(cut_off) != len(responses):
+        raise ValueError(f"cut_off: expected one flag per response ({len(responses)}), "
+                         f"got {len(cut_off)}")
+    return ["".join(claim_token_labels(tokenizer, ids, answer, cut_off=cut))
+            for ids, cut in zip(responses, cut_off, strict=True)]
+
+
+def cut_off_rows(responses, stop_ids) -> list[bool]:
+    """Per recorded response (token ids, its stop token included when it has one): whether
+    it was cut at the token budget, i.e. its last token is none of ``stop_ids`` (the
+    trainer's rule: :func:`ktae.train.batch_metrics.truncated_rows`). An empty response
+    is not cut off."""
+
+    stops = {int(i) for i in stop_ids}
+    return [bool(ids) and int(ids[-1]) not in stops for ids in responses]
+
+
+def run_stop_ids(header: dict, tokenizer) -> list[int]:
+    """The stop tokens of a recorded run: its rollouts header's ``ignore_token_ids`` (the
+    trainer's EOS and padding ids), else the tokenizer's EOS and padding ids."""
+
+    ids = header.get("ignore_token_ids")
+    if not ids:
+        ids = [getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "pad_token_id", None)]
+    return [int(i) for i in ids if i is not None]
 
 
 def progress_printer(total: int, samples: int, stream=None) -> Callable[[int], None]:
@@ -161,7 +190,8 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
         g = GroupInput(prompt=text, responses=[list(x.token_ids) for x in gens],
                        rewards=[float(c) for c in correct], correct=correct,
                        label=f"prompt {i}", answer=p.answer, **generation_scores(gens))
-        groups.append(AuditGroup(g, claims_labels(tokenizer, g.responses, p.answer),
+        groups.append(AuditGroup(g, claims_labels(tokenizer, g.responses, p.answer,
+                                                  [x.truncated for x in gens]),
                                  level=p.kind, key=str(i)))
         if refs.get(i) is not None and g.logprobs is not None:
             group_refs[id(g)] = refs[i]
@@ -177,9 +207,11 @@ def sampled_input(model, tokenizer, path: str, *, difficulty: int, prompts: int,
                       references=group_refs)
 
 
-def run_labels(prompt: str, responses, tokenizer):
+def run_labels(prompt: str, responses, tokenizer, stop_ids=None):
     """``(labels, kind, prompt)`` for a recorded group of an arith run: the claims labels
-    of its responses against the answer of the question in ``prompt``, the problem's kind,
+    of its responses against the answer of the question in ``prompt`` (a response whose
+    last token is none of ``stop_ids`` is cut off: :func:`cut_off_rows`; None: the
+    tokenizer's EOS and padding ids), the problem's kind,
     and the prompt to score the responses after (the chat-template rendering of the
     question when the recorded prompt is that rendering without its special tokens, else
     the recorded one). A ValueError when ``prompt`` holds no arith question."""
@@ -194,4 +226,6 @@ def run_labels(prompt: str, responses, tokenizer):
         ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
         if tokenizer.decode(ids, skip_special_tokens=True) == prompt:
             scored = rendered
-    return claims_labels(tokenizer, responses, problem.answer), problem.kind, scored
+    stops = run_stop_ids({}, tokenizer) if stop_ids is None else stop_ids
+    return (claims_labels(tokenizer, responses, problem.answer, cut_off_rows(responses, stops)),
+            problem.kind, scored)

@@ -46,7 +46,7 @@ from ktae.core.credit_metrics import (
 from ktae.core.estimators import ADVANTAGE_ESTIMATORS
 from ktae.core.needs import CALIBRATION_SCORES, group_calls, load, needs_of
 from ktae.credit_audit import arith_input
-from ktae.credit_audit.arith_input import check_task, run_labels
+from ktae.credit_audit.arith_input import check_task, run_labels, run_stop_ids
 from ktae.credit_audit.inputs import AuditGroup, AuditInput
 from ktae.credit_audit.progress import Phase, quiet_phase
 from ktae.credit_audit.report import write_outputs
@@ -219,7 +219,8 @@ def run_input(run: Path, *, tokenizer: str | None = None, task: str | None = Non
         prompt = r["prompt"]
         if arith:
             try:
-                labels, level, prompt = run_labels(r["prompt"], r["responses"], tok)
+                labels, level, prompt = run_labels(r["prompt"], r["responses"], tok,
+                                                   run_stop_ids(header, tok))
             except ValueError as err:
                 raise ValueError(f"INPUT: {run / ROLLOUTS_FILE}: {str(err)[len('INPUT: '):]}"
                                  ) from None

@@ -12,9 +12,13 @@ what is skipped and why); ``tests/claims_reference.py`` is a second implementati
 from it alone, and :mod:`ktae.tasks.claims_grammar` writes responses whose claims are
 known by construction.
 
-Each line is cut into items (:func:`ktae.tasks.claims_lexer.lex`); claims are read off the
-items around each ``=`` and each answer marker. Pure Python; :func:`claim_token_labels`
-maps the labels to a tokenizer's tokens.
+LaTeX arithmetic is first rewritten in place, character for character
+(:func:`ktae.tasks.claims_latex.plain_math`), so spans stay those of the response as
+written. Each line is cut into items (:func:`ktae.tasks.claims_lexer.lex`); claims are read
+off the items around each ``=`` and each answer marker. A response cut at the token budget
+(``cut_off=True``) keeps only the claims a closing mark after them puts out of the cut's
+reach (docs/claims.md, Cut-off responses). Pure Python; :func:`claim_token_labels` maps the
+labels to a tokenizer's tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ktae.tasks.claims_latex import plain_math
 from ktae.tasks.claims_lexer import (
+    DIGITS,
     EQ,
     HASH,
     LP,
@@ -50,6 +56,12 @@ _EXPRESSION = (NUM, OP, LP, RP)
 _ANSWER_IS = re.compile(r"(?<![^\W\d_])answer\**[ \t]+is:?", re.IGNORECASE)
 _ANSWER_COLON = re.compile(r"(?<![^\W\d_])answer\**[ \t]*:", re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\{", re.IGNORECASE)
+OPEN_WORDS = ("with", "a", "remainder", "of", "r", "x")
+"""Words that may go on reading a result (a remainder, the operator ``x``): in a cut-off
+response, a run of letters that begins one of them does not close a claim."""
+CLOSING_MARKS = '.!?;"'
+"""Characters that close a claim in a cut-off response when a character other than a
+digit follows them (docs/claims.md, Cut-off responses)."""
 _REMAINDER = re.compile(r"[ \t]*([(,]?)[ \t]*(?:with[ \t]+(?:a[ \t]+)?)?"
                         r"(?:remainder(?:[ \t]+of)?|r)(?![^\W\d_])[ \t]*:?[ \t]*", re.IGNORECASE)
 
@@ -217,6 +229,34 @@ def _complete_before(text: str, left: Sequence[Item]) -> bool:
     return _line_start(text, _solid_before(text, k)) and _char(text, k + 1) in SPACES  # a bullet
 
 
+def _closed(text: str, end: int) -> bool:
+    """Whether the text after ``end`` (where a claim's reading stops) holds, on the same
+    line, a mark that no rule reads past: a line break; a run of letters, not after ``\\``,
+    that begins none of :data:`OPEN_WORDS`; an ``=`` followed by a character other than
+    ``=`` and ``>``; one of :data:`CLOSING_MARKS` followed by a character other than a
+    digit (docs/claims.md, Cut-off responses)."""
+    k, n = end, len(text)
+    while k < n:
+        ch = text[k]
+        if ch == "\n":
+            return True
+        if ch.isalpha():
+            j = k
+            while j < n and text[j].isalpha():
+                j += 1
+            word = text[k:j].lower()
+            if _char(text, k - 1) != "\\" and not any(w.startswith(word) for w in OPEN_WORDS):
+                return True
+            k = j
+            continue
+        nxt = _char(text, k + 1)
+        if nxt != "" and ((ch == "=" and nxt not in "=>")
+                          or (ch in CLOSING_MARKS and nxt not in DIGITS)):
+            return True
+        k += 1
+    return False
+
+
 def _complete_after(text: str, end: int) -> bool:
     """Nothing after a result continues its expression (``= 5^2``, ``= 7 \u2013 3``, ``= 40 %``,
     ``= 2 *``)."""
@@ -230,11 +270,14 @@ def _complete_after(text: str, end: int) -> bool:
 
 
 class _Reader:
-    """The items of a text, with the claims read off them."""
+    """The items of a text (its LaTeX in plain form), with the claims read off them;
+    ``cut_off``: the text was cut at the token budget, so a claim the end of the text
+    leaves open is not read."""
 
-    def __init__(self, text: str):
-        self.text = text
-        self.items = lex(text)
+    def __init__(self, text: str, cut_off: bool = False):
+        self.text = plain_math(text)
+        self.cut_off = cut_off
+        self.items = lex(self.text)
         self.at = {it.start: k for k, it in enumerate(self.items)}
 
     def left_side(self, e: int) -> tuple[list[Item], Item | None] | None:
@@ -330,6 +373,8 @@ class _Reader:
         if right is None:
             return None
         rhs, after = right
+        if self.cut_off and not _closed(text, rhs[-1].end):
+            return None  # what the cut removed may continue the right side or its result
         start, end = _span(rhs)
         if not (after < len(self.items) and self.items[after].kind == EQ) \
                 and not _complete_after(text, rhs[-1].end):
@@ -407,6 +452,8 @@ class _Reader:
                 continue
             if boxed and _solid_after(text, number.end) != "}":
                 continue
+            if self.cut_off and not _closed(text, number.end):
+                continue
             res_start, res_end = _span(items)
             stated = number.number.value * (-1 if items[0].kind == OP else 1)
             out.append(Claim("answer", start, res_end, res_start, res_end, stated, answer,
@@ -440,28 +487,38 @@ def parse_answer(answer) -> Fraction:
         raise ValueError(f"answer: expected a number or a numeric string, got {answer!r}") from None
 
 
-def find_claims(text: str, answer=None) -> list[Claim]:
+def _check_cut_off(cut_off) -> bool:
+    if not isinstance(cut_off, bool):
+        raise ValueError(f"cut_off: expected True or False, got {cut_off!r}")
+    return cut_off
+
+
+def find_claims(text: str, answer=None, *, cut_off: bool = False) -> list[Claim]:
     """Every checkable claim of ``text``, ordered by where its result starts.
 
     Args:
-        text: the response.
+        text: the response (LaTeX arithmetic included: docs/claims.md, LaTeX).
         answer: the problem's exact answer (see :func:`parse_answer`); without it, answer
             claims are not read.
+        cut_off: the response was cut at the token budget (it ends without an
+            end-of-sequence token); a claim whose reading the end of the text leaves open
+            is then skipped (docs/claims.md, Cut-off responses).
     """
     if not isinstance(text, str):
         raise ValueError(f"text: expected a string, got {type(text).__name__}")
     expected = None if answer is None else parse_answer(answer)
-    reader = _Reader(text)
+    reader = _Reader(text, _check_cut_off(cut_off))
     claims = reader.equation_claims()
     if expected is not None:
         claims += reader.answer_claims(expected)
     return sorted(claims, key=lambda c: (c.result_start, c.start))
 
 
-def claim_labels(text: str, answer=None) -> str:
+def claim_labels(text: str, answer=None, *, cut_off: bool = False) -> str:
     """Per-character labels of ``text``: ``"w"`` on the result of a false claim, ``"r"`` on
-    the result of a true one, ``"."`` elsewhere (a character in both: ``"w"``)."""
-    claims = find_claims(text, answer)
+    the result of a true one, ``"."`` elsewhere (a character in both: ``"w"``);
+    ``cut_off`` as in :func:`find_claims`."""
+    claims = find_claims(text, answer, cut_off=cut_off)
     labels = [LABEL_OTHER] * len(text)
     for c in claims:
         for start, end in c.labelled:
@@ -471,18 +528,20 @@ def claim_labels(text: str, answer=None) -> str:
     return "".join(labels)
 
 
-def claim_token_labels(tokenizer, ids: Sequence[int], answer=None) -> list[str]:
+def claim_token_labels(tokenizer, ids: Sequence[int], answer=None, *,
+                       cut_off: bool = False) -> list[str]:
     """One label per token of a response (its token ids): the response is decoded piece by
     piece (:func:`ktae.viz.tokens.token_pieces`, leading spaces kept with their token), and
     a token is ``"w"`` when any of its characters is, else ``"r"`` when any is, else
-    ``"."``."""
+    ``"."``. ``cut_off``: the response ran out of its token budget (:func:`find_claims`)."""
     pieces = [p.text for p in token_pieces(tokenizer, ids)]
-    return token_labels(claim_labels("".join(pieces), answer), pieces)
+    return token_labels(claim_labels("".join(pieces), answer, cut_off=cut_off), pieces)
 
 
-def has_false_claim(text: str, answer=None) -> bool:
-    """Whether ``text`` makes at least one false claim."""
-    return any(not c.correct for c in find_claims(text, answer))
+def has_false_claim(text: str, answer=None, *, cut_off: bool = False) -> bool:
+    """Whether ``text`` makes at least one false claim (``cut_off`` as in
+    :func:`find_claims`)."""
+    return any(not c.correct for c in find_claims(text, answer, cut_off=cut_off))
 
 
 def final_answer(text: str, answer=None) -> Claim | None:

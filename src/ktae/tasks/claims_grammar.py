@@ -24,6 +24,11 @@ FILLER = ["Tom has", "So", "Then", "In total", "We know that", "Sam buys", "whic
 UNITS = ["", " apples", " books in total", " cookies", ".", ",", " 100-page books",
          " (since it is half)", " 2-liter bottles"]
 SEPARATORS = [". ", ".\n", ", so ", "; then ", "\n\n", " and ", "\n- "]
+LATEX_OPERATORS = {"+": ["+"], "-": ["-"], "*": ["\\times", "\\cdot", "\\ast"],
+                   "/": ["\\div"]}
+"""The LaTeX spelling of each operation (docs/claims.md, LaTeX)."""
+LATEX_DELIMITERS = [("\\( ", " \\)"), ("\\(", "\\)"), ("$", "$"), ("$$", "$$"),
+                    ("\\[ ", " \\]"), ("", "")]
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,48 @@ class _Fragments:
         w.claim("equation", [span], correct)
         w.put(unit)
 
+    def _latex_number(self, value: Fraction, braces: bool) -> tuple[int, int]:
+        """Write a non-negative integer in LaTeX: ``{,}`` between groups of thousands and
+        ``{N}`` braces at random; the span of its digits."""
+        rng = self.rng
+        digits = str(int(value))
+        if value >= 1000 and rng.random() < 0.5:
+            digits = f"{int(value):,}".replace(",", rng.choice(["{,}", ","]))
+        braced = braces and rng.random() < 0.2
+        self.w.put("{" if braced else "")
+        span = self.w.put(digits)
+        self.w.put("}" if braced else "")
+        return span
+
+    def latex_equation(self) -> None:
+        """``\\( a \\times b = r \\)`` and its kin: LaTeX operators, delimiters, braces,
+        ``{,}`` thousands and ``\\frac{p}{q}`` operands (docs/claims.md, LaTeX)."""
+        w, rng = self.w, self.rng
+        n = rng.choice([2, 2, 3])
+        values, ops = self._operands(n), [rng.choice("+-*/") for _ in range(n - 1)]
+        ops = [op if not (op == "/" and values[k + 1] == 0) else "+" for k, op in enumerate(ops)]
+        opening, closing = rng.choice(LATEX_DELIMITERS)
+        w.put(rng.choice(FILLER) + " " + opening)
+        for k, v in enumerate(values):
+            if rng.random() < 0.15:  # a fraction of two numbers, one operand
+                q = rng.randint(1, 12)
+                w.put("\\" + rng.choice(["frac", "dfrac", "tfrac"]) + "{")
+                w.put(str(int(v)))
+                w.put("}{" + str(q) + "}")
+                values[k] = v / q
+            else:
+                self._latex_number(v, braces=True)
+            if k < len(ops):
+                spelling = rng.choice(LATEX_OPERATORS[ops[k]])
+                w.put(f" {spelling} " if rng.random() < 0.8 or spelling[0] != "\\" else spelling)
+        value = _value_of(values, ops)
+        w.put(rng.choice([" = ", "=", " &= "]))
+        correct = rng.random() < 0.5 if value.denominator == 1 and value >= 0 else False
+        stated = value if correct else Fraction(max(0, round(value)) + rng.randint(1, 9))
+        span = self._latex_number(stated, braces=True)
+        w.claim("equation", [span], stated == value)
+        w.put(closing + rng.choice(["", ".", " \\text{ apples}", " apples"]))
+
     def remainder(self) -> None:
         """``a / b = q remainder r`` in every spelling docs/claims.md reads."""
         w, rng = self.w, self.rng
@@ -311,7 +358,7 @@ def generate_response(rng: random.Random, fragments: int | None = None) -> Gener
     grammar = _Fragments(writer)
     forms = [grammar.equation] * 4 + [grammar.running_chain, grammar.rewriting_chain,
                                       grammar.remainder, grammar.answer, grammar.skipped,
-                                      grammar.distractor]
+                                      grammar.distractor, grammar.latex_equation]
     for k in range(count):
         if k:
             writer.put(rng.choice(SEPARATORS))

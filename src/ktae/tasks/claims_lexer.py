@@ -22,7 +22,10 @@ EMPHASIS = ("**", "__", "*")
 
 NUM, OP, LP, RP, EQ, HASH, WORD, OTHER = "num", "op", "(", ")", "=", "####", "word", "other"
 
-_LITERAL = re.compile(r"\$?(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+|[0-9]+)(?:\.[0-9]+)?")
+GROUP_SEPARATORS = ("{,}", "\\,", ",")
+"""What separates groups of three digits: LaTeX's ``{,}`` and ``\\,``, and a comma."""
+_LITERAL = re.compile(r"\$?(?:[0-9]{1,3}(?:(?:,|\{,\}|\\,)[0-9]{3}(?![0-9]))+|[0-9]+)"
+                      r"(?:\.[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,9 @@ def _literal(text: str, i: int) -> tuple[int, int, Fraction, int] | None:
     if m is None:
         return None
     digits = m.group().lstrip("$")
-    return i + (text[i] == "$"), m.end(), Fraction(digits.replace(",", "")), \
-        len(digits.partition(".")[2])
+    for separator in GROUP_SEPARATORS:
+        digits = digits.replace(separator, "")
+    return i + (text[i] == "$"), m.end(), Fraction(digits), len(digits.partition(".")[2])
 
 
 def _after_ok(text: str, j: int) -> bool:
@@ -109,13 +113,18 @@ def _after_ok(text: str, j: int) -> bool:
         return True
     if ch.isalpha() or _is_digit(ch) or ch in ("_", "%"):
         return False
-    return not (_among(ch, ",.") and _is_digit(_char(text, j + 1)))
+    if _among(ch, ",.") and _is_digit(_char(text, j + 1)):
+        return False
+    return not any(text.startswith(s, j) and _is_digit(_char(text, j + len(s)))
+                   for s in GROUP_SEPARATORS[:2])
 
 
 def _before_ok(text: str, i: int) -> bool:
     ch = _char(text, i - 1)
     if ch in ("x", "X") and _times_x(text, i - 1):
         return True
+    if any(text.endswith(s, 0, i) for s in GROUP_SEPARATORS[:2]):
+        return False  # the last group of "1{,}000" after a cut-off literal
     return not (ch.isalpha() or _is_digit(ch) or _among(ch, "_.,$"))
 
 
