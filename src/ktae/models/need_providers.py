@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from ktae.core.needs import ModelResponses
+from ktae.core.self_distill import SDPO_TEMPLATE
 from ktae.models.input_grad_importance import answer_tokens, response_importance
-from ktae.models.self_teacher import SDPO_TEMPLATE
 from ktae.models.self_teacher import teacher_logprobs as self_teacher_logprobs
 
 TEACHER_OPTIONS = {"teacher_choice": ("choose", "first"), "teacher_source": ("source", "group"),

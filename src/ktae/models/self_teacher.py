@@ -36,27 +36,18 @@ from __future__ import annotations
 import torch
 
 from ktae.core.policy_loss import check_number
+from ktae.core.self_distill import SDPO_TEMPLATE
+from ktae.core.self_distill import check_teacher_options as check
 
-SDPO_TEMPLATE = "\n\nCorrect solution:\n\n{solution}\n\nCorrectly solve the original question.\n"
-"""SDPO's ``solution_template`` inside its ``reprompt_template``, the solution in the middle."""
-CHOICES = ("first", "random", "shortest")
-SOURCES = ("group", "reference")
 ROWS_PER_PASS = 8
 """Rows per forward pass of the teacher (memory: each pass holds its rows' logits)."""
 
 
 def check_teacher_options(*, choose: str = "first", source: str = "group",
                           template: str = SDPO_TEMPLATE, seed: int = 0) -> None:
-    """One-line ``ValueError`` naming a bad option of the pass."""
-    if choose not in CHOICES:
-        raise ValueError(f"teacher_choice: expected one of {', '.join(CHOICES)}, got {choose!r}")
-    if source not in SOURCES:
-        raise ValueError(f"teacher_source: expected one of {', '.join(SOURCES)}, got {source!r}")
-    if not isinstance(template, str) or template.count("{solution}") != 1:
-        raise ValueError("teacher_template: expected a text holding '{solution}' exactly once, "
-                         f"got {template!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"teacher_seed: expected an integer, got {seed!r}")
+    """One-line ``ValueError`` naming a bad option of the pass (by its method option name)."""
+    check(teacher_choice=choose, teacher_source=source, teacher_template=template,
+          teacher_seed=seed)
 
 
 def choose_teachers(correct: torch.Tensor, group: torch.Tensor, lengths: torch.Tensor, *,
