@@ -38,6 +38,8 @@ Pure torch: the model passes that produce these inputs are the callers'.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
@@ -115,11 +117,13 @@ def sdpo_advantages(batch: AdvantageBatch, *, logprobs=None, teacher_logprobs=No
 def sdpo_token_loss(logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor,
                     *, old_logprobs: torch.Tensor | None = None,
                     is_clip: float | None = SDPO_IS_CLIP,
-                    aggregation: str = "token-mean") -> torch.Tensor:
+                    aggregation: str = "token-mean",
+                    max_response_length: float | None = None) -> torch.Tensor:
     """SDPO's token-level distillation loss (``compute_self_distillation_loss`` with
     ``full_logit_distillation = False``): per token ``(s - q).detach() * s``, times the
     ratio ``min(exp(clamp(s - s_old, +-20)), is_clip)`` (detached; None: no ratio), then
-    aggregated over ``mask`` (the real tokens of rows that have a teacher)."""
+    aggregated over ``mask`` (the real tokens of rows that have a teacher;
+    :func:`ktae.core.policy_loss.aggregate_loss`)."""
     per_token = (logprobs - teacher_logprobs).detach() * logprobs
     if is_clip is not None:
         is_clip = check_number(is_clip, "is_clip", low=0, low_open=True)
@@ -127,7 +131,7 @@ def sdpo_token_loss(logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask
             raise ValueError("old_logprobs: required by the importance ratio (is_clip)")
         d = (logprobs - old_logprobs).detach().clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
         per_token = per_token * d.exp().clamp(max=is_clip)
-    return aggregate_loss(per_token, mask, aggregation)
+    return aggregate_loss(per_token, mask, aggregation, max_response_length)
 
 
 def topk_with_tail(log_probs: torch.Tensor, index: torch.Tensor, *,
@@ -168,7 +172,8 @@ def sdpo_logit_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                     old_logprobs: torch.Tensor | None = None, alpha: float = SDPO_ALPHA,
                     topk: int | None = SDPO_TOPK, add_tail: bool = True,
                     is_clip: float | None = SDPO_IS_CLIP, temperature: float = 1.0,
-                    aggregation: str = "token-mean") -> torch.Tensor:
+                    aggregation: str = "token-mean",
+                    max_response_length: float | None = None) -> torch.Tensor:
     """SDPO's full-logit loss, its authors' default: ``[B, T, V]`` logits of the student
     (with gradient) and the teacher (detached), both divided by ``temperature``; the
     divergence of :func:`sdpo_logit_divergence` over the student's top-``topk`` tokens
@@ -189,7 +194,7 @@ def sdpo_logit_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
             raise ValueError("old_logprobs: required by the importance ratio (is_clip)")
         d = (logprobs - old_logprobs).detach().clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
         per_token = per_token * d.exp().clamp(max=is_clip)
-    return aggregate_loss(per_token, mask, aggregation)
+    return aggregate_loss(per_token, mask, aggregation, max_response_length)
 
 
 def sdpg_beta(step: int, total_steps: int, *, beta: float = SDPG_BETA, warmup_steps: int = 0,
@@ -222,7 +227,8 @@ def full_vocab_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *,
 
 def sdpg_distill_loss(kl: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                       beta: float, positive_only: bool = False,
-                      aggregation: str = "token-mean") -> torch.Tensor:
+                      aggregation: str = "token-mean",
+                      max_response_length: float | None = None) -> torch.Tensor:
     """SDPG's distillation term of the loss: ``beta * kl``, on tokens with ``A > 0`` only
     where ``positive_only`` (``beta_distill_positive_advantage_only``), aggregated over
     ``mask`` as the policy loss is. Adding it to the clipped loss of the same aggregation
@@ -230,4 +236,78 @@ def sdpg_distill_loss(kl: torch.Tensor, advantages: torch.Tensor, mask: torch.Te
     term = beta * kl
     if positive_only:
         term = term * (advantages > 0).to(term.dtype)
-    return aggregate_loss(term, mask, aggregation)
+    return aggregate_loss(term, mask, aggregation, max_response_length)
+
+
+# ------------------------------------------------------------------ the loss terms' settings
+
+KINDS = ("none", "sdpo", "sdpo-token", "sdpg")
+_TEACHER = {"teacher_choice": "first", "teacher_template": SDPO_TEMPLATE, "teacher_seed": 0}
+OPTIONS = {
+    "sdpo": {"coef": 1.0, "alpha": SDPO_ALPHA, "topk": SDPO_TOPK, "add_tail": True,
+             "is_clip": SDPO_IS_CLIP, "teacher_source": "group", **_TEACHER},
+    "sdpo-token": {"coef": 1.0, "is_clip": SDPO_IS_CLIP, "teacher_source": "group", **_TEACHER},
+    "sdpg": {"beta": SDPG_BETA, "warmup_steps": 0, "decay_steps": 0, "positive_only": False,
+             "teacher_source": "reference", **_TEACHER},
+}
+"""Each term's options and their defaults (the authors')."""
+
+
+def _value(text):
+    if not isinstance(text, str):
+        return text
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+@dataclass(frozen=True)
+class SelfDistill:
+    """A configured term: its kind and its options (:data:`OPTIONS`)."""
+
+    kind: str
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, kind: str, options: dict) -> SelfDistill | None:
+        """None for ``"none"``; one-line ``ValueError`` naming a bad kind or option."""
+        if kind not in KINDS:
+            raise ValueError(f"self_distill: expected one of {', '.join(KINDS)}, got {kind!r}")
+        if kind == "none":
+            if options:
+                raise ValueError("self_distill_options: given without --self-distill")
+            return None
+        known = OPTIONS[kind]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"self_distill_options: {unknown[0]!r} is not an option of "
+                             f"{kind}; expected some of {', '.join(known)}")
+        opts = {**known, **{k: _value(v) for k, v in options.items()}}
+        check_teacher_options(**{k: opts[k] for k in (*_TEACHER, "teacher_source")})
+        for name in ("coef", "beta"):
+            if name in opts:
+                opts[name] = check_number(opts[name], name, low=0)
+        if "alpha" in opts:
+            opts["alpha"] = check_number(opts["alpha"], "alpha", low=0, high=1)
+        if opts.get("is_clip") is not None and "is_clip" in opts:
+            opts["is_clip"] = check_number(opts["is_clip"], "is_clip", low=0, low_open=True)
+        if "topk" in opts and opts["topk"] is not None and (
+                isinstance(opts["topk"], bool) or not isinstance(opts["topk"], int)
+                or opts["topk"] < 1):
+            raise ValueError(f"topk: expected a positive integer or none, got {opts['topk']!r}")
+        for name in ("add_tail", "positive_only"):
+            if name in opts and not isinstance(opts[name], bool):
+                raise ValueError(f"{name}: expected true or false, got {opts[name]!r}")
+        for name in ("warmup_steps", "decay_steps"):
+            if name in opts and (isinstance(opts[name], bool) or not isinstance(opts[name], int)
+                                 or opts[name] < 0):
+                raise ValueError(f"{name}: expected a non-negative integer, got {opts[name]!r}")
+        return cls(kind, opts)
