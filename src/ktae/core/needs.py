@@ -223,6 +223,7 @@ register_need(Need(
     "teacher_logprobs",
     "the policy's log-probs of each response token after a privileged context (a right "
     "response of its group or a reference solution; ktae.models.self_teacher)", via=KEYWORD,
-    provider=f"{_PROVIDERS}:teacher_logprobs", recorded=True, example=-0.5))
+    provider=f"{_PROVIDERS}:teacher_logprobs", group_provider="ktae.groups.teacher:teacher_groups",
+    recorded=True, example=-0.5))
 register_need(Need("old_logprobs", "the rollout (old) policy's log-probs", via=KEYWORD,
                    readers=(CALIBRATION,)))
