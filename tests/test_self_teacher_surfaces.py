@@ -40,6 +40,11 @@ def test_verl_plugin_refuses_it_in_one_line():
     with pytest.raises(ValueError, match=r"adv_estimator=sdpo: .*needs=teacher_logprobs") as err:
         verl.estimator_settings("sdpo", {"sdpo": {}})
     assert "\n" not in str(err.value)
+    for kind in ("sdpo", "sdpo-token", "sdpg"):
+        with pytest.raises(ValueError, match=rf"loss_mode: '{kind}' is ktae train's "
+                                             "self-distillation term .*privileged prompt") as err:
+            verl.calibration_settings({"loss_mode": kind})
+        assert "\n" not in str(err.value)
 
 
 def test_group_provider_reads_the_teacher_options():
