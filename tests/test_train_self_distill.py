@@ -55,9 +55,17 @@ def test_sdpo_credit_reads_the_teacher_pass_with_its_options(tiny_model, tmp_pat
             return out
 
     cfg = tiny_config(tiny_model, tmp_path / "run", algo="grpo", max_steps=1, temperature=0.8,
-                      credit="sdpo@lam=0.5@teacher_choice=shortest@teacher_template=<{solution}>")
+                      credit="sdpo@lam=0.5@teacher_choice=shortest@teacher_template=<{solution}>",
+                      rollout_every=1, rollout_groups=4)
     train(cfg, trainer_cls=Rec, reward_funcs=[contains_digit])
     (entry,) = seen
+    from ktae.runs.rollouts import read_rollouts
+
+    _, records = read_rollouts(tmp_path / "run" / "rollouts.jsonl")
+    assert len(records) == 4
+    recorded = [row for rec in records for row in rec["teacher_logprobs"]]
+    for row, want in zip(recorded, entry["got"], strict=True):
+        torch.testing.assert_close(torch.tensor(row), want[:len(row)], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(entry["got"], entry["expected"])
     assert entry["has"].any() and not entry["has"].all()
     assert torch.equal(entry["got"][~entry["has"]], entry["student"][~entry["has"]])
