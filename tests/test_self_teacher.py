@@ -158,3 +158,25 @@ def test_one_line_errors(kw, match):
         teacher_logprobs(None, Tok(), prompt, pmask, resp, rmask, correct=correct, group=group,
                          student_logprobs=torch.zeros(resp.shape), **kw)
     assert "\n" not in str(err.value)
+
+
+def test_under_lora_the_teacher_is_the_adapted_model_without_gradient():
+    peft = pytest.importorskip("peft")
+    model = tiny_llama()
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                          init_lora_weights=False)  # random B: the adapters change the output
+    adapted = peft.get_peft_model(model, cfg).double()
+    prompt, pmask, resp, rmask, correct, group = layout()
+    stud = student(adapted, prompt, pmask, resp, rmask)
+    got, has = teacher_logprobs(adapted, Tok(), prompt, pmask, resp, rmask, correct=correct,
+                                group=group, student_logprobs=stud, template=TEMPLATE)
+    assert not got.requires_grad
+    assert all(p.grad is None for p in adapted.parameters())
+    ctx = prompt[1][pmask[1].bool()].tolist() + Tok()("ab")["input_ids"] \
+        + resp[0][rmask[0].bool()].tolist()[:-1] + Tok()("cd")["input_ids"]
+    n = int(rmask[1].sum())
+    expected = plain_logprobs(adapted, ctx, resp[1, :n].tolist())
+    torch.testing.assert_close(got[1, :n], expected.detach(), rtol=1e-5, atol=1e-6)
+    with adapted.disable_adapter():
+        base = plain_logprobs(adapted, ctx, resp[1, :n].tolist())
+    assert not torch.allclose(base, expected)  # the adapters took part
