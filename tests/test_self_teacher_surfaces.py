@@ -45,6 +45,13 @@ def test_verl_plugin_refuses_it_in_one_line():
                                              "self-distillation term .*privileged prompt") as err:
             verl.calibration_settings({"loss_mode": kind})
         assert "\n" not in str(err.value)
+        config = {"algorithm": {"adv_estimator": "grpo"}, "trainer": {},
+                  "actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": kind}}}}
+        with pytest.raises(ValueError, match=f"loss_mode: '{kind}' is ktae train's"):
+            verl.check_config(config)  # the plugin's start-up check
+    with pytest.raises(ValueError, match=r"adv_estimator=sdpo: .*needs=teacher_logprobs"):
+        verl.check_config({"algorithm": {"adv_estimator": "sdpo"}, "trainer": {},
+                           "actor_rollout_ref": {"actor": {"policy_loss": {}}}})
 
 
 def test_group_provider_reads_the_teacher_options():

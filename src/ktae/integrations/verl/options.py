@@ -410,7 +410,7 @@ def check_config(config: Any) -> PluginConfig:
 
     loss_mode = _get(policy_loss, "loss_mode", "vanilla")
     calibration = None
-    if loss_mode in CALIBRATIONS:
+    if loss_mode in CALIBRATIONS or loss_mode in SELF_DISTILL_KINDS:  # the latter: refused
         calibration = calibration_settings(policy_loss)
         check_calibration_values(calibration)
         entropy_on = bool(_get(actor, "calculate_entropy", False)) or \
