@@ -92,8 +92,9 @@ def distill_term(settings: SelfDistill, model, inputs: dict, *, temperature: flo
                  loss_type: str, step: int, total_steps: int) -> tuple[torch.Tensor, dict]:
     """The term for one micro-batch (module docstring) and its metrics: the student's
     logits with gradient, the teacher's without, the kind's loss (:mod:`ktae.core.
-    self_distill`), aggregated over the real tokens of the rows with a teacher as the
-    policy loss is (:data:`AGGREGATION`)."""
+    self_distill`), aggregated as the policy loss is (:data:`AGGREGATION`): SDPO's over the
+    real tokens of the rows with a teacher, SDPG's over every real token (its KL 0 on rows
+    without one), as the authors' codes do."""
     o = settings.options
     ids, cmask = inputs["completion_ids"], inputs["completion_mask"]
     has = inputs[HAS_TEACHER].bool()
