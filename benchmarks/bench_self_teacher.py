@@ -2,7 +2,8 @@
 
 Usage:
     python benchmarks/bench_self_teacher.py                  # 4 x 8 rows, 64 tokens, 3 rounds
-    python benchmarks/bench_self_teacher.py --rounds 5 --out benchmarks/results/self-teacher.json
+    python benchmarks/bench_self_teacher.py --prompts 1 --rounds 4 \
+        --out benchmarks/results/self-teacher-smollm2-8rows-b.json   # one micro-batch of 8
 
 On the recipe's model (``configs/smollm2-recipe.yaml``: SmolLM2-135M-Instruct, 4 prompts x 8
 responses of 64 tokens, one torch thread, float32), on embedded-task prompts rendered with
@@ -20,9 +21,9 @@ half of each group right, so every row has a teacher. Alternating, ``--rounds`` 
   (:func:`ktae.train.self_distill.distill_term`: the teacher's no-grad pass and the
   student's pass with gradient, the full-vocabulary KL).
 
-Prints and writes the medians and the ratios ``teacher_pass / policy_pass`` and
-``sdpg_term / update_pass``; the machine may be shared, so only ratios measured in the
-same process, alternating, are meant to be compared.
+Prints and writes the medians, their ratios ``teacher_pass / policy_pass`` and
+``sdpg_term / update_pass``, and each round's own ratios; the machine may be shared, so
+only ratios measured in the same process, alternating, are meant to be compared.
 """
 
 from __future__ import annotations
@@ -133,6 +134,12 @@ def main(argv=None) -> dict:
         "rounds": args.rounds, "seconds": times, "median_seconds": med,
         "teacher_over_policy": med["teacher_pass"] / med["policy_pass"],
         "sdpg_term_over_update": med["sdpg_term"] / med["update_pass"],
+        # each round's own ratio: the two passes ran back to back, under the same load
+        "teacher_over_policy_by_round": [t / p for t, p in zip(times["teacher_pass"],
+                                                               times["policy_pass"], strict=True)],
+        "sdpg_term_over_update_by_round": [t / u for t, u in zip(times["sdpg_term"],
+                                                                 times["update_pass"],
+                                                                 strict=True)],
     }
     print(json.dumps({k: v for k, v in result.items() if k != "seconds"}, indent=1))
     if args.out is not None:
