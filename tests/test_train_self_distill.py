@@ -201,3 +201,18 @@ def test_self_distill_settings_errors():
     assert s.options["beta"] == 0.01 and s.options["positive_only"] is True
     assert s.options["teacher_source"] == "reference"
     assert SelfDistill.parse("sdpo", {}).options["teacher_template"] == SDPO_TEMPLATE
+
+
+def test_command_line_flags_reach_the_term(tmp_path):
+    """``ktae train --self-distill sdpg --self-distill-option ...`` on the shipped model."""
+    from ktae.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--model", "default", "--credit", "grpo", "--self-distill", "sdpg",
+                 "--self-distill-option", "beta=0.01", "--self-distill-option",
+                 "teacher_source=group", "--max-steps", "1", "--num-prompts", "2",
+                 "--num-generations", "4", "--max-new-tokens", "12", "--eval-size", "4",
+                 "--eval-every", "0", "--train-size", "16", "--save-every", "0",
+                 "--no-progress", "--algo", "grpo", "--output-dir", str(run)]) == 0
+    (m,) = read_jsonl(run / "metrics.jsonl")
+    assert m["beta_effective"] == 0.01 and "self_distill_term" in m
