@@ -72,9 +72,10 @@ def test_every_estimator_is_a_verl_estimator_with_its_records_options():
             assert record.name not in estimators
             continue
         keys = estimators[record.name]
-        if "input_grad_importance" in record.needs:  # needs the actor's model: refused
+        refused = [n for n in record.need_records if n.model and n.name not in verl.VERL_NEEDS]
+        if refused:  # needs the actor's model: refused
             with pytest.raises(ValueError, match=rf"adv_estimator={record.name}: .*"
-                                                 "input-gradient importance"):
+                                                 rf"\(needs={refused[0].name}\)"):
                 verl.estimator_settings(record.name, {record.name: {}})
             continue
         own = [o for o in record.options if o != "reward_threshold"]
@@ -98,25 +99,35 @@ def test_every_calibration_is_a_verl_loss_mode_with_its_needs():
         assert verl.calibration_needs_entropy(settings) == ("entropies" in record.needs)
 
 
+def _keywords(record) -> dict:
+    """The per-token log-probs a method that declares them reads (passed as keywords)."""
+    values = {"logprobs": torch.full((4, 3), -1.0), "teacher_logprobs": torch.full((4, 3), -0.5)}
+    return {n: v for n, v in values.items() if n in record.needs}
+
+
 def test_each_estimators_needs_are_what_it_reads():
     _user_rules()
     for record in ktae.ADVANTAGE_ESTIMATORS.records():
-        ktae.compute_advantages(record.name, **_batch())
+        ktae.compute_advantages(record.name, **_batch(), **_keywords(record))
+        for name in _keywords(record):
+            with pytest.raises(ValueError, match=name):
+                ktae.compute_advantages(record.name, **_batch(),
+                                        **{k: v for k, v in _keywords(record).items() if k != name})
         if "entropies" in record.needs:
             with pytest.raises(ValueError, match="entropies"):
                 ktae.compute_advantages(record.name, **_batch(entropies=False))
         else:
-            ktae.compute_advantages(record.name, **_batch(entropies=False))
+            ktae.compute_advantages(record.name, **_batch(entropies=False), **_keywords(record))
         if "input_grad_importance" in record.needs:
             with pytest.raises(ValueError, match="input_grad_importance"):
                 ktae.compute_advantages(record.name, **_batch(importance=False))
         else:
-            ktae.compute_advantages(record.name, **_batch(importance=False))
+            ktae.compute_advantages(record.name, **_batch(importance=False), **_keywords(record))
         if "token_ids" in record.needs:
             with pytest.raises(ValueError, match="token_ids"):
                 ktae.compute_advantages(record.name, **_batch(token_ids=False))
         else:
-            ktae.compute_advantages(record.name, **_batch(token_ids=False))
+            ktae.compute_advantages(record.name, **_batch(token_ids=False), **_keywords(record))
 
 
 def test_an_estimator_that_takes_correct_reads_it():

@@ -66,10 +66,13 @@ def _fake_trainer(method: Method, calls: list):
 
     clock = SimpleNamespace(part=lambda name: contextlib.nullcontext())
     return SimpleNamespace(
-        _method=method, credit=SimpleNamespace(seed=0, estimator=method.estimator),
+        _method=method, credit=SimpleNamespace(seed=0, estimator=method.estimator,
+                                               correct_reward_index=0),
         state=SimpleNamespace(global_step=0),
         accelerator=SimpleNamespace(process_index=0, unwrap_model=lambda m: m),
-        model=object(), _tokenizer=object(), step_clock=clock, _policy_pass=policy_pass)
+        model=SimpleNamespace(training=True), _tokenizer=object(), step_clock=clock,
+        _policy_pass=policy_pass, num_generations=2, temperature=1.0,
+        _last_rewards_per_func=torch.tensor([[1.0], [0.0]]), _local_slice=lambda b: slice(0, b))
 
 
 def _rollout_batch():

@@ -158,6 +158,8 @@ NON_DEFAULT = {
     "taco_lambda": 0.5,
     "estimator_options": {"top": 0.5},
     "calibration_options": {"top_fraction": 0.3},
+    "self_distill": "sdpg",
+    "self_distill_options": {"beta": 0.02},
     "eval_every": 3,
     "eval_size": 5,
     "save_every": 6,
@@ -462,6 +464,17 @@ def check_calibration_options(ctx):
     s = credit_settings(cfg_with(credit="forking-tokens",
                                  calibration_options={"top_fraction": 0.3}))
     assert s.calibration_options == {"top_fraction": 0.3}
+
+
+def check_self_distill(ctx):
+    s = credit_settings(cfg_with(self_distill="sdpo-token"))
+    assert s.self_distill.kind == "sdpo-token" and s.self_distill.options["is_clip"] == 2.0
+    assert credit_settings(cfg_with()).self_distill is None
+
+
+def check_self_distill_options(ctx):
+    s = credit_settings(cfg_with(self_distill="sdpg", self_distill_options={"beta": "0.02"}))
+    assert s.self_distill.options["beta"] == 0.02
 
 
 def check_eval_every(ctx):

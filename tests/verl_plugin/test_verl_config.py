@@ -281,3 +281,18 @@ def test_gtpo_bad_values_fail_at_startup_with_the_option_named(override, message
         pytest.skip("the installed ktae has no gtpo estimator")
     with pytest.raises(ValueError, match=message):
         verl_validate(compose(*GTPO_DOC, override))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.adv_estimator=sdpo", r"adv_estimator=sdpo: .*needs=teacher_logprobs"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=sdpg",
+     r"loss_mode: 'sdpg' is ktae train's self-distillation term"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=sdpo",
+     r"loss_mode: 'sdpo' is ktae train's self-distillation term"),
+])
+def test_self_distillation_is_refused_at_startup_in_one_line(override, message):
+    """SDPO's self-teacher pass and the self-distillation losses need the actor's model
+    over a privileged prompt (docs/method.md §17): refused before Ray starts."""
+    with pytest.raises(ValueError, match=message) as err:
+        verl_validate(compose(override))
+    assert "\n" not in str(err.value)

@@ -14,6 +14,7 @@ from ktae.core import (  # noqa: F401  (each registers its estimator)
     ktae,
     oar,
     prefix_value,
+    self_distill,
 )
 from ktae.core.advantages import (  # grpo, drgrpo and rloo register there
     ADVANTAGE_ESTIMATORS,

@@ -176,6 +176,14 @@ class ModelResponses:
     generator: torch.Generator | None = None
     """Seeded by the caller, for a provider that draws noise."""
     policy_pass: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
+    correct: torch.Tensor | None = None
+    """``[b]`` bool, the verifier's verdict on each response (the self-teacher's choice)."""
+    group: torch.Tensor | None = None
+    """``[b]`` group ids (the responses to one prompt share one)."""
+    options: Mapping[str, object] = field(default_factory=dict)
+    """The method's options (the estimator's), for a provider that takes some."""
+    temperature: float = 1.0
+    """The sampling temperature the policy's log-probs are taken at."""
     _scores: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     def policy_scores(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,5 +219,11 @@ register_need(Need(
     "backward pass; ktae.models.input_grad_importance)",
     provider=f"{_PROVIDERS}:input_grad_importance", group_provider=_SCORING,
     group_options={"importance": True}, recorded=True, example=None))
+register_need(Need(
+    "teacher_logprobs",
+    "the policy's log-probs of each response token after a privileged context (a right "
+    "response of its group or a reference solution; ktae.models.self_teacher)", via=KEYWORD,
+    provider=f"{_PROVIDERS}:teacher_logprobs", group_provider="ktae.groups.teacher:teacher_groups",
+    recorded=True, example=-0.5))
 register_need(Need("old_logprobs", "the rollout (old) policy's log-probs", via=KEYWORD,
                    readers=(CALIBRATION,)))

@@ -234,7 +234,8 @@ def run_input(run: Path, *, tokenizer: str | None = None, task: str | None = Non
                        correct=r["correct"], label=f"step {r['step']} group {r['group']}",
                        logprobs=r.get("logprobs"), entropies=r.get("entropies"),
                        old_entropies=r.get("old_entropies"),
-                       input_grad_importance=r.get("input_grad_importance"))
+                       input_grad_importance=r.get("input_grad_importance"),
+                       teacher_logprobs=r.get("teacher_logprobs"))
         if not arith:
             labels, level = embedded_labels(g, tok, question), level_of(question)
         groups.append(AuditGroup(g, labels, level=level, step=int(r["step"]),
@@ -676,6 +677,21 @@ def _held(groups, need) -> bool:
                for f in need.fields)
 
 
+def _teacher_options(methods: dict) -> dict:
+    """The ``teacher_*`` options of the audited methods that read the self-teacher pass
+    (one pass serves them all, so they must agree)."""
+    chosen: dict | None = None
+    for name, spec in methods.items():
+        if not any(n.name == "teacher_logprobs" for n in spec.model_needs):
+            continue
+        mine = {k: v for k, v in spec.estimator_options.items() if k.startswith("teacher_")}
+        if chosen is not None and mine != chosen:
+            raise ValueError(f"credit: {name} sets the self-teacher's options {mine}, another "
+                             f"method {chosen}; audit them separately")
+        chosen = mine
+    return chosen or {}
+
+
 def _score(model, data: AuditInput, methods: dict, todo: list, *, temperature: float,
            on_phase: Phase) -> None:
     """Fill the groups' needs ``todo`` under ``model``: each group provider called once
@@ -705,7 +721,7 @@ def _score(model, data: AuditInput, methods: dict, todo: list, *, temperature: f
             what = f"groups ({' and '.join(names)})"
         step = on_phase("scored", what, read)
         extra = {"on_group": lambda _phase, step=step: step(1), "reads_importance": reads,
-                 "references": data.references}
+                 "references": data.references, "teacher_options": _teacher_options(methods)}
         takes = inspect.signature(fn).parameters
         fn(model, data.tokenizer, inputs, temperature=temperature, **options,
            **{k: v for k, v in extra.items() if k in takes})

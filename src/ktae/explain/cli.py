@@ -152,6 +152,8 @@ def _sampled_source(args, model, tok, path):
 
 def build(args):
     """``(report, selected groups)`` for the arguments (raises ValueError on bad input)."""
+    import inspect
+
     from ktae.core.needs import CALIBRATION_SCORES, group_calls, held, load, needs_of
     from ktae.explain.report import build_report
     from ktae.groups import sampling
@@ -176,8 +178,10 @@ def build(args):
         todo += needs_of(CALIBRATION_SCORES)
     if model is not None:
         for provider, options in group_calls(todo).items():
-            load(provider)(model, source.tokenizer, groups, temperature=args.temperature,
-                           **options)
+            fn = load(provider)
+            if "teacher_options" in inspect.signature(fn).parameters:  # the self-teacher's
+                options = {**options, "teacher_options": source.credit.estimator_options}
+            fn(model, source.tokenizer, groups, temperature=args.temperature, **options)
     _add_labels(groups, source.tokenizer)
     meta = [*source.meta, _credit_line(source)]
     report = build_report(groups, credit=source.credit, tokenizer=source.tokenizer,

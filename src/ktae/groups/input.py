@@ -46,6 +46,10 @@ class GroupInput:
     input_grad_importance: list | None = None
     """Per response (or None): the model's input-gradient importance of each token, for
     an estimator that reads it (``oar-g``; :func:`ktae.groups.scoring.score_groups`)."""
+    teacher_logprobs: list | None = None
+    """Per response (or None): the policy's log-probs of each token after a privileged
+    context, for an estimator that reads them (``sdpo``; :func:`ktae.groups.teacher.
+    teacher_groups`)."""
     trained: list | None = None
     weights: list | None = None
     flagged: list | None = None

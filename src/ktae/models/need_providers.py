@@ -11,7 +11,13 @@ from __future__ import annotations
 import torch
 
 from ktae.core.needs import ModelResponses
+from ktae.core.self_distill import SDPO_TEMPLATE
 from ktae.models.input_grad_importance import answer_tokens, response_importance
+from ktae.models.self_teacher import teacher_logprobs as self_teacher_logprobs
+
+TEACHER_OPTIONS = {"teacher_choice": ("choose", "first"), "teacher_source": ("source", "group"),
+                   "teacher_template": ("template", SDPO_TEMPLATE), "teacher_seed": ("seed", 0)}
+"""The method options the self-teacher pass reads: option -> (its keyword, default)."""
 
 
 def policy_logprobs(responses: ModelResponses) -> torch.Tensor:
@@ -40,3 +46,21 @@ def input_grad_importance(responses: ModelResponses) -> torch.Tensor:
                                responses.completion_ids, responses.completion_mask, answers,
                                responses.tokenizer.pad_token_id, conclusion=conclusion,
                                generator=responses.generator).detach()
+
+
+def teacher_logprobs(responses: ModelResponses) -> torch.Tensor:
+    """``[b, T]`` the policy's log-probs of each response token after its privileged
+    context (need ``teacher_logprobs``: :func:`ktae.models.self_teacher.teacher_logprobs`),
+    the own-context log-probs where no teacher exists. Options from the method's
+    (:data:`TEACHER_OPTIONS`); the reference solutions from each row's ``solution``."""
+    kw = {key: responses.options.get(option, default)
+          for option, (key, default) in TEACHER_OPTIONS.items()}
+    references = None
+    if kw["source"] == "reference":
+        references = [row.get("solution") for row in responses.rows]
+    out, _ = self_teacher_logprobs(
+        responses.model, responses.tokenizer, responses.prompt_ids, responses.prompt_mask,
+        responses.completion_ids, responses.completion_mask, correct=responses.correct,
+        group=responses.group, student_logprobs=responses.policy_scores()[0],
+        references=references, temperature=responses.temperature, **kw)
+    return out.detach()

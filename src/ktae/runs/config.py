@@ -41,6 +41,7 @@ from typing import Any
 
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.methods import check_alias_settings, declared_aliases
+from ktae.core.self_distill import SelfDistill
 from ktae.data import FIELDS, check_filters, parse_source
 from ktae.eval.prompts import TEMPLATES
 from ktae.rewards.ends import check_cut_off_rule
@@ -189,6 +190,15 @@ class _TrainConfig:
         "an option of the calibration, e.g. --calibration-option top_fraction=0.3 (repeatable)",
         name="--calibration-option", kind="pairs"))
     """Extra keyword options of the calibration (e.g. ``{"top_fraction": 0.3}``)."""
+    self_distill: str = field(default="none", metadata=flag(
+        "self-distillation loss term added to the policy loss: none | sdpo | sdpo-token | "
+        "sdpg (docs/method.md §17)"))
+    """A loss term from the policy's self-teacher (:mod:`ktae.train.self_distill`): SDPO's
+    full-logit distillation loss, its token-level one, or SDPG's full-vocabulary KL."""
+    self_distill_options: dict[str, Any] = field(default_factory=dict, metadata=flag(
+        "an option of the self-distillation term, e.g. --self-distill-option beta=0.01 "
+        "(repeatable; docs/method.md §17)", name="--self-distill-option", kind="pairs"))
+    """Options of the term (:data:`ktae.core.self_distill.OPTIONS`)."""
     eval_every: int = field(default=50, metadata=flag(
         "held-out eval every N steps (0 = before/after only)"))
     """Held-out evaluation every this many steps (0 = only before and after)."""
@@ -267,6 +277,7 @@ class _TrainConfig:
                                   task_fields=dict(self.task_fields),
                                   task_filters=_filters(self.task_filters),
                                   calibration_options=dict(self.calibration_options),
+                                  self_distill_options=dict(self.self_distill_options),
                                   trl=dict(self.trl),
                                   lora_target_modules=list(self.lora_target_modules))
         if out.clip_high is None:
@@ -331,6 +342,7 @@ class _TrainConfig:
             raise ValueError(f"logprob_head: expected one of {', '.join(LOGPROB_HEADS)}, "
                              f"got {self.logprob_head!r}")
         check_alias_settings({a.name: getattr(self, a.name) for a in declared_aliases()})
+        SelfDistill.parse(self.self_distill, self.self_distill_options)
         self._validate_data()
         if self.lora_r:
             if not self.lora_alpha > 0:

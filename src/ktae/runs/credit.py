@@ -35,6 +35,7 @@ from ktae.core.methods import (
     settings_method,
     split_method,
 )
+from ktae.core.self_distill import SelfDistill
 from ktae.runs.config import TrainConfig
 from ktae.runs.fields import value_type
 
@@ -59,6 +60,8 @@ class CreditSettings:
     """Which reward function's output (> 0.5) marks a response correct."""
     seed: int = 0
     """Seed of refill prompt draws and random calibrations (combined with the step)."""
+    self_distill: SelfDistill | None = None
+    """The self-distillation loss term (:class:`ktae.core.self_distill.SelfDistill`), or None."""
 
     @property
     def method(self) -> Method:
@@ -91,7 +94,9 @@ def credit_settings(cfg: TrainConfig) -> CreditSettings:
                           calibration=method.calibration,
                           calibration_options=dict(method.calibration_options),
                           dynamic_sampling=bool(cfg.dynamic_sampling),
-                          max_generation_rounds=cfg.max_generation_rounds, seed=cfg.seed)
+                          max_generation_rounds=cfg.max_generation_rounds, seed=cfg.seed,
+                          self_distill=SelfDistill.parse(cfg.self_distill,
+                                                         cfg.self_distill_options))
 
 
 def credit_method(text: str, *, train_config: TrainConfig | None = None,

@@ -89,6 +89,11 @@ METRIC_KEYS = {
     "ktae/entropy_threshold": "entropy_threshold",
     "ktae/mixed_group_fraction": "mixed_group_fraction",
     "ktae/formatted_fraction": "formatted_fraction",
+    # the self-distillation term (ktae.train.self_distill)
+    "ktae/self_distill_term": "self_distill_term",
+    "ktae/teacher_row_fraction": "teacher_row_fraction",
+    "ktae/beta_effective": "beta_effective",
+    "ktae/kl_distill": "kl_distill",
     # one optimizer step's wall time and its parts (ktae.train.step_timing)
     "ktae/step_seconds": "step_time",
     "ktae/generation_seconds": "generation_seconds",

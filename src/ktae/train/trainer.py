@@ -114,6 +114,14 @@ from ktae.train.logprob_head import check_head, choose_head, full_logps, takes_l
 from ktae.train.lora_forward import lora_for_sampling
 from ktae.train.micro_batches import keeps_gradient, micro_batches_by_prompt
 from ktae.train.sampling import fast_multinomial
+from ktae.train.self_distill import (
+    HAS_TEACHER,
+    TEACHER_IDS,
+    TEACHER_KEYS,
+    TEACHER_MASK,
+    distill_term,
+    teacher_prompts,
+)
 from ktae.train.shared_prefill import shared_prefill
 from ktae.train.step_timing import PART_KEYS, StepClock
 
@@ -276,7 +284,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         self._full_head_fits = takes_logits_to_keep(self.model)
         self._micro_batches_by_prompt = keeps_gradient(
             self.loss_type, one_step=self.args.steps_per_generation
-            == self.args.gradient_accumulation_steps, calibration=credit.calibration,
+            == self.args.gradient_accumulation_steps,
+            calibration=credit.calibration or getattr(credit.self_distill, "kind", None),
             top_entropy_quantile=self.top_entropy_quantile,
             entropy_bonus=self._entropy_bonus_enabled, aux_loss=self.aux_loss_enabled)
         if logprob_head == "full" and not self._full_head_fits:
@@ -325,6 +334,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         finally:
             self.mask_truncated_completions = masking
         out.update(self._rollout_needs(out, inputs))
+        if self.credit.self_distill is not None:
+            out.update(self._teacher_prompts(out, inputs))
         token_mask = out["completion_mask"]
         if "tool_mask" in out:
             token_mask = token_mask * out["tool_mask"]
@@ -354,11 +365,17 @@ class KTAEGRPOTrainer(GRPOTrainer):
             return {}
         g = torch.Generator(device="cpu").manual_seed(derived_seed(
             self.credit.seed, self.state.global_step, -2, self.accelerator.process_index))
+        b = batch["completion_ids"].shape[0]
+        G = self.num_generations if self.model.training else self.num_generations_eval
+        per_func = self._last_rewards_per_func[self._local_slice(b)]
         responses = ModelResponses(
             model=self.accelerator.unwrap_model(self.model), tokenizer=self._tokenizer,
             prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
             completion_ids=batch["completion_ids"], completion_mask=batch["completion_mask"],
-            rows=inputs, generator=g, policy_pass=lambda: self._policy_pass(batch))
+            rows=inputs, generator=g, policy_pass=lambda: self._policy_pass(batch),
+            correct=per_func[:, self.credit.correct_reward_index].cpu() > 0.5,
+            group=(torch.arange(b) + self.accelerator.process_index * b) // G,
+            options=dict(self._method.estimator_options), temperature=self.temperature)
         out = {}
         with self.step_clock.part("logprobs"):
             for need in needs:
@@ -369,12 +386,24 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                      f"{err}") from None
         return out
 
+    def _teacher_prompts(self, batch: dict, inputs: list[dict]) -> dict:
+        """The privileged prompts of the self-distillation term
+        (:func:`ktae.train.self_distill.teacher_prompts`), from this round's verdicts."""
+        b = batch["completion_ids"].shape[0]
+        G = self.num_generations if self.model.training else self.num_generations_eval
+        per_func = self._last_rewards_per_func[self._local_slice(b)]
+        return teacher_prompts(
+            self.credit.self_distill, self._tokenizer, batch["prompt_ids"], batch["prompt_mask"],
+            batch["completion_ids"], batch["completion_mask"],
+            correct=per_func[:, self.credit.correct_reward_index].cpu() > 0.5,
+            group=(torch.arange(b) + self.accelerator.process_index * b) // G, rows=inputs)
+
     def _policy_pass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """``([b, T] log-probs, [b, T] entropies)`` of the policy that generated ``batch``
         (GTPO's old-policy entropies): one no-grad pass like TRL 1.16's old log-prob pass in
         ``_generate_and_score_completions``, on the same inputs."""
         unknown = sorted(k for k in batch if not mergeable(k)
-                         and k not in ("advantages", "num_items_in_batch"))
+                         and k not in ("advantages", "num_items_in_batch", *TEACHER_KEYS))
         if unknown:
             raise ValueError("needs the old policy's entropies, which ktae computes for "
                              f"text-only batches; this batch also holds {unknown}")
@@ -498,7 +527,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     def _merge(self, rounds: list[dict], rows: list[torch.Tensor]) -> dict:
         recomputed = ("advantages", "num_items_in_batch")
         unknown = sorted(k for k in rounds[0]["batch"]
-                         if not mergeable(k) and k not in recomputed and k != _TOKEN_MASK)
+                         if not mergeable(k) and k not in (*recomputed, _TOKEN_MASK, *TEACHER_KEYS))
         if unknown:
             raise ValueError(f"dynamic sampling: cannot merge generation batches holding {unknown} "
                              "(multimodal inputs); turn dynamic sampling off")
@@ -506,7 +535,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
         device = rounds[0]["batch"]["completion_ids"].device
         batch = merge_rows([r["batch"] for r in rounds], [i.to(device) for i in rows],
                            {"prompt_ids": pad, "completion_ids": pad, "tool_mask": 1},
-                           extra={_TOKEN_MASK: "right"})
+                           extra={_TOKEN_MASK: "right", TEACHER_IDS: "left",
+                                  TEACHER_MASK: "left", HAS_TEACHER: "right"})
         return batch
 
     # ------------------------------------------------------------------ advantages
@@ -603,16 +633,33 @@ class KTAEGRPOTrainer(GRPOTrainer):
         clip_range = self.epsilon_low, self.epsilon_high
         try:
             if self.credit.calibration is None:
-                return super()._compute_loss(model, inputs)
-            inputs = self._loss_inputs(inputs)
-            self._pending_calibration = inputs
-            try:
-                return super()._compute_loss(model, inputs)
-            finally:
-                self._pending_calibration = None
+                loss = super()._compute_loss(model, inputs)
+            else:
+                inputs = self._loss_inputs(inputs)
+                self._pending_calibration = inputs
+                try:
+                    loss = super()._compute_loss(model, inputs)
+                finally:
+                    self._pending_calibration = None
+            if self.credit.self_distill is not None:
+                loss = loss + self._self_distill_term(model, inputs)
+            return loss
         finally:
             self._in_loss = False
             self.epsilon_low, self.epsilon_high = clip_range  # _calibrate may widen them
+
+    def _self_distill_term(self, model, inputs: dict) -> torch.Tensor:
+        """The self-distillation term of this micro-batch
+        (:func:`ktae.train.self_distill.distill_term`), scaled as TRL 1.16 scales its
+        ``grpo`` loss for gradient accumulation; its metrics logged."""
+        mode = "train" if self.model.training else "eval"
+        term, metrics = distill_term(self.credit.self_distill, model, inputs,
+                                     temperature=self.temperature, loss_type=self.loss_type,
+                                     step=self.state.global_step,
+                                     total_steps=int(self.state.max_steps or 0))
+        for key, value in metrics.items():
+            self._metrics[mode][f"ktae/{key}"].append(self._mean_across_processes(value))
+        return term / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
 
     def _loss_inputs(self, inputs: dict) -> dict:
         """A copy of ``inputs`` whose advantages and loss mask the calibration may change.

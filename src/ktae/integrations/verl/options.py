@@ -27,7 +27,11 @@ from ktae.core import estimators as core_estimators
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.calibration import CALIBRATIONS
 from ktae.core.estimators import ADVANTAGE_ESTIMATORS
+from ktae.core.self_distill import KINDS as _KINDS
 from ktae.plugins import load_entry_points, load_from_env
+
+SELF_DISTILL_KINDS = tuple(k for k in _KINDS if k != "none")
+"""``ktae train --self-distill`` terms, refused as a verl ``loss_mode`` (docs/method.md §17)."""
 
 #: Options of an estimator's block that say how correctness is read, for an estimator
 #: that reads the verifier's ``correct``: ``reward_threshold`` and the reward extra-info
@@ -277,6 +281,12 @@ def calibration_settings(policy_loss: Any) -> CalibrationSettings:
     """Parse the policy-loss block (names only; values are checked by :func:`check_config`)."""
     name = _get(policy_loss, "loss_mode", "vanilla")
     block = _section(policy_loss, POLICY_LOSS_KEY, f"{POLICY_LOSS_PATH}.{POLICY_LOSS_KEY}")
+    if name in SELF_DISTILL_KINDS:
+        raise ValueError(f"{POLICY_LOSS_PATH}.loss_mode: {name!r} is ktae train's "
+                         f"self-distillation term (--self-distill {name}), which the ktae verl "
+                         "plugin cannot run: it needs the actor's logits over each response after "
+                         "its privileged prompt, and verl 0.9.1's policy loss receives only "
+                         "log-probs, advantages and the response mask; use ktae train")
     if name not in CALIBRATIONS:
         raise ValueError(f"{POLICY_LOSS_PATH}.loss_mode: {name!r} is not a ktae calibration; "
                          f"expected one of {', '.join(CALIBRATIONS.names())}")
@@ -400,7 +410,7 @@ def check_config(config: Any) -> PluginConfig:
 
     loss_mode = _get(policy_loss, "loss_mode", "vanilla")
     calibration = None
-    if loss_mode in CALIBRATIONS:
+    if loss_mode in CALIBRATIONS or loss_mode in SELF_DISTILL_KINDS:  # the latter: refused
         calibration = calibration_settings(policy_loss)
         check_calibration_values(calibration)
         entropy_on = bool(_get(actor, "calculate_entropy", False)) or \
