@@ -158,7 +158,7 @@ def test_the_audits_right_answer_must_end(monkeypatch):
 
     monkeypatch.setattr(arith_input, "generate_hf", fake_generate)
     monkeypatch.setattr(arith_input, "chat_prompt", lambda tok, p: arith_input.user_message(p))
-    monkeypatch.setattr(arith_input, "claims_labels", lambda tok, responses, answer:
+    monkeypatch.setattr(arith_input, "claims_labels", lambda tok, responses, answer, *_:
                         ["." * len(r) for r in responses])
     for rule, expected in (("wrong", [True, False]), ("read", [True, True])):
         data = arith_input.sampled_input(None, Tok(), "m", difficulty=0, prompts=2, samples=2,
