@@ -217,6 +217,18 @@ class BusyProcesses:
         return False
 
 
+def _use_kernel(level: str, argv: list[str], ap: argparse.ArgumentParser) -> None:
+    """Run this script again with ``ATEN_CPU_CAPABILITY=level`` unless it is set (torch
+    reads it when loaded); refuse a level torch did not take."""
+    if os.environ.get("ATEN_CPU_CAPABILITY") != level:
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": level}
+        sys.exit(subprocess.run([sys.executable, __file__, *argv], env=env).returncode)
+    got = torch.backends.cpu.get_cpu_capability()
+    if got.lower() != level.lower():
+        ap.error(f"--kernel: expected a kernel level torch offers on this CPU "
+                 f"(default, avx2, ..., {got.lower()}), got {level!r}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="small")
@@ -224,6 +236,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kernel", default=None, metavar="LEVEL",
+                    help="torch's CPU kernel level (ATEN_CPU_CAPABILITY: default, avx2, "
+                         "avx512, ... up to the CPU's own); the script runs itself again "
+                         "with it set (default: the CPU's own level)")
     ap.add_argument("--zipf", action="store_true",
                     help="every token id from one Zipf law over the vocabulary, log-normal "
                          "response lengths (benchmarks/synthetic.py), instead of the preset's "
@@ -255,6 +271,8 @@ def main(argv=None) -> int:
                     help="also write every median, ratio and memory figure here")
     ap.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.kernel is not None:
+        _use_kernel(args.kernel, sys.argv[1:] if argv is None else list(argv), ap)
     try:
         ngrams = sorted({1} | {int(x) for x in args.ngram.split(",") if x.strip()})
     except ValueError:

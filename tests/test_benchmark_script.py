@@ -43,9 +43,10 @@ def test_zipf_batch_is_timed_and_recorded_with_the_cpu(tmp_path):
 
     out = subprocess.run([sys.executable, str(BENCH), "--preset", "small", "--repeats", "1",
                           "--threads", "1", "--zipf", "--no-reference", "--no-memory",
-                          "--json", str(tmp_path / "z.json")],
+                          "--kernel", "default", "--json", str(tmp_path / "z.json")],
                          capture_output=True, text=True, check=True, timeout=300).stdout
     record = json.loads((tmp_path / "z.json").read_text())
+    assert record["cpu_capability"] == "DEFAULT"  # --kernel: torch's kernel level
     zipf = make_batch(*PRESETS["small"], zipf=True)
     topics = make_batch(*PRESETS["small"])
     assert record["zipf"] is True and "(zipf ids)" in out
