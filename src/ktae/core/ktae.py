@@ -98,11 +98,11 @@ DEVICE_CHUNK_TOKENS = 1 << 23
 #: groups and keys beyond 62 bits take the sort), ``"sort"`` (one sort of the chunk's
 #: keys, :func:`ktae.core.token_counts.count_units`) or ``"auto"`` (the default: the
 #: scatters where the chunk's token ids and (group, token) pairs get dense ids from a
-#: presence bitmap, :func:`ktae.core.scatter_counts.is_dense`; else the sort, which took
-#: half the time of the hashed ids at 2**17 tokens on AVX2 and default kernels alike, where
-#: the bitmap took 0.8x to 0.85x the sort's time: docs/speed.md). Spans take the scatters
-#: in "auto". Same values every way; the benchmark times them side by side
-#: (``benchmarks/bench_advantages.py --compare``).
+#: presence bitmap, :func:`ktae.core.scatter_counts.is_dense`; else the sort, faster than
+#: hashed ids at every kernel level measured, where the bitmaps beat the sort:
+#: ``benchmarks/bench_counting.py``, docs/speed.md). Spans take the scatters in "auto".
+#: Same values every way; ``benchmarks/bench_advantages.py --compare`` times the sort
+#: beside the default.
 COUNTING = "auto"
 COUNTINGS = ("auto", "scatter", "sort")
 

@@ -116,9 +116,9 @@ def row_lengths(mask: torch.Tensor) -> torch.Tensor:
 
     On CPU a bool tensor stores one byte 0 or 1 per flag, so the mask is read as int64
     words of 8 flags, each word's flags are summed by one multiplication (the sums are at
-    most 8: no carry between bytes) and the rows by a sum of ``T / 8`` words: a tenth of
-    the time of ``mask.sum(1)``, which widens every flag first (paper-scale batch, AVX2
-    and default kernels alike). Other layouts and devices take ``mask.sum(1)``.
+    most 8: no carry between bytes) and the rows by a sum of ``T / 8`` words, where
+    ``mask.sum(1)`` widens every flag first (``benchmarks/bench_counting.py`` times both).
+    Other layouts and devices take ``mask.sum(1)``.
     """
     B, T = mask.shape
     if (mask.device.type == "cpu" and T and T % 8 == 0 and mask.stride(1) == 1
