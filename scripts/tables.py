@@ -190,11 +190,12 @@ for _threads, _contend in ((1, 0), (2, 0), (1, 2), (2, 2)):
 for _batch, _flag in (("paper", ""), ("zipf", " --zipf")):
     RUNS[f"speed-{_batch}-default-t1-k0"] = Run(
         f"{SPEED}{_flag} --kernel default --threads 1 --contend 0", 120, ("bench.json",))
-#: The rows of the speed table: one thread, no busy process, both batches at the CPU's own
-#: kernel level and at the portable one (the 2-thread and busy-process runs above are the
-#: same command with other settings).
+#: The rows of the speed table: both batches at one thread at the CPU's own kernel level
+#: and at the portable one, then at 2 threads alone and beside two busy processes (the
+#: 1-thread runs beside busy processes, above, are not in it).
 SPEED_RUNS = ("speed-paper-t1-k0", "speed-zipf-t1-k0", "speed-paper-default-t1-k0",
-              "speed-zipf-default-t1-k0")
+              "speed-zipf-default-t1-k0", "speed-paper-t2-k0", "speed-zipf-t2-k0",
+              "speed-paper-t2-k2", "speed-zipf-t2-k2")
 # One step of SmolLM2-135M-Instruct against its floors and against TRL's own trainer
 # (docs/step-time.md): best on an otherwise idle machine; the table records the load.
 RUNS["step-idle"] = Run(
