@@ -5,6 +5,7 @@ Usage:
     python benchmarks/bench_advantages.py --preset paper      # 1024 x 16 x 3072
     python benchmarks/bench_advantages.py --ngram 1,3         # KTAE over spans too
     python benchmarks/bench_advantages.py --contend 2         # with 2 busy processes
+    python benchmarks/bench_advantages.py --zipf              # heavy-tailed ids over the vocabulary
     python benchmarks/bench_advantages.py --rewards graded    # split="graded" side by side
     python benchmarks/bench_advantages.py --prefix-value --compare   # and the old algorithms
 
@@ -23,9 +24,11 @@ median ratio to thresholded KTAE (``ktae exact``) in the same round. ``--contend
 starts K busy-loop processes (one Python ``while True`` each, at the default priority)
 before the batch is built and stops them at the end, to measure under CPU contention as on
 a busy training machine. ``--prefix-value`` also times the prefix-value credit
-(``unit="token"``, ``apply="all"``) on the same batch. ``--compare`` also times, in the
-same rounds, the algorithms the current ones replaced, in rows marked ``[sort]`` (KTAE
-counting each chunk's tokens with one sort, :func:`ktae.core.token_counts.count_units`)
+(``unit="token"``, ``apply="all"``) on the same batch. ``--zipf`` draws every token id
+from one Zipf law over the vocabulary, with log-normal response lengths
+(``benchmarks/synthetic.py``). ``--compare`` also times, in the same rounds, the
+algorithms the current ones replaced, in rows marked ``[sort]`` (KTAE counting each
+chunk's tokens with one sort, :func:`ktae.core.token_counts.count_units`)
 and ``[unique]`` (prefix-value's classes from one ``torch.unique`` of every token's
 prefix hash); their values are the same.
 """
@@ -52,7 +55,7 @@ from ktae.core import ktae as ktae_module  # noqa: E402
 from ktae.core import prefix_value  # noqa: E402
 
 #: ``--compare``: the row suffix and the module switches of each algorithm.
-ALGORITHMS = {"": ("scatter", "lcp"), " [sort]": ("sort", "lcp"), " [unique]": ("scatter", "unique")}
+ALGORITHMS = {"": ("auto", "lcp"), " [sort]": ("sort", "lcp"), " [unique]": ("auto", "unique")}
 
 
 def with_algorithm(suffix: str, fn):
@@ -128,9 +131,21 @@ def graded_rewards(rewards: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.where(rewards > 0, torch.ones_like(rewards), 0.4 * u)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; else the platform's processor)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
 def _inputs(args):
     P, G, L, V = PRESETS[args.preset]
-    batch = make_batch(P, G, L, V, seed=args.seed, device=args.device)
+    batch = make_batch(P, G, L, V, seed=args.seed, zipf=args.zipf, device=args.device)
     rewards = batch.rewards if args.rewards == "binary" else graded_rewards(batch.rewards,
                                                                             args.seed)
     kw = dict(rewards=rewards, group=batch.group, token_ids=batch.token_ids, mask=batch.mask)
@@ -171,7 +186,7 @@ def _measure_memory(args, probe: str) -> float:
     """Peak extra memory / input of one call in a fresh process (``probe``:
     mode[:ngram[:row suffix]], mode ``prefix-value`` for that estimator)."""
     cmd = [sys.executable, __file__, "--preset", args.preset, "--device", args.device,
-           "--seed", str(args.seed), "--memory-probe", probe,
+           "--seed", str(args.seed), "--memory-probe", probe, *(["--zipf"] if args.zipf else []),
            "--ngram-reduce", args.ngram_reduce, "--rewards", args.rewards]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
@@ -202,6 +217,18 @@ class BusyProcesses:
         return False
 
 
+def _use_kernel(level: str, argv: list[str], ap: argparse.ArgumentParser) -> None:
+    """Run this script again with ``ATEN_CPU_CAPABILITY=level`` unless it is set (torch
+    reads it when loaded); refuse a level torch did not take."""
+    if os.environ.get("ATEN_CPU_CAPABILITY") != level:
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": level}
+        sys.exit(subprocess.run([sys.executable, __file__, *argv], env=env).returncode)
+    got = torch.backends.cpu.get_cpu_capability()
+    if got.lower() != level.lower():
+        ap.error(f"--kernel: expected a kernel level torch offers on this CPU "
+                 f"(default, avx2, ..., {got.lower()}), got {level!r}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="small")
@@ -209,6 +236,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kernel", default=None, metavar="LEVEL",
+                    help="torch's CPU kernel level (ATEN_CPU_CAPABILITY: default, avx2, "
+                         "avx512, ... up to the CPU's own); the script runs itself again "
+                         "with it set (default: the CPU's own level)")
+    ap.add_argument("--zipf", action="store_true",
+                    help="every token id from one Zipf law over the vocabulary, log-normal "
+                         "response lengths (benchmarks/synthetic.py), instead of the preset's "
+                         "mix with per-prompt topic vocabularies")
     ap.add_argument("--chunk-tokens", type=int, default=None,
                     help="KTAE's chunk_tokens option (default: the library's)")
     ap.add_argument("--loop-baseline", action="store_true",
@@ -236,6 +271,8 @@ def main(argv=None) -> int:
                     help="also write every median, ratio and memory figure here")
     ap.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.kernel is not None:
+        _use_kernel(args.kernel, sys.argv[1:] if argv is None else list(argv), ap)
     try:
         ngrams = sorted({1} | {int(x) for x in args.ngram.split(",") if x.strip()})
     except ValueError:
@@ -257,8 +294,11 @@ def _run(args, ngrams) -> int:
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     batch, kw = _inputs(args)
-    print(f"preset {args.preset}: {P} prompts x {G} responses x <= {L} tokens, vocab {V}, "
+    capability = torch.backends.cpu.get_cpu_capability()
+    print(f"preset {args.preset}{' (zipf ids)' if args.zipf else ''}: {P} prompts x {G} "
+          f"responses x <= {L} tokens, vocab {V}, "
           f"{batch.num_tokens / 1e6:.2f}M real tokens, {args.rewards} rewards, "
+          f"CPU {cpu_model()} at kernel level {capability}, "
           f"device {args.device}, {torch.get_num_threads()} threads, {args.contend} competing "
           f"busy processes on {os.cpu_count()} cores (built in {time.perf_counter() - t0:.1f} s)")
     # The floor: one sort of the batch's int64 keys, one key per real token.
@@ -335,7 +375,9 @@ def _run(args, ngrams) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "preset": args.preset, "shape": [P, G, L, V], "real_tokens": int(batch.num_tokens),
+            "preset": args.preset, "zipf": args.zipf, "shape": [P, G, L, V],
+            "real_tokens": int(batch.num_tokens), "cpu": cpu_model(),
+            "cpu_capability": capability,
             "threads": torch.get_num_threads(), "contend": args.contend,
             "cpu_count": os.cpu_count(), "device": args.device, "repeats": args.repeats,
             "ngram_reduce": args.ngram_reduce,

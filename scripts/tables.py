@@ -184,6 +184,19 @@ SPEED = ("python benchmarks/bench_advantages.py --preset paper --ngram 1,3 --pre
 for _threads, _contend in ((1, 0), (2, 0), (1, 2), (2, 2)):
     RUNS[f"speed-paper-t{_threads}-k{_contend}"] = Run(
         f"{SPEED} --threads {_threads} --contend {_contend}", 90, ("bench.json",))
+    # the heavy-tailed batch: every id from one Zipf law over the vocabulary
+    RUNS[f"speed-zipf-t{_threads}-k{_contend}"] = Run(
+        f"{SPEED} --zipf --threads {_threads} --contend {_contend}", 90, ("bench.json",))
+# torch's portable kernels (no vector instructions), both batches
+for _batch, _flag in (("paper", ""), ("zipf", " --zipf")):
+    RUNS[f"speed-{_batch}-default-t1-k0"] = Run(
+        f"{SPEED}{_flag} --kernel default --threads 1 --contend 0", 120, ("bench.json",))
+#: The rows of the speed table: both batches at one thread at the CPU's own kernel level
+#: and at the portable one, then at 2 threads alone and beside two busy processes (the
+#: 1-thread runs beside busy processes, above, are not in it).
+SPEED_RUNS = ("speed-paper-t1-k0", "speed-zipf-t1-k0", "speed-paper-default-t1-k0",
+              "speed-zipf-default-t1-k0", "speed-paper-t2-k0", "speed-zipf-t2-k0",
+              "speed-paper-t2-k2", "speed-zipf-t2-k2")
 # One step of SmolLM2-135M-Instruct against its floors and against TRL's own trainer
 # (studies/step-time/report.md): best on an otherwise idle machine; the table records the load.
 RUNS["step-idle"] = Run(
@@ -272,30 +285,45 @@ SPEED_COLUMNS = (("KTAE exact", "ktae exact", " [sort]"),
                  ("prefix-value", "prefix-value", " [unique]"))
 
 
+def speed_memory(folder: Path) -> str:
+    """docs/speed.md: each estimator's peak memory over its input, the replaced algorithm's
+    beside it."""
+    memory = _json(folder, "bench.json")
+    r = memory["rows"]
+    cells = [f"{r[key]['peak_extra_x_input']:.2f}x ({r[key + old]['peak_extra_x_input']:.2f}x)"
+             for _, key, old in SPEED_COLUMNS]
+    return "\n".join([
+        "| peak extra memory over the input | " + " | ".join(t for t, _, _ in SPEED_COLUMNS)
+        + " |", "|---" * (1 + len(SPEED_COLUMNS)) + "|",
+        f"| {memory['preset']} preset, {memory['threads']} threads | " + " | ".join(cells) + " |"])
+
+
 def speed(*folders: Path) -> str:
     """README.md and docs/speed.md: each estimator's time over one sort of the batch's keys
-    at the paper's scale, the algorithm it replaced beside it; the peak memory last."""
-    *timed, memory = [_json(f, "bench.json") for f in folders]
-    rows = ["| threads | busy processes | load at start, end | one sort | "
+    at the paper's scale, the algorithm it replaced beside it, per batch (the presets' ids
+    with topic vocabularies; Zipf ids), kernel level, threads and busy processes."""
+    timed = [_json(f, "bench.json") for f in folders]
+    rows = ["| batch | kernels | threads | busy processes | load at start, end | one sort | "
             + " | ".join(title for title, _, _ in SPEED_COLUMNS) + " |",
-            "|---" * (4 + len(SPEED_COLUMNS)) + "|"]
+            "|---" * (6 + len(SPEED_COLUMNS)) + "|"]
     for d in timed:
         r = d["rows"]
         cells = [f"**{r[key]['median_x_sort']:.2f}x** ({r[key + old]['median_x_sort']:.2f}x)"
                  for _, key, old in SPEED_COLUMNS]
-        rows.append(f"| {d['threads']} | {d['contend']} | "
-                    f"{d['load_average'][0]:.1f}, {d['load_average'][1]:.1f} | "
+        batch = (f"Zipf ids, {d['real_tokens'] / 1e6:.1f}M" if d.get("zipf")
+                 else f"topics, {d['real_tokens'] / 1e6:.1f}M")
+        rows.append(f"| {batch} | {d['cpu_capability'].lower()} | {d['threads']} | "
+                    f"{d['contend']} | {d['load_average'][0]:.1f}, {d['load_average'][1]:.1f} | "
                     f"{r['sort (floor)']['median_seconds']:.2f} s | " + " | ".join(cells) + " |")
-    r = memory["rows"]
-    cells = [f"{r[key]['peak_extra_x_input']:.2f}x ({r[key + old]['peak_extra_x_input']:.2f}x)"
-             for _, key, old in SPEED_COLUMNS]
-    rows.append(f"| peak memory over the input, {memory['preset']} preset, "
-                f"{memory['threads']} threads | | | | " + " | ".join(cells) + " |")
     shape = timed[0]["shape"]
-    rows += ["", f"Median over {timed[0]['repeats']} paired rounds of each time over one "
+    cpus = sorted({d["cpu"] for d in timed})
+    rows += ["", f"CPU: {', '.join(cpus)} ({timed[0]['cpu_count']} cores). Median over "
+             f"{timed[0]['repeats']} paired rounds of each time over one "
              f"`torch.sort` of the batch's (group, token) keys in the same round; "
-             f"{shape[0]} prompts x {shape[1]} responses x <= {shape[2]} tokens, "
-             f"{timed[0]['real_tokens'] / 1e6:.1f}M real tokens; in brackets the algorithm each "
+             f"{shape[0]} prompts x {shape[1]} responses x <= {shape[2]} tokens (real tokens in "
+             "the batch column; topics: the preset's ids, half from a per-prompt topic "
+             "vocabulary; Zipf ids: `--zipf`); kernels: torch's CPU kernel level "
+             "(`--kernel`); in brackets the algorithm each "
              "replaced (a sort of the keys, `torch.unique`), timed in the same rounds; "
              "busy processes are `--contend K` busy loops."]
     return "\n".join(rows)
@@ -1023,8 +1051,8 @@ TABLES = {
     "study-real-claims": Table(tuple(f"recipe-audit-{arm}-s{seed}" for arm in RECIPE_ARMS
                                      for seed in RECIPE_SEEDS), recipe_claims),
     "cross-gains": Table(_AUDITS3 + _STUDY, cross_gains),
-    "speed": Table(("speed-paper-t1-k0", "speed-paper-t2-k0", "speed-paper-t1-k2",
-                    "speed-paper-t2-k2", "speed-large-memory"), speed),
+    "speed": Table(SPEED_RUNS, speed),
+    "speed-memory": Table(("speed-large-memory",), speed_memory),
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
     "audit-default-seed0": Table(("audit-seed0",), audit_intervals),
     "audit-default-seed1": Table(("audit-seed1",), audit_intervals),

@@ -37,6 +37,33 @@ def test_small_preset_prints_ratios_and_memory(tmp_path):
             assert f"{row['peak_extra_x_input']:.2f}" == f"{values[2]:.2f}"
 
 
+def test_zipf_batch_is_timed_and_recorded_with_the_cpu(tmp_path):
+    sys.path.insert(0, str(BENCH.parent))
+    from synthetic import PRESETS, make_batch
+
+    out = subprocess.run([sys.executable, str(BENCH), "--preset", "small", "--repeats", "1",
+                          "--threads", "1", "--zipf", "--no-reference", "--no-memory",
+                          "--kernel", "default", "--json", str(tmp_path / "z.json")],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    record = json.loads((tmp_path / "z.json").read_text())
+    assert record["cpu_capability"] == "DEFAULT"  # --kernel: torch's kernel level
+    zipf = make_batch(*PRESETS["small"], zipf=True)
+    topics = make_batch(*PRESETS["small"])
+    assert record["zipf"] is True and "(zipf ids)" in out
+    assert record["real_tokens"] == zipf.num_tokens != topics.num_tokens
+    assert record["cpu"] and record["cpu_capability"] in out
+    assert record["rows"]["ktae exact"]["median_x_sort"] > 0
+
+    def distinct_per_token(batch) -> float:  # the batch's (group, token) pairs per token
+        keys = (batch.group[:, None] * 151_936 + batch.token_ids)[batch.mask]
+        return keys.unique().numel() / keys.numel()
+
+    # ids over the whole vocabulary, no topic vocabulary: more distinct tokens per group
+    assert distinct_per_token(zipf) > 1.2 * distinct_per_token(topics)
+    lengths = zipf.mask.sum(1).double()
+    assert lengths.mean() > 1.1 * lengths.median()  # log-normal: a long right tail
+
+
 @pytest.mark.slow
 def test_ngram_coverage_script(tmp_path):
     script = BENCH.parent / "ngram_coverage.py"

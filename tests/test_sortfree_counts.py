@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from oracle import exact_ktae
 from prefix_value_oracle import slow_prefix_values
 from test_prefix_value import random_groups
 
@@ -16,7 +17,7 @@ from ktae.core import chunk_pool, prefix_lcp, prefix_value, scatter_counts
 from ktae.core import ktae as ktae_module
 from ktae.core.groups import group_index
 from ktae.core.ngrams import find_spans
-from ktae.core.token_counts import count_units, real_positions
+from ktae.core.token_counts import count_units, real_positions, row_lengths
 
 
 def _keys(seed: int, n: int, high: int) -> torch.Tensor:
@@ -32,7 +33,8 @@ def test_dense_and_hashed_ids_are_unique_with_its_inverse(seed, high):
     uniq, inv = torch.unique(key, return_inverse=True)
     if high < 1 << 20:
         d_uniq, d_inv = scatter_counts.dense_ids(key, high)
-        assert torch.equal(d_uniq, uniq) and torch.equal(d_inv, inv)
+        assert d_inv.dtype == torch.int32  # a small lookup table
+        assert torch.equal(d_uniq, uniq) and torch.equal(d_inv.long(), inv)
     h_uniq, h_inv = scatter_counts.hash_ids(key)
     assert torch.equal(h_uniq.sort().values, uniq)  # each key once, in slot order
     assert torch.equal(h_uniq[h_inv], key)
@@ -185,16 +187,102 @@ KTAE_CASES = [
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("opts", KTAE_CASES)
+@pytest.mark.parametrize("opts", KTAE_CASES + [{"ignore_token_ids": [0, 1, 5]},
+                                               {"mode": "reference", "ignore_token_ids": [1]}])
 def test_ktae_values_are_the_same_bits_with_either_counting(monkeypatch, seed, opts):
     group, ids, mask, correct = _batch(seed, 152_000)
     rewards = correct.double()
     out = {}
-    for counting in ("scatter", "sort"):
+    for counting in ktae_module.COUNTINGS:
         monkeypatch.setattr(ktae_module, "COUNTING", counting)
         out[counting] = ktae.compute_advantages("ktae", rewards=rewards, group=group,
                                                 token_ids=ids, mask=mask, **opts)
-    assert torch.equal(out["scatter"], out["sort"])
+    assert torch.equal(out["scatter"], out["sort"]) and torch.equal(out["auto"], out["sort"])
+
+
+def zipf_batch(seed: int, groups: int = 6, size: int = 8, max_len: int = 300,
+               vocab: int = 151_936, shift: int = 0):
+    """A heavy-tailed batch: ids from a Zipf law (exponent 1) over ``vocab`` ids, shuffled
+    over the id range and then shifted by ``shift``, log-normal lengths, groups not
+    contiguous, a mix of all-correct, all-wrong and mixed groups."""
+    gen = torch.Generator().manual_seed(seed)
+    B = groups * size
+    ranks = torch.arange(1, vocab + 1, dtype=torch.float64)
+    cdf = torch.cumsum(1 / ranks, 0)
+    cdf /= cdf[-1].clone()
+    draw = torch.searchsorted(cdf, torch.rand(B * max_len, generator=gen, dtype=torch.float64))
+    ids = torch.randperm(vocab, generator=gen)[draw.clamp_max(vocab - 1)].view(B, max_len)
+    lengths = (max_len / 3 * torch.exp(0.8 * torch.randn(B, generator=gen))).long()
+    mask = torch.arange(max_len)[None, :] < lengths.clamp(0, max_len)[:, None]
+    group = torch.randperm(B, generator=gen) % groups
+    correct = torch.rand(B, generator=gen) < torch.tensor([0.0, 1.0, 0.5])[group % 3]
+    return group, ids + shift, mask, correct
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("shift", [0, 1 << 40])  # dense ids; ids too sparse for a bitmap
+@pytest.mark.parametrize("opts", [{}, {"ngram": 3}, {"ignore_token_ids": [0, 1]},
+                                  {"chunk_tokens": 300}])
+def test_counting_of_heavy_tailed_batches_equals_the_oracle(monkeypatch, seed, shift, opts):
+    group, ids, mask, correct = zipf_batch(seed, shift=shift)
+    kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask)
+    want = torch.as_tensor(exact_ktae(**{k: v.numpy() for k, v in kw.items()},
+                                      **{k: v for k, v in opts.items() if k != "chunk_tokens"}))
+    out = {}
+    for counting in ktae_module.COUNTINGS:
+        monkeypatch.setattr(ktae_module, "COUNTING", counting)
+        out[counting] = ktae.compute_advantages("ktae", **kw, **opts)
+    assert torch.equal(out["scatter"], out["sort"]) and torch.equal(out["auto"], out["sort"])
+    assert torch.allclose(out["auto"].double(), want.to(torch.float64), rtol=0, atol=1e-6)
+
+
+def _spy(monkeypatch, module, name: str, calls: list):
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(name) or real(*a, **k))
+
+
+@pytest.mark.parametrize(("groups", "size", "max_len", "shift", "expected"), [
+    (6, 8, 3000, 0, "scatter"),  # a 152k vocabulary, 40k tokens: bitmaps
+    (6, 8, 300, 0, "sort"),  # the same vocabulary, 4k tokens: the bitmap is too sparse
+    (6, 8, 3000, 1 << 40, "sort"),  # ids beyond the bitmap's reach
+    (400, 2, 60, 0, "sort"),  # many groups of few tokens: (group, token) pairs too sparse
+])
+def test_auto_counting_takes_the_sort_where_ids_would_be_hashed(monkeypatch, groups, size,
+                                                                 max_len, shift, expected):
+    group, ids, mask, correct = zipf_batch(0, groups, size, max_len, shift=shift)
+    seen: set = set()  # the first response of each group wrong, the others right
+    correct = torch.tensor([g in seen or seen.add(g) is not None for g in group.tolist()])
+    calls: list = []
+    _spy(monkeypatch, ktae_module, "count_units", calls)
+    _spy(monkeypatch, scatter_counts, "hash_ids", calls)
+    _spy(monkeypatch, scatter_counts, "dense_ids", calls)
+    kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask,
+              chunk_tokens=1 << 20)  # one chunk
+    auto = ktae.compute_advantages("ktae", **kw)
+    assert "hash_ids" not in calls
+    assert ("count_units" in calls) == (expected == "sort")
+    calls.clear()
+    monkeypatch.setattr(ktae_module, "COUNTING", "scatter")  # hashes where auto sorts
+    assert torch.equal(ktae.compute_advantages("ktae", **kw), auto)
+    assert ("hash_ids" in calls) == (expected == "sort") and "count_units" not in calls
+
+
+@pytest.mark.parametrize("rows", [slice(None), slice(3, 11), slice(2, 9, 3)])
+@pytest.mark.parametrize("T", [0, 5, 8, 24, 61])
+def test_row_lengths_equal_the_mask_sums(rows, T):
+    mask = torch.rand(12, T, generator=torch.Generator().manual_seed(T)) < 0.6
+    for m in (mask[rows], mask[rows].T.contiguous().T, mask.T[:, rows].T):
+        got = row_lengths(m)
+        assert got.dtype == torch.int64 and torch.equal(got, m.sum(1))
+
+
+def test_values_read_from_non_contiguous_ids_are_the_same_bits():
+    group, ids, mask, correct = zipf_batch(1)
+    kw = dict(rewards=correct.double(), group=group, mask=mask)
+    out = ktae.compute_advantages("ktae", token_ids=ids, **kw)
+    fortran = ids.T.contiguous().T  # the same ids, column-major
+    assert not fortran.is_contiguous()
+    assert torch.equal(ktae.compute_advantages("ktae", token_ids=fortran, **kw), out)
 
 
 @pytest.mark.parametrize(("ngram", "counter"), [(1, "count_units_scatter"),
@@ -204,7 +292,7 @@ def test_the_counting_switch_picks_the_algorithm(monkeypatch, ngram, counter):
     kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask, ngram=ngram)
     calls = []
     real = getattr(ktae_module, counter)
-    monkeypatch.setattr(ktae_module, counter, lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(ktae_module, counter, lambda *a, **k: calls.append(1) or real(*a, **k))
     ktae.compute_advantages("ktae", **kw)
     assert calls
     calls.clear()

@@ -79,6 +79,7 @@ from ktae.core.token_counts import (
     count_units,
     real_positions,
     real_token_ids,
+    row_lengths,
     unique_small_keys,
 )
 
@@ -94,10 +95,16 @@ DEVICE_CHUNK_TOKENS = 1 << 23
 
 #: How the advantages count the tokens of a chunk: ``"scatter"`` (dense ids and scatters
 #: into per-chunk tables, :mod:`ktae.core.scatter_counts`, spans by representatives; huge
-#: groups and keys beyond 62 bits take the sort) or ``"sort"`` (one sort of the chunk's
-#: keys, :func:`ktae.core.token_counts.count_units`). Same values either way; the benchmark
-#: times both (``benchmarks/bench_advantages.py --counting``).
-COUNTING = "scatter"
+#: groups and keys beyond 62 bits take the sort), ``"sort"`` (one sort of the chunk's
+#: keys, :func:`ktae.core.token_counts.count_units`) or ``"auto"`` (the default: the
+#: scatters where the chunk's token ids and (group, token) pairs get dense ids from a
+#: presence bitmap, :func:`ktae.core.scatter_counts.is_dense`; else the sort, faster than
+#: hashed ids at every kernel level measured, where the bitmaps beat the sort:
+#: ``benchmarks/bench_counting.py``, docs/speed.md). Spans take the scatters in "auto".
+#: Same values every way; ``benchmarks/bench_advantages.py --compare`` times the sort
+#: beside the default.
+COUNTING = "auto"
+COUNTINGS = ("auto", "scatter", "sort")
 
 
 # ------------------------------------------------------------------ statistics per pair
@@ -205,6 +212,11 @@ def _values_once_by_class(cnt: TokenCounts, opts: KTAEOptions, tables: TableStat
     its counts one occurrence in that class, so nothing else sets its value; the other
     pairs (``run_length > 1``) as usual. Pairs that do not occur get arbitrary values."""
     P, device = cnt.group_n_correct.numel(), cnt.group.device
+    if opts.ngram == 1 and opts.ignore_token_ids:  # the joined pairs' tokens are not ids
+        value = _values_once_by_class(cnt, dataclasses.replace(opts, ignore_token_ids=()),
+                                      tables)
+        ids = torch.tensor(opts.ignore_token_ids, dtype=cnt.token.dtype, device=device)
+        return value.masked_fill_(torch.isin(cnt.token, ids), 0)
     many = (cnt.run_length > 1).nonzero().squeeze(1)
     # one call for both: the pairs (group g, class) at 2 g + class, then the others
     wrong = torch.arange(2, device=device).repeat(P)
@@ -264,17 +276,33 @@ class _Chunk:
     def mask(self) -> torch.Tensor:
         return self.batch.mask[self.rows]
 
+    def batch_positions(self, flat: torch.Tensor, row: torch.Tensor) -> torch.Tensor | None:
+        """``[M]`` positions in the flattened ``[B, T]`` batch of the chunk's real tokens
+        (``flat``, ``row``: their positions and rows in the chunk), or None when the batch's
+        ``token_ids`` are not contiguous. Reading the ids and writing the output there
+        skips a copy of the chunk's rows, padding included, when its rows are not a slice."""
+        if not self.batch.token_ids.is_contiguous():
+            return None
+        width = self.batch.mask.shape[1]
+        if isinstance(self.rows, slice):
+            return flat + (self.rows.start or 0) * width
+        return (self.rows.index_select(0, row) - row).mul_(width).add_(flat)
+
     def count(self, opts: KTAEOptions, flat: torch.Tensor, row: torch.Tensor,
-              counting: str = "sort") -> tuple[TokenCounts, Spans | None]:
+              counting: str = "sort", at: torch.Tensor | None = None
+              ) -> tuple[TokenCounts, Spans | None]:
         """Counts per (group, token), or per (group, span) with their spans; ``flat`` and
-        ``row`` from :func:`ktae.core.token_counts.real_positions` of the chunk;
-        ``counting``: see :data:`COUNTING` (``"sort"``: pairs sorted by group, then unit)."""
+        ``row`` from :func:`ktae.core.token_counts.real_positions` of the chunk, ``at``
+        (optional) from :meth:`batch_positions`; ``counting``: see :data:`COUNTING`
+        (``"sort"``: pairs sorted by group, then unit)."""
         if opts.ngram == 1:
-            tok = real_token_ids(self.token_ids, flat)
+            tok = (real_token_ids(self.token_ids, flat) if at is None
+                   else real_token_ids(self.batch.token_ids, at))
             cnt = None
-            if counting == "scatter" and tok.numel():
+            if counting != "sort" and tok.numel():
                 cnt = count_units_scatter(tok, int(tok.max()) + 1, row, self.row_len,
-                                          self.gid, self.num_groups, self.correct)
+                                          self.gid, self.num_groups, self.correct,
+                                          hashed=counting == "scatter")
             if cnt is None:
                 cnt = count_units(tok, row, self.row_len, self.gid, self.num_groups,
                                   self.correct)
@@ -282,7 +310,7 @@ class _Chunk:
         spans, key = find_spans(self.token_ids, self.mask, opts.ngram, opts.ignore_token_ids,
                                 flat=flat, row=row, dense=counting == "sort")
         cnt = None
-        if counting == "scatter" and key.numel():
+        if counting != "sort" and key.numel():
             cnt = count_spans_scatter(key, int(key.max()) + 1, spans.row, spans.row_len,
                                       self.gid, self.num_groups, self.correct)
         if cnt is None:
@@ -297,7 +325,7 @@ def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | No
         chunk_tokens = DEVICE_CHUNK_TOKENS
     elif chunk_tokens is None:
         chunk_tokens = CPU_CHUNK_TOKENS if ngram == 1 else CPU_SPAN_CHUNK_TOKENS
-    row_len = batch.mask.sum(1, dtype=torch.int32).long()
+    row_len = row_lengths(batch.mask)
     return [_Chunk(rows, g0, batch, row_len[rows], batch.gid[rows] - g0, n_groups,
                    correct[rows])
             for rows, g0, n_groups in group_chunks(batch.gid, batch.num_groups, row_len,
@@ -454,20 +482,27 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
 
     def one_chunk(chunk: _Chunk) -> None:  # a task: writes its own rows of ``out``
         flat, row, _ = real_positions(chunk.mask, chunk.row_len)
+        tokens = opts.ngram == 1 and opts.split != "graded"
+        at = chunk.batch_positions(flat, row) if tokens else None
         if opts.split == "graded":  # chunk.correct holds the memberships w
             per_token = graded_token_values(chunk.token_ids, chunk.mask, chunk.gid,
                                             chunk.num_groups, chunk.correct, opts, out_dtype)
         else:
-            cnt, spans = chunk.count(opts, flat, row, COUNTING)
+            cnt, spans = chunk.count(opts, flat, row, COUNTING, at)
             if spans is None:
-                per_token = cnt.spread(_values(cnt, opts, tables).to(out_dtype))
+                once = cnt.order is None and opts.mode == "exact"
+                by_pair = (_values_once_by_class(cnt, opts, tables) if once
+                           else _values(cnt, opts, tables))
+                per_token = cnt.spread(by_pair.to(out_dtype))
             else:
                 by_pair = (_values_once_by_class(cnt, opts, tables) if cnt.order is None
                            else _values(cnt, opts, tables))
                 by_start = cnt.spread_at(by_pair, spans.start, flat.numel())
                 per_token = reduce_from_starts(by_start, spans, opts.ngram_reduce).to(out_dtype)
         per_token = per_token + seq[chunk.rows].index_select(0, row)  # padding keeps 0
-        if isinstance(chunk.rows, slice):
+        if at is not None:  # ``out`` is contiguous, its padding already 0
+            out.view(-1).index_copy_(0, at, per_token)
+        elif isinstance(chunk.rows, slice):
             out[chunk.rows].view(-1).index_copy_(0, flat, per_token)
         else:
             block = torch.zeros(chunk.mask.shape, dtype=out_dtype, device=out.device)

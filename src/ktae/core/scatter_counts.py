@@ -58,13 +58,16 @@ _KEY_LIMIT = 1 << 62
 
 def dense_ids(key: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.unique(key, return_inverse=True)`` for int64 keys in ``[0, bound)`` by a
-    presence bitmap: ``(uniq ascending [U], inverse [M])``."""
+    presence bitmap: ``(uniq ascending [U], inverse [M])``; ``inverse`` is int32 for
+    ``bound <= 2**31`` (its lookup table, read at random, then takes half the cache of an
+    int64 one), else int64."""
     present = torch.zeros(bound, dtype=torch.bool, device=key.device)
     present.index_fill_(0, key, True)
     uniq = present.nonzero().squeeze(1)
     del present
-    lookup = torch.empty(bound, dtype=torch.int64, device=key.device)
-    lookup.index_copy_(0, uniq, torch.arange(uniq.numel(), device=key.device))
+    dtype = torch.int32 if bound <= 1 << 31 else torch.int64
+    lookup = torch.empty(bound, dtype=dtype, device=key.device)
+    lookup.index_copy_(0, uniq, torch.arange(uniq.numel(), dtype=dtype, device=key.device))
     return uniq, lookup.index_select(0, key)
 
 
@@ -134,25 +137,34 @@ def representatives(key: torch.Tensor) -> torch.Tensor:
 
 
 def _ids(key: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if bound <= DENSE_FACTOR * key.numel() + _DENSE_FLOOR:
+    if is_dense(bound, key.numel()):
         return dense_ids(key, bound)
     return hash_ids(key)
 
 
+def is_dense(bound: int, n: int) -> bool:
+    """Whether ``n`` keys in ``[0, bound)`` get their dense ids from a presence bitmap
+    (:func:`dense_ids`) rather than a hash table (:func:`hash_ids`)."""
+    return bound <= DENSE_FACTOR * n + _DENSE_FLOOR
+
+
 def pair_ids(unit: torch.Tensor, bound: int, row: torch.Tensor, gid: torch.Tensor,
-             num_groups: int):
+             num_groups: int, hashed: bool = True):
     """Dense ids of the (group, unit) pairs of a chunk, or None when the keys do not fit in
-    62 bits.
+    62 bits, or (``hashed=False``) when the units or the pairs would need a hash table.
 
     Returns ``(inverse [M], group [U], unit [U])``: each occurrence's pair and each pair's
     group and unit id.
     """
-    if bound <= DENSE_FACTOR * unit.numel() + _DENSE_FLOOR:  # few ids: make them dense first
+    if is_dense(bound, unit.numel()):  # few ids: make them dense first
         uniq, unit = dense_ids(unit, bound)
         width = max(1, uniq.numel())
+    elif not hashed:
+        return None
     else:
         uniq, width = None, bound
-    if num_groups * width >= _KEY_LIMIT:
+    if num_groups * width >= _KEY_LIMIT or not (hashed or is_dense(num_groups * width,
+                                                                    unit.numel())):
         return None
     key = (gid * width).index_select(0, row).add_(unit)
     pair, inverse = _ids(key, num_groups * width)
@@ -163,9 +175,10 @@ def pair_ids(unit: torch.Tensor, bound: int, row: torch.Tensor, gid: torch.Tenso
 
 def count_units_scatter(unit: torch.Tensor, bound: int, row: torch.Tensor,
                         row_len: torch.Tensor, gid: torch.Tensor, num_groups: int,
-                        correct: torch.Tensor) -> TokenCounts | None:
+                        correct: torch.Tensor, hashed: bool = True) -> TokenCounts | None:
     """:func:`ktae.core.token_counts.count_units` without a sort, or None where the sort
-    is the one to use (groups over :data:`MAX_GROUP`, keys beyond 62 bits).
+    is the one to use (groups over :data:`MAX_GROUP`, keys beyond 62 bits, and with
+    ``hashed=False`` ids too sparse for a presence bitmap, :func:`is_dense`).
 
     Args are those of ``count_units``, and ``bound``: the units lie in ``[0, bound)``.
     ``unit`` is not modified. The result's ``pair`` maps each unit to its pair (``order``
@@ -176,7 +189,7 @@ def count_units_scatter(unit: torch.Tensor, bound: int, row: torch.Tensor,
     g_max = int(sizes.max()) if sizes.numel() else 1
     if g_max > MAX_GROUP:
         return None
-    found = pair_ids(unit, bound, row, gid, num_groups)
+    found = pair_ids(unit, bound, row, gid, num_groups, hashed)
     if found is None:
         return None
     inverse, group, token = found
