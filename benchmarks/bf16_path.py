@@ -105,13 +105,14 @@ def main(argv: list[str] | None = None) -> dict:
     found = probe(a.rows, a.vocab, a.repeats)
     bf16_impls = sorted(set(found["onednn_impls"]["bfloat16"]))
     ratio = found["seconds"]["bfloat16"] / found["seconds"]["float32"]
-    result = {"ktae_native_bf16": native_bf16(), "cpu_bf16": cpu_bf16(),
+    result = {"ktae_native_bf16": native_bf16(), "cpu_bf16": list(cpu_bf16()),
               "onednn_max_cpu_isa": isa_limit(),
               "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
               "rows": a.rows, "vocab": a.vocab, "repeats": a.repeats, **found,
               "bf16_over_float32": ratio}
-    print(f"ktae native bfloat16: {result['ktae_native_bf16']} (the CPU's flag: "
-          f"{result['cpu_bf16']}; ONEDNN_MAX_CPU_ISA={result['onednn_max_cpu_isa']})")
+    print(f"ktae native bfloat16: {result['ktae_native_bf16']} (the CPU's flags: "
+          f"{', '.join(result['cpu_bf16']) or 'none'}; "
+          f"ONEDNN_MAX_CPU_ISA={result['onednn_max_cpu_isa']})")
     print(f"PyTorch CPU capability: {found['capability']}; oneDNN ISA: {found['onednn_isa']}")
     print(f"the bfloat16 product's oneDNN primitives: {', '.join(bf16_impls) or 'none'}")
     print(f"[{a.rows}, 576] x [576, {a.vocab}], one thread, median of {a.repeats}: float32 "

@@ -86,11 +86,28 @@ def test_isa_limit_unknown_name_is_one_line():
     ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "avx512_bf16"),
 ], ids=["unset", "onednn", "dnnl", "onednn-first", "at-the-flag"])
 def test_native_bf16_honours_the_isa_limit(monkeypatch, env, expected):
-    monkeypatch.setattr(precision, "cpu_bf16", lambda: "avx512_bf16")
+    monkeypatch.setattr(precision, "cpu_bf16", lambda: ("avx512_bf16",))
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    assert precision.native_bf16() == expected
+
+
+@pytest.mark.parametrize(("limit", "expected"), [
+    (None, "amx_bf16"),
+    ("AVX512_CORE_AMX", "amx_bf16"),
+    ("AVX512_CORE_BF16", "avx512_bf16"),  # AMX excluded, avx512_bf16 still in use
+    ("AVX512_CORE", None),
+])
+def test_native_bf16_is_the_best_flag_the_limit_leaves(monkeypatch, limit, expected):
+    text = X86.format(extra="avx512_bf16 amx_tile amx_bf16")
+    assert precision.cpu_bf16_flags(text) == ("amx_bf16", "avx512_bf16")
+    monkeypatch.setattr(precision, "cpu_bf16", lambda: precision.cpu_bf16_flags(text))
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    if limit:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
     assert precision.native_bf16() == expected
 
 
@@ -99,7 +116,7 @@ def test_cli_refuses_bf16_under_the_isa_limit(monkeypatch, capsys, tmp_path):
     ``--bf16`` is refused as on a CPU without the flag."""
     from ktae.cli import main
 
-    monkeypatch.setattr(precision, "cpu_bf16", lambda: "avx512_bf16")
+    monkeypatch.setattr(precision, "cpu_bf16", lambda: ("avx512_bf16",))
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     code = main(["train", "--bf16", "--max-steps", "1", "-o", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip().splitlines()

@@ -81,48 +81,56 @@ def isa_limit() -> str | None:
     return os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or None
 
 
-def cpu_bf16_flag(cpuinfo: str) -> str | None:
-    """The first flag of ``cpuinfo`` (the text of Linux's ``/proc/cpuinfo``) under which
-    the CPU multiplies bfloat16 natively (:data:`X86_FLAGS`, :data:`ARM_FEATURE`), or None."""
+def cpu_bf16_flags(cpuinfo: str) -> tuple[str, ...]:
+    """Every flag of ``cpuinfo`` (the text of Linux's ``/proc/cpuinfo``) under which the
+    CPU multiplies bfloat16 natively, in the order of :data:`X86_FLAGS` then
+    :data:`ARM_FEATURE`."""
     flags: set[str] = set()
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip() in ("flags", "Features"):
             flags.update(value.split())
-    return next((f for f in (*X86_FLAGS, ARM_FEATURE) if f in flags), None)
+    return tuple(f for f in (*X86_FLAGS, ARM_FEATURE) if f in flags)
+
+
+def cpu_bf16_flag(cpuinfo: str) -> str | None:
+    """The first of :func:`cpu_bf16_flags`, or None."""
+    return next(iter(cpu_bf16_flags(cpuinfo)), None)
 
 
 def native_bf16() -> str | None:
     """The flag under which this machine's CPU multiplies bfloat16 natively, or None
-    (Linux: ``/proc/cpuinfo``; macOS: the ``hw.optional.arm.FEAT_BF16`` sysctl); None
-    also where oneDNN's ISA limit (:func:`isa_limit`) excludes the flag's instructions.
+    (Linux: ``/proc/cpuinfo``; macOS: the ``hw.optional.arm.FEAT_BF16`` sysctl): the first
+    of the CPU's flags (:func:`cpu_bf16`) whose instructions oneDNN's ISA limit
+    (:func:`isa_limit`) leaves in use (``amx_bf16`` under ``AVX512_CORE_BF16``: the CPU's
+    ``avx512_bf16``).
 
     Raises:
         ValueError: ``ONEDNN_MAX_CPU_ISA`` names no ISA oneDNN knows (:func:`isa_allows`).
     """
-    flag = cpu_bf16()
-    return flag if flag is None or isa_allows(flag, isa_limit()) else None
+    limit = isa_limit()
+    return next((f for f in cpu_bf16() if isa_allows(f, limit)), None)
 
 
 @cache
-def cpu_bf16() -> str | None:
-    """The CPU's own flag for native bfloat16 products, or None, whatever the ISA limit
-    (:func:`native_bf16`)."""
+def cpu_bf16() -> tuple[str, ...]:
+    """The CPU's own flags for native bfloat16 products, whatever the ISA limit
+    (:func:`native_bf16`), as :func:`cpu_bf16_flags` orders them; empty without any."""
     system = platform.system()
     if system == "Linux":
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                return cpu_bf16_flag(f.read())
+                return cpu_bf16_flags(f.read())
         except OSError:
-            return None
+            return ()
     if system == "Darwin":
         try:
             out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"],
                                  capture_output=True, text=True, timeout=5).stdout
         except (OSError, subprocess.SubprocessError):
-            return None
-        return "FEAT_BF16" if out.strip() == "1" else None
-    return None
+            return ()
+        return ("FEAT_BF16",) if out.strip() == "1" else ()
+    return ()
 
 
 def check_bf16(device: torch.device | str, *, flag: str | None | bool = False) -> str:
