@@ -34,7 +34,10 @@ def clean_registries():
 
 def pytest_configure(config):
     """``KTAE_TEST_THREADS=N`` runs every test at N torch threads (the CI sweep's setting;
-    modules with the ``single_thread`` fixture of ``oracle`` read it too).
+    modules with the ``single_thread`` fixture of ``oracle`` read it too). Without it, each
+    of pytest-xdist's workers (``-n``) runs at the CPU's cores over the workers, at least
+    one, so the workers do not oversubscribe the cores; tests that set their own threads
+    still do.
 
     Training in the test process leaves ``malloc`` as it is (``KTAE_KEEP_FREED_MEMORY=0``,
     :mod:`ktae.train.allocator`): the setting is process-wide and would keep the test
@@ -45,3 +48,6 @@ def pytest_configure(config):
     os.environ.setdefault("KTAE_KEEP_FREED_MEMORY", "0")
     if os.environ.get("KTAE_TEST_THREADS"):
         torch.set_num_threads(int(os.environ["KTAE_TEST_THREADS"]))
+    elif os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+        workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))

@@ -158,12 +158,12 @@ def test_lora_recipe_step_of_two_trees(tiny_model, tmp_path):
     runs each tree (here this one twice) in its own process and prints the parts; on a CPU
     with bfloat16 instructions the new tree's runs are --bf16 (--new-args), their floors at
     the bfloat16 matmul rate."""
-    from ktae.train.precision import native_bf16
+    from cpu_bf16 import NATIVE_BF16
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(TINY_RECIPE.format(model=tiny_model))
     src = str(BENCH.parents[1] / "src")
-    bf16 = native_bf16() is not None
+    bf16 = NATIVE_BF16 is not None
     out = subprocess.run(
         [sys.executable, str(BENCH.parent / "bench_step_ab.py"), src, "--rounds", "1",
          *(["--new-args=--bf16"] if bf16 else []),

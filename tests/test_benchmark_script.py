@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cpu_bf16 import needs_native_bf16
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_advantages.py"
 
@@ -144,16 +146,22 @@ def test_attention_kernel_benchmark_times_both_kernels_on_the_same_attention(tmp
 
 
 @pytest.mark.slow
-def test_allocator_benchmark_runs_both_settings_and_the_kept_one_reuses_pages(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_native_bf16)])
+def test_allocator_benchmark_runs_both_settings_and_the_kept_one_reuses_pages(tmp_path, dtype):
+    """The recipe's vocabulary-sized tensors, in float32 (``--dtype``) on any CPU and in
+    the recipe's bfloat16 (the default) where the CPU multiplies it natively."""
     from ktae.train.allocator import _glibc
 
     if _glibc() is None:
         pytest.skip("the setting is glibc's")
     bench = BENCH.parent / "bench_allocator.py"
-    out = subprocess.run([sys.executable, str(bench), "--processes", "1", "--json",
+    dtype_args = ["--dtype", dtype] if dtype != "bfloat16" else []
+    out = subprocess.run([sys.executable, str(bench), "--processes", "1", *dtype_args, "--json",
                           str(tmp_path / "m.json")], capture_output=True, text=True, check=True,
                          timeout=600).stdout
     record = json.loads((tmp_path / "m.json").read_text())
+    assert record["dtype"] == dtype
+    assert [r["dtype"] for rs in record["runs"].values() for r in rs] == [f"torch.{dtype}"] * 2
     assert [r["kept"] for r in record["runs"]["kept"]] == [True]
     assert [r["kept"] for r in record["runs"]["default"]] == [False]
     med = record["medians"]
@@ -162,3 +170,38 @@ def test_allocator_benchmark_runs_both_settings_and_the_kept_one_reuses_pages(tm
     assert record["kept_over_default"] == pytest.approx(med["kept"]["seconds"]
                                                         / med["default"]["seconds"])
     assert "| kept |" in out and "kept / default:" in out
+
+
+def _bf16_path(tmp_path, *args):
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}  # any CPU: ktae then sees no bfloat16
+    return subprocess.run([sys.executable, str(BENCH.parent / "bf16_path.py"), "--rows", "4",
+                           "--vocab", "4096", "--repeats", "1", "--json", str(tmp_path / "p.json"),
+                           *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_bf16_path_under_the_isa_limit_is_emulated(tmp_path):
+    """benchmarks/bf16_path.py under ONEDNN_MAX_CPU_ISA=AVX2: ktae sees no native bfloat16
+    whatever the CPU, no oneDNN bfloat16 kernel runs, and the product is slower than
+    float32's (``--expect emulated`` holds, ``--expect native`` fails naming why)."""
+    done = _bf16_path(tmp_path, "--expect", "emulated")
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "p.json").read_text())
+    assert record["ktae_native_bf16"] is None and record["onednn_max_cpu_isa"] == "AVX2"
+    assert (record["rows"], record["vocab"], record["repeats"]) == (4, 4096, 1)
+    assert record["bf16_over_float32"] == pytest.approx(
+        record["seconds"]["bfloat16"] / record["seconds"]["float32"])
+    assert record["bf16_over_float32"] > 1
+    assert not any(isa in impl for impl in record["onednn_impls"]["bfloat16"]
+                   for isa in ("avx512_core_bf16", "amx"))
+    assert "ktae native bfloat16: None" in done.stdout
+    native = _bf16_path(tmp_path, "--expect", "native")
+    assert native.returncode == 1
+    assert native.stderr.strip().splitlines()[-1].startswith(
+        "bf16_path: expected native bfloat16 products; ktae sees no native bfloat16")
+
+
+@pytest.mark.parametrize("arg", ["--rows", "--vocab", "--repeats"])
+def test_bf16_path_refuses_a_non_positive_size(tmp_path, arg):
+    done = subprocess.run([sys.executable, str(BENCH.parent / "bf16_path.py"), arg, "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"{arg}: expected a positive integer, got 0" in done.stderr

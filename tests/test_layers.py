@@ -1,6 +1,7 @@
-"""The layers of the package (STYLE.md: the trainer, evaluation and plots depend on the core,
-never the reverse): every ``ktae.*`` package and top-level module has a layer in
-:data:`LAYERS`; none imports a package of a layer above its own, at the top of a module or
+"""The layers of the package (docs/layers.md, and "Layout" in docs/contributing.md: each
+package imports only its own layer and the layers below it, so the trainer, evaluation and
+plots depend on the core, never the reverse): every ``ktae.*`` package and top-level module
+has a layer in :data:`LAYERS`; none imports a package of a layer above its own, at the top of a module or
 inside a function, and no two packages import each other, directly or through others.
 """
 

@@ -53,6 +53,77 @@ def test_cli_refuses_bf16_in_one_line(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize(("flag", "limit", "allowed"), [
+    ("avx512_bf16", None, True),
+    ("avx512_bf16", "", True),
+    ("avx512_bf16", "ALL", True),
+    ("avx512_bf16", "default", True),
+    ("avx512_bf16", "AVX2", False),
+    ("avx512_bf16", "avx512_core_vnni", False),
+    ("avx512_bf16", "AVX512_CORE_BF16", True),
+    ("avx512_bf16", "AVX512_CORE_AMX", True),
+    ("amx_bf16", "AVX512_CORE_BF16", False),
+    ("amx_bf16", "AVX512_CORE_AMX", True),
+    ("amx_bf16", "AVX10_1_512_AMX", True),
+    ("amx_bf16", "AVX512_CORE_FP16", False),
+    ("bf16", "AVX2", True),  # Arm's feature: oneDNN's x86 limit says nothing of it
+])
+def test_isa_limit_excludes_the_flags_below_it(flag, limit, allowed):
+    assert precision.isa_allows(flag, limit) is allowed
+
+
+def test_isa_limit_unknown_name_is_one_line():
+    with pytest.raises(ValueError, match=r"^ONEDNN_MAX_CPU_ISA: expected one of SSE41, .*"
+                                         r"got 'AVX3'$"):
+        precision.isa_allows("avx512_bf16", "AVX3")
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, "avx512_bf16"),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, None),
+    ({"DNNL_MAX_CPU_ISA": "AVX2"}, None),  # oneDNN's older name
+    ({"ONEDNN_MAX_CPU_ISA": "ALL", "DNNL_MAX_CPU_ISA": "AVX2"}, "avx512_bf16"),  # ONEDNN_ first
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "avx512_bf16"),
+], ids=["unset", "onednn", "dnnl", "onednn-first", "at-the-flag"])
+def test_native_bf16_honours_the_isa_limit(monkeypatch, env, expected):
+    monkeypatch.setattr(precision, "cpu_bf16", lambda: ("avx512_bf16",))
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert precision.native_bf16() == expected
+
+
+@pytest.mark.parametrize(("limit", "expected"), [
+    (None, "amx_bf16"),
+    ("AVX512_CORE_AMX", "amx_bf16"),
+    ("AVX512_CORE_BF16", "avx512_bf16"),  # AMX excluded, avx512_bf16 still in use
+    ("AVX512_CORE", None),
+])
+def test_native_bf16_is_the_best_flag_the_limit_leaves(monkeypatch, limit, expected):
+    text = X86.format(extra="avx512_bf16 amx_tile amx_bf16")
+    assert precision.cpu_bf16_flags(text) == ("amx_bf16", "avx512_bf16")
+    monkeypatch.setattr(precision, "cpu_bf16", lambda: precision.cpu_bf16_flags(text))
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    if limit:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
+    assert precision.native_bf16() == expected
+
+
+def test_cli_refuses_bf16_under_the_isa_limit(monkeypatch, capsys, tmp_path):
+    """A CPU with avx512_bf16 whose oneDNN is limited to AVX2 would emulate the products:
+    ``--bf16`` is refused as on a CPU without the flag."""
+    from ktae.cli import main
+
+    monkeypatch.setattr(precision, "cpu_bf16", lambda: ("avx512_bf16",))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    code = main(["train", "--bf16", "--max-steps", "1", "-o", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("ktae train: bf16: this CPU has no bfloat16 instructions")
+
+
 class HeadDtypes(KTAEGRPOTrainer):
     """Records the LM head's output dtype in every pass, with gradients or without."""
 

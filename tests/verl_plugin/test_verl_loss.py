@@ -181,8 +181,12 @@ def test_reweight_only_loss_matches_verl_vanilla_normalisation(agg, split, is_we
 
 @pytest.mark.parametrize("name", ["taco-prob-only", "taco-hard", "taco-entropy-only",
                                   "taco-entropy-high", "taco-random", "adv-reweight",
-                                  "forking-tokens", "stapo"])
+                                  "forking-tokens", "stapo", "entropy-adv", "clip-cov",
+                                  "spo-mask"])
 def test_every_calibration_runs_through_ppo_loss(name):
+    """Each loss mode through the actor's loss (``ppo_loss``) equals ktae's policy loss on
+    its calibrated advantages and loss mask (test_verl_main_ppo.py runs TACO and STAPO
+    through verl's main_ppo; the rest take the same path)."""
     torch.manual_seed(0)
     mb = MicroBatch(seed=2)
     logp = mb.logp_values.clone().requires_grad_(True)

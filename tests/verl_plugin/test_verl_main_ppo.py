@@ -7,13 +7,22 @@ loaded in every process. The assertions read verl's own console metrics and the 
 record of every call the plugin made to ktae (which process, which verl code path, the
 inputs and the result), and recompute ktae's results from the recorded inputs.
 
-Runs: the v1 trainer with ``adv_estimator=ktae`` and ``loss_mode=taco`` (an ``alpha`` at
-which tokens are flagged); GTPO (the rollout entropies verl stores) with TACO on two
-data-parallel ranks; the legacy trainer with KTAE; verl's GRPO with the
-token-removing ``forking-tokens`` under ``token-mean``; and DAPO's composition (the
-``dapo`` reward manager's overlong buffer, ``filter_groups`` on ``acc``, dynamic batch
-size, clip-higher) with KTAE and STAPO. Each takes 1.5 to 2.5 minutes on a 2-core
-machine.
+Runs, one per path through verl: the v1 trainer with ``adv_estimator=ktae`` (the driver)
+and ``loss_mode=taco`` (the actor; an ``alpha`` at which tokens are flagged); GTPO (the
+rollout entropies verl stores) with TACO on two data-parallel ranks; the legacy trainer
+with KTAE; and DAPO's composition (the ``dapo`` reward manager's overlong buffer,
+``filter_groups`` on ``acc``, dynamic batch size, clip-higher) with KTAE and the
+token-removing STAPO under verl's default ``token-mean``. Each takes 1.5 to 2.5 minutes on
+a 2-core machine.
+
+The other loss modes take the actor's path of the TACO and STAPO runs, and are tested
+there in process, against verl's own loss functions, on one and several micro-batches and
+ranks: ``forking-tokens`` (``test_verl_loss.py``:
+``test_token_removing_rules_mean_what_verls_mode_means_on_the_kept_tokens``,
+``test_every_calibration_runs_through_ppo_loss``), ``entropy-adv``, ``clip-cov`` and
+``spo-mask`` (``test_every_calibration_runs_through_ppo_loss``), ``kl-cov``
+(``test_kl_cov_has_the_gradient_of_verls_own_kl_cov_loss``; ``tests/test_kl_cov_verl.py``
+and ``tests/test_clip_cov_verl.py`` against verl's formulas in the main environment).
 """
 
 from __future__ import annotations
@@ -232,36 +241,6 @@ def test_legacy_trainer_runs_ktae_and_vanilla_loss(legacy_ktae):
         assert metrics["actor/pg_loss"] == pytest.approx(-float(adv[mask].mean()), abs=1e-4)
 
 
-# -- a token-removing rule under token-mean ---------------------------------------------
-
-@pytest.fixture(scope="module")
-def grpo_forking(loop_inputs):
-    return _run(loop_inputs, "grpo-forking", "trainer.use_v1=true",
-                "algorithm.adv_estimator=grpo",
-                "actor_rollout_ref.actor.policy_loss.loss_mode=forking-tokens",
-                "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-                "actor_rollout_ref.actor.calculate_entropy=true",
-                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}")
-
-
-def test_forking_tokens_keeps_a_fifth_and_normalises_per_micro_batch(grpo_forking):
-    assert not _calls(grpo_forking, "compute_advantages")  # verl's own GRPO
-    for calls, metrics in zip(_check_loss_calls(grpo_forking, "forking-tokens",
-                                                driver_pid=None),
-                              grpo_forking.metrics, strict=True):
-        tokens = sum(c["tokens"] for c in calls)
-        for c in calls:
-            assert 0 < c["kept"] < c["tokens"]
-            assert c["kept"] == pytest.approx(0.2 * c["tokens"], abs=1.0)
-        kept_fraction = sum(c["kept"] / c["tokens"] for c in calls) / len(calls)
-        assert metrics["actor/calibration/loss_token_fraction"] == pytest.approx(
-            kept_fraction, abs=1e-6)
-        # token-mean: each micro-batch's kept-token mean, weighted by its share of
-        # verl's global token count; ratio 1 on the first update
-        expected = -sum(c["calibrated_sum"] / c["kept"] * c["tokens"] / tokens for c in calls)
-        assert metrics["actor/pg_loss"] == pytest.approx(expected, abs=1e-4)
-
-
 # -- DAPO: overlong buffer, dynamic sampling, dynamic batch size; KTAE + STAPO ------------
 
 OVERLONG = 16
@@ -317,123 +296,3 @@ def test_dapo_runs_stapo_in_the_actor(dapo_ktae_stapo):
     assert 0 < removed <= sum(c["positive"] for c in calls)  # only positive tokens go
     fractions = [m["actor/calibration/loss_token_fraction"] for m in dapo_ktae_stapo.metrics]
     assert min(fractions) < 1
-
-
-# -- the 2026 loss-time rules: entropy advantage, Clip-Cov, KL-Cov, SPO's mask -----------
-
-# Two mini-batches of 2 prompts per step: the second is updated after the first's optimizer
-# step, so its log-probs differ from the rollout's (Clip-Cov's clip test and KL-Cov's
-# penalty act off-policy only). Clip-Cov's and KL-Cov's ratios are raised from verl's
-# 0.0002 so that a micro-batch of about 100 tokens selects a few.
-RULE_RUNS = {
-    "entropy-adv": ["actor_rollout_ref.actor.calculate_entropy=true"],
-    # clip_cov_lb below every covariance: every real token the ratio does not clip is a
-    # candidate, so each step detaches some whatever the sampled rewards (with verl's
-    # bound of 1, a step whose covariances all stay below 1, e.g. one whose groups are all
-    # unmixed, detaches none)
-    "clip-cov": ["actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                 "+actor_rollout_ref.actor.policy_loss.ktae.clip_cov_ratio=0.05",
-                 "+actor_rollout_ref.actor.policy_loss.ktae.clip_cov_lb=-1000000.0"],
-    "kl-cov": ["actor_rollout_ref.actor.ppo_mini_batch_size=2",
-               "+actor_rollout_ref.actor.policy_loss.ktae.kl_cov_ratio=0.05"],
-    "spo-mask": [],
-}
-
-
-@pytest.fixture(scope="module", params=sorted(RULE_RUNS))
-def rule_run(request, loop_inputs):
-    name = request.param
-    return name, _run(loop_inputs, f"grpo-{name}", "trainer.use_v1=true",
-                      "algorithm.adv_estimator=grpo",
-                      f"actor_rollout_ref.actor.policy_loss.loss_mode={name}",
-                      f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}",
-                      *RULE_RUNS[name])
-
-
-def _recompute(call) -> ktae.CalibrationResult:
-    """The rule on the inputs the actor passed it, outside verl."""
-    inputs = dict(call["inputs"])
-    tensors = {k: torch.tensor(inputs.pop(k)) for k in
-               ("advantages", "logprobs", "old_logprobs", "entropies", "mask")
-               if inputs.get(k) is not None}
-    inputs = {k: v for k, v in inputs.items() if v is not None}
-    advantages = tensors.pop("advantages")
-    return ktae.calibrate_advantages(call["name"], advantages, **tensors, **inputs)
-
-
-def test_the_2026_rules_run_in_the_actor_on_every_micro_batch(rule_run):
-    name, result = rule_run
-    assert not _calls(result, "compute_advantages")  # verl's own GRPO advantages
-    steps = _check_loss_calls(result, name, driver_pid=None, entropy=name == "entropy-adv")
-    micro_batches = PROMPTS * N // MICRO
-    for calls in steps:
-        assert len(calls) == micro_batches
-        for call in calls:
-            assert call["inputs"]["old_logprobs"] is not None  # verl's old_log_prob
-            expected = _recompute(call)
-            got = call["result"]
-            mask = torch.tensor(call["inputs"]["mask"]).bool()
-            if name == "clip-cov":
-                _check_clip_cov_choice(call, torch.tensor(got["weights"]),
-                                       torch.tensor(got["advantages"]), mask)
-            else:
-                torch.testing.assert_close(torch.tensor(got["advantages"]),
-                                           expected.advantages.float(), rtol=0, atol=1e-6)
-                torch.testing.assert_close(torch.tensor(got["weights"]),
-                                           expected.weights.float(), rtol=0, atol=1e-6)
-            assert torch.equal(torch.tensor(got["loss_mask"]), expected.loss_mask & mask)
-
-
-def _check_clip_cov_choice(call, weights, advantages, mask):
-    """Clip-Cov's random choice draws from verl's global generator, whose state the test
-    cannot replay: check its support and size instead. Exactly ``max(floor(ratio * real
-    tokens), 1)`` of the candidates (all of them if fewer) get weight 0, no other token,
-    and the calibrated advantages are the inputs times those weights."""
-    from ktae.core.clip_cov import clipped_by_ratio, token_covariance
-
-    inputs = call["inputs"]
-    adv, logp, old = (torch.tensor(inputs[k]) for k in ("advantages", "logprobs",
-                                                          "old_logprobs"))
-    lb, ub = inputs.get("clip_cov_lb", 1.0), inputs.get("clip_cov_ub", 5.0)
-    cov = token_covariance(adv, logp, mask)
-    clipped = clipped_by_ratio(adv, logp, old, mask, inputs.get("clip_low", 0.2),
-                               inputs.get("clip_high", 0.2))
-    candidates = mask & ~clipped & (cov > lb) & (cov < ub)
-    chosen = mask & (weights < 1)
-    assert not (chosen & ~candidates).any()
-    n = max(int(inputs["clip_cov_ratio"] * int(mask.sum())), 1)
-    assert int(chosen.sum()) == min(n, int(candidates.sum()))
-    assert torch.equal(weights[mask & ~chosen], torch.ones(int((mask & ~chosen).sum())))
-    torch.testing.assert_close(advantages[mask], (adv * weights)[mask], rtol=0, atol=1e-6)
-
-
-def _tensor(call, key):
-    return torch.tensor(call["inputs"][key], dtype=torch.float64)
-
-
-def test_each_2026_rule_does_what_it_says_in_verl(rule_run):
-    name, result = rule_run
-    steps = _check_loss_calls(result, name, driver_pid=None, entropy=name == "entropy-adv")
-    calls = [c for step in steps for c in step]
-    if name == "entropy-adv":
-        # A' = A + min(alpha H, |A| / kappa) >= A, > A where the entropy and A are not 0
-        assert sum(c["calibrated_sum"] for c in calls) > sum(c["advantage_sum"] for c in calls)
-    elif name == "spo-mask":
-        # only the tokens the rollout policy gave p < 0.9 stay in the loss
-        for c in calls:
-            mask = torch.tensor(c["inputs"]["mask"]).bool()
-            low = _tensor(c, "old_logprobs").exp() < 0.9
-            assert c["kept"] == int((low & mask).sum())
-        assert 0 < sum(c["kept"] for c in calls) < sum(c["tokens"] for c in calls)
-    elif name == "clip-cov":
-        # some tokens are detached (weight 0) in every step: the first micro-batch of a
-        # step is on-policy, so none of its tokens is clipped and all are candidates
-        for step in steps:
-            assert sum(c["weights_below_one"] for c in step) > 0
-    else:  # kl-cov: the penalty shifts selected tokens once the policy has moved
-        moved = [c for c in calls
-                 if not torch.equal(_tensor(c, "logprobs"), _tensor(c, "old_logprobs"))]
-        assert moved, "every micro-batch was exactly on-policy: KL-Cov's penalty went untested"
-        shifted = sum(int((torch.tensor(c["result"]["advantages"], dtype=torch.float64)
-                           != _tensor(c, "advantages")).sum()) for c in moved)
-        assert shifted > 0

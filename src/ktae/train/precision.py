@@ -3,8 +3,11 @@
 A CPU multiplies bfloat16 matrices at twice its float32 rate only when it has the
 instructions for them: ``avx512_bf16`` or ``amx_bf16`` on x86, the BF16 extension on Arm.
 Elsewhere PyTorch emulates bfloat16 products in float32 arithmetic, slower than float32
-itself. :func:`native_bf16` reads the CPU's flags; :func:`check_bf16` refuses ``--bf16``
-on a CPU without them, in one line, instead of training slower in silence.
+itself. :func:`native_bf16` reads the CPU's flags, and honours oneDNN's ISA limit
+(``ONEDNN_MAX_CPU_ISA``, or its older name ``DNNL_MAX_CPU_ISA``): PyTorch multiplies
+bfloat16 matrices on x86 through oneDNN, which under a limit below the flag's instruction
+set leaves those instructions unused. :func:`check_bf16` refuses ``--bf16`` on a CPU
+without them, in one line, instead of training slower in silence.
 
 Mixed precision, as ``ktae train --bf16`` runs it:
 
@@ -31,6 +34,7 @@ measures the speed and the drift from float32.
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from functools import cache
@@ -43,37 +47,90 @@ X86_FLAGS = ("amx_bf16", "avx512_bf16")
 ARM_FEATURE = "bf16"
 """The Arm feature (``/proc/cpuinfo`` ``Features``) of the BF16 extension."""
 
+ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+               "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16",
+               "AVX10_1_512_AMX", "AVX512_CORE_AMX", "AVX10_1_512_AMX_FP16",
+               "AVX512_CORE_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2")
+"""oneDNN's x86 values of ``ONEDNN_MAX_CPU_ISA``, lowest first (oneDNN 3's
+``dnnl_cpu_isa_t``; ``AVX10_1_512`` is also spelled ``AVX512_CORE_FP16``, and so on).
+``ALL`` and ``DEFAULT`` set no limit."""
 
-def cpu_bf16_flag(cpuinfo: str) -> str | None:
-    """The first flag of ``cpuinfo`` (the text of Linux's ``/proc/cpuinfo``) under which
-    the CPU multiplies bfloat16 natively (:data:`X86_FLAGS`, :data:`ARM_FEATURE`), or None."""
+FLAG_ISA = {"avx512_bf16": "AVX512_CORE_BF16", "amx_bf16": "AVX10_1_512_AMX"}
+"""The lowest oneDNN ISA whose kernels use each x86 flag of :data:`X86_FLAGS`."""
+
+
+def isa_allows(flag: str, limit: str | None) -> bool:
+    """Whether oneDNN under ``ONEDNN_MAX_CPU_ISA=limit`` (None or empty: unset) uses the
+    instructions of ``flag``. Flags other than x86's are not limited by it.
+
+    Raises:
+        ValueError: ``limit`` is not one of oneDNN's x86 ISA names, ``ALL`` or ``DEFAULT``.
+    """
+    name = (limit or "").strip().upper()
+    if flag not in FLAG_ISA or name in ("", "ALL", "DEFAULT"):
+        return True
+    if name not in ONEDNN_ISAS:
+        raise ValueError(f"ONEDNN_MAX_CPU_ISA: expected one of {', '.join(ONEDNN_ISAS)}, ALL "
+                         f"or DEFAULT, got {limit!r}")
+    return ONEDNN_ISAS.index(name) >= ONEDNN_ISAS.index(FLAG_ISA[flag])
+
+
+def isa_limit() -> str | None:
+    """The oneDNN ISA limit of this process's environment (``ONEDNN_MAX_CPU_ISA``, else
+    ``DNNL_MAX_CPU_ISA``, oneDNN's own order of precedence), or None."""
+    return os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or None
+
+
+def cpu_bf16_flags(cpuinfo: str) -> tuple[str, ...]:
+    """Every flag of ``cpuinfo`` (the text of Linux's ``/proc/cpuinfo``) under which the
+    CPU multiplies bfloat16 natively, in the order of :data:`X86_FLAGS` then
+    :data:`ARM_FEATURE`."""
     flags: set[str] = set()
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip() in ("flags", "Features"):
             flags.update(value.split())
-    return next((f for f in (*X86_FLAGS, ARM_FEATURE) if f in flags), None)
+    return tuple(f for f in (*X86_FLAGS, ARM_FEATURE) if f in flags)
+
+
+def cpu_bf16_flag(cpuinfo: str) -> str | None:
+    """The first of :func:`cpu_bf16_flags`, or None."""
+    return next(iter(cpu_bf16_flags(cpuinfo)), None)
+
+
+def native_bf16() -> str | None:
+    """The flag under which this machine's CPU multiplies bfloat16 natively, or None
+    (Linux: ``/proc/cpuinfo``; macOS: the ``hw.optional.arm.FEAT_BF16`` sysctl): the first
+    of the CPU's flags (:func:`cpu_bf16`) whose instructions oneDNN's ISA limit
+    (:func:`isa_limit`) leaves in use (``amx_bf16`` under ``AVX512_CORE_BF16``: the CPU's
+    ``avx512_bf16``).
+
+    Raises:
+        ValueError: ``ONEDNN_MAX_CPU_ISA`` names no ISA oneDNN knows (:func:`isa_allows`).
+    """
+    limit = isa_limit()
+    return next((f for f in cpu_bf16() if isa_allows(f, limit)), None)
 
 
 @cache
-def native_bf16() -> str | None:
-    """The flag under which this machine's CPU multiplies bfloat16 natively, or None
-    (Linux: ``/proc/cpuinfo``; macOS: the ``hw.optional.arm.FEAT_BF16`` sysctl)."""
+def cpu_bf16() -> tuple[str, ...]:
+    """The CPU's own flags for native bfloat16 products, whatever the ISA limit
+    (:func:`native_bf16`), as :func:`cpu_bf16_flags` orders them; empty without any."""
     system = platform.system()
     if system == "Linux":
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                return cpu_bf16_flag(f.read())
+                return cpu_bf16_flags(f.read())
         except OSError:
-            return None
+            return ()
     if system == "Darwin":
         try:
             out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"],
                                  capture_output=True, text=True, timeout=5).stdout
         except (OSError, subprocess.SubprocessError):
-            return None
-        return "FEAT_BF16" if out.strip() == "1" else None
-    return None
+            return ()
+        return ("FEAT_BF16",) if out.strip() == "1" else ()
+    return ()
 
 
 def check_bf16(device: torch.device | str, *, flag: str | None | bool = False) -> str:
