@@ -69,7 +69,12 @@ def test_default_rewards_shape_overlong_responses_and_beta_and_clip_reach_trl(ti
     assert overlong(completion_ids=[[5] * 4, [5] * 6, [5] * 8]) == [0.0, -0.25, -0.5]
     # correctness is the verifier's (the strict boxed reward), never the shaped sum
     accuracy = first["reward_funcs"][0]
-    assert accuracy(["so \\boxed{12}", "12"], answer=["12", "12"]) == [1.0, 0.0]
+    assert accuracy.stop_ids == set(first["ignore"])  # the trainer's EOS and pad ids
+    stop = min(accuracy.stop_ids)
+    assert accuracy(["so \\boxed{12}", "12"], answer=["12", "12"],
+                    completion_ids=[[5, stop], [5, stop]]) == [1.0, 0.0]
+    # a right box in a response cut at the budget (no stop id at its end) is wrong
+    assert accuracy(["so \\boxed{12}"], answer=["12"], completion_ids=[[5, 6]]) == [0.0]
     assert torch.equal(first["correct"], first["per_func"][:, 0] > 0.5)
     # beta: TRL's trainer holds it, keeps a reference model and logs the KL of the loss
     assert first["beta"] == 0.04
