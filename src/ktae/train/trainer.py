@@ -116,6 +116,7 @@ from ktae.train.micro_batches import keeps_gradient, micro_batches_by_prompt
 from ktae.train.sampling import fast_multinomial
 from ktae.train.shared_prefill import shared_prefill
 from ktae.train.step_timing import PART_KEYS, StepClock
+from ktae.train.trl_version import check_trl
 
 #: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
 _TOKEN_MASK = "ktae_token_mask"
@@ -257,6 +258,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, credit: CreditSettings, generation_defaults: dict | None = None,
                  logprob_head: str = "auto", **kwargs):
+        check_trl()  # the overrides below are checked against these TRL releases only
         if not isinstance(credit, CreditSettings):
             raise ValueError(f"credit: expected CreditSettings, got {type(credit).__name__}")
         grpo_args = kwargs.get("args", args[2] if len(args) > 2 else None)
