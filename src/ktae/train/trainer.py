@@ -87,6 +87,7 @@ import warnings
 import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
+from trl import __version__ as TRL_VERSION
 from trl.trainer.utils import RepeatSampler
 
 from ktae.core import calibration, estimators
@@ -110,7 +111,13 @@ from ktae.train.dynamic_sampling import (
     need_key,
     select_groups,
 )
-from ktae.train.logprob_head import check_head, choose_head, full_logps, takes_logits_to_keep
+from ktae.train.logprob_head import (
+    check_head,
+    choose_head,
+    full_logps,
+    takes_logits_to_keep,
+    trl_head_runs,
+)
 from ktae.train.lora_forward import lora_for_sampling
 from ktae.train.micro_batches import keeps_gradient, micro_batches_by_prompt
 from ktae.train.sampling import fast_multinomial
@@ -284,6 +291,18 @@ class KTAEGRPOTrainer(GRPOTrainer):
         if logprob_head == "full" and not self._full_head_fits:
             raise ValueError("logprob_head: 'full' needs a model whose forward takes "
                              "logits_to_keep; use 'chunked'")
+        # TRL 1.15's fused LM head has Triton kernels only (logprob_head.trl_head_runs):
+        # where it cannot run, every pass takes the full head, and a run that needs TRL's
+        # is refused here rather than at its first log-prob pass
+        self._trl_head_runs = trl_head_runs(self.accelerator.device)
+        needs_trl_head = ("logprob_head='chunked'" if logprob_head == "chunked" else
+                          "a model whose forward takes no logits_to_keep"
+                          if not self._full_head_fits else
+                          "an MoE auxiliary loss" if self.aux_loss_enabled else None)
+        if needs_trl_head and not self._trl_head_runs:
+            raise ValueError(f"logprob_head: {needs_trl_head} runs TRL's fused LM head, which "
+                             f"trl {TRL_VERSION} computes with Triton on a CUDA or XPU device "
+                             "only; use the full head or trl 1.16.0")
         if credit.correct_reward_index >= len(self.reward_funcs):
             raise ValueError(f"credit.correct_reward_index: expected < {len(self.reward_funcs)} "
                              f"(number of reward functions), got {credit.correct_reward_index}")
@@ -668,7 +687,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 or choose_head(self.logprob_head, input_ids.device, min(batch, rows), keep,
                                self.model.config.get_text_config().vocab_size,
                                grad=torch.is_grad_enabled(),
-                               entropy_grad=entropy_grad and a["compute_entropy"]) == "chunked"):
+                               entropy_grad=entropy_grad and a["compute_entropy"],
+                               trl_head=self._trl_head_runs) == "chunked"):
+            if not self._trl_head_runs:  # vision inputs under TRL 1.15 without Triton
+                raise RuntimeError(f"trl {TRL_VERSION}'s fused LM head computes log-probs "
+                                   "with Triton on a CUDA or XPU device only: use trl 1.16.0")
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, *args, **kwargs)
         logps, entropies = [], []
