@@ -46,9 +46,10 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
 4. Exact resume. ``_get_train_sampler``: TRL's ``RepeatSampler`` draws each epoch's order
    from one generator seeded once, so a run resumed in epoch e > 0 drew epoch 0's order
    again; :class:`EpochRepeatSampler` draws epoch e's order from the seed alone, the same
-   order as an uninterrupted run (``_run_epoch`` sets the epoch). ``_init_training_state``:
+   order as an uninterrupted run (``_run_epoch`` sets the epoch). On resume
    transformers restores the logging/save steps of the checkpoint's ``trainer_state.json``;
-   the resumed run's own settings (a changed ``--save-every``) are applied again.
+   the resumed run's own settings (a changed ``--save-every``) are applied again, by a
+   callback at ``on_train_begin``.
 
 5. Step time (:mod:`ktae.train.step_timing`, docs/step-time.md): ``training_step``,
    ``_generate``, ``_calculate_rewards`` and ``_get_per_token_logps_and_entropies`` (the
@@ -245,6 +246,16 @@ class _StepClockCallback(TrainerCallback):
         metrics["ktae/step_seconds"].append(seconds["step"])
 
 
+class _RunSettingsCallback(TrainerCallback):
+    """On resume, transformers 5.24 restores the checkpoint's logging/eval/save steps
+    (``trainer_state.json``); the resumed run's own settings (a changed ``--save-every``)
+    are applied again at ``on_train_begin``, after the state is loaded and before the
+    first step (transformers' public callback API: no override of ``_init_training_state``)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        state.compute_steps(args, state.max_steps)
+
+
 class KTAEGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose advantages come from :func:`ktae.compute_advantages`.
 
@@ -282,6 +293,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
         self._in_loss = False
         super().__init__(*args, **kwargs)
         self.callback_handler.callbacks.insert(0, _StepClockCallback(self))
+        self.add_callback(_RunSettingsCallback())
         self._full_head_fits = takes_logits_to_keep(self.model)
         self._micro_batches_by_prompt = keeps_gradient(
             self.loss_type, one_step=self.args.steps_per_generation
@@ -791,12 +803,6 @@ class KTAEGRPOTrainer(GRPOTrainer):
         if getattr(self, "_epoch_sampler", None) is not None:
             self._epoch_sampler.set_epoch(epoch)
         return super()._run_epoch(*args, epoch=epoch, **kwargs)
-
-    def _init_training_state(self, max_steps, *args, **kwargs):
-        # transformers 5.24 keeps the checkpoint's logging/eval/save steps on resume
-        out = super()._init_training_state(max_steps, *args, **kwargs)
-        self.state.compute_steps(self.args, max_steps)
-        return out
 
     # ------------------------------------------------------------------ saving
 
