@@ -1,6 +1,7 @@
 """``KTAEGRPOTrainer``: TRL's ``GRPOTrainer`` with our advantages, dynamic sampling and TACO.
 
-Small overrides, each next to the TRL method it changes (TRL 1.16):
+Small overrides, each next to the TRL method it changes (TRL 1.15 and 1.16, the range of
+:mod:`ktae.train.trl_version`; docs/contributing.md lists them with what TRL offers instead):
 
 1. ``_generate_and_score_completions``: after TRL generates and scores a batch, the
    gathered rewards (kept by the ``_calculate_rewards`` override) and the gathered
@@ -29,7 +30,7 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    detached, before TRL's loss reads them, and the calibration's loss mask (STAPO and
    forking tokens remove tokens) becomes TRL's loss mask (see :meth:`_loss_inputs`).
    A result without the PPO clip (``CalibrationResult.ppo_clip``: KL-Cov, whose verl loss
-   clips no token) widens TRL 1.16's ``epsilon_low``/``epsilon_high`` to infinity for that
+   clips no token) widens TRL 1.15-1.16's ``epsilon_low``/``epsilon_high`` to infinity for that
    ``_compute_loss`` call, so that its clipped loss types (``grpo``, ``bnpo``, ``dr_grpo``,
    ``dapo``, ``luspo``; ``cispo``'s truncation too) clip no token; TRL's ``delta`` still
    applies when it is set. The old/ref log-prob passes (no entropy, outside
@@ -139,7 +140,7 @@ _MULTIMODAL = tuple(name for name in _TRL_LOGPS.parameters
                     if name not in ("self", "model", "input_ids", "attention_mask",
                                     "logits_to_keep", "batch_size", "compute_entropy",
                                     "compute_aux_loss"))
-"""The vision inputs of TRL 1.16's log-prob pass: a pass given any of them runs TRL's own."""
+"""The vision inputs of TRL 1.15-1.16's log-prob pass: a pass given any of them runs TRL's own."""
 
 
 def derived_seed(*parts: int) -> int:
@@ -195,7 +196,7 @@ def warn_settings_without_effect(args: GRPOConfig) -> None:
 
 
 class EpochRepeatSampler(RepeatSampler):
-    """TRL 1.16's ``RepeatSampler`` whose epoch ``e`` order depends on the seed and ``e``
+    """TRL 1.15-1.16's ``RepeatSampler`` whose epoch ``e`` order depends on the seed and ``e``
     only: the generator is seeded and replayed through the ``e`` earlier epochs' draws before
     each pass, so every epoch's order is the one an uninterrupted TRL run draws, also in a
     run resumed in a later epoch. transformers calls :meth:`set_epoch` before each epoch;
@@ -339,6 +340,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ rewards
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # TRL 1.15-1.16's _calculate_rewards returns the gathered [B_global, n_funcs]
+        # rewards, which _generate_and_score_completions's output does not carry: kept for
+        # the advantages (module docstring, 1) and timed as scoring (5)
         with self.step_clock.part("scoring"):
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions,
                                                           completion_ids_list)
@@ -404,7 +408,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
 
     def _policy_pass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """``([b, T] log-probs, [b, T] entropies)`` of the policy that generated ``batch``
-        (GTPO's old-policy entropies): one no-grad pass like TRL 1.16's old log-prob pass in
+        (GTPO's old-policy entropies): one no-grad pass like TRL 1.15-1.16's old log-prob pass in
         ``_generate_and_score_completions``, on the same inputs."""
         unknown = sorted(k for k in batch if not mergeable(k)
                          and k not in ("advantages", "num_items_in_batch"))
@@ -424,19 +428,19 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ step time
 
     def training_step(self, model, inputs, num_items_in_batch):
-        # TRL 1.16's training_step (generation in _prepare_inputs, then loss and backward),
+        # TRL 1.15-1.16's training_step (generation in _prepare_inputs, then loss and backward),
         # timed as the update part; the parts inside it are counted as themselves
         with self.step_clock.part("update"):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def _prepare_inputs(self, generation_batch):
-        # TRL 1.16's _prepare_inputs shuffles the generation batch before it splits it into
+        # TRL 1.15-1.16's _prepare_inputs shuffles the generation batch before it splits it into
         # micro-batches: kept in prompt order where no gradient changes (module docstring, 8)
         with micro_batches_by_prompt(self.model.training and self._micro_batches_by_prompt):
             return super()._prepare_inputs(generation_batch)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
-        # TRL 1.16's HF path samples with unwrapped_model.generate on each prompt repeated
+        # TRL 1.15-1.16's HF path samples with unwrapped_model.generate on each prompt repeated
         # num_generations times: text-only, each distinct prompt is prefilled once
         # (module docstring, 7)
         if (self.use_vllm or self.use_transformers_continuous_batching
@@ -450,13 +454,15 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                                  *args, **kwargs)
 
     def _generate(self, prompts: list):
-        # TRL 1.16's _generate: prompts tokenized, responses sampled and decoded
+        # TRL 1.15-1.16's _generate: prompts tokenized, responses sampled and decoded
         with self.step_clock.part("generation"):
             return super()._generate(prompts)
 
     # ------------------------------------------------------------------ generation
 
     def _generate_and_score_completions(self, inputs):
+        # TRL 1.15-1.16's place for custom advantages (module docstring, 1): TRL's [B]
+        # advantages are replaced by ktae's [B, T] ones after one or more rounds of its own
         mode = "train" if self.model.training else "eval"
         before = {k: len(v) for k, v in self._metrics[mode].items()}
         rounds = [self._one_round(inputs)]
@@ -631,7 +637,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ calibration
 
     def _compute_loss(self, model, inputs):
-        # the policy pass inside TRL 1.16's _compute_loss is the update's, not a log-prob pass
+        # the policy pass inside TRL 1.15-1.16's _compute_loss is the update's, not a log-prob pass
         self._in_loss = True
         clip_range = self.epsilon_low, self.epsilon_high
         try:
@@ -650,7 +656,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     def _loss_inputs(self, inputs: dict) -> dict:
         """A copy of ``inputs`` whose advantages and loss mask the calibration may change.
 
-        TRL 1.16's ``_compute_loss`` takes its loss mask, ``completion_mask`` (times
+        TRL 1.15-1.16's ``_compute_loss`` takes its loss mask, ``completion_mask`` (times
         ``tool_mask``), before the policy pass that yields the log-probs and entropies a
         calibration needs. Without ``tool_mask`` that mask is the ``completion_mask``
         tensor itself, so the calibration narrows a private clone of it in place and every
@@ -669,6 +675,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, *args,
                                            **kwargs):
+        # TRL 1.15-1.16's log-prob pass (same signature in both): the full head where it is
+        # chosen (module docstring, 6), the calibration of the loss's policy pass (2), timed (5)
         pending = self._pending_calibration
         if pending is not None and _ATTENTION_COMPLETION_MASK in pending:
             attention_mask = torch.cat([pending["prompt_mask"],
@@ -676,7 +684,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
         if self._in_loss:
             logps, entropies, aux = self._logps_and_entropies(
                 model, input_ids, attention_mask, *args, **kwargs)
-        else:  # TRL 1.16's old/reference passes (and the old-policy entropies pass)
+        else:  # TRL 1.15-1.16's old/reference passes (and the old-policy entropies pass)
             with self.step_clock.part("logprobs"):
                 logps, entropies, aux = self._logps_and_entropies(
                     model, input_ids, attention_mask, *args, **kwargs)
@@ -724,7 +732,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
             mask = mask * inputs["tool_mask"]
         if adv.dim() == 1:
             adv = adv[:, None] * mask.to(adv.dtype)
-        # TRL 1.16 skips the old-policy pass when the batch is on-policy (num_iterations = 1,
+        # TRL 1.15-1.16 skip the old-policy pass when the batch is on-policy (num_iterations = 1,
         # generation aligned with optimizer steps) and then uses the current log-probs,
         # detached, as the old ones: the same holds for adv-reweight's rollout probability.
         old = inputs.get("old_per_token_logps")
@@ -737,7 +745,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                                   **self.credit.calibration_options)
         inputs["advantages"] = result.advantages.detach().to(adv.dtype)
         self._narrow_loss_mask(inputs, mask.bool(), result.loss_mask)
-        if not result.ppo_clip:  # TRL 1.16's _compute_loss reads them after this pass
+        if not result.ppo_clip:  # TRL 1.15-1.16's _compute_loss reads them after this pass
             self.epsilon_low = self.epsilon_high = math.inf
         if self.rollouts is not None:
             self.rollouts.on_calibration(self, inputs=inputs, logprobs=logps,
@@ -785,11 +793,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ resume
 
     def _get_train_sampler(self, dataset=None):
-        """TRL 1.16's sampler (same arguments) with an order fixed per epoch (module
+        """TRL 1.15-1.16's sampler (same arguments) with an order fixed per epoch (module
         docstring, 4)."""
         sampler = super()._get_train_sampler(dataset)
         if type(sampler) is not RepeatSampler:
-            raise RuntimeError(f"ktae expects TRL 1.16's RepeatSampler, got {type(sampler)}")
+            raise RuntimeError(f"ktae expects TRL 1.15-1.16's RepeatSampler, got {type(sampler)}")
         self._epoch_sampler = EpochRepeatSampler(
             data_source=sampler.data_source, mini_repeat_count=sampler.mini_repeat_count,
             batch_size=sampler.batch_size, repeat_count=sampler.repeat_count,
@@ -807,7 +815,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ saving
 
     def create_model_card(self, *args, **kwargs):
-        """No TRL auto-generated card: ``ktae train`` writes its own (``README.md``)."""
+        """No TRL auto-generated card (TRL 1.15-1.16's public ``create_model_card``, called
+        on save): ``ktae train`` writes its own (``README.md``)."""
         return None
 
     def _save_checkpoint(self, model, trial):
