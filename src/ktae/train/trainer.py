@@ -274,6 +274,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
     """``auto``, ``full`` or ``chunked`` (:mod:`ktae.train.logprob_head`)."""
     _full_head_fits = False
     """Whether the model's forward takes ``logits_to_keep`` (set in ``__init__``)."""
+    _trl_head_runs = True
+    """Whether TRL's fused LM head runs on the trainer's device (set in ``__init__``)."""
 
     def __init__(self, *args, credit: CreditSettings, generation_defaults: dict | None = None,
                  logprob_head: str = "auto", **kwargs):
