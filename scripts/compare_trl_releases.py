@@ -55,7 +55,7 @@ def definitions(source: str, cls: str | None) -> dict[str, str]:
 
 
 def signature(code: str) -> str:
-    """The ``def`` line(s) of a function's source, up to its body."""
+    """A function's parameters (names, defaults, annotations) from its source."""
     node = ast.parse(code.strip()).body[0]
     return ast.unparse(node.args)
 
@@ -70,7 +70,8 @@ def fetch(version: str, into: Path) -> zipfile.ZipFile:
 
 
 def compare(versions: list[str]) -> list[str]:
-    """One line per name and release: same signature, same body, lines that differ."""
+    """One line per name and release: same signature, same body, or the count of lines
+    removed plus lines added (a changed line counts twice)."""
     items = [("trl/trainer/grpo_trainer.py", "GRPOTrainer", n) for n in overridden_names()]
     items += list(GLOBALS)
     lines = []
