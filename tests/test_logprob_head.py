@@ -7,7 +7,17 @@ import torch
 from test_train_helpers import contains_digit, read_jsonl, tiny_config
 
 from ktae.runs.config import TrainConfig
-from ktae.train.logprob_head import FULL_HEAD_BUDGET, choose_head, full_head_peak_bytes, full_logps
+from ktae.train.logprob_head import (
+    FULL_HEAD_BUDGET,
+    choose_head,
+    full_head_peak_bytes,
+    full_logps,
+    trl_head_runs,
+)
+
+needs_trls_head = pytest.mark.skipif(
+    not trl_head_runs(torch.device("cpu")),
+    reason="this TRL's fused LM head runs with Triton on a CUDA or XPU device only (TRL 1.15)")
 
 
 def _llama(vocab: int = 41):
@@ -47,6 +57,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return out
 
 
+@needs_trls_head
 def test_full_head_equals_trls_fused_head_in_values_and_gradients():
     from trl.trainer.utils import add_fused_lm_head
 
@@ -173,6 +184,46 @@ def test_the_peak_estimate_matches_the_measured_peak(grad, entropy_grad):
     assert measured > (2 if grad else 1) * logits  # the logits, and with gradients theirs
 
 
+@pytest.mark.parametrize(("version", "device", "runs"), [
+    ("1.16.0", "cpu", True), ("1.16.0", "cuda", True), ("1.15.0", "cpu", False),
+    ("1.15.0", "meta", False)])
+def test_where_trls_head_runs(version, device, runs):
+    assert trl_head_runs(torch.device(device), version) is runs
+
+
+def test_trls_head_on_a_cuda_device_needs_triton_under_trl_1_15(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "triton" else real(name, *a))
+    assert trl_head_runs(torch.device("cuda"), "1.15.0")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    assert not trl_head_runs(torch.device("cuda"), "1.15.0")
+
+
+def test_auto_takes_the_full_head_where_trls_cannot_run():
+    huge = 4096  # rows whose full-head peak is far over the budget
+    assert choose_head("auto", torch.device("cpu"), huge, 64, 49_152) == "chunked"
+    assert choose_head("auto", torch.device("cpu"), huge, 64, 49_152, trl_head=False) == "full"
+    assert choose_head("chunked", torch.device("cpu"), 1, 64, 49_152, trl_head=False) == "chunked"
+
+
+def test_chunked_is_refused_where_trls_head_cannot_run(tiny_model, tmp_path, monkeypatch):
+    import trl
+
+    from ktae.train import trainer as trainer_module
+    from ktae.train.session import train
+
+    monkeypatch.setattr(trl, "__version__", "1.15.0")
+    monkeypatch.setattr(trainer_module, "TRL_VERSION", "1.15.0")
+    cfg = tiny_config(tiny_model, tmp_path / "run", logprob_head="chunked")
+    with pytest.raises(ValueError, match=r"^logprob_head: logprob_head='chunked' runs TRL's fused "
+                                         r"LM head, which trl 1\.15\.0 computes with Triton"):
+        train(cfg, reward_funcs=[contains_digit])
+
+
 def test_a_bad_head_is_one_line_naming_the_setting():
     with pytest.raises(ValueError, match=r"^logprob_head: expected one of auto, full, chunked, "
                                          r"got 'fast'$"):
@@ -182,6 +233,7 @@ def test_a_bad_head_is_one_line_naming_the_setting():
 
 
 @pytest.mark.slow
+@needs_trls_head
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_training_with_the_full_head_matches_trls_head(tiny_model, tmp_path, monkeypatch,
                                                        lora_r):

@@ -88,3 +88,16 @@ def test_save_total_limit_and_file_modes(tiny_model, tmp_path, limit, kept):
                  "final/model.safetensors", f"{kept[-1]}/model.safetensors",
                  f"{kept[-1]}/ktae_checkpoint.json"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
+
+
+def test_a_resumed_run_saves_at_its_own_save_every(tiny_model, tmp_path):
+    """The checkpoint's trainer_state.json holds save_steps=2; the resumed run asks for 1."""
+    out = tmp_path / "run"
+    assert _train(tiny_model, out, "--max-steps", "2", "--save-every", "2") == 0
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["save_steps"] == 2
+    assert _train(tiny_model, out, "--max-steps", "4", "--save-every", "1", "--resume") == 0
+    saved = sorted(p.name for p in out.glob("checkpoint-*"))
+    assert saved == ["checkpoint-3", "checkpoint-4"], saved  # step 3: saved at the new setting
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["save_steps"] == 1

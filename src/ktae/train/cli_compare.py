@@ -37,6 +37,7 @@ from ktae import cli_common  # read at call time: tests stand in for set_interru
 from ktae.runs.credit import Arm, parse_arm
 from ktae.runs.rundir import RunDir
 from ktae.train import cli_train
+from ktae.train.trl_version import UnsupportedTRLError, check_trl
 
 
 def parse_arms(spec: str) -> list[Arm]:
@@ -223,6 +224,11 @@ def run(args: argparse.Namespace) -> int:
                 configs.append(cli_train.config_from_args(ns))
                 cli_common.check_counts(configs[-1], {"torch_threads": "--threads"})
     except ValueError as err:
+        print(f"ktae compare: {err}", file=sys.stderr)
+        return 2
+    try:  # the TRL release next, before the trainer's module imports it
+        check_trl()
+    except UnsupportedTRLError as err:
         print(f"ktae compare: {err}", file=sys.stderr)
         return 2
     from ktae.train.session import preflight, train  # trl: only once the arguments are right

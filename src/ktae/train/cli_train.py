@@ -25,6 +25,7 @@ from ktae.runs.config import ALGOS, TrainConfig
 from ktae.runs.credit import credit_settings, parse_arm
 from ktae.train.flags import TRAIN_FLAGS
 from ktae.train.trl_args import parse_trl_pairs
+from ktae.train.trl_version import UnsupportedTRLError, check_trl
 
 
 def _shown(value) -> str:
@@ -221,6 +222,11 @@ def run(args: argparse.Namespace) -> int:
         cli_common.check_counts(cfg, {"torch_threads": "--threads"})  # --config files included
         cli_common.check_output_dir(cfg.output_dir)
     except ValueError as err:
+        print(f"ktae train: {err}", file=sys.stderr)
+        return 2
+    try:  # the TRL release next, before the trainer's module imports it
+        check_trl()
+    except UnsupportedTRLError as err:
         print(f"ktae train: {err}", file=sys.stderr)
         return 2
     # TRL and transformers: imported once the arguments are right (``ktae train --help``

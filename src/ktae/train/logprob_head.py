@@ -101,17 +101,40 @@ def full_head_peak_bytes(rows: int, length: int, vocab: int, *, grad: bool = Tru
     return int(PEAK_LOGITS_TENSORS[kind] * rows * (length + 1) * vocab * 4 + buffers * chunk)
 
 
+def trl_head_runs(device: torch.device, trl_version: str | None = None) -> bool:
+    """Whether TRL's fused LM head computes log-probs on ``device``: TRL 1.16's on any
+    device; TRL 1.15's only with Triton installed and a CUDA or XPU device (its
+    ``ChunkedLogProbFunction`` has Triton kernels and no torch path, so on the CPU it fails
+    with ``'NoneType' object has no attribute 'apply'``).
+
+    Args:
+        trl_version: by default the imported ``trl``'s.
+    """
+    import importlib.util
+
+    from packaging.version import Version
+
+    if trl_version is None:
+        import trl
+
+        trl_version = trl.__version__
+    if Version(trl_version) >= Version("1.16.0"):
+        return True
+    return device.type in ("cuda", "xpu") and importlib.util.find_spec("triton") is not None
+
+
 def choose_head(head: str, device: torch.device, rows: int, length: int, vocab: int, *,
-                grad: bool = True, entropy_grad: bool = False) -> str:
+                grad: bool = True, entropy_grad: bool = False, trl_head: bool = True) -> str:
     """The head a pass over ``rows`` x ``length`` scored positions runs (``full`` or
     ``chunked``); ``auto``: ``full`` on the CPU while its peak (:func:`full_head_peak_bytes`
-    with ``grad`` and ``entropy_grad``) fits in :data:`FULL_HEAD_BUDGET`."""
+    with ``grad`` and ``entropy_grad``) fits in :data:`FULL_HEAD_BUDGET`, and always where
+    TRL's head cannot run (``trl_head`` False: :func:`trl_head_runs`)."""
     if check_head(head) != "auto":
         return head
     if device.type != "cpu":
         return "chunked"
     peak = full_head_peak_bytes(rows, length, vocab, grad=grad, entropy_grad=entropy_grad)
-    return "full" if peak <= FULL_HEAD_BUDGET else "chunked"
+    return "full" if peak <= FULL_HEAD_BUDGET or not trl_head else "chunked"
 
 
 class TokenLogProbs(torch.autograd.Function):

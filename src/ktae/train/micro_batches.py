@@ -1,6 +1,6 @@
 """Each micro-batch of the update holds whole prompt groups, where that leaves the gradient as it is.
 
-TRL 1.16's ``_prepare_inputs`` shuffles the generation batch
+TRL 1.15-1.16's ``_prepare_inputs`` shuffles the generation batch
 (``trl.trainer.utils.shuffle_sequence_dict``) before it splits it into the
 ``steps_per_generation`` micro-batches of the update. Where one batch is generated per
 optimizer step (``steps_per_generation = gradient_accumulation_steps``, as ``ktae train``
@@ -54,7 +54,7 @@ def keeps_gradient(loss_type: str, *, one_step: bool, calibration: str | None,
 
 
 def prompt_ordered(seq_dict: dict[str, Sequence | None]) -> dict[str, Sequence | None]:
-    """``seq_dict`` as it is, after drawing the permutation that TRL 1.16's
+    """``seq_dict`` as it is, after drawing the permutation that TRL 1.15-1.16's
     ``shuffle_sequence_dict`` draws (``torch.randperm`` of the batch size, from the global
     generator)."""
     batch_size = len(next(v for v in seq_dict.values() if v is not None))
@@ -64,7 +64,7 @@ def prompt_ordered(seq_dict: dict[str, Sequence | None]) -> dict[str, Sequence |
 
 @contextmanager
 def micro_batches_by_prompt(enabled: bool = True) -> Iterator[bool]:
-    """Within the block, TRL 1.16's ``_prepare_inputs`` keeps the generation batch's row
+    """Within the block, TRL 1.15-1.16's ``_prepare_inputs`` keeps the generation batch's row
     order (:func:`prompt_ordered`) instead of shuffling it; yields ``enabled``. TRL's
     shuffle comes back after, and when not ``enabled`` it stays."""
     from trl.trainer import grpo_trainer

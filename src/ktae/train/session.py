@@ -50,6 +50,7 @@ from ktae.train.reward_funcs import make_reward_funcs
 from ktae.train.step_timing import mean_step_seconds
 from ktae.train.trainer import DiskFullError, KTAEGRPOTrainer, is_disk_full
 from ktae.train.trl_args import check_trl_settings
+from ktae.train.trl_version import check_trl
 from ktae.train.vllm_colocate import (
     check_vllm_settings,
     colocated_engine_options,
@@ -107,7 +108,9 @@ def preflight(cfg: TrainConfig) -> Preflight:
         ValueError: the first problem found, naming the field (credit options, ``trl``
             settings, vLLM's among them (:mod:`ktae.train.vllm_colocate`), LoRA without
             peft, the task file, too few training problems).
+        UnsupportedTRLError: the installed TRL is outside the supported range.
     """
+    check_trl()
     credit = credit_settings(cfg)
     trl, backend = choose_generation(cfg, check_trl_settings(cfg.trl))
     check_vllm_settings(trl)  # vLLM installed; server mode only with CUDA

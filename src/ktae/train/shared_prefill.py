@@ -1,6 +1,6 @@
 """One prompt prefill per group of samples instead of one per sample.
 
-TRL 1.16 repeats every prompt ``num_generations`` times before sampling, and
+TRL 1.15-1.16 repeat every prompt ``num_generations`` times before sampling, and
 ``model.generate`` (transformers 5) prefills each row on its own: a group of 8 responses
 runs its prompt through the model 8 times. :func:`shared_prefill_generate` runs each
 distinct prompt once (all its tokens but the last), copies its KV cache to every row of

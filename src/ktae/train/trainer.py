@@ -1,6 +1,7 @@
 """``KTAEGRPOTrainer``: TRL's ``GRPOTrainer`` with our advantages, dynamic sampling and TACO.
 
-Small overrides, each next to the TRL method it changes (TRL 1.16):
+Small overrides, each next to the TRL method it changes (TRL 1.15 and 1.16, the range of
+:mod:`ktae.train.trl_version`; docs/contributing.md lists them with what TRL offers instead):
 
 1. ``_generate_and_score_completions``: after TRL generates and scores a batch, the
    gathered rewards (kept by the ``_calculate_rewards`` override) and the gathered
@@ -29,7 +30,7 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
    detached, before TRL's loss reads them, and the calibration's loss mask (STAPO and
    forking tokens remove tokens) becomes TRL's loss mask (see :meth:`_loss_inputs`).
    A result without the PPO clip (``CalibrationResult.ppo_clip``: KL-Cov, whose verl loss
-   clips no token) widens TRL 1.16's ``epsilon_low``/``epsilon_high`` to infinity for that
+   clips no token) widens TRL 1.15-1.16's ``epsilon_low``/``epsilon_high`` to infinity for that
    ``_compute_loss`` call, so that its clipped loss types (``grpo``, ``bnpo``, ``dr_grpo``,
    ``dapo``, ``luspo``; ``cispo``'s truncation too) clip no token; TRL's ``delta`` still
    applies when it is set. The old/ref log-prob passes (no entropy, outside
@@ -46,9 +47,10 @@ Small overrides, each next to the TRL method it changes (TRL 1.16):
 4. Exact resume. ``_get_train_sampler``: TRL's ``RepeatSampler`` draws each epoch's order
    from one generator seeded once, so a run resumed in epoch e > 0 drew epoch 0's order
    again; :class:`EpochRepeatSampler` draws epoch e's order from the seed alone, the same
-   order as an uninterrupted run (``_run_epoch`` sets the epoch). ``_init_training_state``:
+   order as an uninterrupted run (``_run_epoch`` sets the epoch). On resume
    transformers restores the logging/save steps of the checkpoint's ``trainer_state.json``;
-   the resumed run's own settings (a changed ``--save-every``) are applied again.
+   the resumed run's own settings (a changed ``--save-every``) are applied again, by a
+   callback at ``on_train_begin``.
 
 5. Step time (:mod:`ktae.train.step_timing`, docs/step-time.md): ``training_step``,
    ``_generate``, ``_calculate_rewards`` and ``_get_per_token_logps_and_entropies`` (the
@@ -87,6 +89,7 @@ import warnings
 import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
+from trl import __version__ as TRL_VERSION
 from trl.trainer.utils import RepeatSampler
 
 from ktae.core import calibration, estimators
@@ -110,7 +113,13 @@ from ktae.train.dynamic_sampling import (
     need_key,
     select_groups,
 )
-from ktae.train.logprob_head import check_head, choose_head, full_logps, takes_logits_to_keep
+from ktae.train.logprob_head import (
+    check_head,
+    choose_head,
+    full_logps,
+    takes_logits_to_keep,
+    trl_head_runs,
+)
 from ktae.train.lora_forward import lora_for_sampling
 from ktae.train.micro_batches import keeps_gradient, micro_batches_by_prompt
 from ktae.train.sampling import fast_multinomial
@@ -124,6 +133,7 @@ from ktae.train.self_distill import (
 )
 from ktae.train.shared_prefill import shared_prefill
 from ktae.train.step_timing import PART_KEYS, StepClock
+from ktae.train.trl_version import check_trl
 
 #: The real-token mask KTAE reads, carried through dynamic-sampling merges, then dropped.
 _TOKEN_MASK = "ktae_token_mask"
@@ -138,7 +148,7 @@ _MULTIMODAL = tuple(name for name in _TRL_LOGPS.parameters
                     if name not in ("self", "model", "input_ids", "attention_mask",
                                     "logits_to_keep", "batch_size", "compute_entropy",
                                     "compute_aux_loss"))
-"""The vision inputs of TRL 1.16's log-prob pass: a pass given any of them runs TRL's own."""
+"""The vision inputs of TRL 1.15-1.16's log-prob pass: a pass given any of them runs TRL's own."""
 
 
 def derived_seed(*parts: int) -> int:
@@ -194,7 +204,7 @@ def warn_settings_without_effect(args: GRPOConfig) -> None:
 
 
 class EpochRepeatSampler(RepeatSampler):
-    """TRL 1.16's ``RepeatSampler`` whose epoch ``e`` order depends on the seed and ``e``
+    """TRL 1.15-1.16's ``RepeatSampler`` whose epoch ``e`` order depends on the seed and ``e``
     only: the generator is seeded and replayed through the ``e`` earlier epochs' draws before
     each pass, so every epoch's order is the one an uninterrupted TRL run draws, also in a
     run resumed in a later epoch. transformers calls :meth:`set_epoch` before each epoch;
@@ -245,6 +255,16 @@ class _StepClockCallback(TrainerCallback):
         metrics["ktae/step_seconds"].append(seconds["step"])
 
 
+class _RunSettingsCallback(TrainerCallback):
+    """On resume, transformers 5.24 restores the checkpoint's logging/eval/save steps
+    (``trainer_state.json``); the resumed run's own settings (a changed ``--save-every``)
+    are applied again at ``on_train_begin``, after the state is loaded and before the
+    first step (transformers' public callback API: no override of ``_init_training_state``)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        state.compute_steps(args, state.max_steps)
+
+
 class KTAEGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose advantages come from :func:`ktae.compute_advantages`.
 
@@ -262,9 +282,12 @@ class KTAEGRPOTrainer(GRPOTrainer):
     """``auto``, ``full`` or ``chunked`` (:mod:`ktae.train.logprob_head`)."""
     _full_head_fits = False
     """Whether the model's forward takes ``logits_to_keep`` (set in ``__init__``)."""
+    _trl_head_runs = True
+    """Whether TRL's fused LM head runs on the trainer's device (set in ``__init__``)."""
 
     def __init__(self, *args, credit: CreditSettings, generation_defaults: dict | None = None,
                  logprob_head: str = "auto", **kwargs):
+        check_trl()  # the overrides below are checked against these TRL releases only
         if not isinstance(credit, CreditSettings):
             raise ValueError(f"credit: expected CreditSettings, got {type(credit).__name__}")
         grpo_args = kwargs.get("args", args[2] if len(args) > 2 else None)
@@ -281,6 +304,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
         self._in_loss = False
         super().__init__(*args, **kwargs)
         self.callback_handler.callbacks.insert(0, _StepClockCallback(self))
+        self.add_callback(_RunSettingsCallback())
         self._full_head_fits = takes_logits_to_keep(self.model)
         self._micro_batches_by_prompt = keeps_gradient(
             self.loss_type, one_step=self.args.steps_per_generation
@@ -291,6 +315,18 @@ class KTAEGRPOTrainer(GRPOTrainer):
         if logprob_head == "full" and not self._full_head_fits:
             raise ValueError("logprob_head: 'full' needs a model whose forward takes "
                              "logits_to_keep; use 'chunked'")
+        # TRL 1.15's fused LM head has Triton kernels only (logprob_head.trl_head_runs):
+        # where it cannot run, every pass takes the full head, and a run that needs TRL's
+        # is refused here rather than at its first log-prob pass
+        self._trl_head_runs = trl_head_runs(self.accelerator.device)
+        needs_trl_head = ("logprob_head='chunked'" if logprob_head == "chunked" else
+                          "a model whose forward takes no logits_to_keep"
+                          if not self._full_head_fits else
+                          "an MoE auxiliary loss" if self.aux_loss_enabled else None)
+        if needs_trl_head and not self._trl_head_runs:
+            raise ValueError(f"logprob_head: {needs_trl_head} runs TRL's fused LM head, which "
+                             f"trl {TRL_VERSION} computes with Triton on a CUDA or XPU device "
+                             "only; use the full head or trl 1.16.0")
         if credit.correct_reward_index >= len(self.reward_funcs):
             raise ValueError(f"credit.correct_reward_index: expected < {len(self.reward_funcs)} "
                              f"(number of reward functions), got {credit.correct_reward_index}")
@@ -315,6 +351,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ rewards
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # TRL 1.15-1.16's _calculate_rewards returns the gathered [B_global, n_funcs]
+        # rewards, which _generate_and_score_completions's output does not carry: kept for
+        # the advantages (module docstring, 1) and timed as scoring (5)
         with self.step_clock.part("scoring"):
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions,
                                                           completion_ids_list)
@@ -400,7 +439,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
 
     def _policy_pass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """``([b, T] log-probs, [b, T] entropies)`` of the policy that generated ``batch``
-        (GTPO's old-policy entropies): one no-grad pass like TRL 1.16's old log-prob pass in
+        (GTPO's old-policy entropies): one no-grad pass like TRL 1.15-1.16's old log-prob pass in
         ``_generate_and_score_completions``, on the same inputs."""
         unknown = sorted(k for k in batch if not mergeable(k)
                          and k not in ("advantages", "num_items_in_batch", *TEACHER_KEYS))
@@ -420,19 +459,19 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ step time
 
     def training_step(self, model, inputs, num_items_in_batch):
-        # TRL 1.16's training_step (generation in _prepare_inputs, then loss and backward),
+        # TRL 1.15-1.16's training_step (generation in _prepare_inputs, then loss and backward),
         # timed as the update part; the parts inside it are counted as themselves
         with self.step_clock.part("update"):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def _prepare_inputs(self, generation_batch):
-        # TRL 1.16's _prepare_inputs shuffles the generation batch before it splits it into
+        # TRL 1.15-1.16's _prepare_inputs shuffles the generation batch before it splits it into
         # micro-batches: kept in prompt order where no gradient changes (module docstring, 8)
         with micro_batches_by_prompt(self.model.training and self._micro_batches_by_prompt):
             return super()._prepare_inputs(generation_batch)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
-        # TRL 1.16's HF path samples with unwrapped_model.generate on each prompt repeated
+        # TRL 1.15-1.16's HF path samples with unwrapped_model.generate on each prompt repeated
         # num_generations times: text-only, each distinct prompt is prefilled once
         # (module docstring, 7)
         if (self.use_vllm or self.use_transformers_continuous_batching
@@ -446,13 +485,15 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                                  *args, **kwargs)
 
     def _generate(self, prompts: list):
-        # TRL 1.16's _generate: prompts tokenized, responses sampled and decoded
+        # TRL 1.15-1.16's _generate: prompts tokenized, responses sampled and decoded
         with self.step_clock.part("generation"):
             return super()._generate(prompts)
 
     # ------------------------------------------------------------------ generation
 
     def _generate_and_score_completions(self, inputs):
+        # TRL 1.15-1.16's place for custom advantages (module docstring, 1): TRL's [B]
+        # advantages are replaced by ktae's [B, T] ones after one or more rounds of its own
         mode = "train" if self.model.training else "eval"
         before = {k: len(v) for k, v in self._metrics[mode].items()}
         rounds = [self._one_round(inputs)]
@@ -628,7 +669,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ calibration
 
     def _compute_loss(self, model, inputs):
-        # the policy pass inside TRL 1.16's _compute_loss is the update's, not a log-prob pass
+        # the policy pass inside TRL 1.15-1.16's _compute_loss is the update's, not a log-prob pass
         self._in_loss = True
         clip_range = self.epsilon_low, self.epsilon_high
         try:
@@ -664,7 +705,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
     def _loss_inputs(self, inputs: dict) -> dict:
         """A copy of ``inputs`` whose advantages and loss mask the calibration may change.
 
-        TRL 1.16's ``_compute_loss`` takes its loss mask, ``completion_mask`` (times
+        TRL 1.15-1.16's ``_compute_loss`` takes its loss mask, ``completion_mask`` (times
         ``tool_mask``), before the policy pass that yields the log-probs and entropies a
         calibration needs. Without ``tool_mask`` that mask is the ``completion_mask``
         tensor itself, so the calibration narrows a private clone of it in place and every
@@ -683,6 +724,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, *args,
                                            **kwargs):
+        # TRL 1.15-1.16's log-prob pass (same signature in both): the full head where it is
+        # chosen (module docstring, 6), the calibration of the loss's policy pass (2), timed (5)
         pending = self._pending_calibration
         if pending is not None and _ATTENTION_COMPLETION_MASK in pending:
             attention_mask = torch.cat([pending["prompt_mask"],
@@ -690,7 +733,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
         if self._in_loss:
             logps, entropies, aux = self._logps_and_entropies(
                 model, input_ids, attention_mask, *args, **kwargs)
-        else:  # TRL 1.16's old/reference passes (and the old-policy entropies pass)
+        else:  # TRL 1.15-1.16's old/reference passes (and the old-policy entropies pass)
             with self.step_clock.part("logprobs"):
                 logps, entropies, aux = self._logps_and_entropies(
                     model, input_ids, attention_mask, *args, **kwargs)
@@ -713,7 +756,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
                 or choose_head(self.logprob_head, input_ids.device, min(batch, rows), keep,
                                self.model.config.get_text_config().vocab_size,
                                grad=torch.is_grad_enabled(),
-                               entropy_grad=entropy_grad and a["compute_entropy"]) == "chunked"):
+                               entropy_grad=entropy_grad and a["compute_entropy"],
+                               trl_head=self._trl_head_runs) == "chunked"):
+            if not self._trl_head_runs:  # vision inputs under TRL 1.15 without Triton
+                raise RuntimeError(f"trl {TRL_VERSION}'s fused LM head computes log-probs "
+                                   "with Triton on a CUDA or XPU device only: use trl 1.16.0")
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, *args, **kwargs)
         logps, entropies = [], []
@@ -734,7 +781,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
             mask = mask * inputs["tool_mask"]
         if adv.dim() == 1:
             adv = adv[:, None] * mask.to(adv.dtype)
-        # TRL 1.16 skips the old-policy pass when the batch is on-policy (num_iterations = 1,
+        # TRL 1.15-1.16 skip the old-policy pass when the batch is on-policy (num_iterations = 1,
         # generation aligned with optimizer steps) and then uses the current log-probs,
         # detached, as the old ones: the same holds for adv-reweight's rollout probability.
         old = inputs.get("old_per_token_logps")
@@ -747,7 +794,7 @@ class KTAEGRPOTrainer(GRPOTrainer):
                                                   **self.credit.calibration_options)
         inputs["advantages"] = result.advantages.detach().to(adv.dtype)
         self._narrow_loss_mask(inputs, mask.bool(), result.loss_mask)
-        if not result.ppo_clip:  # TRL 1.16's _compute_loss reads them after this pass
+        if not result.ppo_clip:  # TRL 1.15-1.16's _compute_loss reads them after this pass
             self.epsilon_low = self.epsilon_high = math.inf
         if self.rollouts is not None:
             self.rollouts.on_calibration(self, inputs=inputs, logprobs=logps,
@@ -795,11 +842,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ resume
 
     def _get_train_sampler(self, dataset=None):
-        """TRL 1.16's sampler (same arguments) with an order fixed per epoch (module
+        """TRL 1.15-1.16's sampler (same arguments) with an order fixed per epoch (module
         docstring, 4)."""
         sampler = super()._get_train_sampler(dataset)
         if type(sampler) is not RepeatSampler:
-            raise RuntimeError(f"ktae expects TRL 1.16's RepeatSampler, got {type(sampler)}")
+            raise RuntimeError(f"ktae expects TRL 1.15-1.16's RepeatSampler, got {type(sampler)}")
         self._epoch_sampler = EpochRepeatSampler(
             data_source=sampler.data_source, mini_repeat_count=sampler.mini_repeat_count,
             batch_size=sampler.batch_size, repeat_count=sampler.repeat_count,
@@ -814,16 +861,11 @@ class KTAEGRPOTrainer(GRPOTrainer):
             self._epoch_sampler.set_epoch(epoch)
         return super()._run_epoch(*args, epoch=epoch, **kwargs)
 
-    def _init_training_state(self, max_steps, *args, **kwargs):
-        # transformers 5.24 keeps the checkpoint's logging/eval/save steps on resume
-        out = super()._init_training_state(max_steps, *args, **kwargs)
-        self.state.compute_steps(self.args, max_steps)
-        return out
-
     # ------------------------------------------------------------------ saving
 
     def create_model_card(self, *args, **kwargs):
-        """No TRL auto-generated card: ``ktae train`` writes its own (``README.md``)."""
+        """No TRL auto-generated card (TRL 1.15-1.16's public ``create_model_card``, called
+        on save): ``ktae train`` writes its own (``README.md``)."""
         return None
 
     def _save_checkpoint(self, model, trial):
