@@ -125,14 +125,23 @@ def sdpo_token_loss(logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask
     aggregated over ``mask`` (the real tokens of rows that have a teacher;
     :func:`ktae.core.policy_loss.aggregate_loss`)."""
     per_token = (logprobs - teacher_logprobs).detach() * logprobs
-    if is_clip is not None:
-        is_clip = check_number(is_clip, "is_clip", low=0, low_open=True)
-        if old_logprobs is None:
-            raise ValueError("old_logprobs: required by the importance ratio (is_clip)")
-        d = (logprobs - old_logprobs).detach().clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        per_token = per_token * d.exp().clamp(max=is_clip)
+    per_token = _clipped_ratio_times(per_token, logprobs, old_logprobs, is_clip)
     return aggregate_loss(per_token, mask, aggregation, max_response_length)
 
+
+
+def _clipped_ratio_times(per_token: torch.Tensor, logprobs: torch.Tensor,
+                         old_logprobs: torch.Tensor | None, is_clip: float | None
+                         ) -> torch.Tensor:
+    """``per_token`` times SDPO's detached importance ratio ``min(exp(clamp(s - s_old,
+    +-20)), is_clip)``; unchanged when ``is_clip`` is None."""
+    if is_clip is None:
+        return per_token
+    is_clip = check_number(is_clip, "is_clip", low=0, low_open=True)
+    if old_logprobs is None:
+        raise ValueError("old_logprobs: required by the importance ratio (is_clip)")
+    d = (logprobs - old_logprobs).detach().clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return per_token * d.exp().clamp(max=is_clip)
 
 def topk_with_tail(log_probs: torch.Tensor, index: torch.Tensor, *,
                    add_tail: bool = True) -> torch.Tensor:
@@ -188,12 +197,7 @@ def sdpo_logit_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
         s, t = topk_with_tail(s, index, add_tail=add_tail), topk_with_tail(t, index,
                                                                            add_tail=add_tail)
     per_token = sdpo_logit_divergence(s, t, alpha=alpha)
-    if is_clip is not None:
-        is_clip = check_number(is_clip, "is_clip", low=0, low_open=True)
-        if old_logprobs is None:
-            raise ValueError("old_logprobs: required by the importance ratio (is_clip)")
-        d = (logprobs - old_logprobs).detach().clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        per_token = per_token * d.exp().clamp(max=is_clip)
+    per_token = _clipped_ratio_times(per_token, logprobs, old_logprobs, is_clip)
     return aggregate_loss(per_token, mask, aggregation, max_response_length)
 
 
