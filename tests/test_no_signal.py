@@ -73,12 +73,15 @@ def test_truncation_alone_or_with_unmixed_groups():
 
 def test_accuracy_reward_logs_the_share_of_formatted_responses():
     logged = []
-    accuracy = make_accuracy_reward(reward="boxed")
+    accuracy = make_accuracy_reward(reward="boxed", stop_ids=[0])
+    ended = [[5, 0]] * 4  # every response's ids end with its stop id
     scores = accuracy(["so \\boxed{7}", "7", "\\boxed{8}", "\\boxed{"], answer=["7"] * 4,
+                      completion_ids=ended,
                       log_metric=lambda name, value: logged.append((name, value)))
     assert scores == [1.0, 0.0, 0.0, 0.0]
     assert logged == [(FORMATTED_METRIC, 0.5)]
-    assert accuracy(["\\boxed{7}"], answer=["7"]) == [1.0]  # without TRL's log_metric
+    # without TRL's log_metric
+    assert accuracy(["\\boxed{7}"], answer=["7"], completion_ids=ended[:1]) == [1.0]
 
 
 @pytest.mark.slow

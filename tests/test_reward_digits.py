@@ -50,6 +50,6 @@ def test_selectable_as_train_reward():
     cli_train.add_arguments(parser)
     cfg = cli_train.config_from_args(parser.parse_args(["--reward", "digits"]))
     assert cfg.reward == "digits" and get_reward("digits").score is score_digits
-    accuracy = make_accuracy_reward(reward="digits")
-    assert accuracy(completions=["\\boxed{72}", "\\boxed{82}"], answer=["82", "82"]) == \
-        pytest.approx([0.2, 1.0])
+    accuracy = make_accuracy_reward(reward="digits", stop_ids=[0])
+    assert accuracy(completions=["\\boxed{72}", "\\boxed{82}"], answer=["82", "82"],
+                    completion_ids=[[5, 0], [5, 0]]) == pytest.approx([0.2, 1.0])

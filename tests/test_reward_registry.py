@@ -57,15 +57,16 @@ def test_cli_refuses_an_unknown_reward_before_any_model_loads(tmp_path, capsys, 
 
 
 def test_accuracy_function_uses_the_named_reward():
-    accuracy = make_accuracy_reward(reward="boxed")
-    assert accuracy(completions=[c for c, _ in CASES], answer=[a for _, a in CASES]) == \
-        [1.0, 0.0, 0.0, 0.0, 1.0]
+    accuracy = make_accuracy_reward(reward="boxed", stop_ids=[0])
+    ended = [[5, 0]] * len(CASES)  # every response's ids end with its stop id
+    assert accuracy(completions=[c for c, _ in CASES], answer=[a for _, a in CASES],
+                    completion_ids=ended) == [1.0, 0.0, 0.0, 0.0, 1.0]
     funcs = make_reward_funcs(max_new_tokens=8, overlong_buffer=0, overlong_factor=1.0,
                               reward="boxed")
     assert [f.__name__ for f in funcs] == ["accuracy"]
     # chat-format completions (lists of messages) are scored on the last message
     assert accuracy(completions=[[{"role": "assistant", "content": "\\boxed{2}"}]],
-                    answer=["2"]) == [1.0]
+                    answer=["2"], completion_ids=ended[:1]) == [1.0]
 
 
 def test_every_registered_reward_has_a_summary_and_scores_a_batch():
