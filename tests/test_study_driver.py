@@ -84,9 +84,12 @@ def test_the_pilot_tunes_on_development_seeds_and_the_eval_split():
         rows = (int(argv[argv.index("--num-prompts") + 1])
                 * int(argv[argv.index("--num-generations") + 1]))
         assert argv[argv.index("--trl") + 1] == f"gradient_accumulation_steps={rows // 8}"
-    # seed by seed: a pilot stopped early holds the same seeds at every grid point
-    first = [j.name for j in jobs[:len(pilot.GRID)]]
-    assert all(name.endswith(f"-s{pilot.DEV_SEEDS[0]}") for name in first)
+    # point by point in the pilot's order: one recipe's seeds all run before the next's
+    assert sorted(pilot.ORDER) == sorted(pilot.GRID)
+    n = len(pilot.DEV_SEEDS)
+    for i, point in enumerate(pilot.ORDER):
+        assert [j.name for j in jobs[i * n:(i + 1) * n]] == [
+            pilot.run_name(point, seed) for seed in pilot.DEV_SEEDS]
 
 
 def test_the_pilots_tuning_table_reads_its_records(tmp_path, monkeypatch):
