@@ -152,3 +152,42 @@ def test_power_components_recover_known_variances_and_count_seeds():
                               target=0.05, problems=200) is None
     with pytest.raises(ValueError, match="at least 2 of each"):
         power.components(np.ones((1, 5)))
+
+
+def test_power_reads_arm_correlations_and_builds_a_difference_from_one_arm():
+    power = _script("power")
+    rng = np.random.default_rng(5)
+    p, s = 300, 400
+    seed = rng.standard_normal(s)
+    # arm b's seed effect is 0.6 * a's plus an independent 0.8 share: r = 0.6 at the seed level
+    a = 0.10 * seed[None, :] + 0.30 * rng.standard_normal((p, s))
+    b = 0.10 * (0.6 * seed + 0.8 * rng.standard_normal(s))[None, :] + 0.30 * rng.standard_normal((p, s))
+    r = power.correlations(a, b)
+    assert r["seed"] == pytest.approx(0.6, abs=0.1)
+    assert r["residual"] == pytest.approx(0.0, abs=0.02)
+    arm = {"seed": 0.04, "problem": 0.09, "residual": 0.25}
+    diff = power.difference_components(arm, {"seed": 0.75, "residual": 0.5}, problem=0.01)
+    assert diff == pytest.approx({"seed": 0.02, "problem": 0.01, "residual": 0.25})
+    # independent arms need the most seeds; correlated ones fewer
+    n0 = power.seeds_needed(power.difference_components(arm, {"seed": 0.0, "residual": 0.0}, 0.0))
+    n1 = power.seeds_needed(diff)
+    assert n1 < n0
+    with pytest.raises(ValueError, match=r"r\['seed'\]: expected a correlation"):
+        power.difference_components(arm, {"seed": 1.5, "residual": 0.0}, 0.0)
+
+
+def test_power_reads_the_pilots_outcome_as_the_mean_of_its_evaluations(tmp_path):
+    import json
+
+    power = _script("power")
+    for seed, rows in ((1, [[1, 0], [1, 1]]), (2, [[0, 0], [1, 0]])):
+        folder = tmp_path / f"pt-s{seed}"
+        folder.mkdir()
+        evals = [{"step": st, "problems": [{"correct": bool(c)} for c in row]}
+                 for st, row in zip((24, 30), rows, strict=True)]
+        evals.insert(0, {"step": 0, "problems": [{"correct": True}, {"correct": True}]})
+        (folder / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    out = power.pilot_outcomes(tmp_path, "pt", (1, 2), (24, 30))
+    assert out.tolist() == [[1.0, 0.5], [0.5, 0.0]]
+    with pytest.raises(ValueError, match=r"steps: pt-s1 has no evaluation at \[18\]"):
+        power.pilot_outcomes(tmp_path, "pt", (1,), (18, 24))

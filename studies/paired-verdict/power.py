@@ -12,8 +12,17 @@ the smallest ``S`` that reaches the target.
     python studies/paired-verdict/power.py [--half-width 0.05] [--problems 200]
 
 prints the seeds needed for KTAE − GRPO and KTAE − the length control from the 5-seed
-study's records (must-end scoring); the plan takes the same function over the pilot's
-variance.
+study's records (must-end scoring).
+
+    python studies/paired-verdict/power.py --pilot lr2e-4-p4g8-t96 --steps 24,30
+
+takes the pilot's variance instead: the pilot ran plain GRPO only, so its components are
+one arm's (:func:`arm_components`, on each problem's mean over the outcome's evaluations),
+and a difference of two arms with those components has (:func:`difference_components`)
+``sigma_s^2 = 2 (1 - r_s) sigma_s,arm^2`` and ``sigma_e^2 = 2 (1 - r_e) sigma_e,arm^2``,
+with the arms' correlations ``r`` read from the 5-seed study (its GRPO and KTAE runs at
+the setting given) or 0 (arms independent: the most seeds). The problem-by-arm share is
+the 5-seed study's.
 """
 
 from __future__ import annotations
@@ -53,6 +62,57 @@ def components(d) -> dict:
             "problem": max(0.0, (ms_problem - ms_resid) / s), "residual": ms_resid}
 
 
+def arm_components(a) -> dict:
+    """:func:`components` of one arm's ``[problems, seeds]`` outcome matrix."""
+    return components(a)
+
+
+def correlations(a, b) -> dict:
+    """The seed-level and residual correlations of two arms' ``[problems, seeds]`` outcomes
+    run on the same seeds: ``r = (v_a + v_b - v_{a-b}) / (2 sqrt(v_a v_b))`` per component
+    (0 where an arm has no spread), clipped to [-1, 1]."""
+    pa, pb, pd = components(a), components(b), components(np.asarray(a) - np.asarray(b))
+    out = {}
+    for part in ("seed", "residual"):
+        denom = 2 * math.sqrt(pa[part] * pb[part])
+        r = (pa[part] + pb[part] - pd[part]) / denom if denom > 0 else 0.0
+        out[part] = float(min(1.0, max(-1.0, r)))
+    return out
+
+
+def difference_components(arm: dict, r: dict, problem: float) -> dict:
+    """Components of a difference of two arms that each have ``arm``'s components and
+    correlate by ``r`` (``{"seed", "residual"}``); ``problem`` is the problem-by-arm
+    variance."""
+    for part in ("seed", "residual"):
+        if not -1.0 <= r[part] <= 1.0:
+            raise ValueError(f"r[{part!r}]: expected a correlation in [-1, 1], got {r[part]}")
+    return {"seed": 2 * (1 - r["seed"]) * arm["seed"], "problem": float(problem),
+            "residual": 2 * (1 - r["residual"]) * arm["residual"]}
+
+
+def pilot_outcomes(records: Path, point: str, seeds, steps) -> np.ndarray:
+    """``[problems, seeds]``: each problem's mean correctness over the evaluations at
+    ``steps`` of the pilot's recorded runs of ``point`` (a cut-off answer is wrong in the
+    records already)."""
+    import json
+
+    cols = []
+    for seed in seeds:
+        rows = {}
+        path = records / f"{point}-s{seed}" / "eval.jsonl"
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[row["step"]] = row
+        missing = [st for st in steps if st not in rows]
+        if missing:
+            raise ValueError(f"steps: {point}-s{seed} has no evaluation at {missing}")
+        cols.append(np.mean([[float(p["correct"]) for p in rows[st]["problems"]]
+                             for st in steps], axis=0))
+    return np.stack(cols, axis=1)
+
+
 def half_width(parts: dict, seeds: int, problems: int, level: float = 0.95) -> float:
     se2 = (parts["seed"] / seeds + parts["problem"] / problems
            + parts["residual"] / (seeds * problems))
@@ -70,6 +130,43 @@ def seeds_needed(parts: dict, *, target: float = 0.05, problems: int = 200,
     return None
 
 
+def from_pilot(args, old, rescore) -> int:
+    import pilot
+
+    seeds = [s for s in pilot.DEV_SEEDS
+             if (pilot.RECORDS / pilot.run_name(args.pilot, s) / "eval.jsonl").exists()]
+    if len(seeds) < 2:
+        print(f"power: --pilot: {args.pilot} has {len(seeds)} recorded seeds; at least 2 "
+              "are needed", file=sys.stderr)
+        return 2
+    arm = arm_components(pilot_outcomes(pilot.RECORDS, args.pilot, seeds, args.steps))
+    print(f"pilot `{args.pilot}`, seeds {', '.join(map(str, seeds))}, outcome: the mean of "
+          f"the evaluations at steps {', '.join(map(str, args.steps))}; GRPO's sd of seeds "
+          f"{100 * math.sqrt(arm['seed']):.1f} points, residual sd "
+          f"{100 * math.sqrt(arm['residual']):.1f}\n")
+    print("| correlations from | comparison | r (seeds) | r (residual) | sd of seeds | "
+          "sd of problems | residual sd | paired seeds for "
+          f"±{100 * args.half_width:g} points |")
+    print("|---|---|---|---|---|---|---|---|")
+    for setting in old.SETTINGS:
+        runs = old.load_setting(args.records, setting)
+        mats = {a: np.stack([rescore.scored(r, "after", "wrong") for r in runs[a]], axis=1)
+                for a in ("grpo", "ktae", "length")}
+        for against in ("grpo", "length"):
+            problem = components(mats["ktae"] - mats[against])["problem"]
+            for source, r in ((f"`{setting}`", correlations(mats["ktae"], mats[against])),
+                              ("none (independent)", {"seed": 0.0, "residual": 0.0})):
+                parts = difference_components(arm, r, problem)
+                need = seeds_needed(parts, target=args.half_width, problems=args.problems)
+                print(f"| {source} | {old.ARM_LABELS['ktae']} − {old.ARM_LABELS[against]} | "
+                      f"{r['seed']:.2f} | {r['residual']:.2f} | "
+                      f"{100 * math.sqrt(parts['seed']):.1f} | "
+                      f"{100 * math.sqrt(parts['problem']):.1f} | "
+                      f"{100 * math.sqrt(parts['residual']):.1f} | "
+                      f"{need if need is not None else f'more than {MAX_SEEDS}'} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import rescore
     import verdict_analysis as old
@@ -78,7 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=Path, default=old.RECORDS)
     p.add_argument("--half-width", type=float, default=0.05)
     p.add_argument("--problems", type=int, default=200)
+    p.add_argument("--pilot", help="a pilot grid point: take its GRPO variance")
+    p.add_argument("--steps", default="24,30",
+                   help="with --pilot: the evaluated steps the outcome averages")
     args = p.parse_args(argv)
+    try:
+        args.steps = [int(x) for x in args.steps.split(",")]
+    except ValueError:
+        print(f"power: --steps: expected comma-separated step numbers, got {args.steps!r}",
+              file=sys.stderr)
+        return 2
+    if args.pilot is not None:
+        return from_pilot(args, old, rescore)
     print("| setting | comparison | sd of seeds | sd of problems | residual sd | half-width "
           "at 5 seeds | paired seeds for ±"
           f"{100 * args.half_width:g} points |")
