@@ -1,0 +1,114 @@
+"""The paired verdict's final runs: they start only from a committed plan, pair every arm
+on the same seeds (disjoint from the pilot's and the 5-seed study's), read the test split,
+and the analysis labels only what survives Holm's correction."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+sys.path.insert(0, str(STUDIES))
+sys.path.insert(0, str(STUDIES / "paired-verdict"))
+
+import driver  # noqa: E402
+
+
+def _final():
+    spec = importlib.util.spec_from_file_location("paired_verdict_final",
+                                                  STUDIES / "paired-verdict" / "final.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_final_runs_refuse_to_start_without_a_committed_plan(tmp_path, monkeypatch, capsys):
+    final = _final()
+    monkeypatch.setattr(final, "PLAN", tmp_path / "plan.md")
+    monkeypatch.setattr(final, "CODE", tmp_path / "final-code.json")
+    problems = final.plan_problems()
+    assert any("plan.md does not exist" in p for p in problems)
+    assert any(p.startswith("N_SEEDS") for p in problems)
+    assert final.main(["run"]) == 2
+    assert "the plan is not committed" in capsys.readouterr().err
+
+
+def test_the_final_runs_pair_every_arm_on_fresh_seeds_and_the_test_split(monkeypatch):
+    final = _final()
+    import pilot
+
+    monkeypatch.setattr(final, "RECIPE", next(iter(pilot.GRID)))
+    monkeypatch.setattr(final, "ARM_2026", "sdpo")
+    monkeypatch.setattr(final, "N_SEEDS", 3)
+    jobs = final.jobs()
+    arms = list(final.arms())
+    assert arms == ["grpo", "ktae", "length", "ktae-length", "2026"]
+    assert len(jobs) == 3 * len(arms)
+    # seed by seed: a study stopped early holds paired seeds
+    assert [j.name for j in jobs[:len(arms)]] == [f"{a}-s{final.FIRST_SEED}" for a in arms]
+    recipe = pilot.GRID[final.RECIPE].split()
+    budget = int(recipe[recipe.index("--max-new-tokens") + 1])
+    for job in jobs:
+        argv = list(job.argv)
+        seed = int(argv[argv.index("--seed") + 1])
+        assert seed not in pilot.DEV_SEEDS and seed not in range(11, 16)
+        assert argv[argv.index("--eval-split") + 1] == "test"
+        assert " ".join(recipe) in " ".join(argv)
+        arm = job.name.rsplit("-s", 1)[0]
+        if arm in ("length", "ktae-length"):
+            assert argv[argv.index("--overlong-buffer") + 1] == str(budget // 5)
+        else:
+            assert "--overlong-buffer" not in argv
+        credit = argv[argv.index("--credit") + 1]
+        assert credit == {"grpo": "none", "ktae": "ktae", "length": "none",
+                          "ktae-length": "ktae", "2026": "sdpo"}[arm]
+
+
+def _record(records: Path, name: str, evals: dict) -> None:
+    folder = records / name
+    folder.mkdir(parents=True)
+    rows = [{"step": step, "problems": [{"correct": bool(c)} for c in correct]}
+            for step, correct in evals.items()]
+    (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / driver.MARKER).write_text("{}")
+
+
+def test_the_analysis_labels_only_what_survives_the_correction(tmp_path):
+    final = _final()
+    rng = np.random.default_rng(11)
+    problems, seed_list = 120, list(range(201, 209))
+    ease = rng.uniform(0.2, 0.7, problems)
+    for seed in seed_list:
+        shift = rng.normal(0, 0.03)
+        for arm, gain in (("grpo", 0.0), ("ktae", 0.25), ("length", 0.01)):
+            p = np.clip(ease + shift + gain, 0, 1)
+            _record(tmp_path, final.run_name(arm, seed),
+                    {0: rng.random(problems) < ease,
+                     24: rng.random(problems) < p, 30: rng.random(problems) < p})
+    # one arm missing a seed: only the seeds every arm has are read
+    _record(tmp_path, final.run_name("grpo", 299), {24: [True] * problems, 30: [True] * problems})
+    comparisons = (("ktae", "grpo"), ("length", "grpo"), ("ktae", "length"))
+    result = final.analyse(tmp_path, ["grpo", "ktae", "length"], seed_list + [299], comparisons)
+    assert result["seeds"] == seed_list and result["problems"] == problems
+    rows = {(r["arm"], r["against"]): r for r in result["comparisons"]}
+    big = rows[("ktae", "grpo")]
+    assert big["label"] == "helps" and big["low"] > 0
+    # Holm's level is never below 95%: its interval holds the plain one
+    assert big["low_holm"] <= big["low"] and big["high_holm"] >= big["high"]
+    assert rows[("length", "grpo")]["label"] == "no evidence"
+    assert all(r["p_holm"] >= r["p"] for r in rows.values())
+    assert len(big["drop_one"]) == len(seed_list)
+    # the outcome is the mean of the two evaluations, per problem
+    out = final.outcomes(tmp_path, final.run_name("ktae", 201))
+    assert set(np.unique(out)) <= {0.0, 0.5, 1.0}
+    text = final.table(result)
+    assert "| GRPO + KTAE − GRPO |" in text and "| helps |" in text
+    with pytest.raises(ValueError, match="at least 2 seeds recorded in every arm"):
+        final.analyse(tmp_path, ["grpo", "ktae", "2026"], seed_list, comparisons)
+    with pytest.raises(ValueError, match=r"steps: .* has no evaluation at \[18\]"):
+        final.outcomes(tmp_path, final.run_name("ktae", 201), (18, 24))
