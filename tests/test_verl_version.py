@@ -111,7 +111,8 @@ def test_outside_the_range_the_plugin_refuses_its_names_at_startup(fake_verl, ca
         core_algos, config_module, upstream = fake_verl(version)
     message = unsupported_verl_message(version)
     assert RANGE in message and "\n" not in message
-    assert caplog.messages == [message]  # said once, at `import verl`
+    refusals = [m for m in caplog.messages if "verl plugin supports" in m]
+    assert refusals == [message]  # said once, at `import verl`
     # start-up (main_ppo's validate_config, before Ray): a config naming a plugin name fails
     for config in (_config(adv_estimator="ktae"), _config(loss_mode="taco")):
         with pytest.raises(RuntimeError) as err:
@@ -132,7 +133,7 @@ def test_outside_the_range_the_plugin_refuses_its_names_at_startup(fake_verl, ca
 def test_inside_the_range_the_plugin_registers_and_wraps(fake_verl, caplog, version):
     with caplog.at_level(logging.WARNING, logger="ktae.integrations.verl"):
         core_algos, config_module, upstream = fake_verl(version)
-    assert caplog.messages == []
+    assert not [m for m in caplog.messages if "verl plugin supports" in m]
     estimator = core_algos.ADV_ESTIMATOR_REGISTRY["ktae"]
     assert getattr(estimator, PLUGIN_MARK, False)
     assert estimator.__name__ != "refuse"
