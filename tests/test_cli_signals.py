@@ -139,8 +139,10 @@ def test_train_stops_with_a_resume_hint(tmp_path, signum):
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_eval_stops_at_once(tmp_path, signum):
+    # 2,000 problems x 4 samples keep the tiny model generating long after the signal;
+    # drawing 100,000 problems alone took over a minute before generation began
     proc, out, err = _start(
-        ["eval", str(SHIPPED), "--benchmarks", "embedded", "--limit", "100000", "--k", "4",
+        ["eval", str(SHIPPED), "--benchmarks", "embedded", "--limit", "2000", "--k", "4",
          "--no-progress", "-o", str(tmp_path / "eval")], tmp_path)
     try:
         assert out.wait_for("generation:", TIMEOUT), err.text()[-3000:]  # evaluating now

@@ -7,13 +7,16 @@ loaded in every process. The assertions read verl's own console metrics and the 
 record of every call the plugin made to ktae (which process, which verl code path, the
 inputs and the result), and recompute ktae's results from the recorded inputs.
 
-Runs, one per path through verl: the v1 trainer with ``adv_estimator=ktae`` (the driver)
-and ``loss_mode=taco`` (the actor; an ``alpha`` at which tokens are flagged); GTPO (the
-rollout entropies verl stores) with TACO on two data-parallel ranks; the legacy trainer
-with KTAE; and DAPO's composition (the ``dapo`` reward manager's overlong buffer,
-``filter_groups`` on ``acc``, dynamic batch size, clip-higher) with KTAE and the
+Three runs, one per path through verl: the v1 trainer with ``adv_estimator=gtpo`` (the
+driver, on the rollout entropies verl stores) and ``loss_mode=taco`` (the actor, on two
+data-parallel ranks, at an ``alpha`` at which tokens are flagged); the legacy trainer with
+KTAE; and DAPO's composition on the v1 trainer (the ``dapo`` reward manager's overlong
+buffer, ``filter_groups`` on ``acc``, dynamic batch size, clip-higher) with KTAE and the
 token-removing STAPO under verl's default ``token-mean``. Each takes 1.5 to 2.5 minutes on
-a 2-core machine.
+a 2-core machine. KTAE on the v1 trainer without group filtering, and TACO on one rank of
+several micro-batches, take the same verl code paths and are tested in process
+(``test_verl_advantages.py`` through ``PPOTrainer._compute_advantage`` with a real
+TransferQueue, ``test_verl_loss.py`` through ``ppo_loss`` on one and two micro-batches).
 
 The other loss modes take the actor's path of the TACO and STAPO runs, and are tested
 there in process, against verl's own loss functions, on one and several micro-batches and
@@ -143,33 +146,46 @@ def _check_loss_calls(result, name: str, *, driver_pid: int | None,
     return [calls[i * per_step:(i + 1) * per_step] for i in range(STEPS)]
 
 
-# -- the v1 trainer: KTAE advantages, TACO loss ------------------------------------------
+# -- the v1 trainer: GTPO advantages, TACO loss, two data-parallel ranks -----------------
 
 @pytest.fixture(scope="module")
-def v1_ktae_taco(loop_inputs):
-    return _run(loop_inputs, "v1-ktae-taco",
-                "trainer.use_v1=true",
-                "algorithm.adv_estimator=ktae",
+def v1_gtpo_taco_dp2(loop_inputs):
+    return _run(loop_inputs, "v1-gtpo-taco-dp2", "trainer.use_v1=true",
+                "algorithm.adv_estimator=gtpo",
                 "actor_rollout_ref.actor.policy_loss.loss_mode=taco",
                 "+actor_rollout_ref.actor.policy_loss.ktae.alpha=2.0",
                 "actor_rollout_ref.actor.calculate_entropy=true",
-                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}")
+                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}", dp=2)
 
 
-def test_v1_trainer_runs_ktae_in_the_driver_on_the_whole_batch(v1_ktae_taco):
-    calls = _check_ktae_calls(v1_ktae_taco,
-                              "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage")
+def test_v1_trainer_runs_gtpo_in_the_driver_on_the_stored_rollout_entropies(v1_gtpo_taco_dp2):
+    calls = _check_ktae_calls(
+        v1_gtpo_taco_dp2, "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage",
+        "gtpo")
     for call in calls:
-        assert len(call["inputs"]["token_ids"]) == ROWS
-        if _mixed_groups(call):
-            assert _token_level(call)
+        assert len(call["inputs"]["token_ids"]) == ROWS  # the whole batch, in one call
+        entropies = torch.tensor(call["inputs"]["entropies"])
+        mask = torch.tensor(call["inputs"]["mask"]).bool()
+        assert entropies.shape == mask.shape and bool((entropies[mask] >= 0).all())
+        assert float(entropies[mask].sum()) > 0
 
 
-def test_v1_trainer_runs_taco_per_micro_batch_and_logs_it(v1_ktae_taco):
-    driver = _calls(v1_ktae_taco, "compute_advantages")[0]["pid"]
-    steps = _check_loss_calls(v1_ktae_taco, "taco", driver_pid=driver)
+def test_two_ranks_each_calibrate_their_half(v1_gtpo_taco_dp2):
+    driver = _calls(v1_gtpo_taco_dp2, "compute_advantages")[0]["pid"]
+    calls = _check_loss_calls(v1_gtpo_taco_dp2, "taco", driver_pid=driver)
+    for step in calls:
+        ranks: dict[int, int] = {}
+        for c in step:
+            assert c["shape"][0] == MICRO
+            ranks[c["pid"]] = ranks.get(c["pid"], 0) + c["shape"][0]
+        assert sorted(ranks.values()) == [ROWS // 2, ROWS // 2]  # one actor process per rank
+
+
+def test_v1_trainer_runs_taco_per_micro_batch_and_logs_it(v1_gtpo_taco_dp2):
+    driver = _calls(v1_gtpo_taco_dp2, "compute_advantages")[0]["pid"]
+    steps = _check_loss_calls(v1_gtpo_taco_dp2, "taco", driver_pid=driver)
     trained_positive = 0
-    for calls, metrics in zip(steps, v1_ktae_taco.metrics, strict=True):
+    for calls, metrics in zip(steps, v1_gtpo_taco_dp2.metrics, strict=True):
         assert len(calls) == ROWS // MICRO and all(c["shape"][0] == MICRO for c in calls)
         tokens = sum(c["tokens"] for c in calls)
         # alpha = 2 makes every token with p < 2 exp(-H) a tail token: TACO flags the
@@ -177,50 +193,19 @@ def test_v1_trainer_runs_taco_per_micro_batch_and_logs_it(v1_ktae_taco):
         positive = sum(c["positive"] for c in calls)
         trained_positive += positive
         assert (sum(c["weights_below_one"] for c in calls) > 0) == (positive > 0)
-        flag_rate = sum(c["flag_rate"] for c in calls) / len(calls)  # verl: mean over micro-batches
+        # verl: mean over the micro-batches of each rank, then over the ranks (equal counts)
+        flag_rate = sum(c["flag_rate"] for c in calls) / len(calls)
         assert metrics["actor/calibration/flag_rate"] == pytest.approx(flag_rate, abs=1e-6)
         assert metrics["actor/taco/tail_token_frac"] > 0.5
         assert metrics["actor/taco/weight_mean"] < 1
         # first (on-policy) update: ratio 1, so verl's pg_loss is minus the token mean of
-        # the calibrated advantages over the mini-batch (verl sums the micro-batch shares)
+        # the calibrated advantages over the mini-batch of both ranks
         expected = -sum(c["calibrated_sum"] for c in calls) / tokens
         assert metrics["actor/pg_loss"] == pytest.approx(expected, abs=1e-4)
         if positive:
             uncalibrated = -sum(c["advantage_sum"] for c in calls) / tokens
             assert metrics["actor/pg_loss"] > uncalibrated + 1e-6  # less positive credit
-    assert trained_positive > 0, "no group had a right and a wrong answer: TACO went untested"
-
-
-# -- GTPO on two data-parallel ranks ----------------------------------------------------
-
-@pytest.fixture(scope="module")
-def v1_gtpo_dp2(loop_inputs):
-    return _run(loop_inputs, "v1-gtpo-dp2", "trainer.use_v1=true",
-                "algorithm.adv_estimator=gtpo",
-                "actor_rollout_ref.actor.policy_loss.loss_mode=taco",
-                "actor_rollout_ref.actor.calculate_entropy=true",
-                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}", dp=2)
-
-
-def test_gtpo_reads_the_stored_rollout_entropies(v1_gtpo_dp2):
-    calls = _check_ktae_calls(
-        v1_gtpo_dp2, "verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage", "gtpo")
-    for call in calls:
-        entropies = torch.tensor(call["inputs"]["entropies"])
-        mask = torch.tensor(call["inputs"]["mask"]).bool()
-        assert entropies.shape == mask.shape and bool((entropies[mask] >= 0).all())
-        assert float(entropies[mask].sum()) > 0
-
-
-def test_two_ranks_each_calibrate_their_half(v1_gtpo_dp2):
-    driver = _calls(v1_gtpo_dp2, "compute_advantages")[0]["pid"]
-    calls = _check_loss_calls(v1_gtpo_dp2, "taco", driver_pid=driver)
-    for step in calls:
-        ranks: dict[int, int] = {}
-        for c in step:
-            assert c["shape"][0] == MICRO
-            ranks[c["pid"]] = ranks.get(c["pid"], 0) + c["shape"][0]
-        assert sorted(ranks.values()) == [ROWS // 2, ROWS // 2]  # one actor process per rank
+    assert trained_positive > 0, "no positive advantage reached TACO: its weights went untested"
 
 
 # -- the legacy trainer ---------------------------------------------------------------

@@ -14,7 +14,9 @@ every Ray worker, and
 * installs four small wrappers around verl functions, each applied when verl imports the
   module that defines it (:mod:`ktae.integrations.verl.patches`): the response token ids
   reach the estimator on both trainer paths, the current policy's entropy reaches the
-  calibrated loss, and the configuration is checked at start-up.
+  calibrated loss, and the configuration is checked at start-up;
+* on a verl outside :data:`SUPPORTED_VERL`, wraps nothing and refuses the plugin's names
+  at start-up in one line naming the range (:mod:`ktae.integrations.verl.plugin`).
 
 Configuration (see docs/verl.md)::
 
@@ -26,5 +28,28 @@ Nothing here imports verl at module level: :mod:`.options` and :mod:`.fields` ar
 (and tested) without it.
 """
 
-#: verl releases whose internals the wrappers were written against and tested with.
-SUPPORTED_VERL_VERSIONS = ("0.9.1",)
+SUPPORTED_VERL = ">=0.9.0,<=0.9.1"
+"""The verl releases the plugin supports, as a pip version specifier: every function it
+wraps is the same, body and signature, in 0.9.0 and 0.9.1 (``validate_config`` gains one
+router-replay check in 0.9.1), and ``.ci/verl`` runs the plugin's tests on both. A newer
+verl is not promised until it is compared and tested. The ``verl`` extra of
+``pyproject.toml`` requires the same range (a test checks it)."""
+
+
+def verl_supported(version: str | None) -> bool:
+    """Whether ``version`` (a verl ``__version__``) lies in :data:`SUPPORTED_VERL`; a
+    pre-release or an unparsable version does not."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        parsed = Version(str(version))
+    except InvalidVersion:
+        return False
+    return SpecifierSet(SUPPORTED_VERL).contains(parsed, prereleases=False)
+
+
+def unsupported_verl_message(version: str | None) -> str:
+    """The one-line refusal of a verl outside :data:`SUPPORTED_VERL`."""
+    return (f"ktae's verl plugin supports verl{SUPPORTED_VERL}, whose internals it wraps; "
+            f"this is verl {version}: pip install 'verl{SUPPORTED_VERL}'")

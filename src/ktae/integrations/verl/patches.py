@@ -1,4 +1,4 @@
-"""The four wrappers the plugin puts around verl 0.9.1 functions, and why.
+"""The four wrappers the plugin puts around verl 0.9.0 and 0.9.1 functions, and why.
 
 Each wrapper calls the upstream function unchanged; it only adds what the plugin's
 registered functions need, and only when the config selects one of them. Each is applied
@@ -7,7 +7,7 @@ that defines the function, so every later ``from ... import name`` binds the wra
 A wrapper carries ``_ktae_verl_plugin`` and ``__wrapped__``, and is never applied twice.
 
 =====================================================  ====================================
-upstream function (verl 0.9.1)                         why
+upstream function (verl 0.9.0, 0.9.1)                  why
 =====================================================  ====================================
 ``trainer/ppo/ray_trainer.py: compute_advantage``      legacy trainer: hands the batch's
                                                        ``responses`` and reward extra info
@@ -26,6 +26,9 @@ upstream function (verl 0.9.1)                         why
                                                        options (:func:`.options.check_config`)
                                                        and the policy-loss config class
 =====================================================  ====================================
+
+docs/verl.md ("How the plugin hooks in") says, for each, why no public extension point of
+verl replaces it and which upstream change would retire it.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def _estimator_name(adv_estimator) -> str:
 # -- legacy trainer ---------------------------------------------------------------------
 
 def patch_legacy_trainer(module: ModuleType) -> None:
-    """Wrap verl 0.9.1 ``trainer/ppo/ray_trainer.py: compute_advantage``.
+    """Wrap verl 0.9.0 and 0.9.1 ``trainer/ppo/ray_trainer.py: compute_advantage``.
 
     The legacy ``RayPPOTrainer.fit`` calls this module-level function with the whole
     ``DataProto`` (``responses``, ``response_mask``, reward extra info in
@@ -147,7 +150,7 @@ def v1_response_fields(tq, batch, name: str) -> ResponseFields:
 
 
 def patch_v1_trainer(module: ModuleType) -> None:
-    """Wrap verl 0.9.1 ``trainer/ppo/v1/trainer_base.py: PPOTrainer._compute_advantage``.
+    """Wrap verl 0.9.0 and 0.9.1 ``trainer/ppo/v1/trainer_base.py: PPOTrainer._compute_advantage``.
 
     Upstream fetches a fixed field list from TransferQueue (``uid``, ``response_mask``,
     ``rm_scores``, log-probs, values), which lacks ``responses`` although TransferQueue
@@ -172,7 +175,7 @@ def patch_v1_trainer(module: ModuleType) -> None:
 # -- actor loss -------------------------------------------------------------------------
 
 def patch_ppo_loss(module: ModuleType) -> None:
-    """Wrap verl 0.9.1 ``workers/utils/losses.py: ppo_loss``.
+    """Wrap verl 0.9.0 and 0.9.1 ``workers/utils/losses.py: ppo_loss``.
 
     ``ppo_loss`` (bound by the engine workers as the actor's loss function) has the
     current forward pass's ``model_output["entropy"]`` but calls the registered policy
@@ -218,7 +221,7 @@ def use_plugin_policy_loss_config(config) -> bool:
 
 
 def patch_validate_config(module: ModuleType) -> None:
-    """Wrap verl 0.9.1 ``utils/config.py: validate_config``.
+    """Wrap verl 0.9.0 and 0.9.1 ``utils/config.py: validate_config``.
 
     ``verl.trainer.main_ppo.main`` calls it in the driver before starting Ray; the
     wrapper first checks the plugin's options (a typo or a setting verl cannot honour

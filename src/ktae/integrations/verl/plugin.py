@@ -1,13 +1,14 @@
 """Entry point of the ``verl.plugins`` group: verl imports it on every ``import verl``.
 
-That happens in the driver and in every Ray worker (verl 0.9.1 ``verl/__init__.py``;
+That happens in the driver and in every Ray worker (verl 0.9.0 and 0.9.1 ``verl/__init__.py``;
 ``VERL_USE_EXTERNAL_PLUGINS=none`` disables it). verl logs a failing plugin only at
 DEBUG level, so this module never raises: any failure is logged here as a WARNING with
 its cause, and verl then refuses ``adv_estimator=ktae`` as an unknown name.
 
-On a verl version other than :data:`SUPPORTED_VERL_VERSIONS` nothing is patched; the
-plugin's names are registered as functions that raise a clear error, and the config
-check refuses them at start-up.
+On a verl outside :data:`ktae.integrations.verl.SUPPORTED_VERL` nothing is patched; the
+plugin's names are registered as functions that raise the one-line error naming the
+range, and ``validate_config`` (run by ``main_ppo`` before Ray starts) raises it for a
+config that selects one of them.
 """
 
 from __future__ import annotations
@@ -30,14 +31,6 @@ def _register(registry: dict, register, name: str, fn, kind: str) -> bool:
     return True
 
 
-def unsupported_version_message(version) -> str:
-    from ktae.integrations.verl import SUPPORTED_VERL_VERSIONS
-
-    return (f"ktae's verl plugin supports verl {', '.join(SUPPORTED_VERL_VERSIONS)}, whose "
-            f"internals it wraps; this is verl {version}. Install a supported version "
-            f"(pip install 'ktae[verl]' pins verl=={SUPPORTED_VERL_VERSIONS[-1]}).")
-
-
 def _refusing(message: str):
     def refuse(*args, **kwargs):
         raise RuntimeError(message)
@@ -51,13 +44,14 @@ def _refusing(message: str):
 def _install_refusal(version) -> None:
     """Unknown verl: register refusing stand-ins and refuse such configs at start-up."""
     from ktae.core.calibration import CALIBRATIONS
+    from ktae.integrations.verl import unsupported_verl_message
     from ktae.integrations.verl.estimators import PLUGIN_MARK
     from ktae.integrations.verl.hooks import when_imported
     from ktae.integrations.verl.options import _get, plugin_estimators
 
     _load_user_rules()
     names = plugin_estimators()
-    message = unsupported_version_message(version)
+    message = unsupported_verl_message(version)
     logger.warning(message)
     from verl.trainer.ppo import core_algos
 
@@ -104,10 +98,10 @@ def install() -> None:
     import verl
 
     from ktae.core.calibration import CALIBRATIONS
-    from ktae.integrations.verl import SUPPORTED_VERL_VERSIONS
+    from ktae.integrations.verl import verl_supported
 
     version = getattr(verl, "__version__", None)
-    if version not in SUPPORTED_VERL_VERSIONS:
+    if not verl_supported(version):
         _install_refusal(version)
         return
 
