@@ -555,94 +555,34 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
     Raises:
         ValueError: bad arguments or input (one line naming what was expected).
     """
-
-    check_arguments(input=input, model=model, prompts=prompts, samples=samples,
-                    resamples=resamples, temperature=temperature, max_new_tokens=max_new_tokens)
-    check_prompt_set(prompt_set)
-    check_cut_off_rule(cut_off, "cut_off")
-    if task is not None:
-        if input is not None:
-            raise ValueError("task: only when sampling from --model with no INPUT (a run "
-                             "directory's config.yaml names its task)")
-        arith_input.check_task(task)
+    _check_audit_arguments(input=input, model=model, prompts=prompts, samples=samples,
+                           resamples=resamples, temperature=temperature,
+                           max_new_tokens=max_new_tokens, prompt_set=prompt_set,
+                           cut_off=cut_off, task=task)
     if threads is not None:
         torch.set_num_threads(threads)
     methods = parse_methods(credit)
     clock = _Clock()
-    loaded = None
     path = None if input is None else Path(input)
     if path is not None and path.is_dir():
-
-        run_settings = run_config(path)
-        data = run_input(path, tokenizer=tokenizer,
-                         task=None if run_settings is None else run_settings.task,
-                         model=None if run_settings is None else run_settings.model)
-        if run_settings is not None:  # the run's own settings for its methods
-            methods = parse_methods(credit, train_config=run_settings)
-            if temperature is None:
-                temperature = run_settings.temperature
+        source = _read_run_dir(path, credit, methods, tokenizer=tokenizer,
+                               temperature=temperature)
     elif path is not None:
         tok = load_tokenizer(tokenizer or sampling.model_tokenizer_path(model))
-        data = jsonl_input(path, tok)
+        source = _Source(jsonl_input(path, tok), methods, temperature)
     else:
-        loaded = sampling.load_model(model or DEFAULT_MODEL)
-        clock.lap("loading")
-        m, tok, where = loaded
-        char_level = len(tok) < 1000
-        task = task or ("embedded" if char_level else arith_input.DEFAULT_TASK)
-        difficulty = arith_input.check_task(task)
-        if difficulty is None:
-            max_new = max_new_tokens or (40 if char_level else 256)
-            temperature = 1.0 if temperature is None else temperature
-        else:
-            max_new = max_new_tokens or arith_input.DEFAULT_MAX_NEW_TOKENS
-            if temperature is None:
-                temperature = arith_input.DEFAULT_TEMPERATURE
-        if announce is not None:
-            what = ("embedded held-out prompts" if difficulty is None else
-                    f"{task} problems ({arith_input.SPLIT} split, chat template, reward number, "
-                    "claims labels)")
-            announce(f"ktae audit: sampling {prompts} prompts x {samples} responses from "
-                     f"{model or DEFAULT_MODEL} on {what}, prompt set {prompt_set}, seed "
-                     f"{seed}, temperature {temperature:g}, at most {max_new} new tokens "
-                     f"(budget: {prompts * samples * max_new} new tokens)")
-        # a need beyond the plain scoring (the importance) reads its clean pass from the
-        # sampling's cache
-        grad = [s for s in methods.values() if any(n.group_options for n in s.model_needs)]
-        reads = _reads_importance(grad)
-        refs = (lambda r: reads(_Rewards(r))) if grad else None
-        if difficulty is None:
-            data = sampled_input(m, tok, where, prompts=prompts, samples=samples, seed=seed,
-                                 max_new_tokens=max_new, temperature=temperature,
-                                 prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase,
-                                 references=refs, cut_off=cut_off)
-        else:
-            data = arith_input.sampled_input(
-                m, tok, where, difficulty=difficulty, prompts=prompts, samples=samples,
-                seed=seed, max_new_tokens=max_new, temperature=temperature,
-                prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase,
-                references=refs, cut_off=cut_off)
+        source = _sample_from_model(
+            model, methods, clock, task=task, prompts=prompts, samples=samples, seed=seed,
+            max_new_tokens=max_new_tokens, temperature=temperature, prompt_set=prompt_set,
+            cut_off=cut_off, announce=announce, on_batch=on_batch, on_phase=on_phase)
     clock.lap("sampling" if path is None else "reading")
-    temperature = 1.0 if temperature is None else temperature
+    data = source.data
     ignore = group_input.ignore_ids(data.tokenizer)
-    methods = {n: _with_ignore(s, ignore) for n, s in methods.items()}
+    methods = {n: _with_ignore(s, ignore) for n, s in source.methods.items()}
     check_groups(data.groups)
-    scored = "recorded"
-    inputs = [g.group for g in data.groups]
-    todo = _todo_needs(methods.values(), inputs)
-    if todo:
-        if loaded is None:
-            loaded = sampling.load_model(model or data.scorer or DEFAULT_MODEL)
-            clock.lap("loading")
-        scored = loaded[2]
-        _score(loaded[0], data, methods, todo, temperature=temperature,
-               on_phase=on_phase or quiet_phase)
-        clock.lap("scoring")
-    for g in data.groups:
-        g.kinds = kind_codes(data.tokenizer, g.group.responses, g.labels)
-    result = audit_groups(data.groups, methods, resamples=resamples, seed=0,
-                          on_phase=on_phase)
-    result_rates = right_answer_wrong_tokens(data.groups, resamples=resamples)
+    scored = _score_missing_needs(source, methods, model, clock, on_phase=on_phase)
+    result, result_rates = _credit_figures(data, methods, resamples=resamples,
+                                           on_phase=on_phase)
     clock.lap("credit and bootstrap")
     result.update(seconds=clock.seconds, cpu_seconds=clock.cpu_seconds,
                   input=data.description, kind=data.kind, scored_with=scored,
@@ -652,9 +592,154 @@ def audit(input=None, *, model: str | None = None, credit=None, prompts: int = D
                   credit={n: _describe(s) for n, s in methods.items()},
                   right_answer_wrong_tokens=result_rates)
     if output_dir is not None:
-
         result["files"] = write_outputs(result, Path(output_dir))
     return result
+
+
+def _check_audit_arguments(*, input, model, prompts, samples, resamples, temperature,
+                           max_new_tokens, prompt_set, cut_off, task) -> None:
+    """The one-line errors of :func:`audit`'s arguments, before anything is read."""
+    check_arguments(input=input, model=model, prompts=prompts, samples=samples,
+                    resamples=resamples, temperature=temperature, max_new_tokens=max_new_tokens)
+    check_prompt_set(prompt_set)
+    check_cut_off_rule(cut_off, "cut_off")
+    if task is not None:
+        if input is not None:
+            raise ValueError("task: only when sampling from --model with no INPUT (a run "
+                             "directory's config.yaml names its task)")
+        arith_input.check_task(task)
+
+
+@dataclass
+class _Source:
+    """The audited groups and what reading or sampling them settled."""
+
+    data: AuditInput
+    methods: dict
+    """The methods, with a run directory's own settings where it has them."""
+    temperature: float | None
+    """The scoring temperature (None: 1)."""
+    loaded: tuple | None = None
+    """``(model, tokenizer, where)`` when a model was loaded to sample the groups."""
+
+
+def _read_run_dir(path: Path, credit, methods: dict, *, tokenizer: str | None,
+                  temperature: float | None) -> _Source:
+    """The groups of a ``ktae train`` run directory, with its own method settings and
+    temperature where its ``config.yaml`` gives them."""
+    run_settings = run_config(path)
+    data = run_input(path, tokenizer=tokenizer,
+                     task=None if run_settings is None else run_settings.task,
+                     model=None if run_settings is None else run_settings.model)
+    if run_settings is not None:  # the run's own settings for its methods
+        methods = parse_methods(credit, train_config=run_settings)
+        if temperature is None:
+            temperature = run_settings.temperature
+    return _Source(data, methods, temperature)
+
+
+@dataclass(frozen=True)
+class _SamplingPlan:
+    """What the audit samples from a model when it has no INPUT."""
+
+    model: str
+    task: str
+    difficulty: int | None
+    """The arith task's difficulty; None: the embedded task."""
+    prompts: int
+    samples: int
+    seed: int
+    max_new_tokens: int
+    temperature: float
+    prompt_set: int
+
+    def announcement(self) -> str:
+        """The line that says what is sampled (before sampling)."""
+        what = ("embedded held-out prompts" if self.difficulty is None else
+                f"{self.task} problems ({arith_input.SPLIT} split, chat template, reward "
+                "number, claims labels)")
+        return (f"ktae audit: sampling {self.prompts} prompts x {self.samples} responses from "
+                f"{self.model} on {what}, prompt set {self.prompt_set}, seed "
+                f"{self.seed}, temperature {self.temperature:g}, at most "
+                f"{self.max_new_tokens} new tokens "
+                f"(budget: {self.prompts * self.samples * self.max_new_tokens} new tokens)")
+
+
+def _sampling_plan(tok, model: str | None, *, task: str | None, max_new_tokens: int | None,
+                   temperature: float | None, prompts: int, samples: int, seed: int,
+                   prompt_set: int) -> _SamplingPlan:
+    """The task, budget and temperature to sample with: the ones given, else the
+    defaults for the model's tokenizer ``tok`` and the task (see :func:`audit`)."""
+    char_level = len(tok) < 1000
+    task = task or ("embedded" if char_level else arith_input.DEFAULT_TASK)
+    difficulty = arith_input.check_task(task)
+    if difficulty is None:
+        max_new = max_new_tokens or (40 if char_level else 256)
+        temperature = 1.0 if temperature is None else temperature
+    else:
+        max_new = max_new_tokens or arith_input.DEFAULT_MAX_NEW_TOKENS
+        if temperature is None:
+            temperature = arith_input.DEFAULT_TEMPERATURE
+    return _SamplingPlan(model or DEFAULT_MODEL, task, difficulty, prompts, samples, seed,
+                         max_new, temperature, prompt_set)
+
+
+def _sample_from_model(model: str | None, methods: dict, clock: _Clock, *, task, prompts,
+                       samples, seed, max_new_tokens, temperature, prompt_set, cut_off,
+                       announce, on_batch, on_phase) -> _Source:
+    """Load ``model`` and sample the audited groups from it (:func:`_sampling_plan`)."""
+    loaded = sampling.load_model(model or DEFAULT_MODEL)
+    clock.lap("loading")
+    m, tok, where = loaded
+    plan = _sampling_plan(tok, model, task=task, max_new_tokens=max_new_tokens,
+                          temperature=temperature, prompts=prompts, samples=samples,
+                          seed=seed, prompt_set=prompt_set)
+    if announce is not None:
+        announce(plan.announcement())
+    # a need beyond the plain scoring (the importance) reads its clean pass from the
+    # sampling's cache
+    grad = [s for s in methods.values() if any(n.group_options for n in s.model_needs)]
+    reads = _reads_importance(grad)
+    refs = (lambda r: reads(_Rewards(r))) if grad else None
+    common = dict(prompts=prompts, samples=samples, seed=seed,
+                  max_new_tokens=plan.max_new_tokens, temperature=plan.temperature,
+                  prompt_set=prompt_set, on_batch=on_batch, on_phase=on_phase,
+                  references=refs, cut_off=cut_off)
+    if plan.difficulty is None:
+        data = sampled_input(m, tok, where, **common)
+    else:
+        data = arith_input.sampled_input(m, tok, where, difficulty=plan.difficulty, **common)
+    return _Source(data, methods, plan.temperature, loaded)
+
+
+def _score_missing_needs(source: _Source, methods: dict, model: str | None, clock: _Clock,
+                         *, on_phase: Phase | None) -> str:
+    """Score what the methods read and the groups do not hold (loading a model if none
+    is loaded yet); returns what scored them (``"recorded"``: nothing needed)."""
+    data = source.data
+    todo = _todo_needs(methods.values(), [g.group for g in data.groups])
+    if not todo:
+        return "recorded"
+    loaded = source.loaded
+    if loaded is None:
+        loaded = sampling.load_model(model or data.scorer or DEFAULT_MODEL)
+        clock.lap("loading")
+    _score(loaded[0], data, methods, todo,
+           temperature=1.0 if source.temperature is None else source.temperature,
+           on_phase=on_phase or quiet_phase)
+    clock.lap("scoring")
+    return loaded[2]
+
+
+def _credit_figures(data: AuditInput, methods: dict, *, resamples: int,
+                    on_phase: Phase | None) -> tuple[dict, dict]:
+    """``(figures per method, right answers with wrong tokens)``: each token's kind
+    labelled, then every method's credit measured with its bootstrap intervals."""
+    for g in data.groups:
+        g.kinds = kind_codes(data.tokenizer, g.group.responses, g.labels)
+    result = audit_groups(data.groups, methods, resamples=resamples, seed=0,
+                          on_phase=on_phase)
+    return result, right_answer_wrong_tokens(data.groups, resamples=resamples)
 
 
 def _todo_needs(specs, inputs) -> list:

@@ -55,6 +55,16 @@ ALL_NAMES = (*BENCHMARK_NAMES, *CHOICE_BENCHMARKS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``ktae eval``, in the order ``--help`` lists them."""
+    _add_input_arguments(parser)
+    _add_sampling_arguments(parser)
+    _add_run_arguments(parser)
+    _add_source_arguments(parser)
+
+
+def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is evaluated and how it is graded: the model(s), benchmarks, protocol, cut-off
+    rule, grader, or responses already generated."""
     parser.add_argument("model", metavar="MODEL", nargs="*", default=None,
                         help="model directory or hub id (with --checkpoints: a ktae train "
                              "run directory; none with --responses); several, or a ktae "
@@ -82,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "samples_*.jsonl (or an output directory of them), or JSON/JSONL "
                              "records with a benchmark, a reference and a response (the KTAE "
                              "authors' eval_result files)")
+
+
+def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """The decoding flags: samples per problem, temperature, top-p, budget, template."""
     parser.add_argument("--k", default=None,
                         help="samples per problem: an integer for every benchmark, or "
                              "name=k entries (aime24=32,math500=4; a bare integer among "
@@ -99,6 +113,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt template (default: the protocol's, else the model's "
                              f"{GENERATION_FILE}, else auto: chat template if the tokenizer "
                              "has one, else qwen-math)")
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where results go and how the run is carried out (long prompts, threads, limit, batch
+    size, seed)."""
     parser.add_argument("-o", "--output-dir", default=None,
                         help="where results.json and samples_*.jsonl go (default: "
                              "eval-results/<parent>-<name>-<hash of the model's absolute "
@@ -118,6 +137,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="first N problems of each benchmark (embedded: generate N)")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per generate call")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+
+def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the problems come from, the engine that generates, and --checkpoints."""
     parser.add_argument("--data-dir", default=None,
                         help="read <name>.jsonl/.json/.parquet or <name>/test.jsonl (Qwen2.5-Math "
                              "layout) from this directory, or the splits of a Dataset/DatasetDict "
@@ -145,7 +168,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--select-on", default=None, metavar="BENCH",
                         help="with --checkpoints: the validation benchmark whose accuracy "
                              "picks the best checkpoint (default: the mean over benchmarks)")
-
 
 def _benchmark_names(spec: str | None, data_dir) -> list[str]:
     """The names of ``--benchmarks`` (default: every split of a DatasetDict saved as

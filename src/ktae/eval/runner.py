@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ktae.data import load_examples
@@ -39,7 +40,7 @@ from ktae.models.generate import (
     generate_hf,
     hf_generate_kwargs,
 )
-from ktae.models.generation_defaults import resolve_generation
+from ktae.models.generation_defaults import GenerationChoice, resolve_generation
 from ktae.models.tokenizer import warn_unknown_characters
 from ktae.rewards import RewardResult, batch_math_reward, reward_stats
 from ktae.rewards.ends import DEFAULT_CUT_OFF, check_cut_off_rule, require_end
@@ -218,13 +219,46 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         ValueError: bad arguments, a benchmark with no records, prompts that do not fit
             in the model's context (``long_prompts="error"``), an unusable output_dir.
     """
-    if backend not in ("hf", "vllm"):
-        raise ValueError(f"backend: expected 'hf' or 'vllm', got {backend!r}")
-
-    get_grader(grader)
-    check_cut_off_rule(cut_off, "cut_off")
+    _check_options(backend, grader, cut_off)
     choice_of = resolve_generation(_model_dir(model, model_path), template=template,
                                    max_new_tokens=max_new_tokens)
+    plan = _plan(_benchmark_records(benchmarks, limit), tokenizer, choice_of, k=k,
+                 temperature=temperature, top_p=top_p, seed=seed, data=data)
+    # Every benchmark's prompts are checked against the context before anything runs.
+    _fit_prompts(plan, tokenizer, model_context(model if backend == "hf" else None,
+                                                _model_dir(model, model_path) or model_path),
+                 long_prompts)
+    out_dir = prepare_output_dir(output_dir) if output_dir is not None else None
+    timeouts_before = reward_stats()["timeouts"]
+    engine = _Backend.start(backend, model, tokenizer, model_path=model_path, dtype=dtype,
+                            seed=seed, verbose=verbose, batch_size=batch_size,
+                            add_special_tokens=plan.add_special_tokens)
+    per_bench, samples = {}, {}
+    with _progress(show_progress) as progress:
+        for name in plan.records:
+            samples[name], per_bench[name] = _run_benchmark(
+                name, plan, engine, progress, timeout=timeout, grader=grader, cut_off=cut_off)
+    run_config = _run_config(plan, engine, seed=seed, limit=limit, grader=grader,
+                             cut_off=cut_off, long_prompts=long_prompts, config=config,
+                             timeouts=reward_stats()["timeouts"] - timeouts_before)
+    results = summarize(per_bench, run_config)
+    results["data"] = plan.data
+    if out_dir is not None:
+        _write_outputs(out_dir, results, samples)
+    results["samples"] = samples
+    return results
+
+
+def _check_options(backend: str, grader: str, cut_off: str) -> None:
+    """Refuse an unknown backend, grader or cut-off rule."""
+    if backend not in ("hf", "vllm"):
+        raise ValueError(f"backend: expected 'hf' or 'vllm', got {backend!r}")
+    get_grader(grader)
+    check_cut_off_rule(cut_off, "cut_off")
+
+
+def _benchmark_records(benchmarks, limit: int | None) -> dict[str, list[BenchmarkRecord]]:
+    """Each benchmark's records (the first ``limit``): given, or loaded by name."""
     if isinstance(benchmarks, Mapping):
         records = {n: list(r)[:limit] if limit else list(r) for n, r in benchmarks.items()}
     elif isinstance(benchmarks, str) or not isinstance(benchmarks, Sequence) or not benchmarks:
@@ -234,6 +268,34 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
         records = load_records(list(benchmarks), limit=limit)
     if not records:
         raise ValueError("benchmarks: expected at least one benchmark, got none")
+    return records
+
+
+@dataclass
+class _EvalPlan:
+    """What :func:`evaluate` runs: per benchmark its records, prompts and sampling."""
+
+    records: dict[str, list[BenchmarkRecord]]
+    prompts: dict[str, list[str]]
+    sampling: dict[str, SamplingConfig]
+    choice: GenerationChoice
+    """The budget and template asked for, and where each came from."""
+    template: str
+    """The template the prompts were built with (``"auto"`` resolved)."""
+    data: dict[str, dict]
+    """Per benchmark: where its problems came from, ``rows`` and ``sha256``."""
+    long_report: dict[str, dict] = field(default_factory=dict)
+    """Per benchmark: what :func:`ktae.eval.context.check_prompts` did to long prompts."""
+
+    @property
+    def add_special_tokens(self) -> bool:
+        """Whether the tokenizer adds its special tokens (not with a chat template)."""
+        return not uses_chat_template(self.template)
+
+
+def _plan(records: dict[str, list[BenchmarkRecord]], tokenizer, choice_of: GenerationChoice,
+          *, k, temperature, top_p, seed, data) -> _EvalPlan:
+    """Each benchmark's sampling settings, data record and prompts."""
     sampling = {n: SamplingConfig(k=kn, temperature=temperature, top_p=top_p,
                                   max_new_tokens=choice_of.max_new_tokens, seed=seed)
                 for n, kn in _k_of(k, list(records)).items()}
@@ -245,75 +307,110 @@ def evaluate(model, tokenizer, benchmarks: Sequence[str] | Mapping[str, Sequence
     resolved = resolve_template(choice_of.template, tokenizer)
     prompts = {n: [build_prompt(r, resolved, tokenizer) for r in recs]
                for n, recs in records.items()}
+    return _EvalPlan(records, prompts, sampling, choice_of, resolved, data_used)
 
-    warn_unknown_characters([p for ps in prompts.values() for p in ps], tokenizer)
-    # Every benchmark's prompts are checked against the context before anything runs.
-    context = model_context(model if backend == "hf" else None,
-                            _model_dir(model, model_path) or model_path)
-    long_report = {}
-    for name in list(records):
-        records[name], prompts[name], long_report[name] = check_prompts(
-            name, records[name], prompts[name], tokenizer, context=context,
-            max_new_tokens=choice_of.max_new_tokens, rule=long_prompts,
-            add_special_tokens=not uses_chat_template(resolved))
-    out_dir = prepare_output_dir(output_dir) if output_dir is not None else None
-    to_backend = hf_generate_kwargs
-    timeouts_before = reward_stats()["timeouts"]
-    llm, engine = None, {}
-    if backend == "vllm":  # tests/vllm_backend, in an environment with vLLM
-        llm = vllm_engine.load_vllm(model_path, dtype=dtype, seed=seed, verbose=verbose)
-        engine = {"engine": vllm_engine.engine_settings(llm, requested_dtype=dtype)}
-        to_backend = vllm_engine.engine_sampling_kwargs
 
-    per_bench, samples = {}, {}
-    with _progress(show_progress) as progress:
-        for name, recs in records.items():
-            task = progress.add_task(name, total=len(recs)) if progress else None
-            advance = (lambda n, t=task: progress.advance(t, n)) if progress else None
-            s = sampling[name]
-            started = time.perf_counter()
-            if backend == "vllm":
-                gens = vllm_engine.generate_vllm(
-                    llm, tokenizer, prompts[name], s, on_batch=advance,
-                    add_special_tokens=not uses_chat_template(resolved),
-                    warn=False)  # counted in long_prompts.budget_cut
-            else:
-                gens = generate_hf(model, tokenizer, prompts[name], s,
-                                   batch_size=batch_size, on_batch=advance,
-                                   add_special_tokens=not uses_chat_template(resolved),
-                                   warn=False)  # counted in long_prompts.budget_cut
-            seconds = time.perf_counter() - started
-            flat: list[Generation] = [g for gs in gens for g in gs]
-            rewards = verify_responses(name, [g.text for g in flat],
-                                       [r.answer for r in recs for _ in range(s.k)], timeout,
-                                       grader, truncated=[g.truncated for g in flat],
-                                       cut_off=cut_off)
-            classes = vote_classes(name, rewards, s.k, timeout)
-            samples[name] = sample_rows(recs, prompts[name], gens, rewards, classes)
-            per_bench[name] = benchmark_metrics(samples[name], k=s.k)
-            per_bench[name]["generation_seconds"] = round(seconds, 3)
-            per_bench[name]["long_prompts"] = long_report[name]
+def _fit_prompts(plan: _EvalPlan, tokenizer, context, rule: str) -> None:
+    """Check every prompt against the model's ``context`` (``long_prompts`` ``rule``):
+    refuse, skip or truncate the long ones, and record what was done in ``plan``."""
+    warn_unknown_characters([p for ps in plan.prompts.values() for p in ps], tokenizer)
+    for name in list(plan.records):
+        plan.records[name], plan.prompts[name], plan.long_report[name] = check_prompts(
+            name, plan.records[name], plan.prompts[name], tokenizer, context=context,
+            max_new_tokens=plan.choice.max_new_tokens, rule=rule,
+            add_special_tokens=plan.add_special_tokens)
 
+
+@dataclass
+class _Backend:
+    """The engine that samples: transformers' ``generate`` or a vLLM engine."""
+
+    name: str
+    model: object
+    tokenizer: object
+    batch_size: int
+    add_special_tokens: bool
+    llm: object = None
+    settings: dict = field(default_factory=dict)
+    """vLLM's ``{"engine": settings that change samples}``; empty for transformers."""
+
+    @classmethod
+    def start(cls, name, model, tokenizer, *, model_path, dtype, seed, verbose, batch_size,
+              add_special_tokens) -> _Backend:
+        """The backend ``name``; for vLLM, its engine loaded from ``model_path``."""
+        backend = cls(name, model, tokenizer, batch_size, add_special_tokens)
+        if name == "vllm":  # tests/vllm_backend, in an environment with vLLM
+            backend.llm = vllm_engine.load_vllm(model_path, dtype=dtype, seed=seed,
+                                                verbose=verbose)
+            backend.settings = {"engine": vllm_engine.engine_settings(
+                backend.llm, requested_dtype=dtype)}
+        return backend
+
+    def arguments(self, sampling: SamplingConfig) -> dict:
+        """The decoding arguments this backend receives for ``sampling``."""
+        if self.name == "vllm":
+            return vllm_engine.engine_sampling_kwargs(sampling)
+        return hf_generate_kwargs(sampling)
+
+    def generate(self, prompts: list[str], sampling: SamplingConfig, on_batch
+                 ) -> list[list[Generation]]:
+        """``k`` generations per prompt; long prompts are counted in ``long_prompts``."""
+        if self.name == "vllm":
+            return vllm_engine.generate_vllm(
+                self.llm, self.tokenizer, prompts, sampling, on_batch=on_batch,
+                add_special_tokens=self.add_special_tokens,
+                warn=False)  # counted in long_prompts.budget_cut
+        return generate_hf(self.model, self.tokenizer, prompts, sampling,
+                           batch_size=self.batch_size, on_batch=on_batch,
+                           add_special_tokens=self.add_special_tokens,
+                           warn=False)  # counted in long_prompts.budget_cut
+
+
+def _run_benchmark(name: str, plan: _EvalPlan, backend: _Backend, progress, *,
+                   timeout: float, grader: str, cut_off: str) -> tuple[list[dict], dict]:
+    """Generate, score and summarise one benchmark: ``(sample rows, metrics)``."""
+    recs, s = plan.records[name], plan.sampling[name]
+    task = progress.add_task(name, total=len(recs)) if progress else None
+    advance = (lambda n, t=task: progress.advance(t, n)) if progress else None
+    started = time.perf_counter()
+    gens = backend.generate(plan.prompts[name], s, advance)
+    seconds = time.perf_counter() - started
+    flat: list[Generation] = [g for gs in gens for g in gs]
+    rewards = verify_responses(name, [g.text for g in flat],
+                               [r.answer for r in recs for _ in range(s.k)], timeout,
+                               grader, truncated=[g.truncated for g in flat],
+                               cut_off=cut_off)
+    classes = vote_classes(name, rewards, s.k, timeout)
+    rows = sample_rows(recs, plan.prompts[name], gens, rewards, classes)
+    metrics = benchmark_metrics(rows, k=s.k)
+    metrics["generation_seconds"] = round(seconds, 3)
+    metrics["long_prompts"] = plan.long_report[name]
+    return rows, metrics
+
+
+def _run_config(plan: _EvalPlan, backend: _Backend, *, seed, limit, grader, cut_off,
+                long_prompts, config, timeouts: int) -> dict:
+    """The results' ``config``: the settings every benchmark ran with."""
+    sampling = plan.sampling
     first = next(iter(sampling.values()))
-    run_config = {"k": {n: s.k for n, s in sampling.items()},
-                  "temperature": {n: s.effective_temperature for n, s in sampling.items()},
-                  "top_p": first.top_p, "max_new_tokens": first.max_new_tokens,
-                  "template": resolved, "seed": seed, "limit": limit, "backend": backend,
-                  "backend_arguments": {n: to_backend(s) for n, s in sampling.items()},
-                  "gpqa_shuffle_seed": choice.GPQA_SHUFFLE_SEED,
-                  "template_source": choice_of.template_source,
-                  "max_new_tokens_source": choice_of.max_new_tokens_source,
-                  "verifier_timeouts": reward_stats()["timeouts"] - timeouts_before,
-                  "grader": grader, "cut_off_answers": cut_off,
-                  "long_prompts": long_prompts, **engine,
-                  **dict(config or {})}
-    results = summarize(per_bench, run_config)
-    results["data"] = data_used
-    if out_dir is not None:
-        # samples first: a results.json is only ever next to its complete samples
-        (out_dir / "results.json").unlink(missing_ok=True)
-        for name, rows in samples.items():
-            write_samples(out_dir / f"samples_{name}.jsonl", rows)
-        write_results(out_dir / "results.json", results)
-    results["samples"] = samples
-    return results
+    return {"k": {n: s.k for n, s in sampling.items()},
+            "temperature": {n: s.effective_temperature for n, s in sampling.items()},
+            "top_p": first.top_p, "max_new_tokens": first.max_new_tokens,
+            "template": plan.template, "seed": seed, "limit": limit, "backend": backend.name,
+            "backend_arguments": {n: backend.arguments(s) for n, s in sampling.items()},
+            "gpqa_shuffle_seed": choice.GPQA_SHUFFLE_SEED,
+            "template_source": plan.choice.template_source,
+            "max_new_tokens_source": plan.choice.max_new_tokens_source,
+            "verifier_timeouts": timeouts,
+            "grader": grader, "cut_off_answers": cut_off,
+            "long_prompts": long_prompts, **backend.settings,
+            **dict(config or {})}
+
+
+def _write_outputs(out_dir: Path, results: dict, samples: dict[str, list[dict]]) -> None:
+    """Write ``samples_<bench>.jsonl`` then ``results.json`` (a ``results.json`` is only
+    ever next to its complete samples)."""
+    (out_dir / "results.json").unlink(missing_ok=True)
+    for name, rows in samples.items():
+        write_samples(out_dir / f"samples_{name}.jsonl", rows)
+    write_results(out_dir / "results.json", results)

@@ -275,26 +275,21 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
     """
     import torch
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    _check_generate_arguments(batch_size, scores)
     eos = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         pad_id = min(eos) if eos else 0
-    kwargs = dict(hf_generate_kwargs(sampling), pad_token_id=pad_id,
-                  eos_token_id=sorted(eos) or None)
-    device = next(model.parameters()).device
+    run = _Decoding(model, tokenizer, sampling, add_special_tokens, eos, pad_id,
+                    device=next(model.parameters()).device, context=context_length(model),
+                    scores=scores if scores is not None and raw_logits_seen(model) else None,
+                    tails=tails, on_tail=on_tail)
     was_training, side = model.training, tokenizer.padding_side
     model.eval()
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = pad_id
     out: list[list[Generation]] = []
-    if scores is not None and (isinstance(scores, bool) or not isinstance(scores, (int, float))
-                               or not scores > 0):
-        raise ValueError(f"scores: expected a positive temperature or None, got {scores!r}")
-    recorder_on = scores is not None and raw_logits_seen(model)
-    context = context_length(model)
     cut: list[int] = []  # token lengths of the prompts whose budget the context cut
     # Seeded sampling that leaves the caller's global RNG as it was (evaluating during
     # training must not change the training trajectory).
@@ -303,81 +298,151 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], sampling: SamplingConf
         try:
             for start in range(0, len(prompts), batch_size):
                 chunk = list(prompts[start:start + batch_size])
-                lengths = [len(tokenizer(p, add_special_tokens=add_special_tokens,
-                       verbose=False)["input_ids"])
-                           for p in chunk]
-                budgets = [prompt_budget(n, sampling.max_new_tokens, context) for n in lengths]
-                cut += [n for n, b in zip(lengths, budgets, strict=True)
-                        if b < sampling.max_new_tokens]
-                rows: list[list[list[int]]] = [[] for _ in chunk]
-                row_scores: list[list | None] = [None for _ in chunk]
-                row_tails: list = [None for _ in chunk]
-                for budget in sorted(set(budgets), reverse=True):
-                    idx = [i for i, b in enumerate(budgets) if b == budget]
-                    if budget == 0:
-                        for i in idx:
-                            rows[i] = [[] for _ in range(sampling.k)]
-                        continue
-                    enc = tokenizer([chunk[i] for i in idx], return_tensors="pt", padding=True,
-                                    add_special_tokens=add_special_tokens).to(device)
-                    width = enc["input_ids"].shape[1]
-                    extra = {}
-                    if recorder_on:
-                        from transformers import LogitsProcessorList
-
-                        recorder = _ScoreRecorder(scores)
-                        extra["logits_processor"] = LogitsProcessorList([recorder])
-                    if on_tail is not None:
-                        extra["return_dict_in_generate"] = True
-                    with torch.no_grad(), contiguous_head(model):
-                        seqs = model.generate(**enc, **{**kwargs, "max_new_tokens": budget},
-                                              **extra)
-                    if on_tail is not None:
-                        cache = getattr(seqs, "cache", None)
-                        seqs, cache = seqs.sequences, (getattr(seqs, "past_key_values", None)
-                                                       if cache is None else cache)
-                    if on_tail is not None and cache is not None:
-                        logits = _tail_logits(model, seqs, enc["attention_mask"], cache,
-                                              [tails[start + i] for i in idx], sampling.k,
-                                              eos, pad_id)
-                        for pos, i in enumerate(idx):
-                            row_tails[i] = logits[pos * sampling.k:(pos + 1) * sampling.k,
-                                                  :len(tails[start + i])]
-                        del cache
-                    new = seqs[:, width:].tolist()
-                    if recorder_on:
-                        lp, ent = recorder.finish(seqs[:, -1])
-                        lp, ent = lp.tolist(), ent.tolist()
-                    for pos, i in enumerate(idx):
-                        part = slice(pos * sampling.k, (pos + 1) * sampling.k)
-                        rows[i] = new[part]
-                        if recorder_on:
-                            row_scores[i] = list(zip(lp[part], ent[part], strict=True))
-                for samples, scored in zip(rows, row_scores, strict=True):
-                    gens = []
-                    for j, row in enumerate(samples):
-                        stop = next((t + 1 for t, tok in enumerate(row) if tok in eos), None)
-                        n = len(row) if stop is None else stop
-                        lp = ent = None
-                        if scored is not None:
-                            lp, ent = tuple(scored[j][0][:n]), tuple(scored[j][1][:n])
-                        elif recorder_on:  # a prompt that fills the context: no tokens
-                            lp = ent = ()
-                        gens.append(Generation(
-                            tokenizer.decode(row[:n], skip_special_tokens=True), n,
-                            tuple(row[:n]), truncated=stop is None, logprobs=lp,
-                            entropies=ent))
-                    if row_tails[len(out) - start] is not None:
-                        on_tail(len(out), gens, row_tails[len(out) - start])
-                    out.append(gens)
+                out += _generate_batch(run, chunk, start, cut)
                 if on_batch is not None:
                     on_batch(len(chunk))
         finally:
             model.train(was_training)
             tokenizer.padding_side = side
     if cut and warn:
-        warnings.warn(context_cut_message(cut, sampling.max_new_tokens, context), stacklevel=2)
+        warnings.warn(context_cut_message(cut, sampling.max_new_tokens, run.context),
+                      stacklevel=2)
     return out
+
+
+def _check_generate_arguments(batch_size, scores) -> None:
+    """Refuse a ``batch_size`` that is not a positive integer and a ``scores`` temperature
+    that is not positive."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    if scores is not None and (isinstance(scores, bool) or not isinstance(scores, (int, float))
+                               or not scores > 0):
+        raise ValueError(f"scores: expected a positive temperature or None, got {scores!r}")
+
+
+@dataclass(frozen=True)
+class _Decoding:
+    """What every ``model.generate`` call of one :func:`generate_hf` call shares."""
+
+    model: object
+    tokenizer: object
+    sampling: SamplingConfig
+    add_special_tokens: bool
+    eos: set[int]
+    pad_id: int
+    device: object
+    context: int | None
+    """The model's context (:func:`context_length`); None: no limit."""
+    scores: float | None
+    """The temperature of the recorded log-probs and entropies; None: none recorded."""
+    tails: Sequence[Sequence[int]] | None
+    on_tail: Callable | None
+
+    @property
+    def kwargs(self) -> dict:
+        """``model.generate``'s decoding arguments (the budget is set per call)."""
+        return dict(hf_generate_kwargs(self.sampling), pad_token_id=self.pad_id,
+                    eos_token_id=sorted(self.eos) or None)
+
+
+def _generate_batch(run: _Decoding, chunk: list[str], start: int, cut: list[int]
+                    ) -> list[list[Generation]]:
+    """The generations of one batch of prompts (``start``: the first one's index), one
+    ``model.generate`` call per budget; appends the prompts the context cut to ``cut``."""
+    k, max_new_tokens = run.sampling.k, run.sampling.max_new_tokens
+    lengths = [len(run.tokenizer(p, add_special_tokens=run.add_special_tokens,
+                                 verbose=False)["input_ids"])
+               for p in chunk]
+    budgets = [prompt_budget(n, max_new_tokens, run.context) for n in lengths]
+    cut += [n for n, b in zip(lengths, budgets, strict=True) if b < max_new_tokens]
+    rows: list[list[list[int]]] = [[] for _ in chunk]
+    row_scores: list[list | None] = [None for _ in chunk]
+    row_tails: list = [None for _ in chunk]
+    for budget in sorted(set(budgets), reverse=True):
+        idx = [i for i, b in enumerate(budgets) if b == budget]
+        if budget == 0:
+            for i in idx:
+                rows[i] = [[] for _ in range(k)]
+            continue
+        new, scored, tail_logits = _generate_group(run, [chunk[i] for i in idx], budget,
+                                                   [start + i for i in idx])
+        for pos, i in enumerate(idx):
+            rows[i], row_scores[i], row_tails[i] = new[pos], scored[pos], tail_logits[pos]
+    out = []
+    for i, (samples, scored) in enumerate(zip(rows, row_scores, strict=True)):
+        gens = _generations(run, samples, scored)
+        if row_tails[i] is not None:
+            run.on_tail(start + i, gens, row_tails[i])
+        out.append(gens)
+    return out
+
+
+def _generate_group(run: _Decoding, texts: list[str], budget: int, which: list[int]):
+    """One ``model.generate`` call for prompts of equal ``budget`` (``which``: their
+    indices in the call's prompts): per prompt, its ``k`` rows of new tokens, their
+    ``(log-prob, entropy)`` pairs (None when not recorded) and the logits at its tail's
+    positions (None without ``on_tail`` or a cache)."""
+    import torch
+
+    k = run.sampling.k
+    enc = run.tokenizer(texts, return_tensors="pt", padding=True,
+                        add_special_tokens=run.add_special_tokens).to(run.device)
+    width = enc["input_ids"].shape[1]
+    extra, recorder = {}, None
+    if run.scores is not None:
+        from transformers import LogitsProcessorList
+
+        recorder = _ScoreRecorder(run.scores)
+        extra["logits_processor"] = LogitsProcessorList([recorder])
+    if run.on_tail is not None:
+        extra["return_dict_in_generate"] = True
+    with torch.no_grad(), contiguous_head(run.model):
+        seqs = run.model.generate(**enc, **{**run.kwargs, "max_new_tokens": budget}, **extra)
+    tail_logits = [None for _ in texts]
+    if run.on_tail is not None:
+        seqs, tail_logits = _continue_tails(run, seqs, enc["attention_mask"], which)
+    parts = [slice(pos * k, (pos + 1) * k) for pos in range(len(texts))]
+    new = seqs[:, width:].tolist()
+    scored = [None for _ in texts]
+    if recorder is not None:
+        lp, ent = recorder.finish(seqs[:, -1])
+        lp, ent = lp.tolist(), ent.tolist()
+        scored = [list(zip(lp[part], ent[part], strict=True)) for part in parts]
+    return [new[part] for part in parts], scored, tail_logits
+
+
+def _continue_tails(run: _Decoding, output, prompt_mask, which: list[int]):
+    """``(sequences, per prompt its [k, len(tail), V] tail logits)`` from the output of a
+    ``generate`` call with ``return_dict_in_generate`` over the prompts ``which`` (indices
+    into ``run.tails``); the logits are None for every prompt when the output holds no
+    key/value cache."""
+    cache = getattr(output, "cache", None)
+    seqs, cache = output.sequences, (getattr(output, "past_key_values", None)
+                                     if cache is None else cache)
+    if cache is None:
+        return seqs, [None for _ in which]
+    k, tails = run.sampling.k, [run.tails[i] for i in which]
+    logits = _tail_logits(run.model, seqs, prompt_mask, cache, tails, k, run.eos, run.pad_id)
+    return seqs, [logits[pos * k:(pos + 1) * k, :len(t)] for pos, t in enumerate(tails)]
+
+
+def _generations(run: _Decoding, samples: list[list[int]], scored: list | None
+                 ) -> list[Generation]:
+    """One prompt's :class:`Generation` objects from its rows of new tokens, each cut
+    after its first end-of-sequence token."""
+    gens = []
+    for j, row in enumerate(samples):
+        stop = next((t + 1 for t, tok in enumerate(row) if tok in run.eos), None)
+        n = len(row) if stop is None else stop
+        lp = ent = None
+        if scored is not None:
+            lp, ent = tuple(scored[j][0][:n]), tuple(scored[j][1][:n])
+        elif run.scores is not None:  # a prompt that fills the context: no tokens
+            lp = ent = ()
+        gens.append(Generation(
+            run.tokenizer.decode(row[:n], skip_special_tokens=True), n,
+            tuple(row[:n]), truncated=stop is None, logprobs=lp, entropies=ent))
+    return gens
 
 
 def cache_argument(model) -> str:

@@ -187,66 +187,18 @@ def _plan(cfg):
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ktae compare``."""
     try:
-        arms = parse_arms(args.credit)
-    except ValueError as err:
-        print(f"ktae compare: {err}", file=sys.stderr)
-        return 2
-    if args.seeds < 1:
-        print(f"ktae compare: seeds: expected >= 1, got {args.seeds}", file=sys.stderr)
-        return 2
-    if args.first_seed < 0:
-        print(f"ktae compare: first-seed: expected >= 0, got {args.first_seed}", file=sys.stderr)
-        return 2
-    for flag, dest in (("--seed", "seed"), ("--resume", "resume")):
-        if getattr(args, dest, None) is not None:
-            print(f"ktae compare: {flag}: the grid sets it (seeds K..K+N-1 with --first-seed K "
-                  "--seeds N; finished runs are reused, interrupted ones resumed)", file=sys.stderr)
-            return 2
-
-    root = Path(args.output_dir)
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    base_args = argparse.Namespace(**vars(args))
-    configs = []
-    try:
-        cli_common.check_output_dir(root)
-        for arm in arms:
-            for seed in seeds:
-                ns = argparse.Namespace(**{**vars(base_args), **arm.overrides})
-                for part in ("estimator_options", "calibration_options"):
-                    if part in arm.overrides:  # after the common ones
-                        setattr(ns, part, None)
-                        setattr(ns, f"{part}_pairs", [
-                            *(getattr(base_args, f"{part}_pairs", None) or []),
-                            *(f"{k}={json.dumps(v)}" for k, v in arm.overrides[part].items())])
-                ns.credit, ns.seed = arm.credit, seed
-                ns.output_dir = str(root / f"{arm.dirname}-seed{seed}")
-                ns.resume = None
-                configs.append(cli_train.config_from_args(ns))
-                cli_common.check_counts(configs[-1], {"torch_threads": "--threads"})
-    except ValueError as err:
-        print(f"ktae compare: {err}", file=sys.stderr)
-        return 2
-    try:  # the TRL release next, before the trainer's module imports it
+        arms = _checked_arms(args)
+        root = Path(args.output_dir)
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        configs = _run_configs(args, arms, seeds, root)
+        # the TRL release next, before the trainer's module imports it
         check_trl()
-    except UnsupportedTRLError as err:
+        configs, plans = _planned_runs(configs)
+    except (ValueError, UnsupportedTRLError) as err:
         print(f"ktae compare: {err}", file=sys.stderr)
         return 2
-    from ktae.train.session import preflight, train  # trl: only once the arguments are right
+    from ktae.train.session import train
 
-    try:
-        checked = set()  # the data of every distinct setting, read before any model loads
-        for cfg in configs:
-            key = json.dumps([cfg.task, cfg.task_fields, cfg.task_filters, cfg.eval_task,
-                              cfg.reward, cfg.model])
-            if key not in checked:
-                preflight(cfg)
-                checked.add(key)
-        # every run directory already there must hold a run of these settings
-        configs = [dataclasses.replace(cfg, resume=True) for cfg in configs]
-        plans = [_plan(cfg) for cfg in configs]
-    except ValueError as err:
-        print(f"ktae compare: {err}", file=sys.stderr)
-        return 2
     cli_common.set_interrupt_hint("finished runs are kept; run the same command again to continue")
     for i, (cfg, plan) in enumerate(zip(configs, plans, strict=True)):
         out = Path(cfg.output_dir)
@@ -256,14 +208,76 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{i + 1}/{len(configs)}] {arms[i // len(seeds)].label} seed {cfg.seed} -> {out}",
               file=sys.stderr)
         train(cfg)
+    text = _write_comparison(root, arms, seeds, configs[0])
+    print(text)
+    print(f"ktae compare: wrote {root / 'comparison.md'} and {root / 'curves.png'}")
+    return 0
+
+
+def _checked_arms(args: argparse.Namespace) -> list[Arm]:
+    """The arms of ``--credit``, after refusing a bad seed range and the flags the grid
+    sets itself."""
+    arms = parse_arms(args.credit)
+    if args.seeds < 1:
+        raise ValueError(f"seeds: expected >= 1, got {args.seeds}")
+    if args.first_seed < 0:
+        raise ValueError(f"first-seed: expected >= 0, got {args.first_seed}")
+    for flag, dest in (("--seed", "seed"), ("--resume", "resume")):
+        if getattr(args, dest, None) is not None:
+            raise ValueError(f"{flag}: the grid sets it (seeds K..K+N-1 with --first-seed K "
+                             "--seeds N; finished runs are reused, interrupted ones resumed)")
+    return arms
+
+
+def _run_configs(args: argparse.Namespace, arms: list[Arm], seeds: list[int], root: Path
+                 ) -> list:
+    """One training config per arm and seed (arm-major), each in its own directory."""
+    base_args = argparse.Namespace(**vars(args))
+    configs = []
+    cli_common.check_output_dir(root)
+    for arm in arms:
+        for seed in seeds:
+            ns = argparse.Namespace(**{**vars(base_args), **arm.overrides})
+            for part in ("estimator_options", "calibration_options"):
+                if part in arm.overrides:  # after the common ones
+                    setattr(ns, part, None)
+                    setattr(ns, f"{part}_pairs", [
+                        *(getattr(base_args, f"{part}_pairs", None) or []),
+                        *(f"{k}={json.dumps(v)}" for k, v in arm.overrides[part].items())])
+            ns.credit, ns.seed = arm.credit, seed
+            ns.output_dir = str(root / f"{arm.dirname}-seed{seed}")
+            ns.resume = None
+            configs.append(cli_train.config_from_args(ns))
+            cli_common.check_counts(configs[-1], {"torch_threads": "--threads"})
+    return configs
+
+
+def _planned_runs(configs: list) -> tuple[list, list]:
+    """``(configs set to resume, their run plans)``, once every distinct setting's data
+    is checked (before any model loads) and every existing run directory holds a run
+    of these settings."""
+    from ktae.train.session import preflight  # trl: only once the arguments are right
+
+    checked = set()  # the data of every distinct setting, read before any model loads
+    for cfg in configs:
+        key = json.dumps([cfg.task, cfg.task_fields, cfg.task_filters, cfg.eval_task,
+                          cfg.reward, cfg.model])
+        if key not in checked:
+            preflight(cfg)
+            checked.add(key)
+    # every run directory already there must hold a run of these settings
+    configs = [dataclasses.replace(cfg, resume=True) for cfg in configs]
+    return configs, [_plan(cfg) for cfg in configs]
+
+
+def _write_comparison(root: Path, arms: list[Arm], seeds: list[int], first) -> str:
+    """Write ``comparison.md``, ``comparison.json`` and ``curves.png``; returns the
+    markdown table (``first``: the grid's first config, for the table's caption)."""
     table = summarize(root, arms, seeds)
-    text = markdown_table(table, algo=configs[0].algo, steps=configs[0].max_steps,
-                          task=configs[0].task)
+    text = markdown_table(table, algo=first.algo, steps=first.max_steps, task=first.task)
     (root / "comparison.md").write_text(text)
     (root / "comparison.json").write_text(json.dumps(
         {c: [{k: v for k, v in r.items() if k not in ("evals", "metrics")} for r in rows]
          for c, rows in table.items()}, indent=2) + "\n")
     plot_curves(table, root / "curves.png")
-    print(text)
-    print(f"ktae compare: wrote {root / 'comparison.md'} and {root / 'curves.png'}")
-    return 0
+    return text

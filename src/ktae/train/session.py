@@ -331,40 +331,91 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
             settings that would change the run (before any model loads).
         DiskFullError: the disk filled up while writing a checkpoint or the final model.
     """
-    from accelerate import PartialState
-    from datasets import Dataset
-    from transformers.trainer_callback import PrinterCallback
-
     _quiet()
     torch.set_num_threads(cfg.torch_threads)
     keep_freed_memory()  # the update's large tensors reuse freed pages (ktae.train.allocator)
     start = time.perf_counter()
     checked = checked if checked is not None else preflight(cfg)
-    out = Path(cfg.output_dir)
     # Every process checks the directory (and a resume's settings) before any writes to
     # it (a check racing the main process's first write would see a half-made run and
     # fail alone, leaving the others waiting at a barrier); then the main process sets it
     # up.
     plan = plan_run(cfg)
     if plan.complete:  # read-only: the same answer on every process
-        import json
-
-        summary = json.loads((out / "summary.json").read_text())
-        return {**summary, "is_main": int(os.environ.get("RANK", "0")) == 0, "complete": True}
+        return _finished_summary(Path(cfg.output_dir))
     args = grpo_config(cfg, int(os.environ.get("WORLD_SIZE", "1")), checked.trl)
+    state, resume_from = _set_up_run_dir(cfg, plan, args)
+    is_main = state.is_main_process
+    parts = _load_parts(cfg, checked, RunDir(Path(cfg.output_dir)), extra_callbacks,
+                        reward_funcs)
+    trainer = _make_trainer(cfg, checked, parts, args, trainer_cls)
+    _record_rollouts(cfg, trainer, resume_from, is_main)
+    _evaluate_before_training(parts, trainer, is_main)
+    _train_and_save(cfg, trainer, parts, resume_from, is_main)
+    summary: dict = {"is_main": is_main, "steps": trainer.state.global_step}
+    if is_main:
+        summary.update(_summary(cfg, checked, parts, trainer, resume_from, start))
+        _write_run_files(cfg, parts.rundir, summary)
+    state.wait_for_everyone()
+    # Tear the process group down on every process. DDP's reducer holds the group: release
+    # it first (free_memory drops the prepared models and collects them), so that the
+    # group's last reference goes through torch's GIL-releasing destructor. Had the
+    # reducer been last, gloo's destructor would join its worker threads with the GIL
+    # held while a worker waits for the GIL to free a finished collective's tensors.
+    accelerator = trainer.accelerator
+    del trainer
+    accelerator.free_memory()
+    accelerator.end_training()
+    return summary
+
+
+def _finished_summary(out: Path) -> dict:
+    """The summary of a run that already trained every step (nothing is written)."""
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    return {**summary, "is_main": int(os.environ.get("RANK", "0")) == 0, "complete": True}
+
+
+def _set_up_run_dir(cfg: TrainConfig, plan: RunPlan, args):
+    """``(process state, checkpoint to resume from)``: the process group set up from
+    ``args``, and the run directory prepared by the main process while the others wait."""
+    from accelerate import PartialState
+
+    out = Path(cfg.output_dir)
     args.world_size  # noqa: B018  (sets up the process group from the args' own settings)
     state = PartialState()  # the state the args set up
-    is_main = state.is_main_process
     resume_from = plan.checkpoint
     state.wait_for_everyone()
-    if is_main:
+    if state.is_main_process:
         resume_from = prepare_output_dir(out, resume=cfg.resume, write=True)
         dataclasses.replace(cfg, resume=False).save(out / "config.yaml")  # a recipe to rerun
         start_segment(out, from_step=checkpoint_step(resume_from) if resume_from else 0,
                       changes={k: list(v) for k, v in plan.changes.items()})
     state.wait_for_everyone()
-    rundir = RunDir(out)
+    return state, resume_from
 
+
+@dataclass
+class _Parts:
+    """What the trainer is built from: the model, its data, its rewards and callbacks."""
+
+    model: object
+    tokenizer: object
+    model_path: str
+    template: str
+    generation: dict
+    """The generation defaults saved with the final model (template, budget)."""
+    train_rows: list
+    rewards: list
+    rundir: RunDir
+    eval_cb: EvalCallback
+    callbacks: list
+
+
+def _load_parts(cfg: TrainConfig, checked: Preflight, rundir: RunDir, extra_callbacks,
+                reward_funcs) -> _Parts:
+    """Load the model, format the task's rows, and make the rewards and callbacks."""
     model, tokenizer, model_path = load_model(cfg, checked.model)
     template = cfg.template or default_template(checked.task, tokenizer, cfg.reward)
     train_rows, eval_rows = format_task(checked.task, template, tokenizer, cfg.reward,
@@ -384,22 +435,52 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
                  *extra_callbacks]
     if cfg.progress:
         callbacks.append(ProgressCallback(metrics_cb, eval_cb))
-    with colocated_engine_options(checked.trl, model.dtype) as attach:  # vLLM as the policy
-        trainer = trainer_cls(model=model, reward_funcs=rewards, args=args,
-                              train_dataset=Dataset.from_list(train_rows),
-                              processing_class=tokenizer, callbacks=callbacks,
-                              credit=checked.credit, generation_defaults=generation,
+    return _Parts(model, tokenizer, model_path, template, generation, train_rows, rewards,
+                  rundir, eval_cb, callbacks)
+
+
+def _make_trainer(cfg: TrainConfig, checked: Preflight, parts: _Parts, args, trainer_cls):
+    """The trainer over ``parts`` (with colocated vLLM attached when the run uses it)."""
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+
+    with colocated_engine_options(checked.trl, parts.model.dtype) as attach:  # vLLM as policy
+        trainer = trainer_cls(model=parts.model, reward_funcs=parts.rewards, args=args,
+                              train_dataset=Dataset.from_list(parts.train_rows),
+                              processing_class=parts.tokenizer, callbacks=parts.callbacks,
+                              credit=checked.credit, generation_defaults=parts.generation,
                               logprob_head=cfg.logprob_head,
                               peft_config=lora_config(cfg) if cfg.lora_r else None)
         attach(trainer)
     trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def _record_rollouts(cfg: TrainConfig, trainer, resume_from: Path | None, is_main: bool):
+    """Give the main process's trainer a rollout recorder (``--rollout-every``)."""
     if is_main and cfg.rollout_every:
         trainer.rollouts = RolloutRecorder(
-            out / ROLLOUTS_FILE, every=cfg.rollout_every, groups=cfg.rollout_groups,
+            Path(cfg.output_dir) / ROLLOUTS_FILE, every=cfg.rollout_every,
+            groups=cfg.rollout_groups,
             keep_until_step=checkpoint_step(resume_from) if resume_from else 0)
-    evals = RunDir.read_jsonl(rundir.eval_path)
+
+
+def _evaluate_before_training(parts: _Parts, trainer, is_main: bool) -> None:
+    """Evaluate the untrained model (step 0) unless the run already has that evaluation."""
+    evals = RunDir.read_jsonl(parts.rundir.eval_path)
     if is_main and not any(e["step"] == 0 for e in evals):
-        eval_cb.evaluate(trainer.model, 0)
+        parts.eval_cb.evaluate(trainer.model, 0)
+
+
+def _train_and_save(cfg: TrainConfig, trainer, parts: _Parts, resume_from: Path | None,
+                    is_main: bool) -> None:
+    """Train to ``max_steps`` (or load a checkpoint that has every step) and save the final
+    model, its tokenizer and generation defaults under ``final/``.
+
+    Raises:
+        DiskFullError: the disk filled up while writing a checkpoint or the final model.
+    """
+    out = Path(cfg.output_dir)
     final = out / "final"
     try:
         if resume_from is not None and checkpoint_step(resume_from) >= cfg.max_steps:
@@ -413,8 +494,8 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
             trainer.rollouts.close()
         trainer.save_model(str(final))  # every process: may synchronise
         if is_main:
-            tokenizer.save_pretrained(str(final))
-            save_generation_defaults(final, **generation)
+            parts.tokenizer.save_pretrained(str(final))
+            save_generation_defaults(final, **parts.generation)
             follow_umask(final)
     except Exception as err:
         if is_disk_full(err) and not isinstance(err, DiskFullError):
@@ -422,50 +503,50 @@ def train(cfg: TrainConfig, *, trainer_cls=KTAEGRPOTrainer, extra_callbacks=(),
                                 "complete checkpoints are intact: free some space and run "
                                 "again with --resume") from err
         raise
+
+
+def _summary(cfg: TrainConfig, checked: Preflight, parts: _Parts, trainer,
+             resume_from: Path | None, start: float) -> dict:
+    """The main process's summary of the run: held-out accuracy before and after, step
+    times, the no-signal finding; evaluates the final step first if it has no evaluation."""
     step = trainer.state.global_step
-    summary: dict = {"is_main": is_main, "steps": step}
-    if is_main:
+    rundir = parts.rundir
+    evals = RunDir.read_jsonl(rundir.eval_path)
+    if not any(e["step"] == step for e in evals):
+        parts.eval_cb.evaluate(trainer.accelerator.unwrap_model(trainer.model), step)
         evals = RunDir.read_jsonl(rundir.eval_path)
-        if not any(e["step"] == step for e in evals):
-            eval_cb.evaluate(trainer.accelerator.unwrap_model(trainer.model), step)
-            evals = RunDir.read_jsonl(rundir.eval_path)
-        metrics = RunDir.read_jsonl(rundir.metrics_path)
-        step_times = [m["step_time"] for m in metrics if m.get("step_time") is not None]
-        no_signal = find_no_signal(metrics, steps=cfg.no_signal_steps,
-                                   max_new_tokens=cfg.max_new_tokens, reward=cfg.reward)
-        adv = [m["advantage_seconds"] for m in metrics if m.get("advantage_seconds") is not None]
-        by_step = {e["step"]: e for e in evals}
-        summary.update({
-            "model": model_path,
-            "template": template,
-            "precision": checked.precision,
-            "generation": checked.generation,
-            "heldout_before": by_step.get(0, {}).get("accuracy"),
-            "heldout_after": by_step[step]["accuracy"] if step in by_step else None,
-            "heldout_carry_before": by_step.get(0, {}).get("accuracy_carry"),
-            "heldout_carry_after": by_step.get(step, {}).get("accuracy_carry"),
-            "final_response_length": by_step.get(step, {}).get("response_length"),
-            "mean_step_seconds": sum(step_times) / len(step_times) if step_times else None,
-            "advantage_share": sum(adv) / sum(step_times) if adv and sum(step_times) else None,
-            "step_seconds": mean_step_seconds(metrics),
-            "no_signal": no_signal.to_dict() if no_signal is not None else None,
-            "wall_seconds_this_invocation": time.perf_counter() - start,
-            "resumed_from": str(resume_from) if resume_from else None,
-        })
-        rundir.write_json("summary.json", summary)
-        card = model_card(cfg, summary)
-        for folder in (out, final):
-            (folder / "README.md").write_text(card)
-        rundir.plot()
-        mark_run_finished(out, step)  # last: a kill before it leaves the run to resume
-    state.wait_for_everyone()
-    # Tear the process group down on every process. DDP's reducer holds the group: release
-    # it first (free_memory drops the prepared models and collects them), so that the
-    # group's last reference goes through torch's GIL-releasing destructor. Had the
-    # reducer been last, gloo's destructor would join its worker threads with the GIL
-    # held while a worker waits for the GIL to free a finished collective's tensors.
-    accelerator = trainer.accelerator
-    del trainer
-    accelerator.free_memory()
-    accelerator.end_training()
-    return summary
+    metrics = RunDir.read_jsonl(rundir.metrics_path)
+    step_times = [m["step_time"] for m in metrics if m.get("step_time") is not None]
+    no_signal = find_no_signal(metrics, steps=cfg.no_signal_steps,
+                               max_new_tokens=cfg.max_new_tokens, reward=cfg.reward)
+    adv = [m["advantage_seconds"] for m in metrics if m.get("advantage_seconds") is not None]
+    by_step = {e["step"]: e for e in evals}
+    return {
+        "model": parts.model_path,
+        "template": parts.template,
+        "precision": checked.precision,
+        "generation": checked.generation,
+        "heldout_before": by_step.get(0, {}).get("accuracy"),
+        "heldout_after": by_step[step]["accuracy"] if step in by_step else None,
+        "heldout_carry_before": by_step.get(0, {}).get("accuracy_carry"),
+        "heldout_carry_after": by_step.get(step, {}).get("accuracy_carry"),
+        "final_response_length": by_step.get(step, {}).get("response_length"),
+        "mean_step_seconds": sum(step_times) / len(step_times) if step_times else None,
+        "advantage_share": sum(adv) / sum(step_times) if adv and sum(step_times) else None,
+        "step_seconds": mean_step_seconds(metrics),
+        "no_signal": no_signal.to_dict() if no_signal is not None else None,
+        "wall_seconds_this_invocation": time.perf_counter() - start,
+        "resumed_from": str(resume_from) if resume_from else None,
+    }
+
+
+def _write_run_files(cfg: TrainConfig, rundir: RunDir, summary: dict) -> None:
+    """Write ``summary.json``, the model card (run and ``final/``) and the plots, then mark
+    the run finished (last: a kill before it leaves the run to resume)."""
+    out = Path(cfg.output_dir)
+    rundir.write_json("summary.json", summary)
+    card = model_card(cfg, summary)
+    for folder in (out, out / "final"):
+        (folder / "README.md").write_text(card)
+    rundir.plot()
+    mark_run_finished(out, summary["steps"])
