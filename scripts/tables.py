@@ -124,7 +124,7 @@ RUNS = {
     # and length, on seed 1's problems (seed 0's chose level 0 and the temperature): 48
     # problems x 8 samples and one greedy answer per difficulty, about 5 min per difficulty
     # beside two training runs
-    "arith-baseline": Run("python scripts/arith_baseline.py --model smollm2-135m "
+    "arith-baseline": Run("python studies/smollm2-recipe/arith_baseline.py --model smollm2-135m "
                           "--difficulty 0,1,2,3 --problems 48 --temperature 0.6 "
                           "--max-new-tokens 64 --seed 1 --json {out}/baseline.json", 4 * 300,
                           ("baseline.json",)),
@@ -926,7 +926,7 @@ def recipe_claims(*folders: Path) -> str:
     """docs/real-model.md: the share of right answers that hold a false arithmetic claim
     in the recipe's recorded rollouts (``ktae audit RUN``), at the first and last recorded
     step, pooled over seeds."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "studies" / "claims"))
     from claims_rate import wilson
 
     it = iter(folders)

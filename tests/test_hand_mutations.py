@@ -1,4 +1,4 @@
-"""scripts/hand_mutations.py's recorded mutations still apply: each fragment occurs exactly
+"""studies/mutation/hand_mutations.py's recorded mutations still apply: each fragment occurs exactly
 once in its file (a refactor that moves one must update the table, or the mutation would
 be skipped as "not applied" instead of being checked)."""
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _mutations():
     spec = importlib.util.spec_from_file_location("hand_mutations",
-                                                  ROOT / "scripts" / "hand_mutations.py")
+                                                  ROOT / "studies" / "mutation" / "hand_mutations.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("hand_mutations", module)  # dataclasses look their module up
     spec.loader.exec_module(module)
