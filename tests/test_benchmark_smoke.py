@@ -5,6 +5,7 @@ not how fast anything was."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -296,3 +297,46 @@ def test_vllm_step_time_runs_the_steps_then_both_parts(tmp_path):
     bad = subprocess.run(["bash", str(BENCH / "vllm_step_time.sh")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "usage: vllm_step_time.sh OUT" in bad.stderr
+
+
+def test_vllm_agreement_finds_a_flipped_token_and_its_top2_gap(chat_model, tmp_path,
+                                                               monkeypatch, keep_threads):
+    """vllm_agreement with vLLM faked by transformers' own greedy completions, one of them
+    changed to transformers' runner-up at its second token: that prompt differs there,
+    with vLLM's token ranked 2 and the top-2 gap transformers' logits give; the others
+    agree. A second run reads transformers' completions from --hf-cache."""
+    import ktae.eval.vllm_engine as engine
+    from ktae.models.generate import generate_hf
+
+    def generate_vllm(llm, tokenizer, prompts, sampling, add_special_tokens=True):
+        gens = generate_hf(llm.model, tokenizer, prompts, sampling, batch_size=len(prompts),
+                           add_special_tokens=add_special_tokens)
+        first = gens[0][0]
+        ids = tokenizer(prompts[0], add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = llm.model(torch.tensor([ids + list(first.token_ids[:1])])).logits[0, -1]
+        runner_up = int(torch.topk(logits, 2).indices[1])
+        flipped = dataclasses.replace(first, token_ids=(*first.token_ids[:1], runner_up))
+        return [[flipped]] + gens[1:]
+
+    monkeypatch.setattr(engine, "load_vllm", lambda path, dtype: _FakeLLM(path))
+    monkeypatch.setattr(engine, "generate_vllm", generate_vllm)
+    monkeypatch.setattr(engine, "engine_settings",
+                        lambda llm, requested_dtype: {"dtype": requested_dtype})
+    bench = _load("vllm_agreement")
+    cache = tmp_path / "hf.json"
+    args = ["--model", str(chat_model), "--limit", "3", "--max-new-tokens", "4", "--threads",
+            "1", "--hf-cache", str(cache)]
+    assert bench.main([*args, "--out", str(tmp_path / "a.json")]) == 0
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert (report["prompts"], report["identical"], report["differ"]) == (3, 2, 1)
+    (d,) = report["disagreements"]
+    assert (d["prompt"], d["position"], d["vllm_token_rank"]) == (0, 1, 2)
+    assert d["top2_gap"] == pytest.approx(d["gap_hf_vs_vllm_token"]) and d["top2_gap"] >= 0
+    assert report["vllm_token_is_hf_runner_up"] == 1
+    assert report["largest_top2_gap_at_a_difference"] == d["top2_gap"]
+    saved = json.loads(cache.read_text())
+    assert bench.main([*args, "--out", str(tmp_path / "b.json")]) == 0
+    again = json.loads((tmp_path / "b.json").read_text())
+    assert again["seconds"]["hf"] == round(saved["seconds"], 1)  # read, not measured again
+    assert again["disagreements"] == report["disagreements"]
