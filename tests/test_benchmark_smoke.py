@@ -100,7 +100,9 @@ def test_contention_times_every_cost_against_the_sort():
     row = out[head + 1].split()
     assert row[:2] == ["0", "1"] and len(row) == 2 + 3 * 7
     assert row[3:5] == ["1.00x", "1.00"]  # the sort against itself, and 1 thread against 1
-    assert all(float(s.rstrip("s")) > 0 for s in row[2::3])
+    # seconds to 2 decimals (a fast CPU may print 0.00s); every cost's ratio to the sort
+    assert all(float(s.rstrip("s")) >= 0 for s in row[2::3])
+    assert all(float(r.rstrip("x")) > 0 for r in row[3::3])
 
 
 def test_counting_times_each_path_on_both_batches(tmp_path):
