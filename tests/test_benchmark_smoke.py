@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import stat
 import subprocess
@@ -191,18 +192,20 @@ def test_importance_times_the_three_ways(chat_model):
     assert rows["two passes"][2:] == ["1.00", "1.00"]
 
 
-def test_importance_memory_measures_each_rows_setting_in_its_own_process(recipe, tmp_path):
-    out = tmp_path / "memory.json"
-    _run("importance_memory.py", "--recipe", str(recipe), "--rows", "1,all", "--prompts", "1",
-         "--generations", "2", "--new-tokens", "3", "--json", str(out))
+def test_importance_memory_measures_a_rows_setting_in_its_own_process(recipe, tmp_path):
+    """One setting (each costs a fresh interpreter): the child's peaks, the importance's
+    seconds and its sum, as written and as returned."""
+    out = tmp_path / "memory.json"  # the parent in-process, the setting in its child
+    returned = _load("importance_memory").main(
+        ["--recipe", str(recipe), "--rows", "1", "--prompts", "1", "--generations", "2",
+         "--new-tokens", "3", "--json", str(out)])
     data = json.loads(out.read_text())
-    assert [r["rows_per_pass"] for r in data] == [1, None]
-    for r in data:
-        assert (r["batch"], r["new_tokens"]) == (2, 3)
-        assert r["peak_after_gib"] >= r["peak_before_gib"] > 0
-    # one pass per row or all rows at once: the same importance
-    assert data[0]["importance_sum"] == pytest.approx(data[1]["importance_sum"], rel=1e-4,
-                                                      abs=1e-12)
+    assert data == json.loads(json.dumps(returned))
+    (r,) = data
+    assert (r["rows_per_pass"], r["batch"], r["new_tokens"]) == (1, 2, 3)
+    assert r["peak_after_gib"] >= r["peak_before_gib"] > 0
+    assert r["added_gib"] == pytest.approx(r["peak_after_gib"] - r["peak_before_gib"], abs=1e-3)
+    assert r["seconds"] > 0 and math.isfinite(r["importance_sum"]) and r["importance_sum"] != 0
 
 
 def test_bf16_drift_compares_both_precisions(recipe, tmp_path, monkeypatch, keep_threads):
