@@ -31,11 +31,13 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", default="smollm2-135m", help="a named model or a directory")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="sampled tokens a response")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, tok, where = load_model("smollm2-135m")
+    model, tok, where = load_model(args.model)
     data = arith_input.sampled_input(model, tok, where, difficulty=1, prompts=args.prompts,
-                                     samples=args.samples, seed=0, max_new_tokens=64,
+                                     samples=args.samples, seed=0, max_new_tokens=args.max_new_tokens,
                                      temperature=0.7, references=lambda r: True)
     groups = [g.group for g in data.groups]
     rows = []

@@ -73,7 +73,8 @@ def main(argv=None) -> dict:
         prompt_ids[i, P - len(e):] = torch.tensor(e)
         prompt_mask[i, P - len(e):] = 1
     g = torch.Generator().manual_seed(0)
-    completion_ids = torch.randint(100, tok.vocab_size - 100, (b, T), generator=g)
+    low = min(100, len(tok) // 4)  # clear of the special tokens at either end
+    completion_ids = torch.randint(low, len(tok) - low, (b, T), generator=g)
     completion_mask = torch.ones(b, T, dtype=torch.long)
     correct = (torch.arange(b) % 2) == 0
     group = torch.arange(b) // G

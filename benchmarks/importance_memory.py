@@ -32,7 +32,7 @@ def peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def one(rows: int | None, prompts: int, generations: int, new_tokens: int) -> dict:
+def one(rows: int | None, prompts: int, generations: int, new_tokens: int, recipe: str) -> dict:
     import torch
     from peft import get_peft_model
 
@@ -44,7 +44,7 @@ def one(rows: int | None, prompts: int, generations: int, new_tokens: int) -> di
 
     _quiet()
     torch.set_num_threads(1)
-    recipe, task_rows = B.read_recipe(str(ROOT / "configs" / "smollm2-recipe.yaml"))
+    recipe, task_rows = B.read_recipe(recipe)
     model, tokenizer = B.load_model(B.resolve_model(recipe.model), lora=True)
     model = get_peft_model(model, lora_config(recipe))
     model.eval()
@@ -53,7 +53,9 @@ def one(rows: int | None, prompts: int, generations: int, new_tokens: int) -> di
     enc = tokenizer([r["prompt"] for r in chosen], return_tensors="pt", padding=True,
                     add_special_tokens=False)
     g = torch.Generator().manual_seed(0)
-    responses = torch.randint(100, 40000, (len(chosen), new_tokens), generator=g)
+    low = min(100, len(tokenizer) // 4)  # clear of the special tokens at either end
+    responses = torch.randint(low, min(40000, len(tokenizer) - low), (len(chosen), new_tokens),
+                              generator=g)
     conclusion, answers = answer_tokens(tokenizer, [r["answer"] for r in chosen])
     before = peak_gib()
     started = time.perf_counter()
@@ -75,17 +77,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--json")
+    p.add_argument("--recipe", default=str(ROOT / "configs" / "smollm2-recipe.yaml"),
+                   help="the training recipe whose model, LoRA and prompts are measured")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a child process's setting
     a = p.parse_args(argv)
     if a.one is not None:
         rows = None if a.one == "all" else int(a.one)
-        print(json.dumps(one(rows, a.prompts, a.generations, a.new_tokens)))
+        print(json.dumps(one(rows, a.prompts, a.generations, a.new_tokens, a.recipe)))
         return []
     results = []
     for setting in a.rows.split(","):
         done = subprocess.run([sys.executable, __file__, "--one", setting, "--prompts",
                                str(a.prompts), "--generations", str(a.generations),
-                               "--new-tokens", str(a.new_tokens)],
+                               "--new-tokens", str(a.new_tokens), "--recipe", a.recipe],
                               capture_output=True, text=True, check=True)
         result = json.loads(done.stdout.strip().splitlines()[-1])
         results.append(result)

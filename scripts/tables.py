@@ -124,7 +124,7 @@ RUNS = {
     # and length, on seed 1's problems (seed 0's chose level 0 and the temperature): 48
     # problems x 8 samples and one greedy answer per difficulty, about 5 min per difficulty
     # beside two training runs
-    "arith-baseline": Run("python scripts/arith_baseline.py --model smollm2-135m "
+    "arith-baseline": Run("python studies/smollm2-recipe/arith_baseline.py --model smollm2-135m "
                           "--difficulty 0,1,2,3 --problems 48 --temperature 0.6 "
                           "--max-new-tokens 64 --seed 1 --json {out}/baseline.json", 4 * 300,
                           ("baseline.json",)),
@@ -700,7 +700,7 @@ def _problem_bootstrap(passes: list[int], samples: int, draws: int = 4000) -> tu
 
 
 def arith_baseline(folder: Path) -> str:
-    """docs/real-model.md: pass rates of the model before training, per difficulty, with a
+    """studies/smollm2-recipe/report.md: pass rates of the model before training, per difficulty, with a
     95% interval over problems."""
     data = _json(folder, "baseline.json")
     first = next(iter(data["results"].values()))
@@ -809,7 +809,7 @@ def _recipe_runs(folders: tuple[Path, ...]) -> dict[str, list[dict]]:
 
 
 def recipe(*folders: Path) -> str:
-    """docs/real-model.md and README.md: the recipe's held-out greedy accuracy before and
+    """studies/smollm2-recipe/report.md: the recipe's held-out greedy accuracy before and
     after, over the seeds, per arm; the change of KTAE against GRPO with Welch's interval."""
     sys.path.insert(0, str(REPO / "studies"))
     from stats import welch
@@ -910,7 +910,7 @@ def precision_recipe(*folders: Path) -> str:
 
 
 def recipe_steps(*folders: Path) -> str:
-    """docs/real-model.md: the recipe's step time by part, mean over every step of every run."""
+    """studies/smollm2-recipe/report.md: the recipe's step time by part, mean over every step of every run."""
     runs = _recipe_runs(folders)
     parts = ("generation", "scoring", "logprobs", "advantages", "update", "other")
     rows = ["| arm | step (s) | " + " | ".join(parts) + " |", "|---" * (len(parts) + 2) + "|"]
@@ -923,10 +923,10 @@ def recipe_steps(*folders: Path) -> str:
 
 
 def recipe_claims(*folders: Path) -> str:
-    """docs/real-model.md: the share of right answers that hold a false arithmetic claim
+    """studies/smollm2-recipe/report.md: the share of right answers that hold a false arithmetic claim
     in the recipe's recorded rollouts (``ktae audit RUN``), at the first and last recorded
     step, pooled over seeds."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "studies" / "claims"))
     from claims_rate import wilson
 
     it = iter(folders)

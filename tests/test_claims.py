@@ -220,11 +220,11 @@ def test_reference_agrees_on_smollm2_samples():
 
 
 def test_disagreement_counts_on_smollm2_samples():
-    """scripts/claims_disagreements.py on the 500 responses: the counts docs/claims.md
-    (Checks) reports, with no verdict that differs and no claim one labeller skips."""
+    """studies/claims/claims_disagreements.py on the 500 responses: the counts
+    studies/claims/report.md reports, with no verdict that differs and no claim one labeller skips."""
     import importlib.util
 
-    path = Path(__file__).parent.parent / "scripts" / "claims_disagreements.py"
+    path = Path(__file__).parent.parent / "studies" / "claims" / "claims_disagreements.py"
     spec = importlib.util.spec_from_file_location("claims_disagreements", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

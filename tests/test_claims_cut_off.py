@@ -191,7 +191,7 @@ def test_a_recorded_response_is_cut_off_when_it_does_not_end_with_a_stop_token(t
 def _script():
     import importlib.util
 
-    path = Path(__file__).parent.parent / "scripts" / "claims_cut_off.py"
+    path = Path(__file__).parent.parent / "studies" / "claims" / "claims_cut_off.py"
     spec = importlib.util.spec_from_file_location("claims_cut_off", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -199,8 +199,9 @@ def _script():
 
 
 def test_cut_off_counts_on_smollm2_samples():
-    """scripts/claims_cut_off.py on the 500 responses: the counts docs/claims.md (Cut-off
-    responses) reports; each skipped claim is the last claim of its response."""
+    """studies/claims/claims_cut_off.py on the 500 responses: the counts
+    studies/claims/report.md (Cut-off responses) reports; each skipped claim is the last
+    claim of its response."""
     with gzip.open(FIXTURE, "rt", encoding="utf-8") as f:
         records = [json.loads(line) for line in f]
     counts, notes = _script().compare(records, 96)

@@ -1,4 +1,5 @@
-"""Tests written against mutants that survived ``scripts/mutation.sh mutmut`` (docs/mutation.md).
+"""Tests written against mutants that survived ``studies/mutation/mutation.sh mutmut``
+(studies/mutation/report.md).
 
 Each test pins behaviour a surviving mutant changed: mostly which field or option an error
 message names (what a user reads to fix a config), and how ``credit_method`` carries a run's

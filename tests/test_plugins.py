@@ -326,13 +326,13 @@ def test_doc_rule_in_explain_and_audit_credit_values(doc_plugin):
 
 
 def test_study_plugin_prefix_value_over_words():
-    """scripts/plugins/prefix_value_words.py: a word begins at each token whose text starts
+    """studies/credit-study/prefix_value_words.py: a word begins at each token whose text starts
     with whitespace (the shipped tokenizer is character-level: at each space)."""
     from transformers import AutoTokenizer
 
     from ktae.models.warmstart import default_model_path
 
-    plugins.load_plugin(str(Path(__file__).resolve().parents[1] / "scripts" / "plugins"
+    plugins.load_plugin(str(Path(__file__).resolve().parents[1] / "studies" / "credit-study"
                             / "prefix_value_words.py"))
     tok = AutoTokenizer.from_pretrained(str(default_model_path()))
     texts = ["12 + 34 = 46", "12 + 34 = 47", "12 + 35 = 47", "12 - 34 = 46"]

@@ -4,8 +4,8 @@ Each mutation replaces one exact line fragment of ``src/`` (found exactly once),
 targeted tests, and puts the fragment back (re-reading the file, so edits made meanwhile
 are kept). Prints, per mutation, the tests that failed ("killed") or "SURVIVED".
 
-    python scripts/hand_mutations.py            # all seven
-    python scripts/hand_mutations.py 3 5        # only those
+    python studies/mutation/hand_mutations.py            # all seven
+    python studies/mutation/hand_mutations.py 3 5        # only those
 
 Exit status 1 when a mutation survives or a fragment is not found (the code moved: update
 the table below).
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

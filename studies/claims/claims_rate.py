@@ -12,7 +12,7 @@ Reads a JSONL (optionally gzipped) of ``{"response": ..., "answer": ...}`` recor
 
 how many right-answer responses make at least one false claim, with a 95% Wilson interval.
 
-    python scripts/claims_rate.py tests/data/smollm2_arithmetic_samples.jsonl.gz
+    python studies/claims/claims_rate.py tests/data/smollm2_arithmetic_samples.jsonl.gz
 """
 
 from __future__ import annotations

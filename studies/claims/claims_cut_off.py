@@ -1,7 +1,7 @@
 """What reading cut-off responses as cut off changes, on sampled responses.
 
 Reads a JSONL (optionally gzipped) of ``{"response", "answer", "response_ids"}`` records
-written by ``scripts/sample_arithmetic_responses.py`` (which keeps the ids before the first
+written by ``studies/claims/sample_arithmetic_responses.py`` (which keeps the ids before the first
 stop token), such as ``tests/data/smollm2_arithmetic_samples.jsonl.gz``. A response with
 ``--max-new-tokens`` ids never stopped: the budget cut it. For those responses it prints
 the claims :func:`ktae.tasks.claims.find_claims` reads when the response is taken as
@@ -9,7 +9,7 @@ ended and when it is taken as cut off (docs/claims.md, Cut-off responses), false
 brackets, and the claims only the first reading makes (each with the response's last
 characters, with ``--list``).
 
-    python scripts/claims_cut_off.py tests/data/smollm2_arithmetic_samples.jsonl.gz
+    python studies/claims/claims_cut_off.py tests/data/smollm2_arithmetic_samples.jsonl.gz
 """
 
 from __future__ import annotations

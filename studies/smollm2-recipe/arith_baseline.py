@@ -6,7 +6,7 @@ prompts and scores them (chat template, ``number`` reward). Prints and writes (`
 the sampled pass rate, the share of mixed groups (some right, some wrong: the groups GRPO
 learns from), the greedy accuracy, the truncation rate and the mean response length.
 
-    python scripts/arith_baseline.py --model smollm2-135m --difficulty 1,2,3 --problems 24
+    python studies/smollm2-recipe/arith_baseline.py --model smollm2-135m --difficulty 1,2,3 --problems 24
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ touched), mutmut runs its tests against every mutant, and the surviving mutants 
 listed per module with their diffs under ``OUT/survivors-<module>.txt`` (``OUT``:
 ``$KTAE_MUTMUT_OUT``, default ``<tmp>/ktae-mutmut-report``).
 
-    python scripts/mutmut_run.py                      # every module below
-    python scripts/mutmut_run.py src/ktae/eval/choice.py
-    KTAE_MUTMUT_OUT=DIR KTAE_MUTMUT_CHILDREN=2 python scripts/mutmut_run.py
+    python studies/mutation/mutmut_run.py                      # every module below
+    python studies/mutation/mutmut_run.py src/ktae/eval/choice.py
+    KTAE_MUTMUT_OUT=DIR KTAE_MUTMUT_CHILDREN=2 python studies/mutation/mutmut_run.py
     KTAE_MUTMUT_ONLY='ktae.train.session.x_grpo_config__mutmut_*' \
-        python scripts/mutmut_run.py src/ktae/train/session.py
+        python studies/mutation/mutmut_run.py src/ktae/train/session.py
 
 ``KTAE_MUTMUT_ONLY`` (space-separated mutant names or globs, as ``mutmut results`` prints
 them) runs only those mutants: one function of a slow module, or the survivors of a
@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_DIFFS = 80
 """Surviving mutants whose diff is written out (all are counted per function)."""
 

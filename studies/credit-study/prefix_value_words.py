@@ -2,7 +2,7 @@
 tokenizer (``unit="word"``, a word starting at each token whose text begins with
 whitespace), for the credit study's audit:
 
-    ktae --plugin scripts/plugins/prefix_value_words.py audit --model default \
+    ktae --plugin studies/credit-study/prefix_value_words.py audit --model default \
         --credit grpo,prefix-value,prefix-value-words --prompts 100 --prompt-set 3
 
 The trainer, the audit and verl pass no word starts to estimators (they carry token ids

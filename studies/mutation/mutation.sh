@@ -1,29 +1,29 @@
 #!/usr/bin/env bash
 # Mutation testing as evidence that the wiring tests see a setting silently dropped.
 #
-#   scripts/mutation.sh hand     the seven recorded one-line mutations (scripts/hand_mutations.py);
+#   studies/mutation/mutation.sh hand     the seven recorded one-line mutations (studies/mutation/hand_mutations.py);
 #                                each must fail at least one test (about 4 minutes on 2 cores)
-#   scripts/mutation.sh mutmut [MODULE...]
+#   studies/mutation/mutation.sh mutmut [MODULE...]
 #                                mutmut over the modules the wiring tests guard (or only the
 #                                given ones, e.g. src/ktae/core/methods.py), restricted to their
 #                                fast tests; prints the survivors per module (long: run it on a
-#                                quiet machine; needs `pip install mutmut`; docs/mutation.md)
+#                                quiet machine; needs `pip install mutmut`; studies/mutation/report.md)
 #
 # Run from the repository root with the project's environment active.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 case "${1:-hand}" in
 hand)
     shift || true
-    exec python scripts/hand_mutations.py "$@"
+    exec python studies/mutation/hand_mutations.py "$@"
     ;;
 mutmut)
     shift
-    exec python scripts/mutmut_run.py "$@"
+    exec python studies/mutation/mutmut_run.py "$@"
     ;;
 *)
-    echo "usage: scripts/mutation.sh [hand [N...] | mutmut [MODULE...]]" >&2
+    echo "usage: studies/mutation/mutation.sh [hand [N...] | mutmut [MODULE...]]" >&2
     exit 2
     ;;
 esac

@@ -5,7 +5,8 @@ The output is the fixture that tests/test_claims.py labels with both claim label
 the generated token ids (without padding or the end-of-turn token) and their texts, one
 piece per token (``ktae.viz.tokens.token_pieces``).
 
-    KTAE_CACHE=/work/ktae-cache HF_HUB_OFFLINE=1 nice -n 10 python scripts/sample_arithmetic_responses.py \
+    KTAE_CACHE=/work/ktae-cache HF_HUB_OFFLINE=1 nice -n 10 \
+        python studies/claims/sample_arithmetic_responses.py \
         --model /work/ktae-cache/models/smollm2-135m-instruct-b179c9523d0e-v1 --count 500 \
         --out tests/data/smollm2_arithmetic_samples.jsonl.gz
 """

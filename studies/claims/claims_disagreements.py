@@ -7,7 +7,7 @@ claims by labelled span, and prints: the claims each finds, how many both find w
 same verdict, how many both find with different verdicts, and the claims one finds and
 the other skips (each listed with its line, with ``--list``).
 
-    python scripts/claims_disagreements.py tests/data/smollm2_arithmetic_samples.jsonl.gz
+    python studies/claims/claims_disagreements.py tests/data/smollm2_arithmetic_samples.jsonl.gz
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from claims_reference import reference_claims  # noqa: E402
 
