@@ -112,3 +112,25 @@ def test_the_analysis_labels_only_what_survives_the_correction(tmp_path):
         final.analyse(tmp_path, ["grpo", "ktae", "2026"], seed_list, comparisons)
     with pytest.raises(ValueError, match=r"steps: .* has no evaluation at \[18\]"):
         final.outcomes(tmp_path, final.run_name("ktae", 201), (18, 24))
+
+
+@pytest.mark.parametrize("candidate", ["oar-g", "stapo", "sdpo", "sdpo-loss", "sdpg"])
+def test_every_arm_of_every_candidate_plan_is_a_valid_train_command(candidate, monkeypatch):
+    import argparse
+
+    from ktae.train.cli_train import add_arguments, config_from_args
+
+    final = _final()
+    import pilot
+
+    monkeypatch.setattr(final, "RECIPE", next(iter(pilot.GRID)))
+    monkeypatch.setattr(final, "ARM_2026", candidate)
+    monkeypatch.setattr(final, "N_SEEDS", 2)
+    repo = STUDIES.parent
+    monkeypatch.chdir(repo)
+    for job in final.jobs()[:len(final.arms())]:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        argv = list(job.argv[1:]) + ["-o", "unused"]
+        cfg = config_from_args(parser.parse_args(argv))
+        assert cfg.eval_split == "test" and cfg.seed == final.FIRST_SEED

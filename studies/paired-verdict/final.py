@@ -65,11 +65,14 @@ ARMS = {
 """Arm -> its ``ktae train`` flags beside the recipe's; the 2026 arm is added by
 :data:`ARM_2026`."""
 CANDIDATES_2026 = {
+    "oar-g": "--credit oar-g",
+    "stapo": "--credit stapo",
     "sdpo": "--credit sdpo",
     "sdpo-loss": "--credit none --self-distill sdpo",
     "sdpg": "--credit none --self-distill sdpg",
 }
-"""The 2026 methods the development audit chooses among, with their flags."""
+"""The 2026 methods in the repository that the development audit
+(``studies/self-teacher-audit``) chooses among, with their flags."""
 ARM_2026: str | None = None
 """The best 2026 method on the development audit (a key of :data:`CANDIDATES_2026`); set
 by the plan."""
