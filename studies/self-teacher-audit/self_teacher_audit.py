@@ -21,8 +21,8 @@ The methods (:data:`CREDIT`): SDPO's token signal ``q - s`` alone (``sdpo``, its
 2026 methods the audit can read), and the audit's oracle and random sanity rules. SDPG
 has no credit to audit (docs/audit.md, "The self-teacher methods").
 
-    python studies/self-teacher-audit/self_teacher_audit.py run       # ~60 min for both beside other work; resumable
-    python studies/self-teacher-audit/self_teacher_audit.py report    # results/summary.json, the tables
+    python studies/self-teacher-audit/self_teacher_audit.py run      # both sets (~1 h, resumable)
+    python studies/self-teacher-audit/self_teacher_audit.py report   # results/summary.json, the tables
 
 ``run`` skips a set whose record exists and records a finished audit folder without
 sampling it again; a set cut before its ``audit.json`` is written starts again.
