@@ -169,3 +169,12 @@ def test_training_steps_the_average_and_saves_it(tiny_model, tmp_path):
     for n, w in expected.items():
         torch.testing.assert_close(saved[n], w)
         assert not torch.equal(saved[n], seen["steps"][-1][n])
+    # resumed for a third step: the average goes on from the one step 2 saved
+    cfg = tiny_config(tiny_model, tmp_path / "run", max_steps=3, save_every=3, credit="grpo",
+                      self_distill="sdpo-token", self_distill_options={"teacher_update_rate": 0.25},
+                      resume=True)
+    train(cfg, trainer_cls=Rec, reward_funcs=[contains_digit])
+    assert len(seen["steps"]) == 1
+    third = torch.load(tmp_path / "run" / "checkpoint-3" / FILE, weights_only=True)
+    for n, w in saved.items():
+        torch.testing.assert_close(third[n], 0.75 * w + 0.25 * seen["steps"][0][n])
