@@ -736,7 +736,10 @@ def main(argv: list[str] | None = None) -> dict:
         if "sdpo" in med:  # the self-teacher pass's share of the whole step
             result["ratio_sdpo"] = med["sdpo"] / med["ktae"]
             result["sdpo_parts"] = timers["sdpo"].parts
-            say(f"  --credit sdpo: {med['sdpo']:.1f} s; sdpo/none = {result['ratio_sdpo']:.3f}")
+            cpu = result["step_cpu_median"]
+            result["ratio_sdpo_cpu"] = cpu["sdpo"] / cpu["ktae"]
+            say(f"  --credit sdpo: {med['sdpo']:.1f} s; sdpo/none = {result['ratio_sdpo']:.3f}; "
+                f"in CPU time {cpu['sdpo']:.1f} s, sdpo/none = {result['ratio_sdpo_cpu']:.3f}")
         say(f"\n  {'part':<12} {'seconds':>9} {'floor':>9} {'x floor':>9}  floor of")
         for part in (*PARTS, "other"):
             f = floor.get(part)

@@ -96,6 +96,8 @@ def test_the_self_teacher_step_beside_the_plain_one(tiny_model, tmp_path):
     med = {k: statistics.median(v) for k, v in result["steps"].items()}
     assert result["ratio_sdpo"] == pytest.approx(med["sdpo"] / med["ktae"])
     assert f"sdpo/none = {result['ratio_sdpo']:.3f}" in out
+    cpu = {k: statistics.median(v) for k, v in result["step_cpu"].items()}
+    assert result["ratio_sdpo_cpu"] == pytest.approx(cpu["sdpo"] / cpu["ktae"])
     # --credit sdpo reaches the trainer: its log-prob part holds the policy's and the
     # teacher's passes, which --credit none (beta 0, one update per batch) does not run
     logprobs = {k: statistics.median(p["logprobs"] for p in parts)
