@@ -67,7 +67,9 @@ Left out, as in ``6 N T``: attention's own products (``QK^T`` and the weighted s
 5% of the body at the recipe's 120 positions), elementwise work and the optimizer (AdamW
 over ``N_a`` parameters: negligible). The table names each row's floor. ``--ktae-src``
 imports ktae from another source tree (the code before a change, e.g. a ``git worktree``),
-``--kinds ktae`` skips TRL's trainer; ``benchmarks/bench_step_ab.py`` runs two trees'
+``--kinds ktae`` skips TRL's trainer; ``--kinds ktae,sdpo`` times ktae's step with
+``--credit sdpo`` (its self-teacher pass) beside ``--credit none``, alternating, and prints
+their ratio; ``benchmarks/bench_step_ab.py`` runs two trees'
 steps alternately and prints them part by part against the floor.
 
 The 1-minute load average is printed before each measurement: a shared machine is rarely
@@ -371,8 +373,8 @@ class StepTimes:
 
 def trainer_args(path: str, out: str, *, prompts: int, generations: int, new_tokens: int,
                  threads: int, steps: int, trl: dict, temperature: float | None = None,
-                 bf16: bool = False, stop: list[int] | None = None):
-    """GRPOConfig and credit settings of a ``--credit none`` run; ``stop``: the end-of-
+                 bf16: bool = False, stop: list[int] | None = None, credit: str = "none"):
+    """GRPOConfig and credit settings of a ``--credit CREDIT`` run; ``stop``: the end-of-
     sequence ids generation stops at (:func:`never_drawn`: none, every response
     ``new_tokens`` long)."""
     from ktae.runs.config import TrainConfig
@@ -382,7 +384,7 @@ def trainer_args(path: str, out: str, *, prompts: int, generations: int, new_tok
     more = {} if temperature is None else {"temperature": temperature}
     if bf16:
         more["bf16"] = True
-    cfg = TrainConfig(model=path, algo="grpo", credit="none", num_prompts=prompts,
+    cfg = TrainConfig(model=path, algo="grpo", credit=credit, num_prompts=prompts,
                       num_generations=generations, max_new_tokens=new_tokens,
                       max_steps=steps, output_dir=out, torch_threads=threads,
                       save_every=0, eval_every=0, progress=False, **more).resolve()
@@ -391,8 +393,13 @@ def trainer_args(path: str, out: str, *, prompts: int, generations: int, new_tok
     return grpo_config(cfg, 1, settings), credit_settings(cfg)
 
 
+KINDS = ("ktae", "trl", "sdpo")
+"""The trainers of 3-4, in the order of each round (reversed every other round)."""
+
+
 def run_steps(kind: str, state: dict, tokenizer, rows, args, credit, timer: StepTimes):
-    """One fresh trainer of ``kind`` (ktae or trl) on a fresh copy of the weights."""
+    """One fresh trainer of ``kind`` on a fresh copy of the weights: ``ktae`` and ``sdpo``
+    (ktae's trainer with ``credit``), ``trl`` (TRL's own)."""
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
@@ -403,9 +410,8 @@ def run_steps(kind: str, state: dict, tokenizer, rows, args, credit, timer: Step
     kwargs = dict(model=model, reward_funcs=[contains_answer], args=args,
                   train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                   callbacks=[timer.callback], peft_config=state.get("peft_config"))
-    trainer = (KTAEGRPOTrainer(credit=credit, logprob_head=state["head"], **kwargs)
-               if kind == "ktae"
-               else GRPOTrainer(**kwargs))
+    trainer = (GRPOTrainer(**kwargs) if kind == "trl"
+               else KTAEGRPOTrainer(credit=credit, logprob_head=state["head"], **kwargs))
     if kind == "ktae":  # whether its update's micro-batches keep the batch's prompt order
         state["by_prompt"] = bool(getattr(trainer, "_micro_batches_by_prompt", False))
     trainer.remove_callback(PrinterCallback)
@@ -512,7 +518,9 @@ def main(argv: list[str] | None = None) -> dict:
                    metavar="RECIPE", help="the LoRA recipe's step (module docstring): its "
                    "model, batch, tokens, temperature, threads, trl settings, adapters and "
                    "prompts, against the LoRA floor (default recipe: configs/smollm2-recipe.yaml)")
-    p.add_argument("--kinds", default="ktae,trl", help="the trainers of 3-4: ktae, trl or both")
+    p.add_argument("--kinds", default="ktae,trl",
+                   help="the trainers of 3-4: ktae (--credit none), trl (TRL's own), sdpo "
+                        "(ktae's with --credit sdpo: the self-teacher pass), comma-separated")
     p.add_argument("--ktae-src", help="import ktae from this source directory (holding ktae/)")
     p.add_argument("--rate-repeats", type=int, default=3,
                    help="timed rounds of the matmul rate at the step's shapes")
@@ -526,9 +534,9 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     use_ktae_from(a.ktae_src)
     only = set(a.only.split(","))
-    kinds = [k for k in ("ktae", "trl") if k in a.kinds.split(",")]
-    if "ktae" not in kinds:
-        p.error("--kinds: expected ktae or ktae,trl")
+    kinds = [k for k in KINDS if k in a.kinds.split(",")]
+    if "ktae" not in kinds or set(a.kinds.split(",")) - set(KINDS):
+        p.error("--kinds: expected ktae, optionally with trl and sdpo (e.g. ktae,trl)")
     from ktae.train.session import _quiet
     from ktae.train.trl_args import parse_trl_pairs
 
@@ -679,15 +687,18 @@ def main(argv: list[str] | None = None) -> dict:
         record_trl_profiling()
         timers = {k: StepTimes() for k in kinds}
         with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
-            args, credit = trainer_args(path, tmp, prompts=a.prompts, generations=a.generations,
-                                        new_tokens=a.new_tokens, threads=a.threads,
-                                        steps=a.steps, trl=trl, temperature=temperature,
-                                        bf16=a.bf16, stop=stop)
+            configs = {}
+            for kind in kinds:
+                configs[kind] = trainer_args(
+                    path, tmp, prompts=a.prompts, generations=a.generations,
+                    new_tokens=a.new_tokens, threads=a.threads, steps=a.steps, trl=trl,
+                    temperature=temperature, bf16=a.bf16, stop=stop,
+                    credit="sdpo" if kind == "sdpo" else "none")
             for r in range(a.rounds):
                 order = kinds if r % 2 == 0 else kinds[::-1]
                 for kind in order:
                     say(f"  round {r + 1}: {kind}, load {load()}")
-                    run_steps(kind, state, tokenizer, rows, args, credit, timers[kind])
+                    run_steps(kind, state, tokenizer, rows, *configs[kind], timers[kind])
                     say(f"    step {timers[kind].steps[-1]:.1f} s")
         def steady(xs: list) -> list:
             return steady_steps(xs, a.steps)
@@ -722,6 +733,13 @@ def main(argv: list[str] | None = None) -> dict:
         if "trl" in med:
             result["ratio"] = med["ktae"] / med["trl"]
             say(f"  ktae/TRL = {result['ratio']:.3f}")
+        if "sdpo" in med:  # the self-teacher pass's share of the whole step
+            result["ratio_sdpo"] = med["sdpo"] / med["ktae"]
+            result["sdpo_parts"] = timers["sdpo"].parts
+            cpu = result["step_cpu_median"]
+            result["ratio_sdpo_cpu"] = cpu["sdpo"] / cpu["ktae"]
+            say(f"  --credit sdpo: {med['sdpo']:.1f} s; sdpo/none = {result['ratio_sdpo']:.3f}; "
+                f"in CPU time {cpu['sdpo']:.1f} s, sdpo/none = {result['ratio_sdpo_cpu']:.3f}")
         say(f"\n  {'part':<12} {'seconds':>9} {'floor':>9} {'x floor':>9}  floor of")
         for part in (*PARTS, "other"):
             f = floor.get(part)

@@ -1120,6 +1120,25 @@ def _verdict_rescored() -> str:
 TABLES["verdict-rescored"] = Table((), _verdict_rescored)
 
 
+def _self_teacher_audit(which: str) -> Callable[[], str]:
+    """studies/self-teacher-audit's tables, from its records (the study's own script runs
+    the two audits: ``self_teacher_audit.py run``)."""
+    def render() -> str:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "self_teacher_audit", REPO / "studies" / "self-teacher-audit" / "self_teacher_audit.py")
+        study = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(study)
+        sets = study.load()
+        return study.table(sets) if which == "figures" else study.counts_table(sets)
+    return render
+
+
+TABLES["self-teacher-audit"] = Table((), _self_teacher_audit("figures"))
+TABLES["self-teacher-audit-counts"] = Table((), _self_teacher_audit("counts"))
+
+
 # --- markers ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-# ruff: noqa: E501  (the authors' lines, kept as written)
+# ruff: noqa: E501, B905  (the authors' lines, kept as written)
 """The SDPO and SDPG authors' own functions, for parity tests (docs/method.md §17).
 
 Copied from the authors' released verl forks (Apache License 2.0, header above):
@@ -20,6 +20,8 @@ Copied from the authors' released verl forks (Apache License 2.0, header above):
 * SDPO, github.com/lasgroup/SDPO at commit 0e6d5106abe69f578c63bf38a9394e22905c8773,
   ``verl/trainer/ppo/core_algos.py``: ``compute_self_distillation_loss`` (with its nested
   ``add_tail`` and ``renorm_topk_log_probs``) and ``agg_loss``'s ``token-mean`` branch;
+  ``verl/workers/actor/dp_actor.py``: the EMA step of ``DataParallelPPOActor._update_teacher``
+  (as ``update_teacher``, its config reads replaced by the ``update_rate`` argument);
 * SDPG, github.com/lauyikfung/SDPG at commit f71329ee8a69b6778c2083958872ff8ca425ddde,
   ``verl/trainer/ppo/core_algos.py``: ``_compute_effective_beta`` and
   ``compute_sdpg_loss``; ``verl/workers/actor/dp_actor.py``: the per-token KL of
@@ -55,6 +57,20 @@ def agg_loss(loss_mat, loss_mask, loss_agg_mode, dp_size=1, batch_num_tokens=Non
 
 
 # ---------------------------------------------------------------- SDPO (lasgroup/SDPO)
+
+
+def update_teacher(teacher_module, actor_module, update_rate: float) -> None:
+    if update_rate == 0.0:
+        return
+    if teacher_module is None or teacher_module is actor_module:
+        raise ValueError("EMA teacher requires a separate teacher_module in the actor worker.")
+    with torch.no_grad():
+        for teacher_param, student_param in zip(
+            teacher_module.parameters(),
+            actor_module.parameters(),
+        ):
+            student_data = student_param.data.to(device=teacher_param.device)
+            teacher_param.data.mul_(1.0 - update_rate).add_(student_data, alpha=update_rate)
 
 
 def compute_self_distillation_loss(

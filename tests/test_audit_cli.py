@@ -105,6 +105,10 @@ def test_audit_of_user_labelled_groups(tmp_path, capsys):
     # "checked" leaves all but the easy group's equations unjudged (10 characters of each
     # response), except a wrong span outside it (the box of the third response)
     assert result["counts"]["tokens"]["other"] == 10 + 10 + 9
+    # a self-teacher: every response but the easy group's only right answer has another
+    assert result["counts"]["groups_with_right_answer"] == 2
+    assert result["counts"]["responses_with_teacher"] == 6
+    assert "6 responses have another right answer" in (out / "audit.md").read_text()
 
 
 @pytest.mark.slow

@@ -297,3 +297,18 @@ def test_audit_reports_the_mass_figures():
 
     text = markdown({**result, "input": "x"})
     assert "mass gap: wrong − right" in text and "| ktae |" in text
+
+
+def test_counts_the_groups_and_responses_a_self_teacher_can_teach():
+    from ktae.credit_audit.run import _counts
+    from ktae.models.self_teacher import choose_teachers
+
+    rewards = [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    groups = [_group([[1, 2]] * 3, r, ["r.", "w.", "r."]) for r in rewards]
+    counts = _counts(groups)
+    assert counts["groups_with_right_answer"] == 2 and counts["mixed_groups"] == 2
+    # the provider's own choice: a response is taught when another right one is in its group
+    correct = torch.tensor([r > 0 for rs in rewards for r in rs])
+    group = torch.arange(3).repeat_interleave(3)
+    teachers = choose_teachers(correct, group, torch.full((9,), 2))
+    assert counts["responses_with_teacher"] == int((teachers >= 0).sum()) == 5

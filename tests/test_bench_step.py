@@ -84,6 +84,30 @@ trl:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_the_self_teacher_step_beside_the_plain_one(tiny_model, tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--model", str(tiny_model), "--prompts", "2",
+         "--generations", "2", "--new-tokens", "6", "--threads", "1", "--rounds", "2",
+         "--only", "step", "--kinds", "ktae,sdpo", "--json", str(tmp_path / "b.json")],
+        capture_output=True, text=True, check=True, timeout=600).stdout
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert [len(result["steps"][k]) for k in ("ktae", "sdpo")] == [2, 2]
+    med = {k: statistics.median(v) for k, v in result["steps"].items()}
+    assert result["ratio_sdpo"] == pytest.approx(med["sdpo"] / med["ktae"])
+    assert f"sdpo/none = {result['ratio_sdpo']:.3f}" in out
+    cpu = {k: statistics.median(v) for k, v in result["step_cpu"].items()}
+    assert result["ratio_sdpo_cpu"] == pytest.approx(cpu["sdpo"] / cpu["ktae"])
+    # --credit sdpo reaches the trainer: its log-prob part holds the policy's and the
+    # teacher's passes, which --credit none (beta 0, one update per batch) does not run
+    logprobs = {k: statistics.median(p["logprobs"] for p in parts)
+                for k, parts in (("ktae", result["ktae_parts"]), ("sdpo", result["sdpo_parts"]))}
+    assert logprobs["sdpo"] > 0 and logprobs["ktae"] < logprobs["sdpo"]
+    bad = subprocess.run([sys.executable, str(BENCH), "--kinds", "ktae,sdpx"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--kinds: expected ktae" in bad.stderr
+
+
 def test_recipe_memory_runs_each_split_and_compares_their_steps(tiny_model, tmp_path):
     """recipe_memory.py: one ``ktae train`` per split, each process's peak memory, and the
     same steps in one micro-batch and in two (the same rewards, the loss and gradient norm

@@ -54,6 +54,9 @@ TEACHER_SOURCES = ("group", "reference")
 SDPO_IS_CLIP = 2.0
 SDPO_ALPHA = 0.5
 SDPO_TOPK = 100
+SDPO_TEACHER_UPDATE_RATE = 0.05
+"""SDPO's default ``teacher_update_rate`` under its default ``teacher_regularization: ema``
+(``actor.yaml``); ktae's option ``teacher_update_rate`` defaults to 0 (the current policy)."""
 SDPG_BETA = 1e-3
 SDPG_KL_CLAMP = 20.0
 _LOG_RATIO_CLAMP = 20.0
@@ -73,6 +76,24 @@ def check_teacher_options(*, teacher_choice: str = "first", teacher_source: str 
                          f"once, got {teacher_template!r}")
     if isinstance(teacher_seed, bool) or not isinstance(teacher_seed, int):
         raise ValueError(f"teacher_seed: expected an integer, got {teacher_seed!r}")
+
+
+def ema_update_(teacher, student, rate: float) -> None:
+    """SDPO's EMA teacher step, in place, parameter by parameter (``dp_actor.py:
+    _update_teacher``, run once after each policy update)::
+
+        theta_teacher <- (1 - rate) * theta_teacher + rate * theta_student
+
+    ``teacher``, ``student``: sequences of tensors of equal shapes; ``rate`` in ``[0, 1]``
+    (0 leaves the teacher where it is, 1 copies the student)."""
+    rate = check_number(rate, "teacher_update_rate", low=0, high=1)
+    teacher, student = list(teacher), list(student)
+    if len(teacher) != len(student):
+        raise ValueError(f"teacher: expected {len(student)} tensors (one per student "
+                         f"parameter), got {len(teacher)}")
+    with torch.no_grad():
+        for t, s in zip(teacher, student, strict=True):
+            t.mul_(1.0 - rate).add_(s.detach().to(device=t.device, dtype=t.dtype), alpha=rate)
 
 
 def _token(x, name: str, mask: torch.Tensor) -> torch.Tensor:
@@ -249,8 +270,10 @@ KINDS = ("none", "sdpo", "sdpo-token", "sdpg")
 _TEACHER = {"teacher_choice": "first", "teacher_template": SDPO_TEMPLATE, "teacher_seed": 0}
 OPTIONS = {
     "sdpo": {"coef": 1.0, "alpha": SDPO_ALPHA, "topk": SDPO_TOPK, "add_tail": True,
-             "is_clip": SDPO_IS_CLIP, "teacher_source": "group", **_TEACHER},
-    "sdpo-token": {"coef": 1.0, "is_clip": SDPO_IS_CLIP, "teacher_source": "group", **_TEACHER},
+             "is_clip": SDPO_IS_CLIP, "teacher_update_rate": 0.0, "teacher_source": "group",
+             **_TEACHER},
+    "sdpo-token": {"coef": 1.0, "is_clip": SDPO_IS_CLIP, "teacher_update_rate": 0.0,
+                   "teacher_source": "group", **_TEACHER},
     "sdpg": {"beta": SDPG_BETA, "warmup_steps": 0, "decay_steps": 0, "positive_only": False,
              "teacher_source": "reference", **_TEACHER},
 }
@@ -299,8 +322,9 @@ class SelfDistill:
         for name in ("coef", "beta"):
             if name in opts:
                 opts[name] = check_number(opts[name], name, low=0)
-        if "alpha" in opts:
-            opts["alpha"] = check_number(opts["alpha"], "alpha", low=0, high=1)
+        for name in ("alpha", "teacher_update_rate"):
+            if name in opts:
+                opts[name] = check_number(opts[name], name, low=0, high=1)
         if opts.get("is_clip") is not None and "is_clip" in opts:
             opts["is_clip"] = check_number(opts["is_clip"], "is_clip", low=0, low_open=True)
         if "topk" in opts and opts["topk"] is not None and (

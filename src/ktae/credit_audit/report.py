@@ -94,7 +94,12 @@ def markdown(result: dict) -> str:
     lines = ["# Credit audit", "", f"Input: {result.get('input', '')}.", ""]
     if counts:
         t = counts["tokens"]
-        lines += [f"{counts['groups']} groups ({counts['mixed_groups']} mixed), "
+        right = ""
+        if "groups_with_right_answer" in counts:  # results written before these counts lack them
+            right = (f", {counts['groups_with_right_answer']} with a right answer; "
+                     f"{counts['responses_with_teacher']} responses have another right answer "
+                     "of their group to teach from")
+        lines += [f"{counts['groups']} groups ({counts['mixed_groups']} mixed{right}), "
                   f"{counts['responses']} responses ({counts['wrong_answers']} wrong answers, "
                   f"{counts['responses_with_wrong_tokens']} with a locally wrong token, "
                   f"{counts['right_answers_with_wrong_tokens']} of them right answers); tokens: "

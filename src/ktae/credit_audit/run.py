@@ -902,11 +902,15 @@ def _describe(spec) -> str:
 def _counts(groups: list[AuditGroup]) -> dict:
     responses = [(row, c) for g in groups for row, c in zip(
         g.labels, g.group.correct or [r > 0 for r in g.group.rewards], strict=True)]
-    mixed = 0
+    mixed = with_right = taught = 0
     for g in groups:
         correct = g.group.correct or [r > 0 for r in g.group.rewards]
         mixed += bool(any(correct) and not all(correct))
-    return {"groups": len(groups), "mixed_groups": mixed, "responses": len(responses),
+        with_right += any(correct)
+        # a self-teacher (teacher_source=group) needs a right response other than its own
+        taught += sum(sum(correct) - c > 0 for c in correct)
+    return {"groups": len(groups), "mixed_groups": mixed, "groups_with_right_answer": with_right,
+            "responses_with_teacher": taught, "responses": len(responses),
             "wrong_answers": sum(not c for _, c in responses),
             "responses_with_wrong_tokens": sum("w" in row for row, _ in responses),
             "right_answers_with_wrong_tokens": sum("w" in row and c for row, c in responses),

@@ -14,6 +14,8 @@ per batch (V: the whole vocabulary).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ktae.core.self_distill import (
@@ -89,19 +91,22 @@ AGGREGATION = {"grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-nor
 
 
 def distill_term(settings: SelfDistill, model, inputs: dict, *, temperature: float,
-                 loss_type: str, step: int, total_steps: int) -> tuple[torch.Tensor, dict]:
-    """The term for one micro-batch (module docstring) and its metrics: the student's
-    logits with gradient, the teacher's without, the kind's loss (:mod:`ktae.core.
+                 loss_type: str, step: int, total_steps: int,
+                 teacher=None) -> tuple[torch.Tensor, dict]:
+    """The term for one micro-batch (module docstring) and its metrics: the teacher's
+    logits without gradient, then the student's with it, the kind's loss (:mod:`ktae.core.
     self_distill`), aggregated as the policy loss is (:data:`AGGREGATION`): SDPO's over the
     real tokens of the rows with a teacher, SDPG's over every real token (its KL 0 on rows
-    without one), as the authors' codes do."""
+    without one), as the authors' codes do. ``teacher``: a context manager factory under
+    which ``model`` is the teacher (:meth:`ktae.train.ema_teacher.EmaTeacher.applied`);
+    None: the current policy."""
     o = settings.options
     ids, cmask = inputs["completion_ids"], inputs["completion_mask"]
     has = inputs[HAS_TEACHER].bool()
     mask = cmask.bool() & has[:, None]
-    z = completion_logits(model, inputs["prompt_ids"], inputs["prompt_mask"], ids, cmask).float()
-    with torch.no_grad():
+    with torch.no_grad(), (teacher(model) if teacher is not None else contextlib.nullcontext()):
         t = completion_logits(model, inputs[TEACHER_IDS], inputs[TEACHER_MASK], ids, cmask).float()
+    z = completion_logits(model, inputs["prompt_ids"], inputs["prompt_mask"], ids, cmask).float()
     logp = torch.log_softmax(z / temperature, dim=-1).gather(-1, ids[..., None]).squeeze(-1)
     old = inputs.get("old_per_token_logps")
     old = logp.detach() if old is None else old

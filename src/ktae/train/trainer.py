@@ -85,6 +85,7 @@ import inspect
 import math
 import os
 import warnings
+from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
@@ -113,6 +114,7 @@ from ktae.train.dynamic_sampling import (
     need_key,
     select_groups,
 )
+from ktae.train.ema_teacher import EmaTeacher
 from ktae.train.logprob_head import (
     check_head,
     choose_head,
@@ -255,6 +257,23 @@ class _StepClockCallback(TrainerCallback):
         metrics["ktae/step_seconds"].append(seconds["step"])
 
 
+class _EmaTeacherCallback(TrainerCallback):
+    """SDPO's EMA teacher (:mod:`ktae.train.ema_teacher`): one step of the average after
+    each optimizer step (the authors' ``_update_teacher`` runs after each policy update);
+    on resume, before the first step, the average the checkpoint saved."""
+
+    def __init__(self, trainer: KTAEGRPOTrainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step > 0:
+            folder = Path(self.trainer._get_output_dir(trial=None))
+            self.trainer.ema_teacher.load(folder / f"checkpoint-{state.global_step}")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer.ema_teacher.update(self.trainer.accelerator.unwrap_model(self.trainer.model))
+
+
 class _RunSettingsCallback(TrainerCallback):
     """On resume, transformers 5.24 restores the checkpoint's logging/eval/save steps
     (``trainer_state.json``); the resumed run's own settings (a changed ``--save-every``)
@@ -277,6 +296,9 @@ class KTAEGRPOTrainer(GRPOTrainer):
     """
 
     rollouts = None
+    ema_teacher = None
+    """SDPO's EMA teacher (:class:`ktae.train.ema_teacher.EmaTeacher`) when the
+    self-distillation term sets ``teacher_update_rate``, else None (the current policy)."""
     """A :class:`ktae.runs.rollouts.RolloutRecorder` that keeps sampled rollouts, or None."""
     logprob_head = "auto"
     """``auto``, ``full`` or ``chunked`` (:mod:`ktae.train.logprob_head`)."""
@@ -305,6 +327,12 @@ class KTAEGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.callback_handler.callbacks.insert(0, _StepClockCallback(self))
         self.add_callback(_RunSettingsCallback())
+        rate = (credit.self_distill.options.get("teacher_update_rate") or 0.0
+                if credit.self_distill is not None else 0.0)
+        self.ema_teacher = (EmaTeacher(self.accelerator.unwrap_model(self.model), rate)
+                            if rate > 0 else None)
+        if self.ema_teacher is not None:
+            self.add_callback(_EmaTeacherCallback(self))
         self._full_head_fits = takes_logits_to_keep(self.model)
         self._micro_batches_by_prompt = keeps_gradient(
             self.loss_type, one_step=self.args.steps_per_generation
@@ -694,10 +722,13 @@ class KTAEGRPOTrainer(GRPOTrainer):
         (:func:`ktae.train.self_distill.distill_term`), scaled as TRL 1.16 scales its
         ``grpo`` loss for gradient accumulation; its metrics logged."""
         mode = "train" if self.model.training else "eval"
+        teacher = None if self.ema_teacher is None else (
+            lambda m: self.ema_teacher.applied(self.accelerator.unwrap_model(m)))
         term, metrics = distill_term(self.credit.self_distill, model, inputs,
                                      temperature=self.temperature, loss_type=self.loss_type,
                                      step=self.state.global_step,
-                                     total_steps=int(self.state.max_steps or 0))
+                                     total_steps=int(self.state.max_steps or 0),
+                                     teacher=teacher)
         for key, value in metrics.items():
             self._metrics[mode][f"ktae/{key}"].append(self._mean_across_processes(value))
         return term / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
@@ -884,6 +915,8 @@ class KTAEGRPOTrainer(GRPOTrainer):
             if self.args.should_save:
                 if self.generation_defaults is not None:
                     save_generation_defaults(folder, **self.generation_defaults)
+                if self.ema_teacher is not None:
+                    self.ema_teacher.save(folder)
                 follow_umask(folder)
                 mark_checkpoint_complete(folder, self.state.global_step)
                 rotate_checkpoints(self._get_output_dir(trial=trial), keep)
