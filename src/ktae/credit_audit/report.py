@@ -88,44 +88,65 @@ def _signed_cell(s: dict | None) -> str:
 def markdown(result: dict) -> str:
     """The tables of ``audit.md``: every method's three figures with their 95% intervals;
     then each figure per level and, for a run directory, the means per recorded step."""
+    lines = ["# Credit audit", "", f"Input: {result.get('input', '')}.", ""]
+    lines += _counts_lines(result)
+    lines += _rate_lines(result.get("right_answer_wrong_tokens"))
+    lines += _methods_table(result)
+    if result.get("levels"):
+        lines += _per_level_tables(result)
+    if len(result.get("steps") or []) > 0:
+        lines += _per_step_tables(result)
+    return "\n".join(lines)
+
+
+def _counts_lines(result: dict) -> list[str]:
+    """What the audit read: groups, responses, labelled tokens, the scoring, the intervals."""
+    counts = result.get("counts", {})
+    if not counts:
+        return []
+    t = counts["tokens"]
+    right = ""
+    if "groups_with_right_answer" in counts:  # results written before these counts lack them
+        right = (f", {counts['groups_with_right_answer']} with a right answer; "
+                 f"{counts['responses_with_teacher']} responses have another right answer "
+                 "of their group to teach from")
+    return [f"{counts['groups']} groups ({counts['mixed_groups']} mixed{right}), "
+            f"{counts['responses']} responses ({counts['wrong_answers']} wrong answers, "
+            f"{counts['responses_with_wrong_tokens']} with a locally wrong token, "
+            f"{counts['right_answers_with_wrong_tokens']} of them right answers); tokens: "
+            f"{t['wrong']} wrong, {t['right']} right, {t['other']} not labelled. "
+            f"Log-probs and entropies: {result.get('scored_with', 'n/a')}. "
+            f"Intervals: bootstrap 95% over groups ({result.get('resamples')} draws).", ""]
+
+
+def _rate_lines(rate: dict | None) -> list[str]:
+    """The share of right answers holding a locally wrong token, overall and per step/level."""
+    if not rate:  # results written before the rate lack it
+        return []
+    lines = [f"Right answers holding a locally wrong token ({RATE_NOTE}): "
+             f"{_cell(rate['all'])} of {rate['all']['responses']} right answers in "
+             f"{rate['all']['groups']} groups."]
+    for part, title in (("steps", "step"), ("levels", "level")):
+        if len(rate.get(part) or {}) > 1:
+            lines.append(f"Per {title}: " + "; ".join(
+                f"{title} {k}: {_cell(v)} of {v['responses']}"
+                for k, v in rate[part].items()) + ".")
+    return lines + [""]
+
+
+def _methods_table(result: dict) -> list[str]:
+    """One row per method and sanity rule, then the chance share and the notes."""
     methods = result["methods"]
     first = next(iter(methods.values()))["all"]
-    counts = result.get("counts", {})
-    lines = ["# Credit audit", "", f"Input: {result.get('input', '')}.", ""]
-    if counts:
-        t = counts["tokens"]
-        right = ""
-        if "groups_with_right_answer" in counts:  # results written before these counts lack them
-            right = (f", {counts['groups_with_right_answer']} with a right answer; "
-                     f"{counts['responses_with_teacher']} responses have another right answer "
-                     "of their group to teach from")
-        lines += [f"{counts['groups']} groups ({counts['mixed_groups']} mixed{right}), "
-                  f"{counts['responses']} responses ({counts['wrong_answers']} wrong answers, "
-                  f"{counts['responses_with_wrong_tokens']} with a locally wrong token, "
-                  f"{counts['right_answers_with_wrong_tokens']} of them right answers); tokens: "
-                  f"{t['wrong']} wrong, {t['right']} right, {t['other']} not labelled. "
-                  f"Log-probs and entropies: {result.get('scored_with', 'n/a')}. "
-                  f"Intervals: bootstrap 95% over groups ({result.get('resamples')} draws).", ""]
-    rate = result.get("right_answer_wrong_tokens")
-    if rate:  # results written before the rate lack it
-        lines += [f"Right answers holding a locally wrong token ({RATE_NOTE}): "
-                  f"{_cell(rate['all'])} of {rate['all']['responses']} right answers in "
-                  f"{rate['all']['groups']} groups."]
-        for part, title in (("steps", "step"), ("levels", "level")):
-            if len(rate.get(part) or {}) > 1:
-                lines.append(f"Per {title}: " + "; ".join(
-                    f"{title} {k}: {_cell(v)} of {v['responses']}"
-                    for k, v in rate[part].items()) + ".")
-        lines.append("")
     mass = "mass_gap" in first  # results written before the mass figures lack them
     head = ("| method | blame P(w<r) | lowest-credit token wrong | contamination | "
             "contamination − GRPO's (paired) | ")
     if mass:
         head += ("mass gap: wrong − right, in GRPO advantages | tokens changed from GRPO | "
                  "scale: abs. credit / GRPO's | ")
-    lines += [head + "responses (blame / contamination) |",
-              "|---|---|---|---|---|" + ("---|---|---|" if mass else "") + "---|"]
-    chance = first["chance"]
+    lines = [head + "responses (blame / contamination) |",
+             "|---|---|---|---|---|" + ("---|---|---|" if mass else "") + "---|"]
+
     def row(label: str, a: dict) -> str:
         cells = (f"| {label} | {_cell(a['blame'])} | {_cell(a['lowest'])} | "
                  f"{_cell(a['contamination'])} | {_signed_cell(a['contamination_vs_grpo'])} | ")
@@ -138,39 +159,48 @@ def markdown(result: dict) -> str:
     lines += [row(f"*{name} (sanity rule)*", entry["all"])
               for name, entry in (result.get("sanity_rules") or {}).items()]
     lines += ["", f"Chance share of the lowest-credit token (wrong tokens / labelled tokens, "
-              f"what a constant credit gives): {_cell(chance)}.", ""]
+              f"what a constant credit gives): {_cell(first['chance'])}.", ""]
     if result.get("sanity_rules"):
         lines += [SANITY_NOTE, ""]
     if result.get("credit_by_kind"):
         lines += kind_table(result["credit_by_kind"])
     if mass:
         lines += [MASS_NOTE, ""]
-    if result.get("levels"):
-        for metric in METRICS:
-            head = " | ".join(f"level {lv}" for lv in result["levels"])
-            lines += [f"## {TITLES[metric]}, per level", "", f"| method | all | {head} |",
-                      "|---|---|" + "---|" * len(result["levels"])]
-            for name, entry in methods.items():
-                cells = " | ".join(_cell(entry["levels"][lv][metric]) for lv in result["levels"])
-                lines.append(f"| {name} | {_cell(entry['all'][metric])} | {cells} |")
-            if metric == "lowest":
-                ref = next(iter(methods.values()))
-                cells = " | ".join(_cell(ref["levels"][lv]["chance"]) for lv in result["levels"])
-                lines.append(f"| *chance (constant credit)* | {_cell(ref['all']['chance'])} | "
-                             f"{cells} |")
-            lines.append("")
-    if len(result.get("steps") or []) > 0:
-        steps = [str(s) for s in result["steps"]]
-        for metric in METRICS:
-            lines += [f"## {TITLES[metric]}, per recorded step (means)", "",
-                      "| method | " + " | ".join(f"step {s}" for s in steps) + " |",
-                      "|---|" + "---|" * len(steps)]
-            for name, entry in methods.items():
-                cells = " | ".join(_cell(entry["steps"][s][metric], 3).split(" [")[0]
-                                   for s in steps)
-                lines.append(f"| {name} | {cells} |")
-            lines.append("")
-    return "\n".join(lines)
+    return lines
+
+
+def _per_level_tables(result: dict) -> list[str]:
+    """Each figure per level, with the chance share under the lowest-credit table."""
+    methods, levels, lines = result["methods"], result["levels"], []
+    for metric in METRICS:
+        head = " | ".join(f"level {lv}" for lv in levels)
+        lines += [f"## {TITLES[metric]}, per level", "", f"| method | all | {head} |",
+                  "|---|---|" + "---|" * len(levels)]
+        for name, entry in methods.items():
+            cells = " | ".join(_cell(entry["levels"][lv][metric]) for lv in levels)
+            lines.append(f"| {name} | {_cell(entry['all'][metric])} | {cells} |")
+        if metric == "lowest":
+            ref = next(iter(methods.values()))
+            cells = " | ".join(_cell(ref["levels"][lv]["chance"]) for lv in levels)
+            lines.append(f"| *chance (constant credit)* | {_cell(ref['all']['chance'])} | "
+                         f"{cells} |")
+        lines.append("")
+    return lines
+
+
+def _per_step_tables(result: dict) -> list[str]:
+    """Each figure's mean per recorded step of a run directory."""
+    steps, lines = [str(s) for s in result["steps"]], []
+    for metric in METRICS:
+        lines += [f"## {TITLES[metric]}, per recorded step (means)", "",
+                  "| method | " + " | ".join(f"step {s}" for s in steps) + " |",
+                  "|---|" + "---|" * len(steps)]
+        for name, entry in result["methods"].items():
+            cells = " | ".join(_cell(entry["steps"][s][metric], 3).split(" [")[0]
+                               for s in steps)
+            lines.append(f"| {name} | {cells} |")
+        lines.append("")
+    return lines
 
 
 def plot_metric(result: dict, metric: str, path: Path) -> Path:
