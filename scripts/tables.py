@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import re
 import shlex
 import shutil
@@ -84,6 +85,29 @@ def _audit(seed: int, extra: str = "") -> Run:
 
 DIGITS = " --reward digits --eval-every 25"
 
+KERNEL_ENV = {
+    "avx2": "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2",
+    "portable": "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 "
+                "MKL_ENABLE_INSTRUCTIONS=SSE4_2",
+}
+"""CPU kernel levels the default job is measured at: torch's own kernels
+(``ATEN_CPU_CAPABILITY``), oneDNN's and MKL's, each held at the level, so that any x86 CPU
+that has the level gives the same float kernels."""
+
+
+def _default_job(kernel: str) -> dict[str, Run]:
+    """The default job (``ktae train``) and the two embedded evaluations, at one kernel level."""
+    env = KERNEL_ENV[kernel]
+    return {
+        f"train-default-{kernel}": Run(f"{env} ktae train --threads 1 --no-progress -o {{out}}",
+                                       1200, ("eval.jsonl", "summary.json")),
+        f"eval-shipped-{kernel}": Run(f"{env} ktae eval {SHIPPED} --benchmarks embedded "
+                                      "--threads 1 -o {out} --overwrite", 60, ("results.json",)),
+        f"eval-train-default-{kernel}": Run(
+            f"{env} ktae eval {{run:train-default-{kernel}}}/final --benchmarks embedded "
+            "--threads 1 -o {out} --overwrite", 60, ("results.json",)),
+    }
+
 
 def _compare(credit: str, seeds: int, steps: int, extra: str = "") -> str:
     return (f"ktae compare --algo grpo --credit {credit} --seeds {seeds} --max-steps {steps}"
@@ -100,6 +124,7 @@ RUNS = {
                         "--overwrite", 60),
     "eval-train-default": Run("ktae eval {run:train-default}/final --benchmarks embedded "
                               "--threads 1 -o {out} --overwrite", 60),
+    **{name: run for kernel in KERNEL_ENV for name, run in _default_job(kernel).items()},
     "simulate-small": Run("ktae simulate --horizon 4,16 --n-opt 10 --group-size 8 --actions 100 "
                           "--steps 200 --lr 0.2 --seeds 3 --eval-every 50 "
                           "--methods broadcast,step,ktae,ktae+taco --audit-groups 0 --threads 1 "
@@ -353,6 +378,20 @@ def heldout_default(train: Path, eval_shipped: Path, eval_trained: Path) -> str:
         f"| after default `ktae train` ({summary['steps']} steps) | {_pct(after['accuracy'])} / "
         f"{_pct(after['accuracy_carry'])} | {_eval_cells(trained)} |",
     ])
+
+
+def heldout_default_kernels(dirs) -> str:
+    """:func:`heldout_default`'s figures, one row pair per kernel level of :data:`KERNEL_ENV`
+    (``dirs``: each level's train, shipped-eval and trained-eval folders, in turn)."""
+    lines = ["| kernels | model | `ktae train`'s held-out set (300 problems), all / "
+             "carry-borrow | `ktae eval --benchmarks embedded` (200 problems) |",
+             "|---|---|---|---|"]
+    for i, kernel in enumerate(KERNEL_ENV):
+        train, shipped, trained = dirs[3 * i:3 * i + 3]
+        body = heldout_default(train, shipped, trained).splitlines()[2:]
+        lines += [f"| {kernel} {row}" for row in body]
+    return "\n".join(lines + ["", "Kernels: " + "; ".join(
+        f"{k}: `{v}`" for k, v in KERNEL_ENV.items()) + "."])
 
 
 def _eval_cells(b: dict) -> str:
@@ -1060,6 +1099,10 @@ TABLES = {
     "audit-mass-seed0": Table(("audit-seed0",), audit_mass),
     "heldout-default": Table(("train-default", "eval-shipped", "eval-train-default"),
                              heldout_default),
+    "heldout-default-kernels": Table(
+        tuple(f"{run}-{kernel}" for kernel in KERNEL_ENV
+              for run in ("train-default", "eval-shipped", "eval-train-default")),
+        lambda *dirs: heldout_default_kernels(dirs)),
     "train-default-cost": Table(("train-default",), train_cost),
     "simulate-small": Table(("simulate-small",), simulate_summary),
     "simulate-quick-summary": Table(("simulate-quick",), simulate_summary),
@@ -1209,11 +1252,25 @@ def _shown_path(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
+ENV_WORD = re.compile(r"^[A-Z][A-Z0-9_]*=")
+
+
+def command_env(name: str) -> dict[str, str]:
+    """The ``NAME=VALUE`` words that open the run's command: its environment settings."""
+    env = {}
+    for word in shlex.split(RUNS[name].command):
+        if not ENV_WORD.match(word):
+            break
+        key, value = word.split("=", 1)
+        env[key] = value
+    return env
+
+
 def command_argv(name: str) -> list[str]:
     text = RUNS[name].command
     text = re.sub(r"\{run:([a-z0-9-]+)\}", lambda m: _shown_path(CACHE / m.group(1)), text)
     text = text.replace("{out}", _shown_path(CACHE / name))
-    argv = shlex.split(text)
+    argv = shlex.split(text)[len(command_env(name)):]
     if argv[0] == "ktae":
         argv = [sys.executable, "-m", "ktae", *argv[1:]]
     elif argv[0] == "python":
@@ -1293,7 +1350,8 @@ def execute(name: str, *, reuse: bool, done: set[str], cache_only: bool = False)
     print(f"tables: {name}: {shlex.join(argv)}", file=sys.stderr)
     start = time.perf_counter()
     with open(folder.parent / f"{name}.log", "w") as log:
-        rc = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **command_env(name)}).returncode
     if rc != 0:
         sys.exit(f"tables: {name} failed (exit {rc}); see {folder.parent / (name + '.log')}")
     marker(name).write_text(json.dumps({
@@ -1320,9 +1378,10 @@ def render(name: str) -> str:
 def shown(name: str) -> str:
     """The command as run, with the cache folders filled in."""
     argv = command_argv(name)
-    if RUNS[name].command.startswith("ktae "):
-        return shlex.join(["ktae", *argv[3:]])
-    return shlex.join(["python", *argv[1:]])
+    env = [f"{k}={v}" for k, v in command_env(name).items()]
+    if argv[1:3] == ["-m", "ktae"]:
+        return shlex.join([*env, "ktae", *argv[3:]])
+    return shlex.join([*env, "python", *argv[1:]])
 
 
 def cmd_list(_args) -> int:

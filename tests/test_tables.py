@@ -144,3 +144,28 @@ def test_a_resumable_run_cut_off_continues_in_its_folder(tables, tmp_path, monke
     with pytest.raises(SystemExit, match="failed"):  # started over: fails again
         tables.execute("n", reuse=True, done=set())
     assert (tmp_path / "cache" / "n" / "progress.txt").read_text() == "x"
+
+
+def test_a_commands_opening_settings_reach_its_environment(tables, tmp_path, monkeypatch):
+    """``NAME=VALUE`` words that open a run's command set its environment, are not part of
+    its argv, and show in the command printed beside the table."""
+    monkeypatch.setattr(tables, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(tables, "RECORDS", tmp_path / "records")
+    probe = ("KTAE_TABLES_PROBE=on ATEN_CPU_CAPABILITY=default python -c \"import os, pathlib, "
+             "sys; pathlib.Path(sys.argv[1], 'env.txt').write_text(os.environ['KTAE_TABLES_PROBE'] "
+             "+ ' ' + os.environ['ATEN_CPU_CAPABILITY'])\" {out}")
+    monkeypatch.setitem(tables.RUNS, "probe", tables.Run(probe, 1, ("env.txt",)))
+    assert tables.command_env("probe") == {"KTAE_TABLES_PROBE": "on",
+                                           "ATEN_CPU_CAPABILITY": "default"}
+    assert tables.command_argv("probe")[0] == sys.executable
+    assert tables.shown("probe").startswith("KTAE_TABLES_PROBE=on ATEN_CPU_CAPABILITY=default "
+                                            "python -c ")
+    tables.execute("probe", reuse=False, done=set())
+    assert (tmp_path / "records" / "probe" / "env.txt").read_text() == "on default"
+    # the default job at each kernel level holds every kernel library at that level
+    for kernel in tables.KERNEL_ENV:
+        settings = tables.command_env(f"train-default-{kernel}")
+        assert set(settings) == {"ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                 "MKL_ENABLE_INSTRUCTIONS"}
+        assert tables.command_env(f"eval-train-default-{kernel}") == settings
+        assert tables.dependencies(f"eval-train-default-{kernel}") == [f"train-default-{kernel}"]
