@@ -1178,6 +1178,19 @@ def _self_teacher_audit(which: str) -> Callable[[], str]:
     return render
 
 
+def _pilot_table() -> str:
+    """studies/paired-verdict/pilot.py's tuning table, from the pilot's records."""
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "studies"))
+    spec = importlib.util.spec_from_file_location(
+        "paired_verdict_pilot", REPO / "studies" / "paired-verdict" / "pilot.py")
+    pilot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilot)
+    return pilot.tuning_table()
+
+
+TABLES["paired-verdict-pilot"] = Table((), _pilot_table)
 TABLES["self-teacher-audit"] = Table((), _self_teacher_audit("figures"))
 TABLES["self-teacher-audit-counts"] = Table((), _self_teacher_audit("counts"))
 
