@@ -182,7 +182,7 @@ def test_reweight_only_loss_matches_verl_vanilla_normalisation(agg, split, is_we
 @pytest.mark.parametrize("name", ["taco-prob-only", "taco-hard", "taco-entropy-only",
                                   "taco-entropy-high", "taco-random", "adv-reweight",
                                   "forking-tokens", "stapo", "entropy-adv", "clip-cov",
-                                  "spo-mask"])
+                                  "spo-mask", "rsi-s"])
 def test_every_calibration_runs_through_ppo_loss(name):
     """Each loss mode through the actor's loss (``ppo_loss``) equals ktae's policy loss on
     its calibrated advantages and loss mask (test_verl_main_ppo.py runs TACO and STAPO
