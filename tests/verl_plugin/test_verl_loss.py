@@ -270,7 +270,8 @@ def test_bad_calibration_options_are_refused_when_verl_builds_the_config(options
 
 #: Token-removing rules with options that make them remove a clear share of the tokens.
 REMOVING_RULES = {"forking-tokens": {"top_fraction": 0.3},
-                  "stapo": {"prob_threshold": 0.004, "entropy_quantile": 0.6}}
+                  "stapo": {"prob_threshold": 0.004, "entropy_quantile": 0.6},
+                  "rsi-s": {"rsi_min": 3.5, "rsi_max": 8.0}}
 #: Mini-batch layouts: each rank's micro-batches (MicroBatch seeds), ``None`` = verl gives
 #: no global batch info (one micro-batch on one rank).
 SPLITS = {"one micro-batch": [[3]], "two micro-batches": [[3, 4]],
