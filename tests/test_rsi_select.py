@@ -211,3 +211,15 @@ def test_every_command_reaches_it_with_its_options():
                          **options)
         assert torch.equal(got.in_loss, want.loss_mask)
         torch.testing.assert_close(got.final, want.advantages)
+
+
+@pytest.mark.slow
+def test_audit_of_the_shipped_model_runs_rsi_s_with_its_options():
+    result = ktae.audit(model="default", prompts=4, samples=4, resamples=20,
+                        credit=["grpo", "rsi-s", "rsi-s@rsi_min=0.5@rsi_max=2"])
+    grpo = result["methods"]["grpo"]["all"]
+    default = result["methods"]["rsi-s"]["all"]
+    narrow = result["methods"]["rsi-s@rsi_min=0.5@rsi_max=2"]["all"]
+    assert grpo["tokens_changed"]["mean"] == 0
+    # the band removes tokens (their credit becomes 0), and a narrower band removes more
+    assert 0 < default["tokens_changed"]["mean"] < narrow["tokens_changed"]["mean"] <= 1
