@@ -17,7 +17,7 @@ from ktae.core.calibration import (
 
 ALL_RULES = ["taco", "taco-prob-only", "taco-entropy-only", "taco-entropy-high", "taco-random",
              "taco-hard", "taco-step", "adv-reweight", "forking-tokens", "stapo",
-             "entropy-adv", "clip-cov", "kl-cov", "spo-mask"]
+             "entropy-adv", "clip-cov", "kl-cov", "spo-mask", "rsi-s"]
 LOG_ALPHA = math.log(0.01)
 
 
@@ -404,7 +404,7 @@ def test_loss_mask_loss_and_gradient_equal_the_survivors_only_loss(name, aggrega
 def test_reweight_only_rules_keep_the_mask():
     adv, lp, H, mask = batch(9)
     for name in ALL_RULES:
-        if name in ("forking-tokens", "stapo", "spo-mask"):
+        if name in ("forking-tokens", "stapo", "spo-mask", "rsi-s"):
             continue
         r = call(name, adv, lp, H, mask, generator=torch.Generator().manual_seed(0))
         assert torch.equal(r.loss_mask, mask) and r.metrics["loss_token_fraction"] == 1.0

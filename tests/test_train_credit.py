@@ -147,6 +147,7 @@ def test_ktae_plus_stapo_runs_without_an_entropy_pass(tiny_model, tmp_path):
 @pytest.mark.parametrize("credit, algo, options", [
     ("stapo", "dapo", {"prob_threshold": 0.5, "entropy_quantile": 0.9}),
     ("forking-tokens", "grpo", {}),
+    ("rsi-s", "dapo", {"rsi_min": 1.0, "rsi_max": 1.05}),
 ])
 def test_removed_tokens_leave_trls_loss(tiny_model, tmp_path, credit, algo, options):
     _, log, metrics = _run(tiny_model, tmp_path, algo=algo, credit=credit, max_steps=1,

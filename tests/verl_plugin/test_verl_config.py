@@ -99,7 +99,8 @@ def test_ktae_and_taco_overrides_validate(extra):
 
 @pytest.mark.parametrize("name", ["taco", "taco-prob-only", "taco-entropy-only",
                                   "taco-entropy-high", "taco-random",
-                                  "taco-hard", "adv-reweight", "forking-tokens", "stapo"])
+                                  "taco-hard", "adv-reweight", "forking-tokens", "stapo",
+                                  "rsi-s"])
 def test_every_calibration_is_reachable_from_the_command_line(name):
     import ktae
 

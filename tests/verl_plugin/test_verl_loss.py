@@ -182,7 +182,7 @@ def test_reweight_only_loss_matches_verl_vanilla_normalisation(agg, split, is_we
 @pytest.mark.parametrize("name", ["taco-prob-only", "taco-hard", "taco-entropy-only",
                                   "taco-entropy-high", "taco-random", "adv-reweight",
                                   "forking-tokens", "stapo", "entropy-adv", "clip-cov",
-                                  "spo-mask"])
+                                  "spo-mask", "rsi-s"])
 def test_every_calibration_runs_through_ppo_loss(name):
     """Each loss mode through the actor's loss (``ppo_loss``) equals ktae's policy loss on
     its calibrated advantages and loss mask (test_verl_main_ppo.py runs TACO and STAPO
@@ -270,7 +270,8 @@ def test_bad_calibration_options_are_refused_when_verl_builds_the_config(options
 
 #: Token-removing rules with options that make them remove a clear share of the tokens.
 REMOVING_RULES = {"forking-tokens": {"top_fraction": 0.3},
-                  "stapo": {"prob_threshold": 0.004, "entropy_quantile": 0.6}}
+                  "stapo": {"prob_threshold": 0.004, "entropy_quantile": 0.6},
+                  "rsi-s": {"rsi_min": 3.5, "rsi_max": 8.0}}
 #: Mini-batch layouts: each rank's micro-batches (MicroBatch seeds), ``None`` = verl gives
 #: no global batch info (one micro-batch on one rank).
 SPLITS = {"one micro-batch": [[3]], "two micro-batches": [[3, 4]],

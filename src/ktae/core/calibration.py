@@ -38,10 +38,12 @@ Registered rules (:data:`CALIBRATIONS`):
 ``kl-cov``             the top covariance tokens get verl's ``|logp - old_logp|`` penalty,
                        as its gradient, and the loss drops its PPO clip (Cui et al. 2025)
 ``spo-mask``           only tokens with ``p_old < 0.9`` stay in the loss (SPO, Guo et al.)
+``rsi-s``              only tokens with ``0.1 <= -logp / H <= 3`` stay in the loss (RSI-S,
+                       Lv et al. 2026)
 =====================  ==============================================================
 
 The rules live in :mod:`ktae.core.calibration_taco`,
-:mod:`ktae.core.calibration_baselines` and one module each for the last four;
+:mod:`ktae.core.calibration_baselines` and one module each for the last five;
 ``docs/calibration.md`` and ``docs/method.md §16`` give each one's source.
 """
 
@@ -57,6 +59,7 @@ from ktae.core import (
     clip_cov,  # noqa: F401  (registers "clip-cov")
     entropy_advantage,  # noqa: F401  (registers "entropy-adv")
     kl_cov,  # noqa: F401  (registers "kl-cov")
+    rsi_select,  # noqa: F401  (registers "rsi-s")
     spo_mask,  # noqa: F401  (registers "spo-mask")
 )
 from ktae.core.calibration_rules import CALIBRATIONS
@@ -81,8 +84,9 @@ class CalibrationResult:
         advantages: ``[B, T]`` calibrated advantages, ``weights * A`` (0 on padding and on
             removed tokens), float32 (float64 for float64 advantages), detached.
         flagged: ``[B, T]`` bool, the real tokens whose credit the rule reduces or removes
-            (TACO family: the chosen positive-advantage tokens; ``forking-tokens`` and
-            ``stapo``: the removed tokens; ``adv-reweight``: tokens with weight < 1).
+            (TACO family: the chosen positive-advantage tokens; ``forking-tokens``,
+            ``stapo``, ``spo-mask`` and ``rsi-s``: the removed tokens; ``adv-reweight``:
+            tokens with weight < 1).
         flag_rate: ``flagged.sum() / mask.sum()``; 0.0 for an empty mask.
         weights: ``[B, T]`` the factor applied to each token's advantage (0 on padding).
         offsets: ``[B, T]`` what the rule adds after the weights, ``advantages = weights *
@@ -90,7 +94,8 @@ class CalibrationResult:
             (``entropy-adv`` and ``kl-cov`` add one).
         loss_mask: ``[B, T]`` bool, the tokens that stay in the loss: pass it as the
             ``mask`` of :func:`ktae.policy_loss`. Equal to the input mask for rules that
-            only reweight; ``forking-tokens`` and ``stapo`` remove tokens from it.
+            only reweight; ``forking-tokens``, ``stapo``, ``spo-mask`` and ``rsi-s`` remove
+            tokens from it.
         metrics: the rule's diagnostics as floats (means over real tokens), plus
             ``loss_token_fraction`` (``loss_mask.sum() / mask.sum()``). TACO family:
             ``mean_weight``, ``mean_tail_risk``, ``tail_fraction``,
@@ -149,7 +154,7 @@ def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mas
         name: a rule of :data:`CALIBRATIONS` (``"taco"``, ``"taco-prob-only"``,
             ``"taco-entropy-only"``, ``"taco-entropy-high"``, ``"taco-random"``,
             ``"taco-hard"``, ``"taco-step"``,
-            ``"adv-reweight"``, ``"forking-tokens"``, ``"stapo"``).
+            ``"adv-reweight"``, ``"forking-tokens"``, ``"stapo"``, ``"rsi-s"``, ...).
         advantages: ``[B]`` (broadcast over the mask) or ``[B, T]``.
         logprobs: ``[B, T]`` current-policy log-probs of the sampled tokens.
         entropies: ``[B, T]`` entropies of the current policy's next-token distributions
@@ -163,7 +168,7 @@ def calibrate_advantages(name: str, advantages, *, logprobs, entropies=None, mas
         **options: rule options: ``alpha`` and ``lam`` (alias ``lambda_``) for the TACO
             family (``taco-hard`` takes ``alpha`` only), ``w`` for ``adv-reweight``,
             ``top_fraction`` for ``forking-tokens``, ``prob_threshold`` and
-            ``entropy_quantile`` for ``stapo``.
+            ``entropy_quantile`` for ``stapo``, ``rsi_min`` and ``rsi_max`` for ``rsi-s``.
 
     Returns:
         A :class:`CalibrationResult`. Inputs are detached and the rule runs under

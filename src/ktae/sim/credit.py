@@ -58,7 +58,7 @@ BASES = ("broadcast", "step", "ktae", "ktae-graded")
 
 #: Calibrations whose weight of a token depends on that token alone.
 TOKEN_LOCAL_RULES = frozenset({"taco", "taco-hard", "taco-prob-only", "taco-step",
-                               "adv-reweight"})
+                               "adv-reweight", "rsi-s"})
 
 
 @dataclass(frozen=True)
