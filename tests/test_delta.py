@@ -184,3 +184,85 @@ def test_token_grad_proxy_is_one_minus_p_times_h():
     logp = torch.log(torch.tensor([[0.25, 0.9]]))
     v = token_grad_proxy(h, logp, torch.tensor([[True, False]]))
     torch.testing.assert_close(v, torch.tensor([[[0.75, -1.5], [0.0, 0.0]]]))
+
+
+# ------------------------------------------------------------------ from a model
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=23, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_the_model_proxy_is_one_minus_p_times_the_head_input():
+    pytest.importorskip("transformers")
+    from ktae.models.token_grad_proxy import response_token_grad_proxy
+
+    model = _tiny_llama()
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, 23, (3, 4), generator=g)
+    pmask = torch.ones(3, 4, dtype=torch.long)
+    pmask[1, :2] = 0  # a left-padded prompt
+    comp = torch.randint(3, 23, (3, 5), generator=g)
+    cmask = torch.ones(3, 5, dtype=torch.long)
+    cmask[2, 3:] = 0
+    got = response_token_grad_proxy(model, prompt, pmask, comp, cmask, temperature=0.7,
+                                    rows_per_pass=2)
+    assert got.shape == (3, 5, 16)
+    for i in range(3):  # one row at a time, without its padding, from the body's output
+        ids = torch.cat([prompt[i][pmask[i].bool()], comp[i][cmask[i].bool()]])[None]
+        P, n = int(pmask[i].sum()), int(cmask[i].sum())
+        with torch.no_grad():
+            h = model.model(input_ids=ids).last_hidden_state[0, P - 1:P + n - 1]
+            logp = torch.log_softmax(model.lm_head(h) / 0.7, dim=-1)
+        p = logp.gather(-1, ids[0, P:, None]).exp()
+        torch.testing.assert_close(got[i, :n], (1 - p) * h, rtol=1e-4, atol=1e-5)
+        assert (got[i, n:] == 0).all()
+    other = response_token_grad_proxy(model, prompt, pmask, comp, cmask, temperature=1.0)
+    assert not torch.allclose(got, other)  # the temperature is read
+    with pytest.raises(ValueError, match="temperature"):
+        response_token_grad_proxy(model, prompt, pmask, comp, cmask, temperature=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo,extra", [("grpo", {"max_steps": 2}),
+                                        ("dapo", {"max_steps": 1, "max_generation_rounds": 3})])
+def test_train_steps(tiny_model, tmp_path, algo, extra):
+    """``ktae train --credit delta``: the estimator reads the proxy of the trained rows (DAPO's
+    refill rounds merged), and the advantages are DelTA's on it."""
+    from test_train_helpers import contains_digit, read_jsonl, tiny_config
+
+    from ktae.train.dynamic_sampling import need_key
+    from ktae.train.session import train
+    from ktae.train.trainer import KTAEGRPOTrainer
+
+    seen = []
+
+    class Rec(KTAEGRPOTrainer):
+        def _finish_batch(self, batch, rewards, correct, mode, **kwargs):
+            entry = {"rewards": rewards.clone(), "mask": batch["ktae_token_mask"].bool(),
+                     "proxy": batch[need_key("token_grad_proxy")].clone()}
+            out = super()._finish_batch(batch, rewards, correct, mode, **kwargs)
+            entry["advantages"] = out["advantages"].clone()
+            seen.append(entry)
+            return out
+
+    cfg = tiny_config(tiny_model, tmp_path / "run", algo=algo, credit="delta",
+                      estimator_options={"K": 2, "lam_min": 0.5}, **extra)
+    train(cfg, trainer_cls=Rec, reward_funcs=[contains_digit])
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, extra["max_steps"] + 1))
+    assert seen
+    for entry in seen:
+        mask, B = entry["mask"], entry["rewards"].numel()
+        assert entry["proxy"].dim() == 3 and (entry["proxy"][~mask] == 0).all()
+        assert (entry["proxy"][mask].abs().sum(dim=-1) > 0).all()
+        expected = ktae.compute_advantages(
+            "delta", rewards=entry["rewards"], group=torch.arange(B) // cfg.num_generations,
+            mask=mask, token_grad_proxy=entry["proxy"], K=2, lam_min=0.5)
+        torch.testing.assert_close(entry["advantages"], expected.float() * mask)
