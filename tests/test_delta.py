@@ -266,3 +266,13 @@ def test_train_steps(tiny_model, tmp_path, algo, extra):
             "delta", rewards=entry["rewards"], group=torch.arange(B) // cfg.num_generations,
             mask=mask, token_grad_proxy=entry["proxy"], K=2, lam_min=0.5)
         torch.testing.assert_close(entry["advantages"], expected.float() * mask)
+
+
+def test_the_verl_plugin_refuses_it_in_one_line():
+    """verl computes advantages on the driver, away from the actor's hidden states."""
+    from ktae.integrations.verl.options import estimator_settings
+
+    with pytest.raises(ValueError, match=r"^algorithm\.adv_estimator=delta: .*"
+                                         r"needs=token_grad_proxy.*use ktae train$") as err:
+        estimator_settings("delta", {})
+    assert "\n" not in str(err.value)

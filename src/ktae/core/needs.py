@@ -231,7 +231,7 @@ register_need(Need(
 register_need(Need(
     "token_grad_proxy",
     "the last-layer token-gradient proxy (1 - p) h of each response token under the "
-    "generating policy (ktae.models.need_providers.token_grad_proxy)", via=KEYWORD,
+    "generating policy", via=KEYWORD,
     shape="[B, T, H] float, per response token, 0 on padding",
     provider=f"{_PROVIDERS}:token_grad_proxy", vector=True, example=None))
 register_need(Need("old_logprobs", "the rollout (old) policy's log-probs", via=KEYWORD,
