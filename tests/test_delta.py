@@ -276,3 +276,17 @@ def test_the_verl_plugin_refuses_it_in_one_line():
                                          r"needs=token_grad_proxy.*use ktae train$") as err:
         estimator_settings("delta", {})
     assert "\n" not in str(err.value)
+
+
+def test_explain_refuses_it_in_one_line(tmp_path, capsys):
+    """Scored groups have no pass of the generating policy's hidden states."""
+    import json
+
+    from ktae.cli import main
+
+    src = tmp_path / "groups.jsonl"
+    src.write_text(json.dumps({"prompt": "Q:5+3 A:", "rewards": [1, 0],
+                               "responses": ["8", "9"]}) + "\n", encoding="utf-8")
+    assert main(["explain", str(src), "--credit", "delta", "-o", str(tmp_path / "p.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "needs=token_grad_proxy" in err and "use ktae train" in err, err
