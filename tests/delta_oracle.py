@@ -14,7 +14,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 # ruff: noqa: E501  (the authors' lines, kept as written)
-"""The DelTA authors' weighting, for parity tests (docs/method.md, DelTA).
+"""The DelTA authors' weighting, for parity tests (docs/method.md §18).
 
 Copied from the authors' released verl fork (Apache License 2.0, header above),
 github.com/RUCBM/DelTA at commit cf048bd11f72f12f2feaea84e2b8d328fdd6fdda,

@@ -20,7 +20,7 @@ def _sigmoid(x: float) -> float:
 
 
 def slow_delta_weights(v, adv, mask, K=1, lam_min=0.8, lam_max=1.2):
-    """docs/method.md (DelTA) steps 2-5, one token at a time, in Python floats."""
+    """docs/method.md §18, the weights, one token at a time, in Python floats."""
     B, T, H = v.shape
     toks = [(i, t) for i in range(B) for t in range(T) if mask[i][t]]
     vec = {(i, t): [float(v[i, t, k]) for k in range(H)] for i, t in toks}
@@ -290,3 +290,10 @@ def test_explain_refuses_it_in_one_line(tmp_path, capsys):
     assert main(["explain", str(src), "--credit", "delta", "-o", str(tmp_path / "p.html")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "needs=token_grad_proxy" in err and "use ktae train" in err, err
+
+
+def test_the_simulator_refuses_it_in_one_line():
+    from ktae.sim.credit import parse_method
+
+    with pytest.raises(ValueError, match=r"^methods: 'delta' reads .*needs=token_grad_proxy"):
+        parse_method("delta")
