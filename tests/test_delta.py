@@ -231,7 +231,7 @@ def test_the_model_proxy_is_one_minus_p_times_the_head_input():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo,extra", [("grpo", {"max_steps": 2}),
-                                        ("dapo", {"max_steps": 1, "max_generation_rounds": 3})])
+                                        ("dapo", {"max_steps": 2, "max_generation_rounds": 3})])
 def test_train_steps(tiny_model, tmp_path, algo, extra):
     """``ktae train --credit delta``: the estimator reads the proxy of the trained rows (DAPO's
     refill rounds merged), and the advantages are DelTA's on it."""
@@ -266,6 +266,8 @@ def test_train_steps(tiny_model, tmp_path, algo, extra):
             "delta", rewards=entry["rewards"], group=torch.arange(B) // cfg.num_generations,
             mask=mask, token_grad_proxy=entry["proxy"], K=2, lam_min=0.5)
         torch.testing.assert_close(entry["advantages"], expected.float() * mask)
+    if algo == "dapo":
+        assert max(m["generation_rounds"] for m in metrics) > 1  # rows from several rounds
 
 
 def test_the_verl_plugin_refuses_it_in_one_line():
