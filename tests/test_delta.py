@@ -266,6 +266,10 @@ def test_train_steps(tiny_model, tmp_path, algo, extra):
             "delta", rewards=entry["rewards"], group=torch.arange(B) // cfg.num_generations,
             mask=mask, token_grad_proxy=entry["proxy"], K=2, lam_min=0.5)
         torch.testing.assert_close(entry["advantages"], expected.float() * mask)
+    # a batch with signal, whose tokens DelTA weighted unequally (not GRPO's broadcast)
+    assert any(not torch.allclose(e["advantages"], torch.where(e["mask"], ktae.compute_advantages(
+        "grpo", rewards=e["rewards"], group=torch.arange(e["rewards"].numel())
+        // cfg.num_generations)[:, None], 0.0)) for e in seen)
     if algo == "dapo":
         assert max(m["generation_rounds"] for m in metrics) > 1  # rows from several rounds
 
