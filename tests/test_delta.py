@@ -303,3 +303,15 @@ def test_the_simulator_refuses_it_in_one_line():
 
     with pytest.raises(ValueError, match=r"^methods: 'delta' reads .*needs=token_grad_proxy"):
         parse_method("delta")
+
+
+def test_the_audit_refuses_it_in_one_line(tmp_path):
+    import json
+
+    src = tmp_path / "groups.jsonl"
+    src.write_text(json.dumps({"prompt": "Q:5+3 A:", "answer": "8", "rewards": [1, 0],
+                               "responses": ["8", "9"], "wrong": [[], [[0, 1]]]}) + "\n",
+                   encoding="utf-8")
+    with pytest.raises(ValueError, match="token_grad_proxy") as err:
+        ktae.audit(src, credit="grpo,delta", resamples=0)
+    assert "\n" not in str(err.value)

@@ -142,7 +142,8 @@ def group_calls(needs: Iterable[Need]) -> dict[str, dict]:
     calls: dict[str, dict] = {}
     for need in needs:
         if need.group_provider is None:
-            raise ValueError(f"need {need.name!r}: no provider computes it for scored groups")
+            raise ValueError(f"need {need.name!r}: no provider computes it for scored groups "
+                             "(ktae train computes it from the generating policy)")
         calls.setdefault(need.group_provider, {}).update(need.group_options)
     return calls
 
