@@ -6,8 +6,8 @@ appendix titles (F, last-layer token-gradient proxy; G, the soft assignment scor
 implementation details), and the authors' released code, github.com/RUCBM/DelTA,
 ``verl-DelTA/verl/workers/actor/dp_actor.py`` (``DataParallelPPOActor.compute_log_prob_h``,
 ``impl=Normal``, and ``update_policy``, which trains on its ``weighted_advantages``) and
-``recipe/dapo/srcs/run_DelTA.sh``. The appendices' equations were not readable here, so
-the code is followed throughout and equations are cited by the code's names.
+``recipe/dapo/srcs/run_DelTA.sh``. The code is followed throughout; the steps below are
+numbered here and name the code's variables, not the paper's equations.
 
 A response ``i`` with sequence advantage ``A_i`` (GRPO's) and real tokens ``t``; the policy
 that generated the batch gives each token its probability ``p_it`` (at the sampling
