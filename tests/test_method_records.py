@@ -100,8 +100,10 @@ def test_every_calibration_is_a_verl_loss_mode_with_its_needs():
 
 
 def _keywords(record) -> dict:
-    """The per-token log-probs a method that declares them reads (passed as keywords)."""
-    values = {"logprobs": torch.full((4, 3), -1.0), "teacher_logprobs": torch.full((4, 3), -0.5)}
+    """The per-token inputs passed as keywords that a method declaring them reads (log-probs,
+    DelTA's [B, T, H] token-gradient proxy)."""
+    values = {"logprobs": torch.full((4, 3), -1.0), "teacher_logprobs": torch.full((4, 3), -0.5),
+              "token_grad_proxy": torch.arange(24.0).reshape(4, 3, 2)}
     return {n: v for n, v in values.items() if n in record.needs}
 
 

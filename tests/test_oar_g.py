@@ -136,10 +136,10 @@ def test_simulator_refuses_it_in_one_line():
     from ktae.sim.config import SimConfig
     from ktae.sim.run import simulate
 
-    cfg = SimConfig(horizons=(3,), n_opts=(2,), group_sizes=(4,), actions=6, steps=2, lr=0.5,
-                    seeds=1, eval_every=2, audit_groups=0, methods=("broadcast", "oar-g"))
     with pytest.raises(ValueError, match="input-gradient importance") as err:
-        simulate(cfg)
+        simulate(SimConfig(horizons=(3,), n_opts=(2,), group_sizes=(4,), actions=6, steps=2,
+                           lr=0.5, seeds=1, eval_every=2, audit_groups=0,
+                           methods=("broadcast", "oar-g")))
     assert "\n" not in str(err.value)
 
 

@@ -286,6 +286,7 @@ def test_gtpo_bad_values_fail_at_startup_with_the_option_named(override, message
 
 @pytest.mark.parametrize("override, message", [
     ("algorithm.adv_estimator=sdpo", r"adv_estimator=sdpo: .*needs=teacher_logprobs"),
+    ("algorithm.adv_estimator=delta", r"adv_estimator=delta: .*needs=token_grad_proxy"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=sdpg",
      r"loss_mode: 'sdpg' is ktae train's self-distillation term"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=sdpo",

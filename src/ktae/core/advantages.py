@@ -169,7 +169,9 @@ def compute_advantages(name: str, *, rewards, group, token_ids=None, mask=None,
             token under the policy (required by ``oar-g``;
             :func:`ktae.models.input_grad_importance.input_grad_importance` computes it
             from a model). Each needs ``token_ids`` or ``mask``; negative values count as
-            0; an estimator that does not declare one ignores it.
+            0; an estimator that does not declare one ignores it. ``token_grad_proxy``,
+            ``[B, T, H]``, DelTA's last-layer token-gradient proxy ``(1 - p) h`` (required
+            by ``delta``; :mod:`ktae.models.token_grad_proxy` computes it from a model).
 
     Returns:
         ``[B, T]`` (zero where mask is 0) when ``token_ids`` or ``mask`` is given, else

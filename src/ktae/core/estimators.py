@@ -10,6 +10,7 @@ built-in is its module plus its import here (docs/contributing.md).
 from __future__ import annotations
 
 from ktae.core import (  # noqa: F401  (each registers its estimator)
+    delta_credit,
     gtpo,
     ktae,
     oar,

@@ -455,6 +455,8 @@ def check_method(method: Method, *, estimator_where: str = "estimator_options",
     logp = torch.full(ids.shape, -1.0)
     scores = {n.name: ids.double() if n.example is None else torch.full(ids.shape, n.example)
               for n in method.model_needs}
+    scores.update({n.name: torch.stack([ids.double(), -ids.double()], dim=-1)
+                   for n in method.model_needs if n.vector})
     try:
         ADVANTAGE_ESTIMATORS.record(method.estimator).check(method.estimator_options,
                                                             inputs=False)

@@ -74,6 +74,9 @@ class Need:
     example: float | None = 1.0
     """The value of every token in the start-up check's tiny batch
     (:func:`ktae.core.methods.check_method`); None: the token ids as floats."""
+    vector: bool = False
+    """A ``[B, T, H]`` vector per token (H the model's hidden size) instead of a ``[B, T]``
+    value; the start-up check's example is the token ids and their negatives (H = 2)."""
 
     def __post_init__(self):
         if self.via not in (ARGUMENT, SCORES, KEYWORD):
@@ -139,7 +142,8 @@ def group_calls(needs: Iterable[Need]) -> dict[str, dict]:
     calls: dict[str, dict] = {}
     for need in needs:
         if need.group_provider is None:
-            raise ValueError(f"need {need.name!r}: no provider computes it for scored groups")
+            raise ValueError(f"need {need.name!r}: no provider computes it for scored groups "
+                             "(ktae train computes it from the generating policy)")
         calls.setdefault(need.group_provider, {}).update(need.group_options)
     return calls
 
@@ -225,5 +229,11 @@ register_need(Need(
     "response of its group or a reference solution; ktae.models.self_teacher)", via=KEYWORD,
     provider=f"{_PROVIDERS}:teacher_logprobs", group_provider="ktae.groups.teacher:teacher_groups",
     recorded=True, example=-0.5))
+register_need(Need(
+    "token_grad_proxy",
+    "the last-layer token-gradient proxy (1 - p) h of each response token under the "
+    "generating policy", via=KEYWORD,
+    shape="[B, T, H] float, per response token, 0 on padding",
+    provider=f"{_PROVIDERS}:token_grad_proxy", vector=True, example=None))
 register_need(Need("old_logprobs", "the rollout (old) policy's log-probs", via=KEYWORD,
                    readers=(CALIBRATION,)))

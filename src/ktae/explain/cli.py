@@ -176,6 +176,11 @@ def build(args):
     todo = [n for n in source.credit.model_needs if not held(groups, n)]
     if source.credit.calibration is not None and not source.use_recorded:
         todo += needs_of(CALIBRATION_SCORES)
+    for need in todo:  # DelTA's hidden-state proxy: only the trainer's pass computes it
+        if need.group_provider is None:
+            raise ValueError(f"credit: estimator {source.credit.estimator!r} reads "
+                             f"{need.what} (needs={need.name}), which ktae explain cannot "
+                             "compute for scored groups; use ktae train")
     if model is not None:
         for provider, options in group_calls(todo).items():
             fn = load(provider)

@@ -14,6 +14,7 @@ from ktae.core.needs import ModelResponses
 from ktae.core.self_distill import SDPO_TEMPLATE
 from ktae.models.input_grad_importance import answer_tokens, response_importance
 from ktae.models.self_teacher import teacher_logprobs as self_teacher_logprobs
+from ktae.models.token_grad_proxy import response_token_grad_proxy
 
 TEACHER_OPTIONS = {"teacher_choice": ("choose", "first"), "teacher_source": ("source", "group"),
                    "teacher_template": ("template", SDPO_TEMPLATE), "teacher_seed": ("seed", 0)}
@@ -64,3 +65,13 @@ def teacher_logprobs(responses: ModelResponses) -> torch.Tensor:
         group=responses.group, student_logprobs=responses.policy_scores()[0],
         references=references, temperature=responses.temperature, **kw)
     return out.detach()
+
+
+def token_grad_proxy(responses: ModelResponses) -> torch.Tensor:
+    """``[b, T, H]`` DelTA's token-gradient proxy ``(1 - p) h`` of each response token under
+    the generating policy, at the sampling temperature (need ``token_grad_proxy``:
+    :func:`ktae.models.token_grad_proxy.response_token_grad_proxy`)."""
+    return response_token_grad_proxy(
+        responses.model, responses.prompt_ids, responses.prompt_mask,
+        responses.completion_ids, responses.completion_mask,
+        temperature=responses.temperature).detach()

@@ -55,6 +55,8 @@ from ktae.core.methods import estimator_credit, split_method
 from ktae.core.methods import parse_method as parse_credit_method
 
 BASES = ("broadcast", "step", "ktae", "ktae-graded")
+SIM_NEEDS = ("logprobs", "entropies")
+"""The needs from a model that the simulator passes to an estimator (its policy's)."""
 
 #: Calibrations whose weight of a token depends on that token alone.
 TOKEN_LOCAL_RULES = frozenset({"taco", "taco-hard", "taco-prob-only", "taco-step",
@@ -104,6 +106,10 @@ def parse_method(name: str) -> Method:
         method = parse_credit_method(name)
     except ValueError as err:
         raise ValueError(f"methods: {name!r}: {err}") from None
+    for need in method.model_needs:
+        if need.name not in SIM_NEEDS:
+            raise ValueError(f"methods: {name!r} reads {need.what} (needs={need.name}), "
+                             "which the tabular policy does not have; use ktae train")
     return Method(name, method.estimator, method.calibration, rule=method)
 
 
