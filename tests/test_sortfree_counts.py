@@ -58,6 +58,17 @@ def test_representatives_survive_colliding_slots(monkeypatch):
     assert torch.equal(key[rep], key) and rep.unique().numel() == key.unique().numel()
 
 
+@pytest.mark.parametrize("bound", [1, 2, 9, 300])
+def test_dense_ids_of_keys_at_both_ends_of_the_range(bound):
+    # the running count's first and last entries, and repeats of one key
+    key = torch.tensor([bound - 1, 0, bound - 1, 0, bound // 2, bound - 1])
+    uniq, inv = scatter_counts.dense_ids(key, bound)
+    want_uniq, want_inv = torch.unique(key, return_inverse=True)
+    assert torch.equal(uniq, want_uniq) and torch.equal(inv.long(), want_inv)
+    present = scatter_counts.mark(key, bound)
+    assert present.dtype == torch.bool and torch.equal(present.nonzero().squeeze(1), want_uniq)
+
+
 def test_ids_of_no_keys():
     empty = torch.zeros(0, dtype=torch.int64)
     for uniq, inv in (scatter_counts.dense_ids(empty, 10), scatter_counts.hash_ids(empty)):
@@ -87,7 +98,9 @@ def _rows(cnt) -> list[tuple]:
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("vocab", [6, 152_000, 1 << 40])  # bitmaps; hashed (group, id) keys
-def test_scatter_counts_equal_the_sorted_counts(seed, vocab):
+@pytest.mark.parametrize("direct", [True, False])  # one bitmap of the pairs, or ids first
+def test_scatter_counts_equal_the_sorted_counts(monkeypatch, seed, vocab, direct):
+    monkeypatch.setattr(scatter_counts, "DIRECT", direct)
     group, ids, mask, correct = _batch(seed, vocab)
     gid, P = group_index(group, group.numel(), torch.device("cpu"))
     flat, row, row_len = real_positions(mask)
@@ -223,7 +236,10 @@ def zipf_batch(seed: int, groups: int = 6, size: int = 8, max_len: int = 300,
 @pytest.mark.parametrize("shift", [0, 1 << 40])  # dense ids; ids too sparse for a bitmap
 @pytest.mark.parametrize("opts", [{}, {"ngram": 3}, {"ignore_token_ids": [0, 1]},
                                   {"chunk_tokens": 300}])
-def test_counting_of_heavy_tailed_batches_equals_the_oracle(monkeypatch, seed, shift, opts):
+@pytest.mark.parametrize("direct", [True, False])
+def test_counting_of_heavy_tailed_batches_equals_the_oracle(monkeypatch, seed, shift, opts,
+                                                            direct):
+    monkeypatch.setattr(scatter_counts, "DIRECT", direct)
     group, ids, mask, correct = zipf_batch(seed, shift=shift)
     kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask)
     want = torch.as_tensor(exact_ktae(**{k: v.numpy() for k, v in kw.items()},
@@ -465,3 +481,25 @@ def test_base_advantages_in_blocks_of_rows_are_the_where_of_the_batch(monkeypatc
             assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     finally:
         torch.set_num_threads(threads)
+
+
+def test_chunks_number_their_kept_groups_densely():
+    # groups 0..11, groups 1, 2, 5, 6, 7 left out (one class only): a chunk's (group, token)
+    # keys span the groups it counts, not the gaps between them
+    group, ids, mask, correct = zipf_batch(0, groups=12, size=4, max_len=40)
+    batch = ktae.core.advantages.make_batch(rewards=correct.double(), group=group,
+                                            token_ids=ids, mask=mask)
+    keep = torch.ones(12, dtype=torch.bool)
+    keep[[1, 2, 5, 6, 7]] = False
+    for chunk_tokens in (30, 1 << 20):
+        chunks = ktae_module._chunks(batch, correct, chunk_tokens, keep)
+        kept = []
+        for c in chunks:
+            rows = c.rows if isinstance(c.rows, torch.Tensor) else torch.arange(batch.gid.numel())[c.rows]
+            groups = batch.gid[rows]
+            assert keep[groups].all()
+            # ranks of the chunk's groups among the kept ones, from 0, in the batch's order
+            rank = torch.cumsum(keep, 0)[groups] - 1
+            assert torch.equal(c.gid, rank - rank.min()) and c.num_groups == len(set(rank.tolist()))
+            kept += groups.unique().tolist()
+        assert sorted(kept) == keep.nonzero().squeeze(1).tolist()

@@ -286,7 +286,8 @@ class _Chunk:
         width = self.batch.mask.shape[1]
         if isinstance(self.rows, slice):
             return flat + (self.rows.start or 0) * width
-        return (self.rows.index_select(0, row) - row).mul_(width).add_(flat)
+        shift = (self.rows - torch.arange(self.rows.numel(), device=flat.device)).mul_(width)
+        return shift.index_select(0, row).add_(flat)  # each row's move, per row
 
     def count(self, opts: KTAEOptions, flat: torch.Tensor, row: torch.Tensor,
               counting: str = "sort", at: torch.Tensor | None = None

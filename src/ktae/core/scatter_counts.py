@@ -222,8 +222,9 @@ def count_units_scatter(unit: torch.Tensor, bound: int, row: torch.Tensor,
     # byte sums (at most MAX_GROUP < 256): a bool sum would widen every flag first
     ab = present.view(torch.uint8).view(2, g_max, u).sum(1, dtype=torch.uint8).long()
     del present
-    occurrences = torch.bincount((incorrect * u).index_select(0, row).add_(inverse),
-                                 minlength=2 * u).view(2, u)
+    # int32 keys (2 u < 2**31 here: u pairs of a chunk) read half the bytes of int64 ones
+    occurrences = torch.bincount((incorrect * u).to(inverse.dtype).index_select(0, row)
+                                 .add_(inverse), minlength=2 * u).view(2, u)
     run_length = occurrences.sum(0)
     return TokenCounts(group=group, token=token, a=ab[0], b=ab[1],
                        count_correct=occurrences[0], count_incorrect=occurrences[1],
