@@ -503,3 +503,25 @@ def test_chunks_number_their_kept_groups_densely():
             assert torch.equal(c.gid, rank - rank.min()) and c.num_groups == len(set(rank.tolist()))
             kept += groups.unique().tolist()
         assert sorted(kept) == keep.nonzero().squeeze(1).tolist()
+
+
+@pytest.mark.parametrize(("groups", "size", "max_len", "vocab", "bitmaps"), [
+    (1, 32, 3000, 151_936, 1),  # 152k (group, token) keys, 36k tokens: one bitmap of pairs
+    # 20 x 20k keys for 12.5k tokens: too sparse; 20k ids dense, then 20 x 4k pairs
+    (20, 16, 100, 20_000, 2),
+])
+def test_pair_ids_take_one_bitmap_where_the_pairs_are_dense(monkeypatch, groups, size,
+                                                             max_len, vocab, bitmaps):
+    group, ids, mask, correct = zipf_batch(0, groups, size, max_len, vocab)
+    gid, P = group_index(group, group.numel(), torch.device("cpu"))
+    flat, row, _ = real_positions(mask)
+    tok = ids.reshape(-1)[flat]
+    calls: list = []
+    _spy(monkeypatch, scatter_counts, "dense_ids", calls)
+    inverse, pair_group, pair_token = scatter_counts.pair_ids(tok, int(tok.max()) + 1, row,
+                                                              gid, P, hashed=False)
+    assert len(calls) == bitmaps
+    key = gid[row] * (int(tok.max()) + 1) + tok
+    uniq, want = torch.unique(key, return_inverse=True)
+    assert torch.equal(inverse.long(), want)
+    assert torch.equal(pair_group * (int(tok.max()) + 1) + pair_token, uniq)
