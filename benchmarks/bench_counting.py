@@ -10,7 +10,11 @@ paper preset's batch (ids half from per-prompt topic vocabularies) and from the 
 Each round times, in rotation, on one thread:
 
 - ``bitmap``: :func:`ktae.core.scatter_counts.count_units_scatter` with dense ids from
-  presence bitmaps (what ``COUNTING = "auto"`` runs when the ids are dense);
+  presence bitmaps (what ``COUNTING = "auto"`` runs when the ids are dense); ``bitmap, ids
+  first``: the same with the tokens' dense ids made before the pairs' where one bitmap of
+  the (group, token) pairs would do (``scatter_counts.DIRECT = False``);
+- ``mark pairs``: the presence bitmap of the chunk's (group, token) keys by
+  :func:`ktae.core.scatter_counts.mark` (a scatter), against ``index_fill_ pairs``;
 - ``sort``: :func:`ktae.core.token_counts.count_units`, one sort of the chunk's keys;
 - ``hashed``: the bitmap path with ids spread over a range too wide for a bitmap (every
   id times a large odd number), so that the (group, token) pairs go through
@@ -63,9 +67,23 @@ def _runs(batch, chunk) -> dict:
     B = PRESETS["paper"][0] * PRESETS["paper"][1]  # the chunk's mask repeated: the batch's shape
     mask = batch.mask.repeat(-(-B // batch.mask.shape[0]), 1)[:B].contiguous()
     rest = (row, row_len, gid, groups, correct)
+    bound = int(tok.max()) + 1
+    pairs = gid.index_select(0, row) * bound + tok
+
+    def ids_first():  # the tokens' dense ids, then the pairs' (scatter_counts.DIRECT off)
+        saved, scatter_counts.DIRECT = scatter_counts.DIRECT, False
+        try:
+            return scatter_counts.count_units_scatter(tok, bound, *rest)
+        finally:
+            scatter_counts.DIRECT = saved
+
     return {
         "sort": lambda: count_units(tok.clone(), *rest),
-        "bitmap": lambda: scatter_counts.count_units_scatter(tok, int(tok.max()) + 1, *rest),
+        "bitmap": lambda: scatter_counts.count_units_scatter(tok, bound, *rest),
+        "bitmap, ids first": ids_first,
+        "mark pairs": lambda: scatter_counts.mark(pairs, groups * bound),
+        "index_fill_ pairs": lambda: torch.zeros(groups * bound, dtype=torch.bool).index_fill_(
+            0, pairs, True),
         "hashed": lambda: scatter_counts.count_units_scatter(wide, int(wide.max()) + 1, *rest),
         "sort, wide ids": lambda: count_units(wide.clone(), *rest),
         "mask.sum(1)": lambda: mask.sum(1, dtype=torch.int32).long(),
@@ -115,7 +133,7 @@ def main(argv=None) -> int:
         record["batches"][name] = {"tokens": int(chunk[0].numel()), "rows": rows}
         print(f"\n{name}: {chunk[0].numel()} tokens in the chunk")
         for k, r in rows.items():
-            print(f"  {k:<16}{r['median_ms']:>9.2f} ms{r['median_x_sort']:>8.2f}x sort")
+            print(f"  {k:<20}{r['median_ms']:>9.2f} ms{r['median_x_sort']:>8.2f}x sort")
     load.append(os.getloadavg()[0])
     record["load_average"] = load
     print(f"\n1-minute load average at start, end: {load[0]:.1f}, {load[1]:.1f}")

@@ -56,7 +56,7 @@ _REP_FACTOR = 4
 _KEY_LIMIT = 1 << 62
 #: :func:`pair_ids`: (group, unit) keys whose range is dense (:func:`is_dense`) get their ids
 #: from one bitmap over that range, without dense ids of the units first (one pass less
-#: over the chunk; measured faster on both synthetic batches).
+#: over the chunk; ``benchmarks/bench_counting.py`` times both).
 DIRECT = True
 
 
@@ -79,8 +79,8 @@ def dense_ids(key: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor
 
 def mark(key: torch.Tensor, size: int) -> torch.Tensor:
     """``[size]`` bool presence bitmap: True at each of ``key``'s values, by a scatter of
-    a constant (stride-0) source: on CPU a plain byte store per key, faster than
-    ``index_fill_`` at every kernel level measured."""
+    a constant (stride-0) source (``benchmarks/bench_counting.py`` times it against
+    ``index_fill_``)."""
     present = torch.zeros(size, dtype=torch.bool, device=key.device)
     one = torch.ones(1, dtype=torch.bool, device=key.device)
     return present.scatter_(0, key, one.expand(key.numel()))
