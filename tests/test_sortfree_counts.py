@@ -98,9 +98,7 @@ def _rows(cnt) -> list[tuple]:
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("vocab", [6, 152_000, 1 << 40])  # bitmaps; hashed (group, id) keys
-@pytest.mark.parametrize("direct", [True, False])  # one bitmap of the pairs, or ids first
-def test_scatter_counts_equal_the_sorted_counts(monkeypatch, seed, vocab, direct):
-    monkeypatch.setattr(scatter_counts, "DIRECT", direct)
+def test_scatter_counts_equal_the_sorted_counts(seed, vocab):
     group, ids, mask, correct = _batch(seed, vocab)
     gid, P = group_index(group, group.numel(), torch.device("cpu"))
     flat, row, row_len = real_positions(mask)
@@ -236,10 +234,7 @@ def zipf_batch(seed: int, groups: int = 6, size: int = 8, max_len: int = 300,
 @pytest.mark.parametrize("shift", [0, 1 << 40])  # dense ids; ids too sparse for a bitmap
 @pytest.mark.parametrize("opts", [{}, {"ngram": 3}, {"ignore_token_ids": [0, 1]},
                                   {"chunk_tokens": 300}])
-@pytest.mark.parametrize("direct", [True, False])
-def test_counting_of_heavy_tailed_batches_equals_the_oracle(monkeypatch, seed, shift, opts,
-                                                            direct):
-    monkeypatch.setattr(scatter_counts, "DIRECT", direct)
+def test_counting_of_heavy_tailed_batches_equals_the_oracle(monkeypatch, seed, shift, opts):
     group, ids, mask, correct = zipf_batch(seed, shift=shift)
     kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask)
     want = torch.as_tensor(exact_ktae(**{k: v.numpy() for k, v in kw.items()},
@@ -503,25 +498,3 @@ def test_chunks_number_their_kept_groups_densely():
             assert torch.equal(c.gid, rank - rank.min()) and c.num_groups == len(set(rank.tolist()))
             kept += groups.unique().tolist()
         assert sorted(kept) == keep.nonzero().squeeze(1).tolist()
-
-
-@pytest.mark.parametrize(("groups", "size", "max_len", "vocab", "bitmaps"), [
-    (1, 32, 3000, 151_936, 1),  # 152k (group, token) keys, 36k tokens: one bitmap of pairs
-    # 20 x 20k keys for 12.5k tokens: too sparse; 20k ids dense, then 20 x 4k pairs
-    (20, 16, 100, 20_000, 2),
-])
-def test_pair_ids_take_one_bitmap_where_the_pairs_are_dense(monkeypatch, groups, size,
-                                                             max_len, vocab, bitmaps):
-    group, ids, mask, correct = zipf_batch(0, groups, size, max_len, vocab)
-    gid, P = group_index(group, group.numel(), torch.device("cpu"))
-    flat, row, _ = real_positions(mask)
-    tok = ids.reshape(-1)[flat]
-    calls: list = []
-    _spy(monkeypatch, scatter_counts, "dense_ids", calls)
-    inverse, pair_group, pair_token = scatter_counts.pair_ids(tok, int(tok.max()) + 1, row,
-                                                              gid, P, hashed=False)
-    assert len(calls) == bitmaps
-    key = gid[row] * (int(tok.max()) + 1) + tok
-    uniq, want = torch.unique(key, return_inverse=True)
-    assert torch.equal(inverse.long(), want)
-    assert torch.equal(pair_group * (int(tok.max()) + 1) + pair_token, uniq)

@@ -54,10 +54,6 @@ _MULTIPLIERS = (_GOLDEN, 0x2545F4914F6CDD1D, 0x1B873593CC9E2D51, 0x27D4EB2F16566
 _REP_FACTOR = 4
 
 _KEY_LIMIT = 1 << 62
-#: :func:`pair_ids`: (group, unit) keys whose range is dense (:func:`is_dense`) get their ids
-#: from one bitmap over that range, without dense ids of the units first (one pass less
-#: over the chunk; ``benchmarks/bench_counting.py`` times both).
-DIRECT = True
 
 
 def dense_ids(key: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,11 +167,6 @@ def pair_ids(unit: torch.Tensor, bound: int, row: torch.Tensor, gid: torch.Tenso
     Returns ``(inverse [M], group [U], unit [U])``: each occurrence's pair and each pair's
     group and unit id.
     """
-    if DIRECT and is_dense(num_groups * bound, unit.numel()):  # one bitmap of the pairs
-        key = (gid * bound).index_select(0, row).add_(unit)
-        pair, inverse = dense_ids(key, num_groups * bound)
-        group = pair // bound
-        return inverse, group, pair - group * bound
     if is_dense(bound, unit.numel()):  # few ids: make them dense first
         uniq, unit = dense_ids(unit, bound)
         width = max(1, uniq.numel())
