@@ -181,7 +181,7 @@ for _arm, _credit in RECIPE_ARMS.items():
 # same rounds. Each run records its CPU, kernel level, threads and the load at its start
 # and end (an otherwise idle machine shows a load near 0; `--contend K` adds K busy loops).
 SPEED = ("python benchmarks/bench_advantages.py --preset paper --ngram 1,3 --prefix-value "
-         "--compare --no-reference --repeats 3 --no-memory --json {out}/bench.json")
+         "--compare --no-reference --repeats 5 --no-memory --json {out}/bench.json")
 #: The rows of the speed table: both batches (the preset's ids with topic vocabularies;
 #: Zipf ids over the whole vocabulary) at the AVX2 and the portable kernel level, at 1
 #: and 2 threads.
