@@ -10,11 +10,11 @@ Usage:
     python benchmarks/bench_advantages.py --prefix-value --compare   # and the old algorithms
 
 Prints the median of ``--repeats`` rounds (each function once per round, in rotation, in
-one process), the median ratio to a single ``torch.sort`` of the batch's int64 keys (one
-key per real token) timed in the same round, and the peak extra memory of one KTAE call
-(resident memory sampled in a fresh process, or the CUDA allocator's peak) relative to
-the input tensors. Runs on
-CUDA when available (``--device``). With ``--ngram 1,3`` KTAE's exact mode is also timed
+one process, each round starting one function later), the median ratio to a single
+``torch.sort`` of the batch's int64 keys (one key per real token) timed in the same
+round, and the peak extra memory of one KTAE call (resident memory sampled in a fresh
+process, or the CUDA allocator's peak) relative to the input tensors. Runs on CUDA when
+available (``--device``). With ``--ngram 1,3`` KTAE's exact mode is also timed
 with ``ngram=3`` in the same rounds, and a last column gives each row's median ratio to
 ``ngram=1`` (``ktae exact``) in the same round. With ``--rewards graded`` the batch's
 rewards are graded (a correct response 1, a wrong one ``0.4 u`` with ``u`` uniform, as the
@@ -80,13 +80,16 @@ def _sync(device: str) -> None:
 
 def paired_rounds(runs: dict, repeats: int, device: str) -> dict[str, list[float]]:
     """Time every function once per round, in rotation, so that all of them see the same
-    machine load (this machine is shared): per-round ratios are then meaningful."""
+    machine load (this machine is shared): per-round ratios are then meaningful. Each round
+    starts one function later than the one before, so that no function always runs right
+    after the same other (whose freed memory or evicted caches it would inherit)."""
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, fn in runs.items():
+    names = list(runs)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
             _sync(device)
             t0 = time.perf_counter()
-            fn()
+            runs[name]()
             _sync(device)
             times[name].append(time.perf_counter() - t0)
     return times

@@ -203,25 +203,19 @@ for _arm, _credit in RECIPE_ARMS.items():
 
 # The advantage estimators' speed at the paper's scale (docs/speed.md): one sort of the
 # batch's keys is the yardstick, and the algorithms the current ones replaced run in the
-# same rounds. Best run on an otherwise idle machine: the table records the load.
+# same rounds. Each run records its CPU, kernel level, threads and the load at its start
+# and end (an otherwise idle machine shows a load near 0; `--contend K` adds K busy loops).
 SPEED = ("python benchmarks/bench_advantages.py --preset paper --ngram 1,3 --prefix-value "
-         "--compare --no-reference --repeats 3 --no-memory --json {out}/bench.json")
-for _threads, _contend in ((1, 0), (2, 0), (1, 2), (2, 2)):
-    RUNS[f"speed-paper-t{_threads}-k{_contend}"] = Run(
-        f"{SPEED} --threads {_threads} --contend {_contend}", 90, ("bench.json",))
-    # the heavy-tailed batch: every id from one Zipf law over the vocabulary
-    RUNS[f"speed-zipf-t{_threads}-k{_contend}"] = Run(
-        f"{SPEED} --zipf --threads {_threads} --contend {_contend}", 90, ("bench.json",))
-# torch's portable kernels (no vector instructions), both batches
-for _batch, _flag in (("paper", ""), ("zipf", " --zipf")):
-    RUNS[f"speed-{_batch}-default-t1-k0"] = Run(
-        f"{SPEED}{_flag} --kernel default --threads 1 --contend 0", 120, ("bench.json",))
-#: The rows of the speed table: both batches at one thread at the CPU's own kernel level
-#: and at the portable one, then at 2 threads alone and beside two busy processes (the
-#: 1-thread runs beside busy processes, above, are not in it).
-SPEED_RUNS = ("speed-paper-t1-k0", "speed-zipf-t1-k0", "speed-paper-default-t1-k0",
-              "speed-zipf-default-t1-k0", "speed-paper-t2-k0", "speed-zipf-t2-k0",
-              "speed-paper-t2-k2", "speed-zipf-t2-k2")
+         "--compare --no-reference --repeats 5 --no-memory --json {out}/bench.json")
+#: The rows of the speed table: both batches (the preset's ids with topic vocabularies;
+#: Zipf ids over the whole vocabulary) at the AVX2 and the portable kernel level, at 1
+#: and 2 threads.
+SPEED_RUNS = tuple(f"speed-{batch}-{kernel}-t{threads}" for threads in (1, 2)
+                   for kernel in ("avx2", "default") for batch in ("paper", "zipf"))
+for _name in SPEED_RUNS:
+    _batch, _kernel, _threads = _name.split("-")[1:]
+    RUNS[_name] = Run(f"{SPEED}{' --zipf' if _batch == 'zipf' else ''} --kernel {_kernel} "
+                      f"--threads {_threads[1:]}", 480, ("bench.json",))
 # One step of SmolLM2-135M-Instruct against its floors and against TRL's own trainer
 # (studies/step-time/report.md): best on an otherwise idle machine; the table records the load.
 RUNS["step-idle"] = Run(

@@ -58,6 +58,17 @@ def test_representatives_survive_colliding_slots(monkeypatch):
     assert torch.equal(key[rep], key) and rep.unique().numel() == key.unique().numel()
 
 
+@pytest.mark.parametrize("bound", [1, 2, 9, 300])
+def test_dense_ids_of_keys_at_both_ends_of_the_range(bound):
+    # the running count's first and last entries, and repeats of one key
+    key = torch.tensor([bound - 1, 0, bound - 1, 0, bound // 2, bound - 1])
+    uniq, inv = scatter_counts.dense_ids(key, bound)
+    want_uniq, want_inv = torch.unique(key, return_inverse=True)
+    assert torch.equal(uniq, want_uniq) and torch.equal(inv.long(), want_inv)
+    present = scatter_counts.mark(key, bound)
+    assert present.dtype == torch.bool and torch.equal(present.nonzero().squeeze(1), want_uniq)
+
+
 def test_ids_of_no_keys():
     empty = torch.zeros(0, dtype=torch.int64)
     for uniq, inv in (scatter_counts.dense_ids(empty, 10), scatter_counts.hash_ids(empty)):
@@ -465,3 +476,25 @@ def test_base_advantages_in_blocks_of_rows_are_the_where_of_the_batch(monkeypatc
             assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     finally:
         torch.set_num_threads(threads)
+
+
+def test_chunks_number_their_kept_groups_densely():
+    # groups 0..11, groups 1, 2, 5, 6, 7 left out (one class only): a chunk's (group, token)
+    # keys span the groups it counts, not the gaps between them
+    group, ids, mask, correct = zipf_batch(0, groups=12, size=4, max_len=40)
+    batch = ktae.core.advantages.make_batch(rewards=correct.double(), group=group,
+                                            token_ids=ids, mask=mask)
+    keep = torch.ones(12, dtype=torch.bool)
+    keep[[1, 2, 5, 6, 7]] = False
+    for chunk_tokens in (30, 1 << 20):
+        chunks = ktae_module._chunks(batch, correct, chunk_tokens, keep)
+        kept = []
+        for c in chunks:
+            rows = c.rows if isinstance(c.rows, torch.Tensor) else torch.arange(batch.gid.numel())[c.rows]
+            groups = batch.gid[rows]
+            assert keep[groups].all()
+            # ranks of the chunk's groups among the kept ones, from 0, in the batch's order
+            rank = torch.cumsum(keep, 0)[groups] - 1
+            assert torch.equal(c.gid, rank - rank.min()) and c.num_groups == len(set(rank.tolist()))
+            kept += groups.unique().tolist()
+        assert sorted(kept) == keep.nonzero().squeeze(1).tolist()

@@ -261,7 +261,7 @@ class _Chunk:
     ids' copy lives only while the chunk counts (read it once)."""
 
     rows: slice | torch.Tensor
-    first_group: int
+    first_group: int  # the batch's id of group 0 of gid (with ``keep``: its first kept group)
     batch: AdvantageBatch
     row_len: torch.Tensor
     gid: torch.Tensor
@@ -286,7 +286,8 @@ class _Chunk:
         width = self.batch.mask.shape[1]
         if isinstance(self.rows, slice):
             return flat + (self.rows.start or 0) * width
-        return (self.rows.index_select(0, row) - row).mul_(width).add_(flat)
+        shift = (self.rows - torch.arange(self.rows.numel(), device=flat.device)).mul_(width)
+        return shift.index_select(0, row).add_(flat)  # each row's move, per row
 
     def count(self, opts: KTAEOptions, flat: torch.Tensor, row: torch.Tensor,
               counting: str = "sort", at: torch.Tensor | None = None
@@ -326,10 +327,22 @@ def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | No
     elif chunk_tokens is None:
         chunk_tokens = CPU_CHUNK_TOKENS if ngram == 1 else CPU_SPAN_CHUNK_TOKENS
     row_len = row_lengths(batch.mask)
-    return [_Chunk(rows, g0, batch, row_len[rows], batch.gid[rows] - g0, n_groups,
-                   correct[rows])
-            for rows, g0, n_groups in group_chunks(batch.gid, batch.num_groups, row_len,
-                                                    chunk_tokens, keep)]
+    if keep is None:
+        return [_Chunk(rows, g0, batch, row_len[rows], batch.gid[rows] - g0, n_groups,
+                       correct[rows])
+                for rows, g0, n_groups in group_chunks(batch.gid, batch.num_groups, row_len,
+                                                        chunk_tokens)]
+    # a chunk's kept groups numbered 0, 1, ... without the left-out groups between them:
+    # its (group, token) keys then span only the groups it counts
+    rank = torch.cumsum(keep, 0) - 1
+    chunks = []
+    for rows, g0, n_groups in group_chunks(batch.gid, batch.num_groups, row_len,
+                                           chunk_tokens, keep):
+        r0 = int(rank[g0])
+        chunks.append(_Chunk(rows, g0, batch, row_len[rows],
+                             rank.index_select(0, batch.gid[rows]) - r0,
+                             int(rank[g0 + n_groups - 1]) - r0 + 1, correct[rows]))
+    return chunks
 
 
 #: :func:`_base_advantages`: elements per task.

@@ -61,14 +61,25 @@ def dense_ids(key: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor
     presence bitmap: ``(uniq ascending [U], inverse [M])``; ``inverse`` is int32 for
     ``bound <= 2**31`` (its lookup table, read at random, then takes half the cache of an
     int64 one), else int64."""
-    present = torch.zeros(bound, dtype=torch.bool, device=key.device)
-    present.index_fill_(0, key, True)
-    uniq = present.nonzero().squeeze(1)
-    del present
+    # the running count of the bitmap is the lookup table (a dense id + 1 at each present
+    # key), and each key writes itself at its id: no nonzero, no index_copy of the ids
+    present = mark(key, bound)
     dtype = torch.int32 if bound <= 1 << 31 else torch.int64
-    lookup = torch.empty(bound, dtype=dtype, device=key.device)
-    lookup.index_copy_(0, uniq, torch.arange(uniq.numel(), dtype=dtype, device=key.device))
-    return uniq, lookup.index_select(0, key)
+    lookup = torch.cumsum(present.view(torch.uint8), 0, dtype=dtype)
+    del present
+    inverse = lookup.index_select(0, key).sub_(1)
+    u = int(lookup[-1]) if bound else 0
+    uniq = torch.empty(u, dtype=torch.int64, device=key.device)
+    return uniq.scatter_(0, inverse.long(), key), inverse
+
+
+def mark(key: torch.Tensor, size: int) -> torch.Tensor:
+    """``[size]`` bool presence bitmap: True at each of ``key``'s values, by a scatter of
+    a constant (stride-0) source (``benchmarks/bench_counting.py`` times it against
+    ``index_fill_``)."""
+    present = torch.zeros(size, dtype=torch.bool, device=key.device)
+    one = torch.ones(1, dtype=torch.bool, device=key.device)
+    return present.scatter_(0, key, one.expand(key.numel()))
 
 
 def hash_ids(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,13 +209,13 @@ def count_units_scatter(unit: torch.Tensor, bound: int, row: torch.Tensor,
     # rows of U flags (class-major); occurrences of (class, pair) likewise
     incorrect = (~correct).long()
     cell = (incorrect * g_max + rank).mul_(u).index_select(0, row).add_(inverse)
-    present = torch.zeros(2 * g_max * u, dtype=torch.bool, device=unit.device)
-    present.index_fill_(0, cell, True)
+    present = mark(cell, 2 * g_max * u)
     # byte sums (at most MAX_GROUP < 256): a bool sum would widen every flag first
     ab = present.view(torch.uint8).view(2, g_max, u).sum(1, dtype=torch.uint8).long()
     del present
-    occurrences = torch.bincount((incorrect * u).index_select(0, row).add_(inverse),
-                                 minlength=2 * u).view(2, u)
+    # int32 keys (2 u < 2**31 here: u pairs of a chunk) read half the bytes of int64 ones
+    occurrences = torch.bincount((incorrect * u).to(inverse.dtype).index_select(0, row)
+                                 .add_(inverse), minlength=2 * u).view(2, u)
     run_length = occurrences.sum(0)
     return TokenCounts(group=group, token=token, a=ab[0], b=ab[1],
                        count_correct=occurrences[0], count_incorrect=occurrences[1],
@@ -233,8 +244,7 @@ def count_spans_scatter(unit: torch.Tensor, bound: int, row: torch.Tensor,
     rep = representatives((group * bound).add_(unit))
     incorrect = (~correct).long()
     cell = (incorrect * g_max + rank).mul_(m).index_select(0, row).add_(rep)
-    present = torch.zeros(2 * g_max * m, dtype=torch.bool, device=unit.device)
-    present.index_fill_(0, cell, True)
+    present = mark(cell, 2 * g_max * m)
     del cell
     ab = present.view(torch.uint8).view(2, g_max, m).sum(1, dtype=torch.uint8).long()
     del present
