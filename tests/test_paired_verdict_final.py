@@ -114,7 +114,8 @@ def test_the_analysis_labels_only_what_survives_the_correction(tmp_path):
         final.outcomes(tmp_path, final.run_name("ktae", 201), (18, 24))
 
 
-@pytest.mark.parametrize("candidate", ["oar-g", "stapo", "sdpo", "sdpo-loss", "sdpg"])
+@pytest.mark.parametrize("candidate", ["oar-g", "stapo", "rsi-s", "delta", "sdpo", "sdpo-loss",
+                                       "sdpg"])
 def test_every_arm_of_every_candidate_plan_is_a_valid_train_command(candidate, monkeypatch):
     import argparse
 

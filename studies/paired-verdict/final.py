@@ -67,6 +67,8 @@ ARMS = {
 CANDIDATES_2026 = {
     "oar-g": "--credit oar-g",
     "stapo": "--credit stapo",
+    "rsi-s": "--credit rsi-s",
+    "delta": "--credit delta",
     "sdpo": "--credit sdpo",
     "sdpo-loss": "--credit none --self-distill sdpo",
     "sdpg": "--credit none --self-distill sdpg",
