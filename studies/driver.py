@@ -145,3 +145,26 @@ def drive(jobs: list[Job], *, n_jobs: int, root: Path, records: Path, code: Path
                         pending.clear()
     print(f"finished; {failed} failed", flush=True)
     return 1 if failed else 0
+
+
+def study_arguments(prog: str, description: str, argv: list[str] | None):
+    """A study script's ``status | run | table`` and ``--jobs``; None (after a one-line
+    error) when ``--jobs`` is not a positive integer."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("action", choices=("status", "run", "table"))
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        print(f"{prog}: --jobs: expected a positive integer", file=sys.stderr)
+        return None
+    return args
+
+
+def status_line(jobs: list[Job], records: Path) -> str:
+    """How many of ``jobs`` are recorded, and the next few to run."""
+    todo = [j.name for j in jobs if not recorded(records, j.name)]
+    return (f"recorded {len(jobs) - len(todo)} of {len(jobs)}; next: "
+            f"{', '.join(todo[:4]) or 'none'}")
+

@@ -24,7 +24,6 @@ corrected test rejects, and each label with one seed left out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -213,21 +212,15 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("action", choices=("status", "run", "table"))
-    p.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
-    args = p.parse_args(argv)
-    if args.jobs < 1:
-        print("final: --jobs: expected a positive integer", file=sys.stderr)
+    args = driver.study_arguments("final", __doc__.splitlines()[0], argv)
+    if args is None:
         return 2
     problems = plan_problems()
     if args.action == "status":
         if problems:
             print("the final runs cannot start: " + "; ".join(problems))
             return 0
-        todo = [j.name for j in jobs() if not driver.recorded(RECORDS, j.name)]
-        print(f"recorded {len(jobs()) - len(todo)} of {len(jobs())}; next: "
-              f"{', '.join(todo[:4]) or 'none'}")
+        print(driver.status_line(jobs(), RECORDS))
         return 0
     if args.action == "table":
         print(table(analyse(RECORDS, list(arms()), seeds())))

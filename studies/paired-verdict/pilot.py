@@ -25,7 +25,6 @@ CPU without bfloat16 instructions).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -134,17 +133,11 @@ def tuning_table() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("action", choices=("status", "run", "table"))
-    p.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
-    args = p.parse_args(argv)
-    if args.jobs < 1:
-        print("pilot: --jobs: expected a positive integer", file=sys.stderr)
+    args = driver.study_arguments("pilot", __doc__.splitlines()[0], argv)
+    if args is None:
         return 2
     if args.action == "status":
-        todo = [j.name for j in jobs() if not driver.recorded(RECORDS, j.name)]
-        print(f"recorded {len(jobs()) - len(todo)} of {len(jobs())}; next: "
-              f"{', '.join(todo[:4]) or 'none'}")
+        print(driver.status_line(jobs(), RECORDS))
         return 0
     if args.action == "table":
         print(tuning_table())

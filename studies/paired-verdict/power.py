@@ -36,7 +36,7 @@ import numpy as np
 from scipy import stats as sps
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "verdict-5seed")]
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "verdict-5seed")]
 
 MAX_SEEDS = 500
 
@@ -95,22 +95,10 @@ def pilot_outcomes(records: Path, point: str, seeds, steps) -> np.ndarray:
     """``[problems, seeds]``: each problem's mean correctness over the evaluations at
     ``steps`` of the pilot's recorded runs of ``point`` (a cut-off answer is wrong in the
     records already)."""
-    import json
+    import final
 
-    cols = []
-    for seed in seeds:
-        rows = {}
-        path = records / f"{point}-s{seed}" / "eval.jsonl"
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                rows[row["step"]] = row
-        missing = [st for st in steps if st not in rows]
-        if missing:
-            raise ValueError(f"steps: {point}-s{seed} has no evaluation at {missing}")
-        cols.append(np.mean([[float(p["correct"]) for p in rows[st]["problems"]]
-                             for st in steps], axis=0))
-    return np.stack(cols, axis=1)
+    return np.stack([final.outcomes(records, f"{point}-s{seed}", steps) for seed in seeds],
+                    axis=1)
 
 
 def half_width(parts: dict, seeds: int, problems: int, level: float = 0.95) -> float:
