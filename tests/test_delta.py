@@ -284,18 +284,61 @@ def test_the_verl_plugin_refuses_it_in_one_line():
     assert "\n" not in str(err.value)
 
 
-def test_explain_refuses_it_in_one_line(tmp_path, capsys):
-    """Scored groups have no pass of the generating policy's hidden states."""
+def test_the_group_provider_is_the_model_proxy_of_each_response():
+    """``ktae explain``/``ktae audit``'s pass: each group's responses after its prompt, as
+    the trainer's batch computes them."""
+    pytest.importorskip("transformers")
+    from test_self_teacher import Tok
+
+    from ktae.groups.grad_proxy import grad_proxy_groups
+    from ktae.groups.input import GroupInput
+    from ktae.models.token_grad_proxy import response_token_grad_proxy
+
+    model = _tiny_llama()
+    responses = [[5, 6, 7, 1], [8, 9, 1], [10, 11, 12, 13, 1]]
+    g = GroupInput(prompt="ab", responses=responses, rewards=[1.0, 0.0, 1.0])
+    seen = []
+    grad_proxy_groups(model, Tok(), [g], temperature=0.8, on_group=seen.append)
+    assert seen == ["scores"]
+    ids = torch.tensor([r + [0] * (5 - len(r)) for r in responses])
+    mask = (torch.arange(5)[None] < torch.tensor([len(r) for r in responses])[:, None]).long()
+    prompt = torch.tensor([Tok()("ab")["input_ids"]] * 3)
+    expected = response_token_grad_proxy(model, prompt, torch.ones_like(prompt), ids, mask,
+                                         temperature=0.8)
+    for i, r in enumerate(responses):
+        assert g.token_grad_proxy[i].shape == (len(r), 16)
+        torch.testing.assert_close(g.token_grad_proxy[i], expected[i, :len(r)])
+
+
+def _groups_file(tmp_path):
     import json
 
+    src = tmp_path / "groups.jsonl"
+    rows = [{"prompt": "Q:5+3 A:", "answer": "8", "rewards": [1, 0, 1, 0],
+             "responses": ["8", "9 is it", "8 yes", "7"], "wrong": [[], [[0, 1]], [], [[0, 1]]]},
+            {"prompt": "Q:2*3 A:", "answer": "6", "rewards": [0, 1, 1, 0],
+             "responses": ["5", "6", "6 ok", "12"], "wrong": [[[0, 1]], [], [], [[0, 2]]]}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return src
+
+
+@pytest.mark.slow
+def test_explain_and_audit_compute_it_with_the_model(tmp_path, capsys):
     from ktae.cli import main
 
-    src = tmp_path / "groups.jsonl"
-    src.write_text(json.dumps({"prompt": "Q:5+3 A:", "rewards": [1, 0],
-                               "responses": ["8", "9"]}) + "\n", encoding="utf-8")
-    assert main(["explain", str(src), "--credit", "delta", "-o", str(tmp_path / "p.html")]) == 2
+    src = _groups_file(tmp_path)
+    page = tmp_path / "p.html"
+    assert main(["explain", str(src), "--credit", "delta", "-o", str(page)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "needs=token_grad_proxy" in err and "use ktae train" in err, err
+    assert "\n" not in err and "token-gradient proxy" in err and "--model" in err, err
+    assert main(["explain", str(src), "--credit", "delta@K=2", "--model", "default",
+                 "-o", str(page)]) == 0
+    assert 'id="view-token"' in page.read_text(encoding="utf-8")
+    result = ktae.audit(src, credit="grpo,delta,delta@lam_min=0.5", resamples=0)
+    assert result["scored_with"]
+    m = {name: v["all"] for name, v in result["methods"].items()}
+    assert m["delta"]["tokens_changed"]["mean"] > 0 and m["grpo"]["tokens_changed"]["mean"] == 0
+    assert m["delta"]["mass_gap"] != m["delta@lam_min=0.5"]["mass_gap"]
 
 
 def test_the_simulator_refuses_it_in_one_line():
@@ -303,15 +346,3 @@ def test_the_simulator_refuses_it_in_one_line():
 
     with pytest.raises(ValueError, match=r"^methods: 'delta' reads .*needs=token_grad_proxy"):
         parse_method("delta")
-
-
-def test_the_audit_refuses_it_in_one_line(tmp_path):
-    import json
-
-    src = tmp_path / "groups.jsonl"
-    src.write_text(json.dumps({"prompt": "Q:5+3 A:", "answer": "8", "rewards": [1, 0],
-                               "responses": ["8", "9"], "wrong": [[], [[0, 1]]]}) + "\n",
-                   encoding="utf-8")
-    with pytest.raises(ValueError, match="token_grad_proxy") as err:
-        ktae.audit(src, credit="grpo,delta", resamples=0)
-    assert "\n" not in str(err.value)

@@ -27,10 +27,10 @@ def test_simulator_refuses_it_in_one_line():
     from ktae.sim.config import SimConfig
     from ktae.sim.run import simulate
 
-    cfg = SimConfig(horizons=(3,), n_opts=(2,), group_sizes=(4,), actions=6, steps=2, lr=0.5,
-                    seeds=1, eval_every=2, audit_groups=0, methods=("broadcast", "sdpo"))
     with pytest.raises(ValueError, match="after a privileged context") as err:
-        simulate(cfg)
+        simulate(SimConfig(horizons=(3,), n_opts=(2,), group_sizes=(4,), actions=6, steps=2,
+                           lr=0.5, seeds=1, eval_every=2, audit_groups=0,
+                           methods=("broadcast", "sdpo")))
     assert "\n" not in str(err.value)
 
 

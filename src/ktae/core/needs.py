@@ -234,6 +234,7 @@ register_need(Need(
     "the last-layer token-gradient proxy (1 - p) h of each response token under the "
     "generating policy", via=KEYWORD,
     shape="[B, T, H] float, per response token, 0 on padding",
-    provider=f"{_PROVIDERS}:token_grad_proxy", vector=True, example=None))
+    provider=f"{_PROVIDERS}:token_grad_proxy",
+    group_provider="ktae.groups.grad_proxy:grad_proxy_groups", vector=True, example=None))
 register_need(Need("old_logprobs", "the rollout (old) policy's log-probs", via=KEYWORD,
                    readers=(CALIBRATION,)))

@@ -176,7 +176,7 @@ def build(args):
     todo = [n for n in source.credit.model_needs if not held(groups, n)]
     if source.credit.calibration is not None and not source.use_recorded:
         todo += needs_of(CALIBRATION_SCORES)
-    for need in todo:  # DelTA's hidden-state proxy: only the trainer's pass computes it
+    for need in todo:  # a user's need without a group provider
         if need.group_provider is None:
             raise ValueError(f"credit: estimator {source.credit.estimator!r} reads "
                              f"{need.what} (needs={need.name}), which ktae explain cannot "

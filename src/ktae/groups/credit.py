@@ -161,11 +161,18 @@ def credit_values(groups: Sequence[GroupInput], credit: Method, *,
 
 def _need_rows(groups, need, estimator: str, T: int) -> torch.Tensor:
     """``[B, T]`` float64 values of ``need`` (:class:`ktae.core.needs.Need`) for an
-    estimator that reads it: the first of its fields that every response holds."""
+    estimator that reads it (``[B, T, H]`` float32 for a vector need): the first of its
+    fields that every response holds."""
     for attr in need.fields:
         rows = per_response(groups, attr)
         if rows is not None and all(r is not None for r in rows):
-            return _pad(rows, T, torch.float64, 0.0)
+            if not need.vector:
+                return _pad(rows, T, torch.float64, 0.0)
+            H = rows[0].shape[-1] if len(rows) else 0
+            out = torch.zeros(len(rows), T, H)
+            for i, row in enumerate(rows):
+                out[i, :len(row)] = torch.as_tensor(row, dtype=torch.float32)
+            return out
     how = ("a run trained with it records them; otherwise pass --model to compute them"
            if need.recorded else "pass --model to compute them")
     raise ValueError(f"credit: estimator {estimator!r} needs {need.what.split(' (')[0]}, for "

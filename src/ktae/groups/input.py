@@ -50,6 +50,10 @@ class GroupInput:
     """Per response (or None): the policy's log-probs of each token after a privileged
     context, for an estimator that reads them (``sdpo``; :func:`ktae.groups.teacher.
     teacher_groups`)."""
+    token_grad_proxy: list | None = None
+    """Per response (or None): a ``[len, H]`` tensor, DelTA's token-gradient proxy of each
+    token, for an estimator that reads it (``delta``; :func:`ktae.groups.grad_proxy.
+    grad_proxy_groups`)."""
     trained: list | None = None
     weights: list | None = None
     flagged: list | None = None
