@@ -348,6 +348,30 @@ def speed(*folders: Path) -> str:
     return "\n".join(rows)
 
 
+def speed_summary(*folders: Path) -> str:
+    """README.md: each estimator's range over :func:`speed`'s grid (batches, kernel levels,
+    threads), the algorithm it replaced beside it."""
+    timed = [_json(f, "bench.json") for f in folders]
+
+    def span(key: str) -> str:
+        xs = [d["rows"][key]["median_x_sort"] for d in timed]
+        return f"{min(xs):.2f}x-{max(xs):.2f}x"
+
+    rows = ["| estimator | time over one sort | the algorithm it replaced |", "|---|---|---|"]
+    rows += [f"| {title} | **{span(key)}** | {span(key + old)} |"
+             for title, key, old in SPEED_COLUMNS]
+    sorts = [d["rows"]["sort (floor)"]["median_seconds"] for d in timed]
+    batches = sorted({"Zipf ids" if d.get("zipf") else "topics" for d in timed})
+    kernels = sorted({d["cpu_capability"].lower() for d in timed})
+    threads = sorted({d["threads"] for d in timed})
+    cpus = sorted({d["cpu"] for d in timed})
+    rows += ["", f"Range of the medians over {len(timed)} settings ({', '.join(batches)} "
+             f"batches; kernels {', '.join(kernels)}; {', '.join(map(str, threads))} threads) "
+             f"on {', '.join(cpus)} ({timed[0]['cpu_count']} cores); one sort took "
+             f"{min(sorts):.2f}-{max(sorts):.2f} s."]
+    return "\n".join(rows)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -1085,6 +1109,7 @@ TABLES = {
                                      for seed in RECIPE_SEEDS), recipe_claims),
     "cross-gains": Table(_AUDITS3 + _STUDY, cross_gains),
     "speed": Table(SPEED_RUNS, speed),
+    "speed-summary": Table(SPEED_RUNS, speed_summary),
     "speed-memory": Table(("speed-large-memory",), speed_memory),
     "audit-default-seeds01": Table(("audit-seed0", "audit-seed1"), audit_seeds),
     "audit-default-seed0": Table(("audit-seed0",), audit_intervals),
