@@ -67,6 +67,10 @@ def test_the_final_runs_pair_every_arm_on_fresh_seeds_and_the_test_split(monkeyp
         credit = argv[argv.index("--credit") + 1]
         assert credit == {"grpo": "none", "ktae": "ktae", "length": "none",
                           "ktae-length": "ktae", "2026": "sdpo"}[arm]
+        # evaluated where the outcome reads, and GRPO's run before training too
+        steps = argv[argv.index("--eval-steps") + 1]
+        assert steps == ("0,24,30" if arm == "grpo" else "24,30")
+        assert "--eval-every" not in argv
 
 
 def _record(records: Path, name: str, evals: dict) -> None:

@@ -47,7 +47,8 @@ def _audit(study, name, blames: dict) -> dict:
 
 BLAMES = {"grpo": (0.5,), "ktae": (0.6, 0.5, 0.7), "ktae@ngram=3": (0.7, 0.6, 0.8),
           "oar-g": (0.62, 0.55, 0.69), "stapo": (0.5,), "sdpo": (0.66, 0.6, 0.72),
-          "sdpo@lam=0.5": (0.64, 0.58, 0.7)}
+          "sdpo@lam=0.5": (0.64, 0.58, 0.7), "rsi-s": (0.52, 0.45, 0.59),
+          "delta": (0.55, 0.5, 0.59)}
 
 
 def test_the_audit_commands_of_the_two_sets(study, tmp_path):
@@ -108,7 +109,8 @@ def test_the_analysis_names_the_best_2026_method(study, tmp_path):
 def test_a_separable_best_says_so(study):
     dev = {"figures": {m: {"blame": _figure(*b)} for m, b in
                        {"oar-g": (0.5, 0.45, 0.55), "stapo": (0.5,), "sdpo": (0.8, 0.7, 0.9),
-                        "sdpo@lam=0.5": (0.6, 0.55, 0.65)}.items()}}
+                        "sdpo@lam=0.5": (0.6, 0.55, 0.65), "rsi-s": (0.5,),
+                        "delta": (0.55, 0.5, 0.6)}.items()}}
     choice = study.choose(dev)
     assert choice["method"] == "sdpo" and choice["not_separable_from"] == []
     assert study.sentence(choice).endswith("its interval lies above every other 2026 method's.")

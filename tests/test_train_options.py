@@ -299,3 +299,35 @@ def test_documented_gpu_recipe_parses():
                                 and k != "use_vllm"})
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 8 == 2048
     assert args.per_device_train_batch_size * args.steps_per_generation % 16 == 0
+
+
+@pytest.mark.slow
+def test_eval_steps_evaluate_exactly_there(tiny_model, tmp_path):
+    """``--eval-steps``: the held-out evaluations at those steps only, none before or after
+    training unless listed; the summary reads what there is."""
+    cfg = tiny_config(tiny_model, tmp_path / "run", max_steps=3, eval_every=1, eval_steps=[2])
+    summary = train(cfg, reward_funcs=[contains_digit])
+    assert [e["step"] for e in read_jsonl(tmp_path / "run" / "eval.jsonl")] == [2]
+    assert summary["heldout_before"] is None and summary["heldout_after"] is None
+    cfg = tiny_config(tiny_model, tmp_path / "both", max_steps=2, eval_steps=[2, 0, 2])
+    assert cfg.eval_steps == [0, 2]
+    summary = train(cfg, reward_funcs=[contains_digit])
+    assert [e["step"] for e in read_jsonl(tmp_path / "both" / "eval.jsonl")] == [0, 2]
+    assert summary["heldout_before"] is not None and summary["heldout_after"] is not None
+
+
+def test_eval_steps_are_read_and_checked():
+    import argparse
+
+    from ktae.runs.config import TrainConfig
+    from ktae.train.cli_train import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+    cfg = config_from_args(parser.parse_args(["--eval-steps", "30,24", "--max-steps", "30"]))
+    assert cfg.eval_steps == [24, 30]
+    with pytest.raises(argparse.ArgumentError, match="eval_steps: expected a list"):
+        parser.parse_args(["--eval-steps", "24,x"])
+    with pytest.raises(ValueError, match=r"^eval_steps: expected steps from 0 to "
+                                         r"max_steps=30, got \[31\]$"):
+        TrainConfig(max_steps=30, eval_steps=[24, 31]).resolve()

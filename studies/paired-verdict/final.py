@@ -8,9 +8,10 @@ of paired seeds (:data:`N_SEEDS`) and the commit every run imports
 
 Every arm trains with the same recipe from the same seed, so step 1's rollouts are the
 same in every arm; the arms differ only in their credit (:data:`ARMS`). Each run is
-evaluated on the arith task's ``test`` split every :data:`EVAL_EVERY` steps, a cut-off
-answer wrong. The primary outcome is each problem's mean correctness over the
-evaluations at :data:`OUTCOME_STEPS`.
+evaluated on the arith task's ``test`` split at :data:`OUTCOME_STEPS`, a cut-off answer
+wrong, and GRPO's runs also before training (step 0: the same untrained model in every
+arm); checkpoints every :data:`SAVE_EVERY` steps. The primary outcome is each problem's
+mean correctness over the evaluations at :data:`OUTCOME_STEPS`.
 
 The analysis (:func:`analyse`) reads every comparison of :data:`COMPARISONS` as a
 ``[problems, seeds]`` difference matrix: its paired t interval over seeds and problems
@@ -43,9 +44,10 @@ CODE = HERE / "records" / "final-code.json"
 PLAN = HERE / "plan.md"
 CONFIG = "configs/smollm2-recipe.yaml"
 MAX_STEPS = 30
-EVAL_EVERY = 6
+SAVE_EVERY = 6
 OUTCOME_STEPS = (24, 30)
-"""The primary outcome averages the evaluations at these steps."""
+"""The primary outcome averages the evaluations at these steps, the only ones a run makes
+(:func:`eval_steps`)."""
 FIRST_SEED = 201
 """Final seeds are ``FIRST_SEED, FIRST_SEED + 1, ...``: disjoint from the pilot's
 development seeds (101-105) and from the 5-seed study's (11-15)."""
@@ -101,6 +103,12 @@ def run_name(arm: str, seed: int) -> str:
     return f"{arm}-s{seed}"
 
 
+def eval_steps(arm: str) -> tuple[int, ...]:
+    """The steps a run of ``arm`` is evaluated at: :data:`OUTCOME_STEPS`, and step 0 in
+    GRPO's (the untrained model, the same in every arm: evaluated once per seed)."""
+    return (0, *OUTCOME_STEPS) if arm == "grpo" else OUTCOME_STEPS
+
+
 def jobs() -> list[driver.Job]:
     """Seed by seed over the arms, so that a study stopped early holds paired seeds."""
     import pilot
@@ -109,10 +117,10 @@ def jobs() -> list[driver.Job]:
     argv = flags.split()
     budget = int(argv[argv.index("--max-new-tokens") + 1])
     common = (f"--eval-split test --eval-size 200 --max-steps {MAX_STEPS} "
-              f"--eval-every {EVAL_EVERY} --save-every {EVAL_EVERY} --rollout-every 0 "
-              "--threads 1 --no-progress").split()
+              f"--save-every {SAVE_EVERY} --rollout-every 0 --threads 1 --no-progress").split()
     return [driver.Job(run_name(arm, seed),
-                       ("train", "--config", CONFIG, *common, *argv,
+                       ("train", "--config", CONFIG, *common,
+                        "--eval-steps", ",".join(map(str, eval_steps(arm))), *argv,
                         *arm_flags.format(buffer=budget // BUFFER_SHARE).split(),
                         "--trl", f"gradient_accumulation_steps={pilot.micro_batches(flags)}",
                         "--seed", str(seed)))

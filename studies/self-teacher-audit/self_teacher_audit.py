@@ -17,9 +17,10 @@ responses, as the unit of variance.
 
 The methods (:data:`CREDIT`): SDPO's token signal ``q - s`` alone (``sdpo``, its default
 ``lam = 0``: the pure self-teacher signal) and mixed half and half with GRPO's advantage
-(``sdpo@lam=0.5``), next to GRPO, KTAE, KTAE over 3-grams, OAR-G and STAPO (the other
-2026 methods the audit can read), and the audit's oracle and random sanity rules. SDPG
-has no credit to audit (docs/audit.md, "The self-teacher methods").
+(``sdpo@lam=0.5``), next to GRPO, KTAE, KTAE over 3-grams, OAR-G, STAPO, RSI-S (its loss
+mask on GRPO's advantage) and DelTA (the other 2026 methods the audit can read), and the
+audit's oracle and random sanity rules. SDPG has no credit to audit (docs/audit.md, "The
+self-teacher methods").
 
     python studies/self-teacher-audit/self_teacher_audit.py run      # both sets (~1 h, resumable)
     python studies/self-teacher-audit/self_teacher_audit.py report   # results/summary.json, the tables
@@ -53,11 +54,12 @@ TASK = "arith@difficulty=0"
 TEMPERATURE = 0.6
 PROMPTS = 32
 SAMPLES = 8
-CREDIT = ("grpo", "ktae", "ktae@ngram=3", "oar-g", "stapo", "sdpo", "sdpo@lam=0.5")
+CREDIT = ("grpo", "ktae", "ktae@ngram=3", "oar-g", "stapo", "sdpo", "sdpo@lam=0.5", "rsi-s",
+          "delta")
 SETS = {"dev": (0, 0), "heldout": (1, 1)}
 """Set name -> (prompt set, sampling seed)."""
 SET_LABELS = {"dev": "development", "heldout": "held out"}
-CANDIDATES_2026 = ("oar-g", "stapo", "sdpo", "sdpo@lam=0.5")
+CANDIDATES_2026 = ("oar-g", "stapo", "sdpo", "sdpo@lam=0.5", "rsi-s", "delta")
 """The 2026 methods the audit can read, among which the study's 2026 arm is chosen (SDPG
 has no per-token credit)."""
 PRIMARY = "blame"

@@ -202,6 +202,11 @@ class _TrainConfig:
     eval_every: int = field(default=50, metadata=flag(
         "held-out eval every N steps (0 = before/after only)"))
     """Held-out evaluation every this many steps (0 = only before and after)."""
+    eval_steps: list[int] = field(default_factory=list, metadata=flag(
+        "held-out evals at exactly these steps, comma-separated (e.g. 24,30; 0 = the "
+        "untrained model); replaces --eval-every and the before/after evals", kind="list"))
+    """Held-out evaluations at exactly these steps, in place of :attr:`eval_every` and the
+    evaluations before and after training (0 is the untrained model); empty: those."""
     eval_size: int = field(default=300, metadata=flag("held-out problems per eval"))
     """Held-out problems per evaluation (embedded test split, greedy, strict reward)."""
     eval_split: str = field(default="test", metadata=flag(
@@ -279,7 +284,8 @@ class _TrainConfig:
                                   calibration_options=dict(self.calibration_options),
                                   self_distill_options=dict(self.self_distill_options),
                                   trl=dict(self.trl),
-                                  lora_target_modules=list(self.lora_target_modules))
+                                  lora_target_modules=list(self.lora_target_modules),
+                                  eval_steps=sorted(set(self.eval_steps)))
         if out.clip_high is None:
             out.clip_high = preset["clip_high"]
         if out.loss_type is None:
@@ -321,6 +327,10 @@ class _TrainConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected a non-negative integer, "
                                  f"got {getattr(self, name)!r}")
+        bad = [x for x in self.eval_steps if not 0 <= x <= self.max_steps]
+        if bad:
+            raise ValueError(f"eval_steps: expected steps from 0 to max_steps={self.max_steps}, "
+                             f"got {bad}")
         if self.overlong_buffer >= self.max_new_tokens:
             raise ValueError(f"overlong_buffer: expected < max_new_tokens={self.max_new_tokens}, "
                              f"got {self.overlong_buffer}")
@@ -456,7 +466,7 @@ TrainConfig.__module__ = __name__
 
 #: Fields that cannot change the steps a run has trained (what is logged, evaluated, saved
 #: or shown, and how fast): a resumed run may change them.
-RESUMABLE_FIELDS = ("max_steps", "eval_every", "save_every", "save_total_limit", "progress",
+RESUMABLE_FIELDS = ("max_steps", "eval_every", "eval_steps", "save_every", "save_total_limit", "progress",
                     "torch_threads", "rollout_every", "rollout_groups", "no_signal_steps")
 
 #: Schedulers whose learning rate at a step does not depend on ``max_steps``.

@@ -214,7 +214,12 @@ def _text_candidates(text: str, hint) -> list:
             out.append(parsed)
     out.append(text)
     if any(typing.get_origin(m) is list or m is list for m in members):
-        out.append([t.strip() for t in text.split(",") if t.strip()])  # "a,b" for a list
+        parts = [t.strip() for t in text.split(",") if t.strip()]
+        out.append(parts)  # "a,b" for a list
+        try:
+            out.append([int(t) for t in parts])  # "24,30" for a list of integers
+        except ValueError:
+            pass
     return out
 
 

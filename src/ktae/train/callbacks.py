@@ -32,12 +32,16 @@ class MetricsCallback(TrainerCallback):
 
 
 class EvalCallback(TrainerCallback):
-    """Greedy held-out evaluation every ``every`` steps (0 = never during training)."""
+    """Greedy held-out evaluation every ``every`` steps (0 = never during training), or at
+    exactly ``steps`` when given."""
 
     def __init__(self, rundir: RunDir, rows: list[dict], *, every: int, max_new_tokens: int,
                  tokenizer, reward: str = DEFAULT_REWARD, autocast: torch.dtype | None = None,
-                 cut_off: str = DEFAULT_CUT_OFF):
+                 cut_off: str = DEFAULT_CUT_OFF, steps: list[int] | None = None):
         self.rundir, self.rows, self.every = rundir, rows, every
+        self.steps = set(steps or ())
+        """Evaluate at exactly these steps (empty: every ``every`` steps, and before and
+        after training: :meth:`due`)."""
         self.max_new_tokens, self.tokenizer, self.reward = max_new_tokens, tokenizer, reward
         self.cut_off = cut_off
         """How a held-out response cut at the budget is scored (:mod:`ktae.rewards.ends`)."""
@@ -59,9 +63,15 @@ class EvalCallback(TrainerCallback):
         self.last = report
         return report
 
+    def due(self, step: int, max_steps: int) -> bool:
+        """Whether the run evaluates at ``step`` (0: before training; ``max_steps``: after)."""
+        if self.steps:
+            return step in self.steps
+        return step in (0, max_steps) or bool(self.every and step % self.every == 0)
+
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if self.every and state.global_step % self.every == 0 and state.is_world_process_zero \
-                and state.global_step < state.max_steps:
+        if state.is_world_process_zero and state.global_step < state.max_steps \
+                and self.due(state.global_step, state.max_steps):
             self.evaluate(model, state.global_step)
 
 

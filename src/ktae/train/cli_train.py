@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import sys
 import time
+import typing
 from pathlib import Path
 
 from ktae import cli_common  # read at call time: tests stand in for set_interrupt_hint
@@ -23,6 +24,7 @@ from ktae.core.methods import option_value, setting_aliases
 from ktae.plugins import PLUGIN_FLAG, split_plugin_args
 from ktae.runs.config import ALGOS, TrainConfig
 from ktae.runs.credit import credit_settings, parse_arm
+from ktae.runs.fields import parse_text
 from ktae.train.flags import TRAIN_FLAGS
 from ktae.train.trl_args import parse_trl_pairs
 from ktae.train.trl_version import UnsupportedTRLError, check_trl
@@ -87,11 +89,24 @@ def _registry(record):
     return CALIBRATIONS if record.kind == CALIBRATIONS.kind else ADVANTAGE_ESTIMATORS
 
 
+def _list_reader(name: str, hint):
+    """argparse's ``type`` of a comma-separated list flag: its items read as ``hint``'s
+    (:func:`ktae.runs.fields.parse_text`), a bad item an error naming the field."""
+    def read(text: str):
+        try:
+            return parse_text(name, text, hint)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    read.__name__ = name
+    return read
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``ktae train`` flags: one per ``TrainConfig`` field, as its metadata
     declares it (:mod:`ktae.train.flags`; defaults: see ``TrainConfig``)."""
     parser.add_argument("--config", help="YAML/JSON file of TrainConfig fields")
     texts = default_texts()
+    hints = typing.get_type_hints(TrainConfig)
     for f in TRAIN_FLAGS:
         shown = f" ({texts[f.dest]})" if f.dest in texts else ""
         names = (f.short, f.name) if f.short else (f.name,)
@@ -107,9 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                help=f.help + shown)
             group.add_argument("--no-" + f.name[2:], dest=f.dest, action="store_false",
                                help=f.off_help)
-        elif f.kind == "list":
+        elif f.kind == "list":  # comma-separated, each item read as the field's type
             parser.add_argument(*names, dest=f.dest, default=None, help=f.help,
-                                type=lambda text: [t.strip() for t in text.split(",") if t.strip()])
+                                type=_list_reader(f.dest, hints[f.dest]))
         else:  # pairs: read by config_from_args
             parser.add_argument(*names, dest=f"{f.dest}_pairs", action="append", default=None,
                                 metavar=f.metavar or "KEY=VALUE", help=f.help)

@@ -425,7 +425,7 @@ def _load_parts(cfg: TrainConfig, checked: Preflight, rundir: RunDir, extra_call
         max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
         overlong_factor=cfg.overlong_factor, reward=cfg.reward, cut_off=cfg.cut_off_answers)
     metrics_cb = MetricsCallback(rundir)
-    eval_cb = EvalCallback(rundir, eval_rows, every=cfg.eval_every,
+    eval_cb = EvalCallback(rundir, eval_rows, every=cfg.eval_every, steps=cfg.eval_steps,
                            max_new_tokens=cfg.max_new_tokens, tokenizer=tokenizer,
                            reward=cfg.reward, autocast=torch.bfloat16 if cfg.bf16 else None,
                            cut_off=cfg.cut_off_answers)
@@ -466,9 +466,11 @@ def _record_rollouts(cfg: TrainConfig, trainer, resume_from: Path | None, is_mai
 
 
 def _evaluate_before_training(parts: _Parts, trainer, is_main: bool) -> None:
-    """Evaluate the untrained model (step 0) unless the run already has that evaluation."""
+    """Evaluate the untrained model (step 0) unless the run already has that evaluation
+    or does not evaluate step 0 (``eval_steps``)."""
     evals = RunDir.read_jsonl(parts.rundir.eval_path)
-    if is_main and not any(e["step"] == 0 for e in evals):
+    if is_main and parts.eval_cb.due(0, trainer.args.max_steps) \
+            and not any(e["step"] == 0 for e in evals):
         parts.eval_cb.evaluate(trainer.model, 0)
 
 
@@ -508,11 +510,12 @@ def _train_and_save(cfg: TrainConfig, trainer, parts: _Parts, resume_from: Path 
 def _summary(cfg: TrainConfig, checked: Preflight, parts: _Parts, trainer,
              resume_from: Path | None, start: float) -> dict:
     """The main process's summary of the run: held-out accuracy before and after, step
-    times, the no-signal finding; evaluates the final step first if it has no evaluation."""
+    times, the no-signal finding; evaluates the final step first if the run evaluates it
+    and has not yet."""
     step = trainer.state.global_step
     rundir = parts.rundir
     evals = RunDir.read_jsonl(rundir.eval_path)
-    if not any(e["step"] == step for e in evals):
+    if parts.eval_cb.due(step, step) and not any(e["step"] == step for e in evals):
         parts.eval_cb.evaluate(trainer.accelerator.unwrap_model(trainer.model), step)
         evals = RunDir.read_jsonl(rundir.eval_path)
     metrics = RunDir.read_jsonl(rundir.metrics_path)
