@@ -22,7 +22,9 @@ and a difference of two arms with those components has (:func:`difference_compon
 ``sigma_s^2 = 2 (1 - r_s) sigma_s,arm^2`` and ``sigma_e^2 = 2 (1 - r_e) sigma_e,arm^2``,
 with the arms' correlations ``r`` read from the 5-seed study (its GRPO and KTAE runs at
 the setting given) or 0 (arms independent: the most seeds). The problem-by-arm share is
-the 5-seed study's.
+the 5-seed study's. The seeds' variance is its ``--upper`` (80%) one-sided upper
+confidence limit from the pilot's seeds (:func:`components`), the usual guard when a
+pilot's variance sets a study's size (Browne, 1995).
 """
 
 from __future__ import annotations
@@ -41,13 +43,20 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "verdict-5seed")]
 MAX_SEEDS = 500
 
 
-def components(d) -> dict:
+def components(d, upper: float | None = None) -> dict:
     """``{"seed", "problem", "residual"}`` variance components of a ``[problems, seeds]``
-    matrix (two-way random effects without replication, method of moments).
+    matrix (two-way random effects without replication, method of moments). With
+    ``upper`` (a confidence level such as 0.8), the seed component is its one-sided upper
+    confidence limit instead: the seeds' mean square at its ``upper`` chi-square limit,
+    ``(s - 1) MS_seed / chi2(1 - upper, s - 1)``, less the residual's (a pilot of a few
+    seeds estimates it loosely, and a study planned on the point estimate is too small
+    about half the time).
 
     Raises:
-        ValueError: fewer than 2 problems or 2 seeds.
+        ValueError: fewer than 2 problems or 2 seeds, or ``upper`` outside (0, 1).
     """
+    if upper is not None and not 0 < upper < 1:
+        raise ValueError(f"upper: expected a confidence level in (0, 1), got {upper!r}")
     d = np.asarray(d, dtype=float)
     if d.ndim != 2 or min(d.shape) < 2:
         raise ValueError(f"d: expected a [problems, seeds] matrix with at least 2 of each, got "
@@ -58,13 +67,15 @@ def components(d) -> dict:
     ms_problem = s * ((rows - grand) ** 2).sum() / (p - 1)
     resid = d - rows[:, None] - cols[None, :] + grand
     ms_resid = (resid ** 2).sum() / ((p - 1) * (s - 1))
+    if upper is not None:
+        ms_seed = (s - 1) * ms_seed / float(sps.chi2.ppf(1 - upper, s - 1))
     return {"seed": max(0.0, (ms_seed - ms_resid) / p),
             "problem": max(0.0, (ms_problem - ms_resid) / s), "residual": ms_resid}
 
 
-def arm_components(a) -> dict:
+def arm_components(a, upper: float | None = None) -> dict:
     """:func:`components` of one arm's ``[problems, seeds]`` outcome matrix."""
-    return components(a)
+    return components(a, upper)
 
 
 def correlations(a, b) -> dict:
@@ -127,11 +138,13 @@ def from_pilot(args, old, rescore) -> int:
         print(f"power: --pilot: {args.pilot} has {len(seeds)} recorded seeds; at least 2 "
               "are needed", file=sys.stderr)
         return 2
-    arm = arm_components(pilot_outcomes(pilot.RECORDS, args.pilot, seeds, args.steps))
+    outcomes = pilot_outcomes(pilot.RECORDS, args.pilot, seeds, args.steps)
+    point, arm = arm_components(outcomes), arm_components(outcomes, args.upper)
     print(f"pilot `{args.pilot}`, seeds {', '.join(map(str, seeds))}, outcome: the mean of "
           f"the evaluations at steps {', '.join(map(str, args.steps))}; GRPO's sd of seeds "
-          f"{100 * math.sqrt(arm['seed']):.1f} points, residual sd "
-          f"{100 * math.sqrt(arm['residual']):.1f}\n")
+          f"{100 * math.sqrt(point['seed']):.1f} points (its {100 * args.upper:g}% upper "
+          f"confidence limit {100 * math.sqrt(arm['seed']):.1f}, which the seeds below "
+          f"take), residual sd {100 * math.sqrt(arm['residual']):.1f}\n")
     print("| correlations from | comparison | r (seeds) | r (residual) | sd of seeds | "
           "sd of problems | residual sd | paired seeds for "
           f"±{100 * args.half_width:g} points |")
@@ -166,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pilot", help="a pilot grid point: take its GRPO variance")
     p.add_argument("--steps", default="24,30",
                    help="with --pilot: the evaluated steps the outcome averages")
+    p.add_argument("--upper", type=float, default=0.8,
+                   help="with --pilot: the upper confidence level of the seeds' variance")
     args = p.parse_args(argv)
+    if not 0 < args.upper < 1:
+        print(f"power: --upper: expected a confidence level in (0, 1), got {args.upper}",
+              file=sys.stderr)
+        return 2
     try:
         args.steps = [int(x) for x in args.steps.split(",")]
     except ValueError:
