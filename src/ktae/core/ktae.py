@@ -363,6 +363,24 @@ def _base_advantages(mask: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _initial_output(batch: AdvantageBatch, keep: torch.Tensor | None,
+                    seq: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` zeros, with the base advantage ``seq`` on the real tokens of the rows of
+    groups outside ``keep`` (one class only; the chunks overwrite the others' real tokens).
+    A row whose base advantage is 0 is skipped (every row of such a group when its rewards
+    are equal, as binary rewards are): writing the whole batch was a tenth to a fifth of
+    the call at the paper preset."""
+    rows = (None if keep is None
+            else ((seq != 0) & ~keep.index_select(0, batch.gid)).nonzero().squeeze(1))
+    if rows is not None and rows.numel() == seq.numel():
+        return _base_advantages(batch.mask, seq)
+    out = torch.zeros(batch.mask.shape, dtype=seq.dtype, device=batch.device)
+    if rows is not None and rows.numel():
+        out.index_copy_(0, rows, _base_advantages(batch.mask.index_select(0, rows),
+                                                  seq.index_select(0, rows)))
+    return out
+
+
 def _mixed_groups(batch: AdvantageBatch, correct: torch.Tensor) -> torch.Tensor | None:
     """``[P]`` groups with both a correct and an incorrect response, or None when every
     group is (the others' key-token values are 0: their rows need no pass at all)."""
@@ -486,10 +504,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     out_dtype = torch.float64 if batch.rewards.dtype == torch.float64 else torch.float32
     seq = SEQUENCE_BASELINES[base](rewards, batch.gid, batch.num_groups).to(out_dtype)
     keep = None if opts.split == "graded" else _mixed_groups(batch, is_correct)
-    if keep is None:
-        out = torch.zeros(batch.mask.shape, dtype=out_dtype, device=batch.device)
-    else:  # groups without both classes: their base advantage; the others are overwritten
-        out = _base_advantages(batch.mask, seq)
+    out = _initial_output(batch, keep, seq)
 
     tables = _call_tables(batch, is_correct, opts)
 
