@@ -92,7 +92,7 @@ from ktae.core.checks import as_tensor, check_mask
 from ktae.core.chunk_pool import group_chunks, run_tasks
 from ktae.core.gtpo import _correctness
 from ktae.core.policy_loss import check_number
-from ktae.core.token_counts import real_positions
+from ktae.core.token_counts import real_positions, row_lengths
 
 APPLY = ("wrong", "all", "right")
 UNITS = ("token", "word", "span")
@@ -352,14 +352,14 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     is_correct = _correctness(batch, correct, reward_threshold)
     seq = SEQUENCE_BASELINES[base](batch.rewards, batch.gid, batch.num_groups)
     seq = seq.to(torch.float64)
-    out = seq.to(batch.rewards.dtype)[:, None] * mask  # the same bits as casting at the end
     # groups with one outcome get no prefix credit (D_i = 0): leave their tokens out
     ok = is_correct.long()
     n_g = torch.zeros(batch.num_groups, dtype=torch.long, device=batch.device).index_add_(
         0, batch.gid, torch.ones_like(ok))
     c_g = torch.zeros_like(n_g).index_add_(0, batch.gid, ok)
     mixed = (c_g > 0) & (c_g < n_g)
-    row_len = mask.sum(dim=1, dtype=torch.int32).long()  # (a bool sum widens every flag)
+    out = _one_class_rows(mask, seq.to(batch.rewards.dtype), mixed.index_select(0, batch.gid))
+    row_len = row_lengths(mask)  # a word of 8 flags at a time
     chosen = {"wrong": ~is_correct, "right": is_correct,
               "all": torch.ones_like(is_correct)}[apply]
     chunk_tokens = CHUNK_TOKENS if batch.device.type == "cpu" else DEVICE_CHUNK_TOKENS
@@ -375,12 +375,25 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
             seq.index_select(0, rows), chosen.index_select(0, rows),
             None if word_starts is None else word_starts.index_select(0, rows),
             unit, weight, total)
-        block = out.index_select(0, rows)
-        block.view(-1).index_copy_(0, flat, values.to(out.dtype))
-        out.index_copy_(0, rows, block)
+        width = mask.shape[1]  # each token's position in the batch: its row moved to rows[r]
+        at = rows.index_select(0, flat // width).mul_(width).add_(flat % width)
+        out.view(-1).index_copy_(0, at, values.to(out.dtype))
 
     run_tasks(one_chunk, group_chunks(batch.gid, batch.num_groups, row_len, chunk_tokens,
                                       keep=mixed), device=batch.device)
+    return out
+
+
+def _one_class_rows(mask: torch.Tensor, seq: torch.Tensor, mixed_row: torch.Tensor
+                    ) -> torch.Tensor:
+    """``[B, T]`` zeros with ``seq`` on the real tokens of the rows outside a mixed group
+    whose ``seq`` is not 0 (the chunks write every real token of the mixed groups' rows):
+    a product of the whole batch was a fifth of the call at the paper preset."""
+    rows = ((seq != 0) & ~mixed_row).nonzero().squeeze(1)
+    out = torch.zeros(mask.shape, dtype=seq.dtype, device=mask.device)
+    if rows.numel():
+        out.index_copy_(0, rows, seq.index_select(0, rows)[:, None]
+                        * mask.index_select(0, rows))
     return out
 
 
@@ -400,7 +413,7 @@ def _credit_rows(ids: torch.Tensor, mask: torch.Tensor, is_correct: torch.Tensor
         d = _unit_credit(d, shorter | first)
 
     # D_i from integers: c_end / n_end - c_g / n_g, zero exactly when its numerator is
-    length = mask.sum(dim=1, dtype=torch.int32).long()
+    length = row_lengths(mask)
     end = cls[(length.cumsum(0) - 1).clamp_min(0)]  # each row's last real token (row-major)
     g = gid
     num = p["c"][end] * p["n_g"][g] - p["c_g"][g] * p["n"][end]
