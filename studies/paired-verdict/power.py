@@ -4,10 +4,11 @@ A ``[problems, seeds]`` difference matrix ``D`` (arm minus arm, per problem and 
 read as crossed random effects, ``D[p, s] = mu + a_s + b_p + e_ps``: the seed's effect on
 the difference (``sigma_s``), the problem's (``sigma_p``: a problem one arm gets right
 more often) and the rest (``sigma_e``). Their variances come from the two-way ANOVA's
-mean squares (:func:`components`; a negative estimate is taken as 0). A study with ``S``
-paired seeds on ``P`` problems then has ``se^2 = sigma_s^2 / S + sigma_p^2 / P +
-sigma_e^2 / (S P)`` and a half-width of ``t(0.975, S - 1) * se``; :func:`seeds_needed` is
-the smallest ``S`` that reaches the target.
+mean squares (:func:`components`; a negative estimate is taken as 0). The verdict's
+interval on ``S`` paired seeds and ``P`` problems then has ``se^2 = sigma_s^2 / S +
+sigma_p^2 / P + 2 sigma_e^2 / (S P)`` (it counts the residual in both terms) and a
+half-width of at most ``t(0.975, S - 1) * se`` (:func:`half_width`); :func:`seeds_needed`
+is the smallest ``S`` that reaches the target.
 
     python studies/paired-verdict/power.py [--half-width 0.05] [--problems 200]
 
@@ -113,8 +114,12 @@ def pilot_outcomes(records: Path, point: str, seeds, steps) -> np.ndarray:
 
 
 def half_width(parts: dict, seeds: int, problems: int, level: float = 0.95) -> float:
+    """The half-width of the verdict's interval (``stats.paired_interval``) on a difference
+    with components ``parts``: its variance counts the residual once in the seeds' term and
+    once in the problems' (as the interval does), its degrees of freedom are the seeds'
+    (at most the interval's)."""
     se2 = (parts["seed"] / seeds + parts["problem"] / problems
-           + parts["residual"] / (seeds * problems))
+           + 2 * parts["residual"] / (seeds * problems))
     return float(sps.t.ppf(0.5 + level / 2, seeds - 1)) * math.sqrt(se2)
 
 
