@@ -31,11 +31,30 @@ def test_the_final_runs_refuse_to_start_without_a_committed_plan(tmp_path, monke
     final = _final()
     monkeypatch.setattr(final, "PLAN", tmp_path / "plan.md")
     monkeypatch.setattr(final, "CODE", tmp_path / "final-code.json")
+    for name in ("N_SEEDS", "RECIPE", "ARM_2026"):
+        monkeypatch.setattr(final, name, None)
     problems = final.plan_problems()
     assert any("plan.md does not exist" in p for p in problems)
-    assert any(p.startswith("N_SEEDS") for p in problems)
+    for name in ("N_SEEDS", "RECIPE", "ARM_2026"):
+        assert any(p.startswith(name) for p in problems), name
+    assert any("does not name the runs' commit" in p for p in problems)
     assert final.main(["run"]) == 2
     assert "the plan is not committed" in capsys.readouterr().err
+
+
+def test_the_committed_plan_names_everything_the_final_runs_need():
+    """plan.md is committed as it stands, and the constants it names are set: the final
+    runs may start (this fails while plan.md is edited and not committed)."""
+    final = _final()
+    import pilot
+
+    assert final.plan_problems() == []
+    assert final.RECIPE in pilot.GRID and final.ARM_2026 in final.CANDIDATES_2026
+    plan = final.PLAN.read_text()
+    commit = json.loads(final.CODE.read_text())["commit"]
+    assert commit[:12] in plan and f'RECIPE = "{final.RECIPE}"' in plan
+    assert f"N_SEEDS = {final.N_SEEDS}" in plan and f'ARM_2026 = "{final.ARM_2026}"' in plan
+    assert len(final.jobs()) == final.N_SEEDS * len(final.arms())
 
 
 def test_the_final_runs_pair_every_arm_on_fresh_seeds_and_the_test_split(monkeypatch):

@@ -51,9 +51,9 @@ OUTCOME_STEPS = (24, 30)
 FIRST_SEED = 201
 """Final seeds are ``FIRST_SEED, FIRST_SEED + 1, ...``: disjoint from the pilot's
 development seeds (101-105) and from the 5-seed study's (11-15)."""
-N_SEEDS: int | None = None
+N_SEEDS: int | None = 14
 """Paired seeds per arm, from the pilot's variance (``power.py --pilot``); set by the plan."""
-RECIPE: str | None = None
+RECIPE: str | None = "lr2e-4-p4g8-t96"
 """The pilot's chosen grid point (a key of ``pilot.GRID``); set by the plan."""
 BUFFER_SHARE = 5
 """The length control's overlong buffer is the budget over this (DAPO's default share)."""
@@ -76,7 +76,7 @@ CANDIDATES_2026 = {
 }
 """The 2026 methods in the repository that the development audit
 (``studies/self-teacher-audit``) chooses among, with their flags."""
-ARM_2026: str | None = None
+ARM_2026: str | None = "delta"
 """The best 2026 method on the development audit (a key of :data:`CANDIDATES_2026`); set
 by the plan."""
 LABELS = {"grpo": "GRPO", "ktae": "GRPO + KTAE", "length": "the length control",
