@@ -161,6 +161,7 @@ NON_DEFAULT = {
     "self_distill": "sdpg",
     "self_distill_options": {"beta": 0.02},
     "eval_every": 3,
+    "eval_steps": [0, 2],
     "eval_size": 5,
     "save_every": 6,
     "save_total_limit": 0,
@@ -482,6 +483,13 @@ def check_eval_every(ctx):
 
     _, p = ctx.probe(eval_every=3)
     assert p.callback(EvalCallback).every == 3
+
+
+def check_eval_steps(ctx):
+    from ktae.train.callbacks import EvalCallback
+
+    _, p = ctx.probe(eval_steps=[2, 0])  # the probe stops at the evaluation of step 0
+    assert p.callback(EvalCallback).steps == {0, 2}
 
 
 def check_eval_size(ctx):

@@ -63,6 +63,10 @@ class EvalCallback(TrainerCallback):
         self.last = report
         return report
 
+    def evaluates_before_training(self) -> bool:
+        """Whether the run evaluates the untrained model (step 0)."""
+        return not self.steps or 0 in self.steps
+
     def due(self, step: int, max_steps: int) -> bool:
         """Whether the run evaluates at ``step`` (0: before training; ``max_steps``: after)."""
         if self.steps:

@@ -469,7 +469,7 @@ def _evaluate_before_training(parts: _Parts, trainer, is_main: bool) -> None:
     """Evaluate the untrained model (step 0) unless the run already has that evaluation
     or does not evaluate step 0 (``eval_steps``)."""
     evals = RunDir.read_jsonl(parts.rundir.eval_path)
-    if is_main and parts.eval_cb.due(0, trainer.args.max_steps) \
+    if is_main and parts.eval_cb.evaluates_before_training() \
             and not any(e["step"] == 0 for e in evals):
         parts.eval_cb.evaluate(trainer.model, 0)
 
