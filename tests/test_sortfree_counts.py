@@ -13,8 +13,8 @@ from prefix_value_oracle import slow_prefix_values
 from test_prefix_value import random_groups
 
 import ktae
-from ktae.core import chunk_pool, prefix_lcp, prefix_value, scatter_counts
 from ktae.core import ktae as ktae_module
+from ktae.core import prefix_lcp, prefix_value, scatter_counts, token_counts
 from ktae.core.groups import group_index
 from ktae.core.ngrams import find_spans
 from ktae.core.token_counts import count_units, real_positions, row_lengths
@@ -280,7 +280,9 @@ def test_auto_counting_takes_the_sort_where_ids_would_be_hashed(monkeypatch, gro
 
 @pytest.mark.parametrize("rows", [slice(None), slice(3, 11), slice(2, 9, 3)])
 @pytest.mark.parametrize("T", [0, 5, 8, 24, 61])
-def test_row_lengths_equal_the_mask_sums(rows, T):
+@pytest.mark.parametrize("block", [1, 5, 1 << 17])  # words per block of rows
+def test_row_lengths_equal_the_mask_sums(monkeypatch, rows, T, block):
+    monkeypatch.setattr(token_counts, "_ROW_LENGTH_BLOCK", block)
     mask = torch.rand(12, T, generator=torch.Generator().manual_seed(T)) < 0.6
     for m in (mask[rows], mask[rows].T.contiguous().T, mask.T[:, rows].T):
         got = row_lengths(m)
@@ -462,18 +464,36 @@ def test_prefix_value_is_the_same_bits_in_any_chunking(monkeypatch, seed, unit):
 
 
 @pytest.mark.parametrize("block", [1, 7, 1 << 20])
-def test_base_advantages_in_blocks_of_rows_are_the_where_of_the_batch(monkeypatch, block):
-    monkeypatch.setattr(ktae_module, "BASE_BLOCK", block)
+def test_every_element_of_the_output_is_written_by_one_task(monkeypatch, block):
+    # the output starts uninitialised (NaN here): the chunks write their rows, padding
+    # included, and the rows of one-class groups get their base advantage (not 0 when
+    # the rewards differ above the threshold) in blocks of ``block`` elements
     gen = torch.Generator().manual_seed(block)
-    mask = torch.rand(11, 5, generator=gen) < 0.6
-    seq = torch.randn(11, generator=gen)
-    want = torch.where(mask, seq[:, None], torch.zeros(()))
+    groups, size, T = 9, 4, 6
+    group = torch.arange(groups).repeat_interleave(size)
+    rewards = torch.rand(groups * size, generator=gen, dtype=torch.float64) + 0.1
+    rewards[group % 3 == 0] -= 0.6  # some groups mixed, the others one class
+    rewards[group == 4] = 0.0  # one class, equal rewards: base advantage 0
+    ids = torch.randint(0, 7, (groups * size, T), generator=gen)
+    mask = torch.rand(groups * size, T, generator=gen) < 0.7
+    kw = dict(rewards=rewards, group=group, token_ids=ids, mask=mask)
+    want = ktae.compute_advantages("ktae", **kw)
+    monkeypatch.setattr(ktae_module, "BASE_BLOCK", block)
+    monkeypatch.setattr(ktae_module, "_new_output",
+                        lambda shape, dtype, device: torch.full(shape, float("nan"),
+                                                                dtype=dtype, device=device))
+    seq = ktae.compute_advantages("grpo", rewards=rewards, group=group)
+    one_class = torch.tensor([len(set((rewards[group == g] > 0).tolist())) == 1
+                              for g in group.tolist()])
     threads = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            got = chunk_pool.one_thread_caller(ktae_module._base_advantages)(mask, seq)
-            assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+            got = ktae.compute_advantages("ktae", **kw, chunk_tokens=8)
+            assert not got.isnan().any()
+            assert torch.equal(got.view(torch.int64), want.view(torch.int64))
+            assert torch.equal(got[one_class], torch.where(mask, seq[:, None], 0.0)[one_class])
+            assert (got[~mask] == 0).all()
     finally:
         torch.set_num_threads(threads)
 

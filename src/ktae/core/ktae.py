@@ -345,40 +345,45 @@ def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | No
     return chunks
 
 
-#: :func:`_base_advantages`: elements per task.
+#: :func:`_outside_tasks`: elements per task.
 BASE_BLOCK = 1 << 20
 
 
-def _base_advantages(mask: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
-    """``[B, T]``: ``seq`` on the real tokens, 0 on padding; on CPU in blocks of rows that
-    run as tasks on the caller's threads (the output is as large as the batch: on one
-    thread it was a serial part of the call of a tenth to a fifth of one sort of the
-    batch's keys at the paper preset)."""
-    out = torch.empty(mask.shape, dtype=seq.dtype, device=mask.device)
-    zero = torch.zeros((), dtype=seq.dtype, device=mask.device)
-    step = max(1, BASE_BLOCK // max(1, mask.shape[1])) if mask.device.type == "cpu" else None
-    blocks = [slice(r, r + step) for r in range(0, mask.shape[0], step)] if step else [slice(None)]
-    run_tasks(lambda rows: torch.where(mask[rows], seq[rows, None], zero, out=out[rows]),
-              blocks, device=mask.device)
-    return out
+def _outside_tasks(batch: AdvantageBatch, keep: torch.Tensor | None, seq: torch.Tensor,
+                   out: torch.Tensor) -> list:
+    """Tasks that write the rows of ``out`` that no chunk writes (groups outside ``keep``:
+    one class only), in blocks of rows: ``seq`` on their real tokens, 0 on padding; a
+    block whose base advantages are all 0 (every row of such a group when its rewards are
+    equal, as binary rewards are) is only zeroed."""
+    if keep is None:
+        return []
+    rows = (~keep.index_select(0, batch.gid)).nonzero().squeeze(1)
+    width = max(1, batch.mask.shape[1])
+    step = max(1, BASE_BLOCK // width) if batch.device.type == "cpu" else max(1, rows.numel())
+    zero = torch.zeros((), dtype=seq.dtype, device=batch.device)
+
+    def block(r: torch.Tensor) -> None:
+        base = seq.index_select(0, r)
+        if not bool(base.any()):
+            out.index_fill_(0, r, 0)
+            return
+        out.index_copy_(0, r, torch.where(batch.mask.index_select(0, r), base[:, None], zero))
+
+    return [functools.partial(block, rows[i:i + step]) for i in range(0, rows.numel(), step)]
 
 
-def _initial_output(batch: AdvantageBatch, keep: torch.Tensor | None,
-                    seq: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` zeros, with the base advantage ``seq`` on the real tokens of the rows of
-    groups outside ``keep`` (one class only; the chunks overwrite the others' real tokens).
-    A row whose base advantage is 0 is skipped (every row of such a group when its rewards
-    are equal, as binary rewards are): writing the whole batch was a tenth to a fifth of
-    the call at the paper preset."""
-    rows = (None if keep is None
-            else ((seq != 0) & ~keep.index_select(0, batch.gid)).nonzero().squeeze(1))
-    if rows is not None and rows.numel() == seq.numel():
-        return _base_advantages(batch.mask, seq)
-    out = torch.zeros(batch.mask.shape, dtype=seq.dtype, device=batch.device)
-    if rows is not None and rows.numel():
-        out.index_copy_(0, rows, _base_advantages(batch.mask.index_select(0, rows),
-                                                  seq.index_select(0, rows)))
-    return out
+def _new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The call's ``[B, T]`` output, uninitialised: its tasks write every element."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _zero_rows(out: torch.Tensor, rows: slice | torch.Tensor) -> None:
+    """Zero ``out``'s rows ``rows`` (a chunk's, just before it writes its real tokens: the
+    pages are then in cache, and each task zeroes its own share of the ``[B, T]`` output)."""
+    if isinstance(rows, slice):
+        out[rows].zero_()
+    else:
+        out.index_fill_(0, rows, 0)
 
 
 def _mixed_groups(batch: AdvantageBatch, correct: torch.Tensor) -> torch.Tensor | None:
@@ -504,7 +509,9 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     out_dtype = torch.float64 if batch.rewards.dtype == torch.float64 else torch.float32
     seq = SEQUENCE_BASELINES[base](rewards, batch.gid, batch.num_groups).to(out_dtype)
     keep = None if opts.split == "graded" else _mixed_groups(batch, is_correct)
-    out = _initial_output(batch, keep, seq)
+    # every element of ``out`` is written by one task: a chunk's rows by the chunk, the
+    # others by :func:`_outside_tasks`
+    out = _new_output(batch.mask.shape, out_dtype, batch.device)
 
     tables = _call_tables(batch, is_correct, opts)
 
@@ -528,16 +535,20 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
                 by_start = cnt.spread_at(by_pair, spans.start, flat.numel())
                 per_token = reduce_from_starts(by_start, spans, opts.ngram_reduce).to(out_dtype)
         per_token = per_token + seq[chunk.rows].index_select(0, row)  # padding keeps 0
-        if at is not None:  # ``out`` is contiguous, its padding already 0
+        if at is not None:  # ``out`` is contiguous
+            _zero_rows(out, chunk.rows)
             out.view(-1).index_copy_(0, at, per_token)
         elif isinstance(chunk.rows, slice):
+            _zero_rows(out, chunk.rows)
             out[chunk.rows].view(-1).index_copy_(0, flat, per_token)
         else:
             block = torch.zeros(chunk.mask.shape, dtype=out_dtype, device=out.device)
             out.index_copy_(0, chunk.rows, block.view(-1).index_copy_(0, flat, per_token)
                             .view(chunk.mask.shape))
 
-    run_tasks(one_chunk, _chunks(batch, is_correct, chunk_tokens, keep, opts.ngram),
+    chunks = _chunks(batch, is_correct, chunk_tokens, keep, opts.ngram)
+    run_tasks(lambda task: task(), [*(functools.partial(one_chunk, c) for c in chunks),
+                                    *_outside_tasks(batch, keep, seq, out)],
               device=batch.device)
     if apply != "all":
         chosen = ~is_correct if apply == "wrong" else is_correct

@@ -109,6 +109,8 @@ def count_tokens(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
 
 #: :func:`row_lengths`: times a word of eight 0/1 bytes, its top byte is their sum.
 _BYTE_SUM = 0x0101010101010101
+#: :func:`row_lengths`: words per block of rows (a 1 MiB buffer, reused).
+_ROW_LENGTH_BLOCK = 1 << 17
 
 
 def row_lengths(mask: torch.Tensor) -> torch.Tensor:
@@ -123,8 +125,15 @@ def row_lengths(mask: torch.Tensor) -> torch.Tensor:
     B, T = mask.shape
     if (mask.device.type == "cpu" and T and T % 8 == 0 and mask.stride(1) == 1
             and mask.stride(0) == T and mask.storage_offset() % 8 == 0):
-        words = mask.view(torch.int64).mul(_BYTE_SUM)
-        return words.bitwise_right_shift_(56).sum(1)
+        words = mask.view(torch.int64)  # [B, T / 8]
+        out = torch.empty(B, dtype=torch.int64)
+        step = max(1, _ROW_LENGTH_BLOCK // words.shape[1])
+        buf = torch.empty(min(B, step), words.shape[1], dtype=torch.int64)
+        for r in range(0, B, step):  # a reused buffer: no page of a [B, T / 8] temporary
+            part = buf[: min(step, B - r)]
+            torch.mul(words[r:r + step], _BYTE_SUM, out=part)
+            torch.sum(part.bitwise_right_shift_(56), 1, out=out[r:r + step])
+        return out
     return mask.sum(1, dtype=torch.int32).long()
 
 
