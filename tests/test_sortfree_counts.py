@@ -13,8 +13,8 @@ from prefix_value_oracle import slow_prefix_values
 from test_prefix_value import random_groups
 
 import ktae
+from ktae.core import chunk_pool, prefix_lcp, prefix_value, scatter_counts, token_counts
 from ktae.core import ktae as ktae_module
-from ktae.core import prefix_lcp, prefix_value, scatter_counts, token_counts
 from ktae.core.groups import group_index
 from ktae.core.ngrams import find_spans
 from ktae.core.token_counts import count_units, real_positions, row_lengths
@@ -478,8 +478,8 @@ def test_every_element_of_the_output_is_written_by_one_task(monkeypatch, block):
     mask = torch.rand(groups * size, T, generator=gen) < 0.7
     kw = dict(rewards=rewards, group=group, token_ids=ids, mask=mask)
     want = ktae.compute_advantages("ktae", **kw)
-    monkeypatch.setattr(ktae_module, "BASE_BLOCK", block)
-    monkeypatch.setattr(ktae_module, "_new_output",
+    monkeypatch.setattr(chunk_pool, "BASE_BLOCK", block)
+    monkeypatch.setattr(ktae_module, "new_output",
                         lambda shape, dtype, device: torch.full(shape, float("nan"),
                                                                 dtype=dtype, device=device))
     seq = ktae.compute_advantages("grpo", rewards=rewards, group=group)
@@ -494,6 +494,35 @@ def test_every_element_of_the_output_is_written_by_one_task(monkeypatch, block):
             assert torch.equal(got.view(torch.int64), want.view(torch.int64))
             assert torch.equal(got[one_class], torch.where(mask, seq[:, None], 0.0)[one_class])
             assert (got[~mask] == 0).all()
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("block", [1, 7, 1 << 20])
+def test_every_element_of_prefix_values_output_is_written_by_one_task(monkeypatch, block):
+    # as KTAE's: the chunks (one per mixed group here) and the blocks of one-class rows
+    # write the whole uninitialised (NaN) output
+    gen = torch.Generator().manual_seed(block)
+    group = torch.arange(9).repeat_interleave(4)
+    rewards = torch.rand(36, generator=gen, dtype=torch.float64) + 0.1
+    rewards[group % 3 == 0] -= 0.6
+    rewards[group == 4] = 0.0
+    ids = torch.randint(0, 3, (36, 6), generator=gen)
+    mask = torch.rand(36, 6, generator=gen) < 0.7
+    kw = dict(rewards=rewards, group=group, token_ids=ids, mask=mask, apply="all")
+    want = ktae.compute_advantages("prefix-value", **kw)
+    monkeypatch.setattr(chunk_pool, "BASE_BLOCK", block)
+    monkeypatch.setattr(prefix_value, "CHUNK_TOKENS", 3)
+    monkeypatch.setattr(prefix_value, "new_output",
+                        lambda shape, dtype, device: torch.full(shape, float("nan"),
+                                                                dtype=dtype, device=device))
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got = ktae.compute_advantages("prefix-value", **kw)
+            assert not got.isnan().any() and (got[~mask] == 0).all()
+            assert torch.equal(got.view(torch.int64), want.view(torch.int64))
     finally:
         torch.set_num_threads(threads)
 

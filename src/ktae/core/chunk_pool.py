@@ -176,3 +176,47 @@ def group_chunks(gid: torch.Tensor, num_groups: int, row_len: torch.Tensor, max_
     ends = torch.searchsorted(sorted_chunks, ids, right=True).tolist()
     for (g0, g1), a, b in zip(spans, starts, ends, strict=True):
         yield order[a:b], g0, g1 - g0
+
+
+#: :func:`outside_rows_tasks`: elements per task.
+BASE_BLOCK = 1 << 20
+
+
+def outside_rows_tasks(out: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
+                       keep: torch.Tensor | None, seq: torch.Tensor) -> list[Callable[[], None]]:
+    """Tasks for :func:`run_tasks` that write the rows of a ``[B, T]`` output that no chunk
+    of groups writes (the groups outside ``keep``), in blocks of rows: ``seq`` on their
+    real tokens, 0 on padding. A block whose ``seq`` is all 0 (every row of a group whose
+    rewards are equal, as binary rewards of a one-class group are) is only zeroed. With
+    the chunks zeroing their own rows (:func:`zero_rows`) just before they write them,
+    every element is written once, by the tasks, with no serial fill of the output."""
+    if keep is None:
+        return []
+    rows = (~keep.index_select(0, gid)).nonzero().squeeze(1)
+    width = max(1, mask.shape[1])
+    step = max(1, BASE_BLOCK // width) if mask.device.type == "cpu" else max(1, rows.numel())
+    zero = torch.zeros((), dtype=out.dtype, device=out.device)
+
+    def block(r: torch.Tensor) -> None:
+        base = seq.index_select(0, r).to(out.dtype)
+        if not bool(base.any()):
+            out.index_fill_(0, r, 0)
+            return
+        out.index_copy_(0, r, torch.where(mask.index_select(0, r), base[:, None], zero))
+
+    return [functools.partial(block, rows[i:i + step]) for i in range(0, rows.numel(), step)]
+
+
+def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A call's ``[B, T]`` output, uninitialised: its tasks write every element (the
+    chunks' rows, :func:`zero_rows`, and the others, :func:`outside_rows_tasks`)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def zero_rows(out: torch.Tensor, rows: slice | torch.Tensor) -> None:
+    """Zero the rows ``rows`` of ``out``: a chunk's, just before it writes their real
+    tokens (the pages are then in cache, and each task zeroes its own share)."""
+    if isinstance(rows, slice):
+        out[rows].zero_()
+    else:
+        out.index_fill_(0, rows, 0)

@@ -52,7 +52,14 @@ from ktae.core import stats
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, make_batch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor
-from ktae.core.chunk_pool import group_chunks, one_thread_caller, run_tasks
+from ktae.core.chunk_pool import (
+    group_chunks,
+    new_output,
+    one_thread_caller,
+    outside_rows_tasks,
+    run_tasks,
+    zero_rows,
+)
 from ktae.core.ktae_graded import (
     graded_table,
     graded_token_values,
@@ -345,47 +352,6 @@ def _chunks(batch: AdvantageBatch, correct: torch.Tensor, chunk_tokens: int | No
     return chunks
 
 
-#: :func:`_outside_tasks`: elements per task.
-BASE_BLOCK = 1 << 20
-
-
-def _outside_tasks(batch: AdvantageBatch, keep: torch.Tensor | None, seq: torch.Tensor,
-                   out: torch.Tensor) -> list:
-    """Tasks that write the rows of ``out`` that no chunk writes (groups outside ``keep``:
-    one class only), in blocks of rows: ``seq`` on their real tokens, 0 on padding; a
-    block whose base advantages are all 0 (every row of such a group when its rewards are
-    equal, as binary rewards are) is only zeroed."""
-    if keep is None:
-        return []
-    rows = (~keep.index_select(0, batch.gid)).nonzero().squeeze(1)
-    width = max(1, batch.mask.shape[1])
-    step = max(1, BASE_BLOCK // width) if batch.device.type == "cpu" else max(1, rows.numel())
-    zero = torch.zeros((), dtype=seq.dtype, device=batch.device)
-
-    def block(r: torch.Tensor) -> None:
-        base = seq.index_select(0, r)
-        if not bool(base.any()):
-            out.index_fill_(0, r, 0)
-            return
-        out.index_copy_(0, r, torch.where(batch.mask.index_select(0, r), base[:, None], zero))
-
-    return [functools.partial(block, rows[i:i + step]) for i in range(0, rows.numel(), step)]
-
-
-def _new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The call's ``[B, T]`` output, uninitialised: its tasks write every element."""
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _zero_rows(out: torch.Tensor, rows: slice | torch.Tensor) -> None:
-    """Zero ``out``'s rows ``rows`` (a chunk's, just before it writes its real tokens: the
-    pages are then in cache, and each task zeroes its own share of the ``[B, T]`` output)."""
-    if isinstance(rows, slice):
-        out[rows].zero_()
-    else:
-        out.index_fill_(0, rows, 0)
-
-
 def _mixed_groups(batch: AdvantageBatch, correct: torch.Tensor) -> torch.Tensor | None:
     """``[P]`` groups with both a correct and an incorrect response, or None when every
     group is (the others' key-token values are 0: their rows need no pass at all)."""
@@ -510,8 +476,8 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     seq = SEQUENCE_BASELINES[base](rewards, batch.gid, batch.num_groups).to(out_dtype)
     keep = None if opts.split == "graded" else _mixed_groups(batch, is_correct)
     # every element of ``out`` is written by one task: a chunk's rows by the chunk, the
-    # others by :func:`_outside_tasks`
-    out = _new_output(batch.mask.shape, out_dtype, batch.device)
+    # others by :func:`ktae.core.chunk_pool.outside_rows_tasks`
+    out = new_output(batch.mask.shape, out_dtype, batch.device)
 
     tables = _call_tables(batch, is_correct, opts)
 
@@ -536,10 +502,10 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
                 per_token = reduce_from_starts(by_start, spans, opts.ngram_reduce).to(out_dtype)
         per_token = per_token + seq[chunk.rows].index_select(0, row)  # padding keeps 0
         if at is not None:  # ``out`` is contiguous
-            _zero_rows(out, chunk.rows)
+            zero_rows(out, chunk.rows)
             out.view(-1).index_copy_(0, at, per_token)
         elif isinstance(chunk.rows, slice):
-            _zero_rows(out, chunk.rows)
+            zero_rows(out, chunk.rows)
             out[chunk.rows].view(-1).index_copy_(0, flat, per_token)
         else:
             block = torch.zeros(chunk.mask.shape, dtype=out_dtype, device=out.device)
@@ -548,7 +514,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
 
     chunks = _chunks(batch, is_correct, chunk_tokens, keep, opts.ngram)
     run_tasks(lambda task: task(), [*(functools.partial(one_chunk, c) for c in chunks),
-                                    *_outside_tasks(batch, keep, seq, out)],
+                                    *outside_rows_tasks(out, batch.mask, batch.gid, keep, seq)],
               device=batch.device)
     if apply != "all":
         chosen = ~is_correct if apply == "wrong" else is_correct

@@ -83,13 +83,15 @@ GRPO variants, with the group as the only rollouts (no extra sampling).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ktae.core import prefix_lcp
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor, check_mask
-from ktae.core.chunk_pool import group_chunks, run_tasks
+from ktae.core.chunk_pool import group_chunks, new_output, outside_rows_tasks, run_tasks, zero_rows
 from ktae.core.gtpo import _correctness
 from ktae.core.policy_loss import check_number
 from ktae.core.token_counts import real_positions, row_lengths
@@ -358,7 +360,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
         0, batch.gid, torch.ones_like(ok))
     c_g = torch.zeros_like(n_g).index_add_(0, batch.gid, ok)
     mixed = (c_g > 0) & (c_g < n_g)
-    out = _one_class_rows(mask, seq.to(batch.rewards.dtype), mixed.index_select(0, batch.gid))
+    out = new_output(mask.shape, batch.rewards.dtype, batch.device)
     row_len = row_lengths(mask)  # a word of 8 flags at a time
     chosen = {"wrong": ~is_correct, "right": is_correct,
               "all": torch.ones_like(is_correct)}[apply]
@@ -366,6 +368,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
 
     def one_chunk(item) -> None:  # a task: writes its own rows of ``out``
         rows, first_group, num_groups = item
+        zero_rows(out, rows)
         if not bool(row_len.index_select(0, rows).any()):
             return
         sub_mask = mask.index_select(0, rows)
@@ -379,21 +382,13 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
         at = rows.index_select(0, flat // width).mul_(width).add_(flat % width)
         out.view(-1).index_copy_(0, at, values.to(out.dtype))
 
-    run_tasks(one_chunk, group_chunks(batch.gid, batch.num_groups, row_len, chunk_tokens,
-                                      keep=mixed), device=batch.device)
-    return out
-
-
-def _one_class_rows(mask: torch.Tensor, seq: torch.Tensor, mixed_row: torch.Tensor
-                    ) -> torch.Tensor:
-    """``[B, T]`` zeros with ``seq`` on the real tokens of the rows outside a mixed group
-    whose ``seq`` is not 0 (the chunks write every real token of the mixed groups' rows):
-    a product of the whole batch was a fifth of the call at the paper preset."""
-    rows = ((seq != 0) & ~mixed_row).nonzero().squeeze(1)
-    out = torch.zeros(mask.shape, dtype=seq.dtype, device=mask.device)
-    if rows.numel():
-        out.index_copy_(0, rows, seq.index_select(0, rows)[:, None]
-                        * mask.index_select(0, rows))
+    # every element of ``out`` is written by one task: a chunk's rows by the chunk, the
+    # one-class groups' rows by blocks of rows
+    chunks = group_chunks(batch.gid, batch.num_groups, row_len, chunk_tokens, keep=mixed)
+    run_tasks(lambda task: task(),
+              [*(functools.partial(one_chunk, c) for c in chunks),
+               *outside_rows_tasks(out, mask, batch.gid, mixed, seq.to(batch.rewards.dtype))],
+              device=batch.device)
     return out
 
 
