@@ -158,3 +158,13 @@ def test_every_arm_of_every_candidate_plan_is_a_valid_train_command(candidate, m
         argv = list(job.argv[1:]) + ["-o", "unused"]
         cfg = config_from_args(parser.parse_args(argv))
         assert cfg.eval_split == "test" and cfg.seed == final.FIRST_SEED
+
+
+def test_the_table_before_two_seeds_are_recorded_is_one_line(tmp_path, monkeypatch, capsys):
+    final = _final()
+    monkeypatch.setattr(final, "RECORDS", tmp_path / "records")
+    assert final.main(["table"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "expected at least 2 seeds recorded in every arm, got 0" in err
+    assert "recorded 0 of" in err

@@ -231,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         print(driver.status_line(jobs(), RECORDS))
         return 0
     if args.action == "table":
-        print(table(analyse(RECORDS, list(arms()), seeds())))
+        try:
+            result = analyse(RECORDS, list(arms()), seeds())
+        except ValueError as e:  # too few runs recorded yet
+            print(f"final: {e} ({driver.status_line(jobs(), RECORDS)})", file=sys.stderr)
+            return 1
+        print(table(result))
         return 0
     if problems:
         print("final: the plan is not committed: " + "; ".join(problems), file=sys.stderr)
