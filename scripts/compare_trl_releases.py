@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,23 @@ def overridden_names() -> list[str]:
     return sorted(n for n, v in vars(KTAEGRPOTrainer).items() if callable(v) and n in own)
 
 
+def source_lines(source: str) -> list[str]:
+    """``source``'s lines, ends kept, split only at ``\\r\\n``, ``\\r`` and ``\\n`` (where
+    Python's parser ends a line, as ``ast.get_source_segment`` splits)."""
+    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z", source)
+
+
+def segment(lines: list[str], node: ast.AST) -> str:
+    """The source of ``node``, as ``ast.get_source_segment`` gives it, from the file's lines
+    split once (that function splits the whole file again, a character at a time, for
+    every node: seconds for the ~60 methods of ``grpo_trainer.py``)."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+    return "".join([lines[first].encode()[node.col_offset:].decode(), *lines[first + 1:last],
+                    lines[last].encode()[:node.end_col_offset].decode()])
+
+
 def definitions(source: str, cls: str | None) -> dict[str, str]:
     """``name -> source`` of the functions of class ``cls`` (module level when None)."""
     tree = ast.parse(source)
@@ -50,8 +68,8 @@ def definitions(source: str, cls: str | None) -> dict[str, str]:
     else:
         body = next((n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
                      and n.name == cls), [])
-    return {n.name: ast.get_source_segment(source, n) for n in body
-            if isinstance(n, ast.FunctionDef)}
+    lines = source_lines(source)
+    return {n.name: segment(lines, n) for n in body if isinstance(n, ast.FunctionDef)}
 
 
 def signature(code: str) -> str:
@@ -77,13 +95,17 @@ def compare(versions: list[str]) -> list[str]:
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         wheels = {v: fetch(v, Path(tmp)) for v in versions}
+        parsed = {}  # (version, path, cls) -> definitions: each file is parsed once
 
         def code(version, path, cls, name):
-            try:
-                text = wheels[version].read(path).decode()
-            except KeyError:
-                return None
-            return definitions(text, cls).get(name)
+            key = (version, path, cls)
+            if key not in parsed:
+                try:
+                    text = wheels[version].read(path).decode()
+                except KeyError:
+                    text = None
+                parsed[key] = None if text is None else definitions(text, cls)
+            return None if parsed[key] is None else parsed[key].get(name)
 
         reference = versions[0]
         for path, cls, name in items:
