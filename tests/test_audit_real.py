@@ -2,7 +2,9 @@
 tokenizer (the shipped fixture), labels from the claims labeller, the first line and the
 progress lines, the 64-token budget, the right-answer-wrong-tokens rate, arith run
 directories; tiny random weights where the weights do not matter. The end-to-end run on
-the converted model is marked ``slow``."""
+the converted model is marked ``slow``; it also checks the sanity rules and the credit by
+kind of token on the real model's groups (:mod:`ktae.credit_audit.sanity`,
+:mod:`ktae.credit_audit.token_kinds`)."""
 
 from __future__ import annotations
 
@@ -357,3 +359,15 @@ def test_audit_of_smollm2_end_to_end(tmp_path, capsys):
     assert rate["responses"] == counts["responses"] - counts["wrong_answers"]
     assert "right answers holding a locally wrong token" in out
     assert result["counts"]["responses"] == 36 and took < 600
+    # the sanity rules and the credit by kind of token on the real model's groups (checked
+    # on this audit rather than on a second one that would sample the same groups again)
+    oracle = result["sanity_rules"]["oracle"]["all"]
+    random = result["sanity_rules"]["random"]["all"]
+    assert oracle["blame"]["responses"] > 0
+    assert oracle["blame"]["mean"] == 1.0 and oracle["lowest"]["mean"] == 1.0
+    assert random["blame"]["low"] <= 0.5 <= random["blame"]["high"]
+    by_kind = result["credit_by_kind"]
+    assert by_kind["oracle"]["negative"]["wrong result"] == pytest.approx(1.0)
+    # a real response ends its turn: the special tokens are a kind of their own
+    assert by_kind["grpo"]["tokens"]["end of turn"] > 0
+    assert by_kind["grpo"]["tokens"]["word"] > 0

@@ -1,20 +1,20 @@
-"""The audit's sanity rules and its credit by kind of token: on synthetic groups (fast)
-and on a small audit of the real model, SmolLM2-135M-Instruct on the arith task (skipped
-when the model is not prepared, unless KTAE_REQUIRE_REAL_MODEL=1); the progress lines of
-every phase after sampling."""
+"""The audit's sanity rules and its credit by kind of token on synthetic groups (fast); the
+progress lines of every phase after sampling. On the real model, SmolLM2-135M-Instruct on
+the arith task, they are checked by the end-to-end audit of
+``test_audit_real.py::test_audit_of_smollm2_end_to_end``, which samples the same 6 x 6
+groups this file's real-model audit sampled."""
 
 from __future__ import annotations
 
 import io
 import json
-import os
 
 import numpy as np
 import pytest
 
 from ktae.cli import main
 from ktae.credit_audit.progress import phase_printer
-from ktae.credit_audit.run import AuditGroup, audit, audit_groups, parse_methods
+from ktae.credit_audit.run import AuditGroup, audit_groups, parse_methods
 from ktae.credit_audit.sanity import SANITY_RULES
 from ktae.credit_audit.token_kinds import KINDS
 from ktae.groups.input import GroupInput
@@ -154,26 +154,6 @@ def test_every_phase_after_sampling_shows_progress(tmp_path, capsys):
     assert main([*args, "--no-progress", "-o", str(tmp_path / "b")]) == 0
     err = capsys.readouterr().err
     assert "labelled" not in err and "scored" not in err and "computed" not in err
-
-
-def test_sanity_rules_on_a_small_audit_of_smollm2():
-    from ktae.models import smollm2
-
-    if not smollm2.is_prepared() and os.environ.get("KTAE_REQUIRE_REAL_MODEL") != "1":
-        pytest.skip("smollm2-135m is not prepared (`ktae models prepare smollm2-135m`); "
-                    "KTAE_REQUIRE_REAL_MODEL=1 requires it")
-    result = audit(model="smollm2-135m", prompts=6, samples=6, credit="grpo,ktae",
-                   resamples=500, threads=1)
-    oracle = result["sanity_rules"]["oracle"]["all"]
-    random = result["sanity_rules"]["random"]["all"]
-    assert oracle["blame"]["responses"] > 0
-    assert oracle["blame"]["mean"] == 1.0 and oracle["lowest"]["mean"] == 1.0
-    assert random["blame"]["low"] <= 0.5 <= random["blame"]["high"]
-    by_kind = result["credit_by_kind"]
-    assert by_kind["oracle"]["negative"]["wrong result"] == pytest.approx(1.0)
-    # a real response ends its turn: the special tokens are a kind of their own
-    assert by_kind["grpo"]["tokens"]["end of turn"] > 0
-    assert by_kind["grpo"]["tokens"]["word"] > 0
 
 
 def test_random_rule_interval_holds_its_draws_on_a_single_response():
