@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,9 +81,12 @@ def test_ngram_coverage_script(tmp_path):
 
 
 def test_graded_rewards_time_the_graded_split_against_the_threshold():
+    """The graded split's row beside thresholded KTAE's, each with its memory probe; the
+    reference mode's row and probe (test_small_preset_prints_ratios_and_memory checks
+    them) are left out (``--no-reference``)."""
     out = subprocess.run([sys.executable, str(BENCH), "--preset", "small", "--repeats", "1",
-                          "--threads", "1", "--rewards", "graded"], capture_output=True,
-                         text=True, check=True, timeout=300).stdout
+                          "--threads", "1", "--rewards", "graded", "--no-reference"],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
     assert "graded rewards" in out and "x threshold" in out
     assert "thresholded KTAE at reward_threshold=0.5" in out
     cells = {}
@@ -92,6 +94,7 @@ def test_graded_rewards_time_the_graded_split_against_the_threshold():
         line = next(x for x in out.splitlines() if x.startswith(name + " "))
         cells[name] = [float(v) for v in line[len(name):].split()]
     assert cells["ktae exact"][3] == 1.0  # thresholded KTAE's ratio to itself
+    assert not any(x.startswith("ktae reference") for x in out.splitlines())
     seconds, ratio, memory, to_threshold = cells["ktae graded"]
     assert seconds > 0 and ratio > 0 and memory >= 0 and to_threshold > 0
 
@@ -114,11 +117,36 @@ def test_cli_threads_benchmark_parses_its_options_and_prints_its_table():
     assert bad.returncode == 2 and "unknown command(s) nope" in bad.stderr
 
 
-def test_attention_kernel_benchmark_times_both_kernels_on_the_same_attention(tmp_path):
+def _import_benchmark(name: str):
+    """benchmarks/<name>.py as a module, to run its ``main(argv)`` in this process (no
+    interpreter and torch to start for a run that takes milliseconds)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, BENCH.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def keep_threads():
+    """An in-process benchmark sets torch's thread count: put the test's back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_attention_kernel_benchmark_times_both_kernels_on_the_same_attention(
+        tmp_path, capsys, keep_threads):
+    """The update's shapes and the refusals in this process; the decoding table in its
+    own (it keeps freed memory for reuse, a process-wide setting)."""
     bench = BENCH.parent / "bench_attention_kernel.py"
-    out = subprocess.run([sys.executable, str(bench), "--rows", "2", "--heads", "4",
-                          "--kv-heads", "2", "--rounds", "2", "--json", str(tmp_path / "a.json")],
-                         capture_output=True, text=True, check=True, timeout=120).stdout
+    module = _import_benchmark("bench_attention_kernel")
+    module.main(["--rows", "2", "--heads", "4", "--kv-heads", "2", "--rounds", "2", "--json",
+                 str(tmp_path / "a.json")])
+    out = capsys.readouterr().out
     record = json.loads((tmp_path / "a.json").read_text())
     assert [(r["queries"], r["keys"]) for r in record["rows"]] == [(124, 124), (64, 124), (60, 60)]
     for r in record["rows"]:
@@ -126,12 +154,11 @@ def test_attention_kernel_benchmark_times_both_kernels_on_the_same_attention(tmp
         assert r["math_over_flash"] == pytest.approx(r["math_s"] / r["flash_s"])
         assert r["gqa_over_flash"] == pytest.approx(r["flash_gqa_s"] / r["flash_s"])
         assert f"| {r['queries']} x {r['keys']} |" in out
-    bad = subprocess.run([sys.executable, str(bench), "--rounds", "0"], capture_output=True,
-                         text=True, timeout=60)
-    assert bad.returncode == 2 and "--rounds: expected a positive integer" in bad.stderr
-    bad = subprocess.run([sys.executable, str(bench), "--kv-heads", "2"], capture_output=True,
-                         text=True, timeout=60)
-    assert bad.returncode == 2 and "--kv-heads: expected a divisor of --heads" in bad.stderr
+    for argv, message in ((["--rounds", "0"], "--rounds: expected a positive integer"),
+                          (["--kv-heads", "2"], "--kv-heads: expected a divisor of --heads")):
+        with pytest.raises(SystemExit) as bad:
+            module.main(argv)
+        assert bad.value.code == 2 and message in capsys.readouterr().err
     out = subprocess.run([sys.executable, str(bench), "--decoding", "--rows", "4", "--heads",
                           "4", "--kv-heads", "2", "--rounds", "2", "--json",
                           str(tmp_path / "d.json")],
@@ -149,18 +176,19 @@ def test_attention_kernel_benchmark_times_both_kernels_on_the_same_attention(tmp
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_native_bf16)])
 def test_allocator_benchmark_runs_both_settings_and_the_kept_one_reuses_pages(tmp_path, dtype):
     """The recipe's vocabulary-sized tensors, in float32 (``--dtype``) on any CPU and in
-    the recipe's bfloat16 (the default) where the CPU multiplies it natively."""
+    the recipe's bfloat16 (the default) where the CPU multiplies it natively; a narrow
+    hidden size (``--hidden 64``) keeps the products cheap and those tensors' size."""
     from ktae.train.allocator import _glibc
 
     if _glibc() is None:
         pytest.skip("the setting is glibc's")
     bench = BENCH.parent / "bench_allocator.py"
     dtype_args = ["--dtype", dtype] if dtype != "bfloat16" else []
-    out = subprocess.run([sys.executable, str(bench), "--processes", "1", *dtype_args, "--json",
-                          str(tmp_path / "m.json")], capture_output=True, text=True, check=True,
-                         timeout=600).stdout
+    out = subprocess.run([sys.executable, str(bench), "--processes", "1", "--hidden", "64",
+                          *dtype_args, "--json", str(tmp_path / "m.json")],
+                         capture_output=True, text=True, check=True, timeout=600).stdout
     record = json.loads((tmp_path / "m.json").read_text())
-    assert record["dtype"] == dtype
+    assert record["dtype"] == dtype and record["hidden"] == 64
     assert [r["dtype"] for rs in record["runs"].values() for r in rs] == [f"torch.{dtype}"] * 2
     assert [r["kept"] for r in record["runs"]["kept"]] == [True]
     assert [r["kept"] for r in record["runs"]["default"]] == [False]
@@ -172,19 +200,18 @@ def test_allocator_benchmark_runs_both_settings_and_the_kept_one_reuses_pages(tm
     assert "| kept |" in out and "kept / default:" in out
 
 
-def _bf16_path(tmp_path, *args):
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}  # any CPU: ktae then sees no bfloat16
-    return subprocess.run([sys.executable, str(BENCH.parent / "bf16_path.py"), "--rows", "4",
-                           "--vocab", "4096", "--repeats", "1", "--json", str(tmp_path / "p.json"),
-                           *args], capture_output=True, text=True, env=env, timeout=600)
-
-
-def test_bf16_path_under_the_isa_limit_is_emulated(tmp_path):
+def test_bf16_path_under_the_isa_limit_is_emulated(tmp_path, monkeypatch, capsys):
     """benchmarks/bf16_path.py under ONEDNN_MAX_CPU_ISA=AVX2: ktae sees no native bfloat16
     whatever the CPU, no oneDNN bfloat16 kernel runs, and the product is slower than
-    float32's (``--expect emulated`` holds, ``--expect native`` fails naming why)."""
-    done = _bf16_path(tmp_path, "--expect", "emulated")
-    assert done.returncode == 0, done.stderr[-2000:]
+    float32's (``--expect emulated`` holds, ``--expect native`` fails naming why). Its
+    ``main`` runs in this process: ktae's decision reads the limit from the environment
+    when asked, and the products run in the child process it starts, which inherits it."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # any CPU: ktae then sees no bfloat16
+    bf16_path = _import_benchmark("bf16_path")
+    args = ["--rows", "4", "--vocab", "4096", "--repeats", "1", "--json",
+            str(tmp_path / "p.json"), "--expect"]
+    bf16_path.main([*args, "emulated"])
+    stdout = capsys.readouterr().out
     record = json.loads((tmp_path / "p.json").read_text())
     assert record["ktae_native_bf16"] is None and record["onednn_max_cpu_isa"] == "AVX2"
     assert (record["rows"], record["vocab"], record["repeats"]) == (4, 4096, 1)
@@ -193,15 +220,16 @@ def test_bf16_path_under_the_isa_limit_is_emulated(tmp_path):
     assert record["bf16_over_float32"] > 1
     assert not any(isa in impl for impl in record["onednn_impls"]["bfloat16"]
                    for isa in ("avx512_core_bf16", "amx"))
-    assert "ktae native bfloat16: None" in done.stdout
-    native = _bf16_path(tmp_path, "--expect", "native")
-    assert native.returncode == 1
-    assert native.stderr.strip().splitlines()[-1].startswith(
+    assert "ktae native bfloat16: None" in stdout
+    with pytest.raises(SystemExit) as native:  # a message: the script exits 1
+        bf16_path.main([*args, "native"])
+    assert str(native.value.code).startswith(
         "bf16_path: expected native bfloat16 products; ktae sees no native bfloat16")
 
 
 @pytest.mark.parametrize("arg", ["--rows", "--vocab", "--repeats"])
-def test_bf16_path_refuses_a_non_positive_size(tmp_path, arg):
-    done = subprocess.run([sys.executable, str(BENCH.parent / "bf16_path.py"), arg, "0"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and f"{arg}: expected a positive integer, got 0" in done.stderr
+def test_bf16_path_refuses_a_non_positive_size(arg, capsys):
+    with pytest.raises(SystemExit) as done:  # refused before the child starts
+        _import_benchmark("bf16_path").main([arg, "0"])
+    assert done.value.code == 2
+    assert f"{arg}: expected a positive integer, got 0" in capsys.readouterr().err
