@@ -15,15 +15,13 @@ rotation.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_train_helpers import read_jsonl
+from test_train_resume import ForkedRuns
 from test_train_resume_epochs import TIMING_KEYS, assert_same_run
 
 from ktae.checkpoints import COMPLETE_MARKER
@@ -100,13 +98,18 @@ def _args(model: Path, out: Path) -> list[str]:
             "--train-size", "8", "--eval-size", "4", "--rollout-every", "1", "--no-progress"]
 
 
-def _ktae_train(script: Path, model: Path, out: Path, *extra, kill=None):
-    args = [*_args(model, out), *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    if kill is not None:
-        env["KTAE_TEST_KILL"] = json.dumps(kill)
-    return subprocess.run([sys.executable, str(script), *args], env=env, timeout=300,
-                          capture_output=True, text=True)
+@pytest.fixture
+def forked_runs(tmp_path):
+    """Forks each ``ktae train`` process from one that imported the trainer once."""
+    runs = ForkedRuns(tmp_path)
+    yield runs
+    runs.close()
+
+
+def _ktae_train(runs: ForkedRuns, script: Path, model: Path, out: Path, *extra, kill=None):
+    """``ktae train`` in a process of its own (forked by ``runs``), killed at ``kill``."""
+    env = {} if kill is None else {"KTAE_TEST_KILL": json.dumps(kill)}
+    return runs.run(script, *_args(model, out), *extra, env=env)
 
 
 def _prefix_of(full: Path, out: Path) -> None:
@@ -119,11 +122,11 @@ def _prefix_of(full: Path, out: Path) -> None:
     assert b == a[:len(b)]
 
 
-def test_sigkill_at_random_points_then_resume(tiny_model, tmp_path, capsys):
+def test_sigkill_at_random_points_then_resume(tiny_model, tmp_path, capsys, forked_runs):
     script = tmp_path / "ktae_train.py"
     script.write_text(SCRIPT.format(tests=str(Path(__file__).parent)))
     full, out = tmp_path / "full", tmp_path / "killed"
-    done = _ktae_train(script, tiny_model, full)
+    done = _ktae_train(forked_runs, script, tiny_model, full)
     assert done.returncode == 0, done.stderr
     # one kill point of each kind at a drawn step, in the order a run reaches them: each
     # trial resumes the run the previous one killed, and is itself killed further on
@@ -134,14 +137,14 @@ def test_sigkill_at_random_points_then_resume(tiny_model, tmp_path, capsys):
     assert len(trials) >= 5
     foreign = out / "checkpoint-1"
     for i, kill in enumerate(trials):
-        killed = _ktae_train(script, tiny_model, out, *(["--resume"] if i else []),
-                             kill=list(kill))
+        killed = _ktae_train(forked_runs, script, tiny_model, out,
+                             *(["--resume"] if i else []), kill=list(kill))
         assert killed.returncode == -signal.SIGKILL, (kill, killed.stderr)
         _prefix_of(full, out)
         if i == 0:  # a directory ktae did not write, where rotation looks
             foreign.mkdir()
             (foreign / "weights.bin").write_bytes(b"not ktae's")
-    resumed = _ktae_train(script, tiny_model, out, "--resume")
+    resumed = _ktae_train(forked_runs, script, tiny_model, out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert_same_run(full, out)
     assert (foreign / "weights.bin").read_bytes() == b"not ktae's"
