@@ -67,33 +67,25 @@ def privileged_contexts(tokenizer, group: GroupInput, *, choose: str = "first",
                         seed: int = 0) -> list[list[int] | None]:
     """Each response's privileged context (token ids: the prompt, the template's text
     before the solution, the solution, the text after it), None where no teacher; built
-    as :func:`ktae.models.self_teacher.teacher_logprobs` builds it for one group."""
+    by :func:`ktae.models.self_teacher.teacher_contexts`, as the trainer's pass builds them."""
     import torch
 
     from ktae.core.self_distill import SDPO_TEMPLATE
-    from ktae.models.self_teacher import choose_teachers, privileged_prompts, solution_tokens
+    from ktae.models.self_teacher import teacher_contexts
 
-    template = SDPO_TEMPLATE if template is None else template
     responses = [list(r) for r in group.responses]
     B, T = len(responses), max(1, max(len(r) for r in responses))
     ids = torch.tensor([r + [0] * (T - len(r)) for r in responses], dtype=torch.long)
     mask = torch.arange(T)[None] < torch.tensor([len(r) for r in responses])[:, None]
-    before_text, _, after_text = template.partition("{solution}")
-    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"] if text else []  # noqa: E731
-    if source == "group":
-        correct = (torch.tensor(group.correct) if group.correct is not None
-                   else torch.tensor(group.rewards) > 0)
-        teachers = choose_teachers(correct, torch.zeros(B, dtype=torch.long), mask.sum(dim=1),
-                                   choose=choose, seed=seed)
-        drop = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
-        solutions = [None if j < 0 else solution_tokens(ids, mask, j, drop)
-                     for j in teachers.tolist()]
-    else:
-        answer = group.answer
-        solutions = [None if answer is None or answer == "" else enc(str(answer))] * B
+    correct = (torch.tensor(group.correct) if group.correct is not None
+               else torch.tensor(group.rewards) > 0)
+    answer = group.answer
     prompt = torch.tensor(tokenizer(group.prompt)["input_ids"])[None].repeat(B, 1)
-    return privileged_prompts(prompt, torch.ones_like(prompt), solutions, enc(before_text),
-                              enc(after_text))
+    return teacher_contexts(tokenizer, prompt, torch.ones_like(prompt), ids, mask,
+                            correct=correct, group=torch.zeros(B, dtype=torch.long),
+                            references=[None if answer is None else str(answer)] * B,
+                            choose=choose, source=source,
+                            template=SDPO_TEMPLATE if template is None else template, seed=seed)
 
 
 def _rows_by_context(contexts: list[list[int] | None]) -> dict[tuple, list[int]]:

@@ -132,6 +132,28 @@ def solution_tokens(completion_ids: torch.Tensor, completion_mask: torch.Tensor,
     return ids
 
 
+def teacher_contexts(tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                     completion_ids: torch.Tensor, completion_mask: torch.Tensor, *,
+                     correct: torch.Tensor | None, group: torch.Tensor | None,
+                     references: list | None, choose: str, source: str, template: str,
+                     seed: int) -> list[list[int] | None]:
+    """Each row's privileged context (token ids: its prompt, the template's text before the
+    solution, the solution, the text after it), or None where the row has no teacher: the
+    contexts of :func:`teacher_logprobs`, whose arguments these are (validated there)."""
+    before_text, _, after_text = template.partition("{solution}")
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"] if text else []  # noqa: E731
+    if source == "group":
+        teachers = choose_teachers(correct, group, completion_mask.sum(dim=1), choose=choose,
+                                   seed=seed)
+        drop = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        solutions = [None if j < 0 else solution_tokens(completion_ids, completion_mask, j, drop)
+                     for j in teachers.tolist()]
+    else:
+        solutions = [None if r is None or r == "" else enc(str(r)) for r in references]
+    return privileged_prompts(prompt_ids, prompt_mask, solutions, enc(before_text),
+                              enc(after_text))
+
+
 def teacher_logprobs(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                      completion_ids: torch.Tensor, completion_mask: torch.Tensor, *,
                      correct: torch.Tensor | None, group: torch.Tensor | None,
@@ -146,24 +168,16 @@ def teacher_logprobs(model, tokenizer, prompt_ids: torch.Tensor, prompt_mask: to
     needs ``references`` (one text or None per row)."""
     check_teacher_options(choose=choose, source=source, template=template, seed=seed)
     temperature = check_number(temperature, "temperature", low=0, low_open=True)
-    b, T = completion_ids.shape
-    before_text, _, after_text = template.partition("{solution}")
-    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"] if text else []  # noqa: E731
-    before, after = enc(before_text), enc(after_text)
-    if source == "group":
-        if correct is None or group is None:
-            raise ValueError("teacher_source='group': needs each response's verdict and group")
-        lengths = completion_mask.sum(dim=1)
-        teachers = choose_teachers(correct, group, lengths, choose=choose, seed=seed)
-        drop = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
-        solutions = [None if j < 0 else solution_tokens(completion_ids, completion_mask, j, drop)
-                     for j in teachers.tolist()]
-    else:
-        if references is None or len(references) != b:
-            raise ValueError(f"teacher_source='reference': needs one reference solution per row "
-                             f"(dataset column 'solution'), got {references!r:.80}")
-        solutions = [None if r is None or r == "" else enc(str(r)) for r in references]
-    contexts = privileged_prompts(prompt_ids, prompt_mask, solutions, before, after)
+    b = completion_ids.shape[0]
+    if source == "group" and (correct is None or group is None):
+        raise ValueError("teacher_source='group': needs each response's verdict and group")
+    if source != "group" and (references is None or len(references) != b):
+        raise ValueError(f"teacher_source='reference': needs one reference solution per row "
+                         f"(dataset column 'solution'), got {references!r:.80}")
+    contexts = teacher_contexts(tokenizer, prompt_ids, prompt_mask, completion_ids,
+                                completion_mask, correct=correct, group=group,
+                                references=references, choose=choose, source=source,
+                                template=template, seed=seed)
     has = torch.tensor([c is not None for c in contexts], dtype=torch.bool)
     out = student_logprobs.detach().to(torch.float32).clone()
     idx = has.nonzero().flatten().tolist()
