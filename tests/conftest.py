@@ -32,6 +32,15 @@ def clean_registries():
         target.update(items)
 
 
+@pytest.fixture
+def keep_threads():
+    """A test that runs a benchmark's ``main`` in process lets it set torch's thread
+    count: the test's is put back after it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_configure(config):
     """``KTAE_TEST_THREADS=N`` runs every test at N torch threads (the CI sweep's setting;
     modules with the ``single_thread`` fixture of ``oracle`` read it too). Without it, each

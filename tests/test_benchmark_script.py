@@ -128,16 +128,6 @@ def _import_benchmark(name: str):
     return module
 
 
-@pytest.fixture
-def keep_threads():
-    """An in-process benchmark sets torch's thread count: put the test's back."""
-    import torch
-
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_attention_kernel_benchmark_times_both_kernels_on_the_same_attention(
         tmp_path, capsys, keep_threads):
     """The update's shapes and the refusals in this process; the decoding table in its

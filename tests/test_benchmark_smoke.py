@@ -64,14 +64,6 @@ def recipe(chat_model, tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture
-def keep_threads():
-    """An in-process benchmark sets torch's thread count: put the test's back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def _run(script: str, *args: str) -> str:
     done = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
                           text=True, timeout=300)
