@@ -1,6 +1,6 @@
 """LoRA layers' forward pass as one product accumulated into the frozen layer's (log-prob passes).
 
-peft's ``lora.Linear.forward`` (peft 0.21) adds a plain LoRA adapter to its frozen layer
+peft's ``lora.Linear.forward`` (peft 0.21 and 0.22) adds a plain LoRA adapter to its frozen layer
 as ``result + lora_B(lora_A(dropout(x))) * scaling``: three tensors the size of the
 layer's output (``B``'s product, its scaled copy, the sum) and, in the backward pass, a
 fourth (the gradient of the scaling). :func:`fused_lora_forward` computes the same
@@ -34,7 +34,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-KNOWN_PEFT = ("0.17", "0.18", "0.19", "0.20", "0.21")
+KNOWN_PEFT = ("0.17", "0.18", "0.19", "0.20", "0.21", "0.22")
 """peft minor versions whose ``lora.Linear.forward`` :func:`fused_lora_forward` replicates."""
 
 
