@@ -28,7 +28,9 @@ a busy training machine. ``--prefix-value`` also times the prefix-value credit
 from one Zipf law over the vocabulary, with log-normal response lengths
 (``benchmarks/synthetic.py``). ``--compare`` also times, in the same rounds, the
 algorithms the current ones replaced, in rows marked ``[sort]`` (KTAE counting each
-chunk's tokens with one sort, :func:`ktae.core.token_counts.count_units`)
+chunk's tokens with one sort, :func:`ktae.core.token_counts.count_units`), ``[torch]``
+(where numba is installed and KTAE's single-token chunks run in compiled loops,
+:mod:`ktae.core.jit_counts`: the torch counting by scatters, ``COUNTING = "scatter"``)
 and ``[unique]`` (prefix-value's classes from one ``torch.unique`` of every token's
 prefix hash); their values are the same.
 """
@@ -55,7 +57,8 @@ from ktae.core import ktae as ktae_module  # noqa: E402
 from ktae.core import prefix_value  # noqa: E402
 
 #: ``--compare``: the row suffix and the module switches of each algorithm.
-ALGORITHMS = {"": ("auto", "lcp"), " [sort]": ("sort", "lcp"), " [unique]": ("auto", "unique")}
+ALGORITHMS = {"": ("auto", "lcp"), " [sort]": ("sort", "lcp"), " [unique]": ("auto", "unique"),
+              " [torch]": ("scatter", "lcp")}
 
 
 def with_algorithm(suffix: str, fn):
@@ -313,7 +316,9 @@ def _run(args, ngrams) -> int:
     }
     probes = {}
     ktae_suffixes = ["", " [sort]"] if args.compare else [""]
-    for sfx in ktae_suffixes:
+    # where numba runs the single-token path (ktae.core.jit_counts), the torch counting too
+    torch_row = [" [torch]"] if args.compare and "jit" in ktae_module.COUNTINGS else []
+    for sfx in ktae_suffixes + torch_row:
         runs["ktae exact" + sfx] = with_algorithm(sfx, lambda: ktae.compute_advantages(
             "ktae", **kw, **opts, **_threshold(args)))
         probes["ktae exact" + sfx] = f"exact:1:{sfx}"

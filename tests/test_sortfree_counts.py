@@ -5,6 +5,8 @@ reference. Both algorithms stay selectable; the values must be the same bits."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,14 @@ from prefix_value_oracle import slow_prefix_values
 from test_prefix_value import random_groups
 
 import ktae
-from ktae.core import chunk_pool, prefix_lcp, prefix_value, scatter_counts, token_counts
+from ktae.core import (
+    chunk_pool,
+    jit_counts,
+    prefix_lcp,
+    prefix_value,
+    scatter_counts,
+    token_counts,
+)
 from ktae.core import ktae as ktae_module
 from ktae.core.groups import group_index
 from ktae.core.ngrams import find_spans
@@ -208,7 +217,7 @@ def test_ktae_values_are_the_same_bits_with_either_counting(monkeypatch, seed, o
         monkeypatch.setattr(ktae_module, "COUNTING", counting)
         out[counting] = ktae.compute_advantages("ktae", rewards=rewards, group=group,
                                                 token_ids=ids, mask=mask, **opts)
-    assert torch.equal(out["scatter"], out["sort"]) and torch.equal(out["auto"], out["sort"])
+    assert all(torch.equal(v, out["sort"]) for v in out.values()), list(out)
 
 
 def zipf_batch(seed: int, groups: int = 6, size: int = 8, max_len: int = 300,
@@ -243,7 +252,7 @@ def test_counting_of_heavy_tailed_batches_equals_the_oracle(monkeypatch, seed, s
     for counting in ktae_module.COUNTINGS:
         monkeypatch.setattr(ktae_module, "COUNTING", counting)
         out[counting] = ktae.compute_advantages("ktae", **kw, **opts)
-    assert torch.equal(out["scatter"], out["sort"]) and torch.equal(out["auto"], out["sort"])
+    assert all(torch.equal(v, out["sort"]) for v in out.values()), list(out)
     assert torch.allclose(out["auto"].double(), want.to(torch.float64), rtol=0, atol=1e-6)
 
 
@@ -260,6 +269,7 @@ def _spy(monkeypatch, module, name: str, calls: list):
 ])
 def test_auto_counting_takes_the_sort_where_ids_would_be_hashed(monkeypatch, groups, size,
                                                                  max_len, shift, expected):
+    monkeypatch.setattr(jit_counts, "AVAILABLE", False)  # the choice without numba
     group, ids, mask, correct = zipf_batch(0, groups, size, max_len, shift=shift)
     seen: set = set()  # the first response of each group wrong, the others right
     correct = torch.tensor([g in seen or seen.add(g) is not None for g in group.tolist()])
@@ -301,6 +311,7 @@ def test_values_read_from_non_contiguous_ids_are_the_same_bits():
 @pytest.mark.parametrize(("ngram", "counter"), [(1, "count_units_scatter"),
                                               (3, "count_spans_scatter")])
 def test_the_counting_switch_picks_the_algorithm(monkeypatch, ngram, counter):
+    monkeypatch.setattr(jit_counts, "AVAILABLE", False)  # the torch paths' switch
     group, ids, mask, correct = _batch(1, 50)
     kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask, ngram=ngram)
     calls = []
@@ -477,6 +488,7 @@ def test_every_element_of_the_output_is_written_by_one_task(monkeypatch, block):
     ids = torch.randint(0, 7, (groups * size, T), generator=gen)
     mask = torch.rand(groups * size, T, generator=gen) < 0.7
     kw = dict(rewards=rewards, group=group, token_ids=ids, mask=mask)
+    monkeypatch.setattr(ktae_module, "COUNTING", "sort")
     want = ktae.compute_advantages("ktae", **kw)
     monkeypatch.setattr(chunk_pool, "BASE_BLOCK", block)
     monkeypatch.setattr(ktae_module, "new_output",
@@ -487,8 +499,9 @@ def test_every_element_of_the_output_is_written_by_one_task(monkeypatch, block):
                               for g in group.tolist()])
     threads = torch.get_num_threads()
     try:
-        for n in (1, 2):
+        for n, counting in itertools.product((1, 2), ktae_module.COUNTINGS):
             torch.set_num_threads(n)
+            monkeypatch.setattr(ktae_module, "COUNTING", counting)
             got = ktae.compute_advantages("ktae", **kw, chunk_tokens=8)
             assert not got.isnan().any()
             assert torch.equal(got.view(torch.int64), want.view(torch.int64))

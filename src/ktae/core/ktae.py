@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ktae.core import stats
+from ktae.core import jit_counts, stats
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, make_batch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor
@@ -83,6 +83,7 @@ from ktae.core.scatter_counts import count_spans_scatter, count_units_scatter
 from ktae.core.table_stats import TableStats, reference_table_stats, table_stats
 from ktae.core.token_counts import (
     TokenCounts,
+    _group_totals,
     count_units,
     real_positions,
     real_token_ids,
@@ -109,9 +110,12 @@ DEVICE_CHUNK_TOKENS = 1 << 23
 #: hashed ids at every kernel level measured, where the bitmaps beat the sort:
 #: ``benchmarks/bench_counting.py``, docs/speed.md). Spans take the scatters in "auto".
 #: Same values every way; ``benchmarks/bench_advantages.py --compare`` times the sort
-#: beside the default.
+#: beside the default. Where numba is installed (``ktae[fast]``), ``"jit"`` (and "auto",
+#: for single tokens on CPU) counts each chunk and writes its output in compiled loops
+#: instead (:mod:`ktae.core.jit_counts`), for ids dense enough for a table over their
+#: range; others take the paths above.
 COUNTING = "auto"
-COUNTINGS = ("auto", "scatter", "sort")
+COUNTINGS = ("auto", "scatter", "sort", *(("jit",) if jit_counts.AVAILABLE else ()))
 
 
 # ------------------------------------------------------------------ statistics per pair
@@ -365,6 +369,36 @@ def _mixed_groups(batch: AdvantageBatch, correct: torch.Tensor) -> torch.Tensor 
 # ------------------------------------------------------------------ public functions
 
 
+def _jit_chunk(chunk: _Chunk, opts: KTAEOptions, tables: TableStats | None,
+               seq: torch.Tensor, out: torch.Tensor) -> bool:
+    """Count a chunk of single tokens and write its rows of ``out`` in the compiled loops
+    of :mod:`ktae.core.jit_counts`; False (nothing written) when its ids are too sparse
+    for them."""
+    rows = chunk.rows
+    if isinstance(rows, slice):
+        rows = torch.arange(rows.start or 0, rows.stop, rows.step or 1)
+    order = torch.argsort(chunk.gid, stable=True)  # each group's rows one after the other
+    rows = rows.index_select(0, order).numpy()
+    counted = jit_counts.count_rows(chunk.batch.token_ids, chunk.batch.mask, rows,
+                                    chunk.gid.index_select(0, order).numpy(),
+                                    chunk.correct.index_select(0, order).numpy())
+    if counted is None:
+        return False
+    inverse, group, token, a, b, count_correct, count_incorrect = counted
+    sizes = torch.bincount(chunk.gid, minlength=chunk.num_groups)
+    cnt = TokenCounts(group=group, token=token, a=a, b=b, count_correct=count_correct,
+                      count_incorrect=count_incorrect, run_length=count_correct + count_incorrect,
+                      order=None, pair=inverse,
+                      **_group_totals(chunk.gid, chunk.num_groups, sizes, chunk.correct,
+                                      chunk.row_len))
+    by_pair = (_values_once_by_class(cnt, opts, tables) if opts.mode == "exact"
+               else _values(cnt, opts, tables))
+    jit_counts.write_rows(out, chunk.batch.mask, rows,
+                          seq.index_select(0, torch.from_numpy(rows)),
+                          by_pair.to(out.dtype).contiguous(), inverse)
+    return True
+
+
 def _prepare(batch: AdvantageBatch, correct, options: dict) -> tuple[KTAEOptions, torch.Tensor]:
     """Validate the options; return them and the ``[B]`` correctness of each response."""
     if batch.token_ids is None:
@@ -481,9 +515,14 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
 
     tables = _call_tables(batch, is_correct, opts)
 
+    tokens = opts.ngram == 1 and opts.split != "graded"
+    jit = (tokens and COUNTING in ("auto", "jit")
+           and jit_counts.usable(batch.token_ids, batch.mask) and out.is_contiguous())
+
     def one_chunk(chunk: _Chunk) -> None:  # a task: writes its own rows of ``out``
+        if jit and _jit_chunk(chunk, opts, tables, seq, out):
+            return
         flat, row, _ = real_positions(chunk.mask, chunk.row_len)
-        tokens = opts.ngram == 1 and opts.split != "graded"
         at = chunk.batch_positions(flat, row) if tokens else None
         if opts.split == "graded":  # chunk.correct holds the memberships w
             per_token = graded_token_values(chunk.token_ids, chunk.mask, chunk.gid,
