@@ -29,7 +29,7 @@ from one Zipf law over the vocabulary, with log-normal response lengths
 (``benchmarks/synthetic.py``). ``--compare`` also times, in the same rounds, the
 algorithms the current ones replaced, in rows marked ``[sort]`` (KTAE counting each
 chunk's tokens with one sort, :func:`ktae.core.token_counts.count_units`), ``[torch]``
-(where numba is installed and KTAE's single-token chunks run in compiled loops,
+(where numba is installed and KTAE's chunks run in compiled loops,
 :mod:`ktae.core.jit_counts`: the torch counting by scatters, ``COUNTING = "scatter"``)
 and ``[unique]`` (prefix-value's classes from one ``torch.unique`` of every token's
 prefix hash); their values are the same.
@@ -316,7 +316,7 @@ def _run(args, ngrams) -> int:
     }
     probes = {}
     ktae_suffixes = ["", " [sort]"] if args.compare else [""]
-    # where numba runs the single-token path (ktae.core.jit_counts), the torch counting too
+    # where numba runs KTAE's chunks (ktae.core.jit_counts), the torch counting too
     torch_row = [" [torch]"] if args.compare and "jit" in ktae_module.COUNTINGS else []
     for sfx in ktae_suffixes + torch_row:
         runs["ktae exact" + sfx] = with_algorithm(sfx, lambda: ktae.compute_advantages(
@@ -331,7 +331,7 @@ def _run(args, ngrams) -> int:
                                                               split="graded")
         probes["ktae graded"] = "graded"
     for n in ngrams[1:]:
-        for sfx in ktae_suffixes:
+        for sfx in ktae_suffixes + torch_row:
             runs[f"ktae ngram={n}{sfx}"] = with_algorithm(sfx, lambda n=n: ktae.compute_advantages(
                 "ktae", **kw, **opts, ngram=n, ngram_reduce=args.ngram_reduce))
             probes[f"ktae ngram={n}{sfx}"] = f"exact:{n}:{sfx}"

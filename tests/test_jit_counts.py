@@ -13,6 +13,7 @@ import ktae
 from ktae.core import jit_counts, scatter_counts
 from ktae.core import ktae as ktae_module
 from ktae.core.groups import group_index
+from ktae.core.ngrams import find_spans
 from ktae.core.token_counts import count_units, real_positions
 
 pytest.importorskip("numba", reason="numba is not installed (pip install 'ktae[fast]')")
@@ -107,15 +108,71 @@ def test_auto_runs_the_loops_where_the_ids_are_dense(monkeypatch, shift, jit):
     assert torch.equal(ktae.compute_advantages("ktae", **kw), auto)
 
 
-def test_spans_and_graded_splits_take_the_torch_paths(monkeypatch):
+def test_graded_splits_take_the_torch_path(monkeypatch):
     group, ids, mask, correct = zipf_batch(1, 4, 6, 50)
     calls: list = []
     _spy(monkeypatch, jit_counts, "count_rows", calls)
-    kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask)
-    ktae.compute_advantages("ktae", **kw, ngram=2)
-    ktae.compute_advantages("ktae", group=group, token_ids=ids, mask=mask,
-                            rewards=torch.rand(group.numel(), dtype=torch.float64),
-                            split="graded")
+    _spy(monkeypatch, jit_counts, "count_span_rows", calls)
+    kw = dict(group=group, token_ids=ids, mask=mask)
+    ktae.compute_advantages("ktae", **kw, split="graded",
+                            rewards=torch.rand(group.numel(), dtype=torch.float64))
     assert not calls
-    ktae.compute_advantages("ktae", **kw)
-    assert calls
+    ktae.compute_advantages("ktae", **kw, rewards=correct.double())
+    ktae.compute_advantages("ktae", **kw, rewards=correct.double(), ngram=3)
+    assert calls == ["count_rows", "count_span_rows"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("n", "ignored"), [(2, []), (3, []), (3, [0, 2]), (5, [1])])
+def test_span_counts_equal_the_sorted_counts(seed, n, ignored):
+    group, ids, mask, correct = _batch(seed, 4, 6, 13, 6)  # few ids: spans repeat
+    mask[3, 5] = False  # a hole in a response: no span crosses it
+    gid, P = group_index(group, group.numel(), torch.device("cpu"))
+    flat, row, _ = real_positions(mask)
+    spans, key = find_spans(ids, mask, n, tuple(ignored), flat=flat, row=row, dense=False)
+    want = count_units(key.clone(), spans.row, spans.row_len, gid, P, correct)
+    order = torch.argsort(gid, stable=True)
+    rows = order.numpy()
+    got = jit_counts.count_span_rows(ids, mask, rows, gid[order].numpy(),
+                                     correct[order].numpy(), n,
+                                     torch.tensor(ignored, dtype=torch.int64).numpy(), 13 * 6)
+    span_at, row_spans, grp, code, a, b, cc, ci = got
+    assert torch.equal(torch.empty_like(row_spans).index_copy_(0, order, row_spans),
+                       spans.row_len)
+    got_rows = sorted(zip(*(c.tolist() for c in (grp, code, a, b, cc, ci, cc + ci)),
+                          strict=True))
+    want_rows = sorted(zip(*(c.tolist() for c in (want.group, want.token, want.a, want.b,
+                                                    want.count_correct, want.count_incorrect,
+                                                    want.run_length)), strict=True))
+    assert got_rows == want_rows  # the same codes: each span's ids in base max id + 1
+    # the span starting at each real token read, in the order read
+    starts = torch.zeros(flat.numel(), dtype=torch.bool).index_fill_(0, spans.start, True)
+    read_starts = torch.cat([starts[row == r] for r in rows.tolist()])
+    assert torch.equal(span_at >= 0, read_starts)
+
+
+def test_span_codes_past_62_bits_are_left_to_the_torch_path(monkeypatch):
+    group, ids, mask, correct = zipf_batch(2, 4, 6, 60)  # a 152k vocabulary: 4-grams pass
+    rows = torch.arange(group.numel()).numpy()
+    args = (ids, mask, rows, torch.zeros_like(group).numpy(), correct.numpy())
+    none = torch.zeros(0, dtype=torch.int64).numpy()
+    assert jit_counts.count_span_rows(*args, 4, none, 24 * 60) is None
+    assert jit_counts.count_span_rows(*args, 3, none, 24 * 60) is not None
+    kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask, ngram=4)
+    auto = ktae.compute_advantages("ktae", **kw)
+    monkeypatch.setattr(ktae_module, "COUNTING", "sort")
+    assert torch.equal(ktae.compute_advantages("ktae", **kw), auto)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("opts", [{"ngram": 2}, {"ngram": 3, "ngram_reduce": "maxabs"},
+                                  {"ngram": 3, "ignore_token_ids": [3, 4], "chunk_tokens": 64}])
+def test_span_values_are_the_same_bits_as_the_sorts(monkeypatch, seed, opts):
+    group, ids, mask, correct = _batch(seed, 5, 8, 17, 5)  # few ids: mirrored tables tie
+    mask[:, 7] &= torch.arange(group.numel()) % 3 == 0  # holes inside responses
+    kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask, **opts)
+    out = {}
+    for counting in ("jit", "sort"):
+        monkeypatch.setattr(ktae_module, "COUNTING", counting)
+        out[counting] = ktae.compute_advantages("ktae", **kw)
+    assert torch.equal(out["jit"].view(torch.int64), out["sort"].view(torch.int64))

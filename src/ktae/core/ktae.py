@@ -46,6 +46,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ktae.core import jit_counts, stats
@@ -77,7 +78,7 @@ from ktae.core.ktae_options import (
 )
 from ktae.core.ktae_reference import reference_table
 from ktae.core.ktae_table import KeyTokenTable
-from ktae.core.ngrams import Spans, find_spans, reduce_from_starts
+from ktae.core.ngrams import MAXABS_RTOL, Spans, find_spans, reduce_from_starts
 from ktae.core.registry import checked_keywords
 from ktae.core.scatter_counts import count_spans_scatter, count_units_scatter
 from ktae.core.table_stats import TableStats, reference_table_stats, table_stats
@@ -371,31 +372,49 @@ def _mixed_groups(batch: AdvantageBatch, correct: torch.Tensor) -> torch.Tensor 
 
 def _jit_chunk(chunk: _Chunk, opts: KTAEOptions, tables: TableStats | None,
                seq: torch.Tensor, out: torch.Tensor) -> bool:
-    """Count a chunk of single tokens and write its rows of ``out`` in the compiled loops
+    """Count a chunk's tokens or spans and write its rows of ``out`` in the compiled loops
     of :mod:`ktae.core.jit_counts`; False (nothing written) when its ids are too sparse
-    for them."""
+    (tokens) or too large (spans) for them."""
     rows = chunk.rows
     if isinstance(rows, slice):
         rows = torch.arange(rows.start or 0, rows.stop, rows.step or 1)
     order = torch.argsort(chunk.gid, stable=True)  # each group's rows one after the other
     rows = rows.index_select(0, order).numpy()
-    counted = jit_counts.count_rows(chunk.batch.token_ids, chunk.batch.mask, rows,
-                                    chunk.gid.index_select(0, order).numpy(),
-                                    chunk.correct.index_select(0, order).numpy())
+    read = (chunk.batch.token_ids, chunk.batch.mask, rows,
+            chunk.gid.index_select(0, order).numpy(),
+            chunk.correct.index_select(0, order).numpy())
+    if opts.ngram == 1:
+        counted = jit_counts.count_rows(*read)
+        units_per_row = chunk.row_len
+    else:
+        per_group = torch.zeros(chunk.num_groups, dtype=torch.int64).index_add_(
+            0, chunk.gid, chunk.row_len)
+        counted = jit_counts.count_span_rows(
+            *read, opts.ngram, np.asarray(opts.ignore_token_ids, dtype=np.int64),
+            int(per_group.max()))
+        if counted is not None:
+            span_at, spans_read, *counted = counted
+            units_per_row = torch.empty_like(spans_read).index_copy_(0, order, spans_read)
     if counted is None:
         return False
-    inverse, group, token, a, b, count_correct, count_incorrect = counted
+    pair, group, token, a, b, count_correct, count_incorrect = (
+        (counted[0], *counted[1:]) if opts.ngram == 1 else (None, *counted))
     sizes = torch.bincount(chunk.gid, minlength=chunk.num_groups)
     cnt = TokenCounts(group=group, token=token, a=a, b=b, count_correct=count_correct,
                       count_incorrect=count_incorrect, run_length=count_correct + count_incorrect,
-                      order=None, pair=inverse,
+                      order=None, pair=pair,
                       **_group_totals(chunk.gid, chunk.num_groups, sizes, chunk.correct,
-                                      chunk.row_len))
+                                      units_per_row))
     by_pair = (_values_once_by_class(cnt, opts, tables) if opts.mode == "exact"
                else _values(cnt, opts, tables))
-    jit_counts.write_rows(out, chunk.batch.mask, rows,
-                          seq.index_select(0, torch.from_numpy(rows)),
-                          by_pair.to(out.dtype).contiguous(), inverse)
+    base = seq.index_select(0, torch.from_numpy(rows))
+    if opts.ngram == 1:
+        jit_counts.write_rows(out, chunk.batch.mask, rows, base,
+                              by_pair.to(out.dtype).contiguous(), pair)
+    else:  # the spans' values in their own dtype, reduced, then in the output's
+        jit_counts.write_span_rows(out, chunk.batch.mask, rows, base, by_pair.contiguous(),
+                                   span_at, opts.ngram, opts.ngram_reduce,
+                                   1.0 + MAXABS_RTOL)
     return True
 
 
@@ -516,7 +535,7 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     tables = _call_tables(batch, is_correct, opts)
 
     tokens = opts.ngram == 1 and opts.split != "graded"
-    jit = (tokens and COUNTING in ("auto", "jit")
+    jit = (opts.split != "graded" and COUNTING in ("auto", "jit")
            and jit_counts.usable(batch.token_ids, batch.mask) and out.is_contiguous())
 
     def one_chunk(chunk: _Chunk) -> None:  # a task: writes its own rows of ``out``
