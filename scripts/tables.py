@@ -302,6 +302,16 @@ def audit_mass(folder: Path) -> str:
 SPEED_COLUMNS = (("KTAE exact", "ktae exact", " [sort]"),
                  ("KTAE over 3-grams", "ktae ngram=3", " [sort]"),
                  ("prefix-value", "prefix-value", " [unique]"))
+#: KTAE's torch counting, timed where numba runs KTAE's chunks (``bench_advantages.py``'s
+#: ``[torch]`` rows): shown beside the replaced algorithm when the run has it.
+TORCH = " [torch]"
+
+
+def _bracket(rows: dict, key: str, old: str, field: str) -> str:
+    """``(torch x, sort x)``, or ``(x)`` of the replaced algorithm alone."""
+    cells = [f"{rows[key + TORCH][field]:.2f}x torch"] if key + TORCH in rows else []
+    cells.append(f"{rows[key + old][field]:.2f}x" + (" sort" if cells else ""))
+    return "(" + ", ".join(cells) + ")"
 
 
 def speed_memory(folder: Path) -> str:
@@ -309,7 +319,7 @@ def speed_memory(folder: Path) -> str:
     beside it."""
     memory = _json(folder, "bench.json")
     r = memory["rows"]
-    cells = [f"{r[key]['peak_extra_x_input']:.2f}x ({r[key + old]['peak_extra_x_input']:.2f}x)"
+    cells = [f"{r[key]['peak_extra_x_input']:.2f}x {_bracket(r, key, old, 'peak_extra_x_input')}"
              for _, key, old in SPEED_COLUMNS]
     return "\n".join([
         "| peak extra memory over the input | " + " | ".join(t for t, _, _ in SPEED_COLUMNS)
@@ -327,7 +337,7 @@ def speed(*folders: Path) -> str:
             "|---" * (6 + len(SPEED_COLUMNS)) + "|"]
     for d in timed:
         r = d["rows"]
-        cells = [f"**{r[key]['median_x_sort']:.2f}x** ({r[key + old]['median_x_sort']:.2f}x)"
+        cells = [f"**{r[key]['median_x_sort']:.2f}x** {_bracket(r, key, old, 'median_x_sort')}"
                  for _, key, old in SPEED_COLUMNS]
         batch = (f"Zipf ids, {d['real_tokens'] / 1e6:.1f}M" if d.get("zipf")
                  else f"topics, {d['real_tokens'] / 1e6:.1f}M")
@@ -342,9 +352,10 @@ def speed(*folders: Path) -> str:
              f"{shape[0]} prompts x {shape[1]} responses x <= {shape[2]} tokens (real tokens in "
              "the batch column; topics: the preset's ids, half from a per-prompt topic "
              "vocabulary; Zipf ids: `--zipf`); kernels: torch's CPU kernel level "
-             "(`--kernel`); in brackets the algorithm each "
-             "replaced (a sort of the keys, `torch.unique`), timed in the same rounds; "
-             "busy processes are `--contend K` busy loops."]
+             "(`--kernel`); in brackets, timed in the same rounds, KTAE's counting in "
+             "torch where numba runs its chunks in compiled loops (`torch`: the path "
+             "without `ktae[fast]`) and the algorithm each replaced (a sort of the keys, "
+             "`torch.unique`); busy processes are `--contend K` busy loops."]
     return "\n".join(rows)
 
 
@@ -357,9 +368,15 @@ def speed_summary(*folders: Path) -> str:
         xs = [d["rows"][key]["median_x_sort"] for d in timed]
         return f"{min(xs):.2f}x-{max(xs):.2f}x"
 
-    rows = ["| estimator | time over one sort | the algorithm it replaced |", "|---|---|---|"]
-    rows += [f"| {title} | **{span(key)}** | {span(key + old)} |"
-             for title, key, old in SPEED_COLUMNS]
+    torch_rows = all(key + TORCH in d["rows"] for _, key, _ in SPEED_COLUMNS[:2]
+                     for d in timed)
+    rows = ["| estimator | time over one sort | "
+            + ("without numba (`ktae[fast]`) | " if torch_rows else "")
+            + "the algorithm it replaced |", "|---" * (3 + torch_rows) + "|"]
+    for title, key, old in SPEED_COLUMNS:
+        without = ((span(key + TORCH) if key + TORCH in timed[0]["rows"] else "the same")
+                   + " | ") if torch_rows else ""
+        rows.append(f"| {title} | **{span(key)}** | {without}{span(key + old)} |")
     sorts = [d["rows"]["sort (floor)"]["median_seconds"] for d in timed]
     batches = sorted({"Zipf ids" if d.get("zipf") else "topics" for d in timed})
     kernels = sorted({d["cpu_capability"].lower() for d in timed})

@@ -169,3 +169,37 @@ def test_a_commands_opening_settings_reach_its_environment(tables, tmp_path, mon
                                  "MKL_ENABLE_INSTRUCTIONS"}
         assert tables.command_env(f"eval-train-default-{kernel}") == settings
         assert tables.dependencies(f"eval-train-default-{kernel}") == [f"train-default-{kernel}"]
+
+
+def _speed_record(folder: Path, torch_rows: bool) -> Path:
+    rows = {"sort (floor)": {"median_seconds": 1.5, "median_x_sort": 1.0}}
+    for key, x, old in (("ktae exact", 0.3, " [sort]"), ("ktae ngram=3", 0.5, " [sort]"),
+                        ("prefix-value", 0.7, " [unique]")):
+        rows[key] = {"median_x_sort": x, "peak_extra_x_input": x}
+        rows[key + old] = {"median_x_sort": 2 * x, "peak_extra_x_input": 2 * x}
+        if torch_rows and key.startswith("ktae"):
+            rows[key + " [torch]"] = {"median_x_sort": 1.5 * x, "peak_extra_x_input": x}
+    folder.mkdir()
+    (folder / "bench.json").write_text(json.dumps({
+        "rows": rows, "real_tokens": 29.4e6, "zipf": False, "cpu_capability": "AVX2",
+        "threads": 1, "contend": 0, "load_average": [0.2, 0.4], "shape": [1024, 16, 3072],
+        "cpu": "AMD EPYC", "cpu_count": 2, "repeats": 5, "preset": "large"}))
+    return folder
+
+
+@pytest.mark.parametrize("torch_rows", [True, False])
+def test_speed_tables_show_the_torch_counting_where_it_was_timed(tables, tmp_path, torch_rows):
+    folder = _speed_record(tmp_path / "run", torch_rows)
+    table = tables.speed(folder)
+    summary = tables.speed_summary(folder)
+    memory = tables.speed_memory(folder)
+    if torch_rows:
+        assert "| **0.30x** (0.45x torch, 0.60x sort) | **0.50x** (0.75x torch, 1.00x sort) | " \
+               "**0.70x** (1.40x) |" in table
+        assert "| KTAE exact | **0.30x-0.30x** | 0.45x-0.45x | 0.60x-0.60x |" in summary
+        assert "| prefix-value | **0.70x-0.70x** | the same | 1.40x-1.40x |" in summary
+        assert "0.30x (0.30x torch, 0.60x sort)" in memory
+    else:
+        assert "| **0.30x** (0.60x) | **0.50x** (1.00x) | **0.70x** (1.40x) |" in table
+        assert "| KTAE exact | **0.30x-0.30x** | 0.60x-0.60x |" in summary
+        assert "without numba" not in summary
