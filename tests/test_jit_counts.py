@@ -93,22 +93,29 @@ def test_values_are_the_same_bits_as_the_sorts_and_the_oracles(monkeypatch, seed
                               atol=1e-6)
 
 
-@pytest.mark.parametrize(("shift", "jit"), [(0, True), (1 << 40, False)])
-def test_auto_runs_the_loops_where_the_ids_are_dense(monkeypatch, shift, jit):
+@pytest.mark.parametrize(("shift", "least", "path"), [
+    (0, 0, "write_rows"),
+    (1 << 40, 0, "count_units"),  # ids too sparse for a table over their range: the sort
+    (0, None, "dense_ids"),  # a batch under JIT_MIN_POSITIONS: the torch bitmaps
+])
+def test_auto_runs_the_loops_where_the_ids_are_dense(monkeypatch, shift, least, path):
+    if least is not None:
+        monkeypatch.setattr(ktae_module, "JIT_MIN_POSITIONS", least)
     group, ids, mask, correct = zipf_batch(0, 6, 8, 3000, shift=shift)
+    assert mask.numel() < ktae_module.JIT_MIN_POSITIONS or least is not None
     calls: list = []
-    _spy(monkeypatch, jit_counts, "write_rows", calls)
-    _spy(monkeypatch, ktae_module, "count_units", calls)
-    _spy(monkeypatch, scatter_counts, "dense_ids", calls)
+    for name, module in (("write_rows", jit_counts), ("count_units", ktae_module),
+                         ("dense_ids", scatter_counts)):
+        _spy(monkeypatch, module, name, calls)
     kw = dict(rewards=correct.double(), group=group, token_ids=ids, mask=mask)
     auto = ktae.compute_advantages("ktae", **kw)
-    assert ("write_rows" in calls) == jit
-    assert ("count_units" in calls) == (not jit) and "dense_ids" not in calls
+    assert set(calls) == {path}
     monkeypatch.setattr(ktae_module, "COUNTING", "sort")
     assert torch.equal(ktae.compute_advantages("ktae", **kw), auto)
 
 
 def test_graded_splits_take_the_torch_path(monkeypatch):
+    monkeypatch.setattr(ktae_module, "JIT_MIN_POSITIONS", 0)
     group, ids, mask, correct = zipf_batch(1, 4, 6, 50)
     calls: list = []
     _spy(monkeypatch, jit_counts, "count_rows", calls)

@@ -116,6 +116,11 @@ DEVICE_CHUNK_TOKENS = 1 << 23
 #: instead (:mod:`ktae.core.jit_counts`), for ids dense enough for a table over their
 #: range; others take the paths above.
 COUNTING = "auto"
+#: "auto" runs the compiled loops on batches of at least this many ``[B, T]`` positions.
+#: Below, a call's fixed costs dominate: the torch path was within 10-15% of them (64 x 8
+#: x 512 and smaller, one thread), without numba's import and cache load (about 1 s once
+#: per process).
+JIT_MIN_POSITIONS = 1 << 20
 COUNTINGS = ("auto", "scatter", "sort", *(("jit",) if jit_counts.AVAILABLE else ()))
 
 
@@ -535,7 +540,9 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     tables = _call_tables(batch, is_correct, opts)
 
     tokens = opts.ngram == 1 and opts.split != "graded"
-    jit = (opts.split != "graded" and COUNTING in ("auto", "jit")
+    jit = (opts.split != "graded"
+           and (COUNTING == "jit" or (COUNTING == "auto"
+                                      and batch.mask.numel() >= JIT_MIN_POSITIONS))
            and jit_counts.usable(batch.token_ids, batch.mask) and out.is_contiguous())
 
     def one_chunk(chunk: _Chunk) -> None:  # a task: writes its own rows of ``out``
