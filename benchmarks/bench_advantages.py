@@ -30,7 +30,9 @@ from one Zipf law over the vocabulary, with log-normal response lengths
 algorithms the current ones replaced, in rows marked ``[sort]`` (KTAE counting each
 chunk's tokens with one sort, :func:`ktae.core.token_counts.count_units`), ``[torch]``
 (where numba is installed and KTAE's chunks run in compiled loops,
-:mod:`ktae.core.jit_counts`: the torch counting by scatters, ``COUNTING = "scatter"``)
+:mod:`ktae.core.jit_counts`: the torch counting by scatters, ``COUNTING = "scatter"``;
+on a batch under ``JIT_MIN_POSITIONS``, where the default takes the torch path, also
+``[jit]``: the loops forced)
 and ``[unique]`` (prefix-value's classes from one ``torch.unique`` of every token's
 prefix hash); their values are the same.
 """
@@ -58,7 +60,7 @@ from ktae.core import prefix_value  # noqa: E402
 
 #: ``--compare``: the row suffix and the module switches of each algorithm.
 ALGORITHMS = {"": ("auto", "lcp"), " [sort]": ("sort", "lcp"), " [unique]": ("auto", "unique"),
-              " [torch]": ("scatter", "lcp")}
+              " [torch]": ("scatter", "lcp"), " [jit]": ("jit", "lcp")}
 
 
 def with_algorithm(suffix: str, fn):
@@ -318,6 +320,8 @@ def _run(args, ngrams) -> int:
     ktae_suffixes = ["", " [sort]"] if args.compare else [""]
     # where numba runs KTAE's chunks (ktae.core.jit_counts), the torch counting too
     torch_row = [" [torch]"] if args.compare and "jit" in ktae_module.COUNTINGS else []
+    if torch_row and batch.mask.numel() < ktae_module.JIT_MIN_POSITIONS:
+        torch_row.append(" [jit]")  # a batch where "auto" takes the torch path
     for sfx in ktae_suffixes + torch_row:
         runs["ktae exact" + sfx] = with_algorithm(sfx, lambda: ktae.compute_advantages(
             "ktae", **kw, **opts, **_threshold(args)))

@@ -117,9 +117,9 @@ DEVICE_CHUNK_TOKENS = 1 << 23
 #: range; others take the paths above.
 COUNTING = "auto"
 #: "auto" runs the compiled loops on batches of at least this many ``[B, T]`` positions.
-#: Below, a call's fixed costs dominate: the torch path was within 10-15% of them (64 x 8
-#: x 512 and smaller, one thread), without numba's import and cache load (about 1 s once
-#: per process).
+#: Below, a call takes milliseconds on either path, and numba's import and cache load
+#: (about 1 s once per process) would cost a short run more than the loops save
+#: (``benchmarks/bench_advantages.py --compare`` times the loops forced on such a batch).
 JIT_MIN_POSITIONS = 1 << 20
 COUNTINGS = ("auto", "scatter", "sort", *(("jit",) if jit_counts.AVAILABLE else ()))
 
