@@ -223,3 +223,17 @@ def test_bf16_path_refuses_a_non_positive_size(arg, capsys):
         _import_benchmark("bf16_path").main([arg, "0"])
     assert done.value.code == 2
     assert f"{arg}: expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_compare_times_the_replaced_and_the_torch_paths_in_the_same_rounds(tmp_path):
+    pytest.importorskip("numba", reason="numba is not installed (pip install 'ktae[fast]')")
+    subprocess.run([sys.executable, str(BENCH), "--preset", "small", "--repeats", "2",
+                    "--threads", "1", "--ngram", "1,3", "--compare", "--no-reference",
+                    "--no-memory", "--prefix-value", "--json", str(tmp_path / "c.json")],
+                   capture_output=True, text=True, check=True, timeout=300)
+    rows = json.loads((tmp_path / "c.json").read_text())["rows"]
+    # the small preset is under JIT_MIN_POSITIONS: the loops are also timed forced
+    for unit in ("ktae exact", "ktae ngram=3"):
+        assert {unit + s for s in ("", " [sort]", " [torch]", " [jit]")} <= set(rows)
+    assert {"prefix-value", "prefix-value [unique]"} <= set(rows)
+    assert all(len(r["seconds"]) == 2 for r in rows.values() if "seconds" in r)
