@@ -315,7 +315,8 @@ def write_rows(out: torch.Tensor, mask: torch.Tensor, rows: np.ndarray, base: to
     :func:`count_rows`), 0 on padding. ``base`` ``[R]`` and ``value`` ``[U]`` have
     ``out``'s dtype."""
     write = _kernels()[2]
-    write(out.numpy(), mask.numpy(), rows, base.numpy(), value.numpy(), inverse.numpy())
+    write(out.numpy(), mask.numpy(), rows, base.detach().numpy(), value.detach().numpy(),
+          inverse.numpy())
 
 
 #: Codes of spans up to this bound (their ``n`` ids in base ``vocab``); beyond, the torch
@@ -375,5 +376,5 @@ def write_span_rows(out: torch.Tensor, mask: torch.Tensor, rows: np.ndarray,
     does (``reduce`` "mean" or "maxabs", ``tie``: 1 + its relative tolerance), in
     ``value``'s dtype, then in ``out``'s dtype plus ``base[i]``; 0 on padding."""
     write_spans = _kernels()[4]
-    write_spans(out.numpy(), mask.numpy(), rows, base.numpy(), value.numpy(), span_at.numpy(),
-                n, reduce == "mean", tie)
+    write_spans(out.numpy(), mask.numpy(), rows, base.detach().numpy(), value.detach().numpy(),
+                span_at.numpy(), n, reduce == "mean", tie)

@@ -543,7 +543,8 @@ def ktae_advantages(batch: AdvantageBatch, *, base: str = "grpo", correct=None,
     jit = (opts.split != "graded"
            and (COUNTING == "jit" or (COUNTING == "auto"
                                       and batch.mask.numel() >= JIT_MIN_POSITIONS))
-           and jit_counts.usable(batch.token_ids, batch.mask) and out.is_contiguous())
+           and jit_counts.usable(batch.token_ids, batch.mask) and out.is_contiguous()
+           and not batch.rewards.requires_grad)  # the loops write plain numbers
 
     def one_chunk(chunk: _Chunk) -> None:  # a task: writes its own rows of ``out``
         if jit and _jit_chunk(chunk, opts, tables, seq, out):
