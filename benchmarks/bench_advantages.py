@@ -181,10 +181,11 @@ def _memory_probe(args) -> int:
     # load code pages first, numba and its compiled loops included where the measured call
     # runs them (a tiny batch is under JIT_MIN_POSITIONS: the loops are forced for it)
     tiny = make_batch(4, 4, 16, 100, seed=1, device=args.device)
+    mixed = (torch.arange(tiny.rewards.numel(), device=args.device) % 2).to(tiny.rewards.dtype)
     least, ktae_module.JIT_MIN_POSITIONS = ktae_module.JIT_MIN_POSITIONS, 0
-    try:
+    try:  # every group mixed, so that its chunks run
         with_algorithm(suffix, lambda: ktae.compute_advantages(
-            name, rewards=tiny.rewards, group=tiny.group, token_ids=tiny.token_ids,
+            name, rewards=mixed, group=tiny.group, token_ids=tiny.token_ids,
             mask=tiny.mask, **opts))()
     finally:
         ktae_module.JIT_MIN_POSITIONS = least
