@@ -61,185 +61,183 @@ def _compile():
         except RuntimeError:  # no writable cache location: compile in each process
             return numba.njit(nogil=True)(fn)
 
-    @njit
-    def scan(ids, mask, rows):
-        n = 0
-        lo = np.int64(0)
-        hi = np.int64(-1)
-        for i in range(rows.shape[0]):
-            r = rows[i]
-            for j in range(ids.shape[1]):
-                if mask[r, j]:
-                    t = np.int64(ids[r, j])
-                    if n == 0 or t < lo:
-                        lo = t
-                    if t > hi:
-                        hi = t
-                    n += 1
-        return n, lo, hi
+    return tuple(njit(fn) for fn in (_scan, _count, _write, _count_spans, _write_spans))
 
-    @njit
-    def count(ids, mask, rows, gid, correct, bound, pid, inverse, token, pair_group, state):
-        # each id's latest pair: a pair numbered before its group's first is another
-        # group's, so the table is not cleared between groups (rows in group order)
-        pid[:bound] = -1
-        u = 0
-        k = 0
-        first = 0  # the current group's first pair
-        g_prev = -1
-        for i in range(rows.shape[0]):
-            r = rows[i]
-            g = gid[i]
-            if g != g_prev:
-                first = u
-                g_prev = g
-            cls = 0 if correct[i] else 1
-            for j in range(ids.shape[1]):
-                if mask[r, j]:
-                    t = np.int64(ids[r, j])
-                    p = pid[t]
-                    if p < first:
-                        p = u
-                        pid[t] = p
-                        token[p] = t
-                        pair_group[p] = g
-                        state[p, 0] = -1
-                        state[p, 1:] = 0
-                        u += 1
-                    inverse[k] = p
-                    k += 1
-                    if state[p, 0] != i:
-                        state[p, 0] = i
-                        state[p, 1 + cls] += 1
-                    state[p, 3 + cls] += 1
-        counts = np.empty((4, u), np.int64)  # a, b, occurrences in each class: contiguous
-        for q in range(u):
-            for f in range(4):
-                counts[f, q] = state[q, 1 + f]
-        return u, counts
 
-    @njit
-    def write(out, mask, rows, base, value, inverse):
-        k = 0
-        zero = out.dtype.type(0)
-        for i in range(rows.shape[0]):
-            r = rows[i]
-            for j in range(out.shape[1]):
-                if mask[r, j]:
-                    out[r, j] = value[inverse[k]] + base[i]
-                    k += 1
-                else:
-                    out[r, j] = zero
+# -- the loops (plain Python and NumPy: numba compiles them, :func:`_compile`) ----------
 
-    @njit
-    def count_spans(ids, mask, rows, gid, correct, n, vocab, ignored, table, shift, span_at,
-                    token, pair_group, state, row_spans):
-        # the spans' codes (their n ids in base ``vocab``) in an open-addressing table of
-        # (code, pair) slots;
-        # a slot whose pair is numbered before the group's first is free for the group,
-        # so the table is not cleared between groups (rows in group order)
-        hmask = table.shape[0] - 1
-        top = np.int64(1)
-        for _ in range(n - 1):
-            top *= vocab  # the weight of a span's first id in its code
-        table[:, 1] = -1
-        u = 0
-        k = 0
-        first = 0
-        g_prev = -1
-        for i in range(rows.shape[0]):
-            r = rows[i]
-            g = gid[i]
-            if g != g_prev:
-                first = u
-                g_prev = g
-            cls = 0 if correct[i] else 1
-            run = 0  # consecutive real, not ignored tokens ending here
-            code = np.int64(0)
-            spans = 0
-            for j in range(ids.shape[1]):
-                if not mask[r, j]:
-                    run = 0
-                    code = 0
-                    continue
+def _scan(ids, mask, rows):
+    n = 0
+    lo = np.int64(0)
+    hi = np.int64(-1)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(ids.shape[1]):
+            if mask[r, j]:
                 t = np.int64(ids[r, j])
-                span_at[k] = -1
+                if n == 0 or t < lo:
+                    lo = t
+                if t > hi:
+                    hi = t
+                n += 1
+    return n, lo, hi
+
+def _count(ids, mask, rows, gid, correct, bound, pid, inverse, token, pair_group, state):
+    # each id's latest pair: a pair numbered before its group's first is another
+    # group's, so the table is not cleared between groups (rows in group order)
+    pid[:bound] = -1
+    u = 0
+    k = 0
+    first = 0  # the current group's first pair
+    g_prev = -1
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        g = gid[i]
+        if g != g_prev:
+            first = u
+            g_prev = g
+        cls = 0 if correct[i] else 1
+        for j in range(ids.shape[1]):
+            if mask[r, j]:
+                t = np.int64(ids[r, j])
+                p = pid[t]
+                if p < first:
+                    p = u
+                    pid[t] = p
+                    token[p] = t
+                    pair_group[p] = g
+                    state[p, 0] = -1
+                    state[p, 1:] = 0
+                    u += 1
+                inverse[k] = p
                 k += 1
-                skip = False
-                for q in range(ignored.shape[0]):
-                    if ignored[q] == t:
-                        skip = True
-                if skip:
-                    run = 0
-                    code = 0
-                    continue
-                if run >= n:
-                    code -= np.int64(ids[r, j - n]) * top
-                code = code * vocab + t
-                run += 1
-                if run < n:
-                    continue
-                h = np.int64((np.uint64(code) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
-                while True:
-                    p = table[h, 1]
-                    if p < first:  # free for this group: a new pair
-                        p = u
-                        table[h, 1] = p
-                        table[h, 0] = code
-                        token[p] = code
-                        pair_group[p] = g
-                        state[p, 0] = -1
-                        state[p, 1:] = 0
-                        u += 1
-                        break
-                    if table[h, 0] == code:
-                        break
-                    h = (h + 1) & hmask
-                span_at[k - n] = p
-                spans += 1
                 if state[p, 0] != i:
                     state[p, 0] = i
                     state[p, 1 + cls] += 1
                 state[p, 3 + cls] += 1
-            row_spans[i] = spans
-        counts = np.empty((4, u), np.int64)
-        for q in range(u):
-            for f in range(4):
-                counts[f, q] = state[q, 1 + f]
-        return u, k, counts
+    counts = np.empty((4, u), np.int64)  # a, b, occurrences in each class: contiguous
+    for q in range(u):
+        for f in range(4):
+            counts[f, q] = state[q, 1 + f]
+    return u, counts
 
-    @njit
-    def write_spans(out, mask, rows, base, value, span_at, n, mean, tie):
-        # each real token's spans start 0 .. n - 1 real tokens before it, in its row; the
-        # same operations in the same order as ktae.core.ngrams.reduce_from_starts
-        k = 0
-        zero = out.dtype.type(0)
-        for i in range(rows.shape[0]):
-            r = rows[i]
-            for j in range(out.shape[1]):
-                if not mask[r, j]:
-                    out[r, j] = zero
-                    continue
-                acc = value.dtype.type(0)
-                if mean:
-                    covering = value.dtype.type(0)
-                    for q in range(n):
-                        if k - q >= 0:
-                            p = span_at[k - q]
-                            acc += value[p] if p >= 0 else value.dtype.type(0)
-                            covering += 1 if p >= 0 else 0
-                    acc /= max(covering, value.dtype.type(1))
-                else:
-                    for q in range(n - 1, -1, -1):  # the earliest span first: it keeps ties
-                        if k - q >= 0:
-                            p = span_at[k - q]
-                            c = value[p] if p >= 0 else value.dtype.type(0)
-                            if abs(c) > abs(acc) * tie:
-                                acc = c
-                out[r, j] = out.dtype.type(acc) + base[i]
+def _write(out, mask, rows, base, value, inverse):
+    k = 0
+    zero = out.dtype.type(0)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(out.shape[1]):
+            if mask[r, j]:
+                out[r, j] = value[inverse[k]] + base[i]
                 k += 1
+            else:
+                out[r, j] = zero
 
-    return scan, count, write, count_spans, write_spans
+def _count_spans(ids, mask, rows, gid, correct, n, vocab, ignored, table, shift, span_at,
+                token, pair_group, state, row_spans):
+    # the spans' codes (their n ids in base ``vocab``) in an open-addressing table of
+    # (code, pair) slots;
+    # a slot whose pair is numbered before the group's first is free for the group,
+    # so the table is not cleared between groups (rows in group order)
+    hmask = table.shape[0] - 1
+    top = np.int64(1)
+    for _ in range(n - 1):
+        top *= vocab  # the weight of a span's first id in its code
+    table[:, 1] = -1
+    u = 0
+    k = 0
+    first = 0
+    g_prev = -1
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        g = gid[i]
+        if g != g_prev:
+            first = u
+            g_prev = g
+        cls = 0 if correct[i] else 1
+        run = 0  # consecutive real, not ignored tokens ending here
+        code = np.int64(0)
+        spans = 0
+        for j in range(ids.shape[1]):
+            if not mask[r, j]:
+                run = 0
+                code = 0
+                continue
+            t = np.int64(ids[r, j])
+            span_at[k] = -1
+            k += 1
+            skip = False
+            for q in range(ignored.shape[0]):
+                if ignored[q] == t:
+                    skip = True
+            if skip:
+                run = 0
+                code = 0
+                continue
+            if run >= n:
+                code -= np.int64(ids[r, j - n]) * top
+            code = code * vocab + t
+            run += 1
+            if run < n:
+                continue
+            h = np.int64((np.uint64(code) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+            while True:
+                p = table[h, 1]
+                if p < first:  # free for this group: a new pair
+                    p = u
+                    table[h, 1] = p
+                    table[h, 0] = code
+                    token[p] = code
+                    pair_group[p] = g
+                    state[p, 0] = -1
+                    state[p, 1:] = 0
+                    u += 1
+                    break
+                if table[h, 0] == code:
+                    break
+                h = (h + 1) & hmask
+            span_at[k - n] = p
+            spans += 1
+            if state[p, 0] != i:
+                state[p, 0] = i
+                state[p, 1 + cls] += 1
+            state[p, 3 + cls] += 1
+        row_spans[i] = spans
+    counts = np.empty((4, u), np.int64)
+    for q in range(u):
+        for f in range(4):
+            counts[f, q] = state[q, 1 + f]
+    return u, k, counts
+
+def _write_spans(out, mask, rows, base, value, span_at, n, mean, tie):
+    # each real token's spans start 0 .. n - 1 real tokens before it, in its row; the
+    # same operations in the same order as ktae.core.ngrams.reduce_from_starts
+    k = 0
+    zero = out.dtype.type(0)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(out.shape[1]):
+            if not mask[r, j]:
+                out[r, j] = zero
+                continue
+            acc = value.dtype.type(0)
+            if mean:
+                covering = value.dtype.type(0)
+                for q in range(n):
+                    if k - q >= 0:
+                        p = span_at[k - q]
+                        acc += value[p] if p >= 0 else value.dtype.type(0)
+                        covering += 1 if p >= 0 else 0
+                acc /= max(covering, value.dtype.type(1))
+            else:
+                for q in range(n - 1, -1, -1):  # the earliest span first: it keeps ties
+                    if k - q >= 0:
+                        p = span_at[k - q]
+                        c = value[p] if p >= 0 else value.dtype.type(0)
+                        if abs(c) > abs(acc) * tie:
+                            acc = c
+            out[r, j] = out.dtype.type(acc) + base[i]
+            k += 1
 
 
 def compiled() -> bool:
