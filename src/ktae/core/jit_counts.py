@@ -240,12 +240,6 @@ def _write_spans(out, mask, rows, base, value, span_at, n, mean, tie):
             k += 1
 
 
-def compiled() -> bool:
-    """Whether the loops are compiled in this process (numba's first call compiles them,
-    or loads them from its cache)."""
-    return _compile.cache_info().currsize > 0
-
-
 def usable(token_ids: torch.Tensor, mask: torch.Tensor) -> bool:
     """Whether a batch's ids and mask can be read by the loops: numba installed, CPU
     tensors, integer ids and a bool mask."""
