@@ -32,9 +32,11 @@ chunk's tokens with one sort, :func:`ktae.core.token_counts.count_units`), ``[to
 (where numba is installed and KTAE's chunks run in compiled loops,
 :mod:`ktae.core.jit_counts`: the torch counting by scatters, ``COUNTING = "scatter"``;
 on a batch under ``JIT_MIN_POSITIONS``, where the default takes the torch path, also
-``[jit]``: the loops forced)
-and ``[unique]`` (prefix-value's classes from one ``torch.unique`` of every token's
-prefix hash); their values are the same.
+``[jit]``: the loops forced) and ``[unique]`` (prefix-value's classes from one
+``torch.unique`` of every token's prefix hash); where numba runs prefix-value's chunks,
+also ``[lcp]`` (prefix-value in torch, its classes from prefix hashes and common prefix
+lengths, ``CLASSES = "lcp"``) and, under ``JIT_MIN_POSITIONS``, ``[jit]``. Their values
+are the same.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ from ktae.core import ktae as ktae_module  # noqa: E402
 from ktae.core import prefix_value  # noqa: E402
 
 #: ``--compare``: the row suffix and the module switches of each algorithm.
-ALGORITHMS = {"": ("auto", "lcp"), " [sort]": ("sort", "lcp"), " [unique]": ("auto", "unique"),
-              " [torch]": ("scatter", "lcp"), " [jit]": ("jit", "lcp")}
+ALGORITHMS = {"": ("auto", "auto"), " [sort]": ("sort", "lcp"), " [unique]": ("auto", "unique"),
+              " [lcp]": ("auto", "lcp"), " [torch]": ("scatter", "lcp"), " [jit]": ("jit", "jit")}
 
 
 def with_algorithm(suffix: str, fn):
@@ -182,13 +184,14 @@ def _memory_probe(args) -> int:
     # runs them (a tiny batch is under JIT_MIN_POSITIONS: the loops are forced for it)
     tiny = make_batch(4, 4, 16, 100, seed=1, device=args.device)
     mixed = (torch.arange(tiny.rewards.numel(), device=args.device) % 2).to(tiny.rewards.dtype)
-    least, ktae_module.JIT_MIN_POSITIONS = ktae_module.JIT_MIN_POSITIONS, 0
+    least = ktae_module.JIT_MIN_POSITIONS, prefix_value.JIT_MIN_POSITIONS
+    ktae_module.JIT_MIN_POSITIONS = prefix_value.JIT_MIN_POSITIONS = 0
     try:  # every group mixed, so that its chunks run
         with_algorithm(suffix, lambda: ktae.compute_advantages(
             name, rewards=mixed, group=tiny.group, token_ids=tiny.token_ids,
             mask=tiny.mask, **opts))()
     finally:
-        ktae_module.JIT_MIN_POSITIONS = least
+        ktae_module.JIT_MIN_POSITIONS, prefix_value.JIT_MIN_POSITIONS = least
     if args.chunk_tokens and name == "ktae":
         opts["chunk_tokens"] = args.chunk_tokens
     extra = peak_extra_memory(with_algorithm(suffix, lambda: ktae.compute_advantages(
@@ -347,7 +350,13 @@ def _run(args, ngrams) -> int:
                 "ktae", **kw, **opts, ngram=n, ngram_reduce=args.ngram_reduce))
             probes[f"ktae ngram={n}{sfx}"] = f"exact:{n}:{sfx}"
     if args.prefix_value:
-        for sfx in ["", " [unique]"] if args.compare else [""]:
+        # where numba runs prefix-value's chunks, the torch classes too
+        prefix_rows = ["", " [unique]"] if args.compare else [""]
+        if args.compare and "jit" in prefix_value.CLASSES_ALL:
+            prefix_rows.append(" [lcp]")
+            if batch.mask.numel() < prefix_value.JIT_MIN_POSITIONS:
+                prefix_rows.append(" [jit]")
+        for sfx in prefix_rows:
             runs["prefix-value" + sfx] = with_algorithm(sfx, lambda: ktae.compute_advantages(
                 "prefix-value", **kw, apply="all"))
             probes["prefix-value" + sfx] = f"prefix-value:1:{sfx}"

@@ -302,15 +302,18 @@ def audit_mass(folder: Path) -> str:
 SPEED_COLUMNS = (("KTAE exact", "ktae exact", " [sort]"),
                  ("KTAE over 3-grams", "ktae ngram=3", " [sort]"),
                  ("prefix-value", "prefix-value", " [unique]"))
-#: KTAE's torch counting, timed where numba runs KTAE's chunks (``bench_advantages.py``'s
-#: ``[torch]`` rows): shown beside the replaced algorithm when the run has it.
-TORCH = " [torch]"
+#: Each estimator's torch path, timed where numba runs its chunks (``bench_advantages.py``'s
+#: ``[torch]`` rows for KTAE, ``[lcp]`` for prefix-value): shown beside the replaced
+#: algorithm when the run has it.
+TORCH = {"ktae exact": " [torch]", "ktae ngram=3": " [torch]", "prefix-value": " [lcp]"}
 
 
 def _bracket(rows: dict, key: str, old: str, field: str) -> str:
-    """``(torch x, sort x)``, or ``(x)`` of the replaced algorithm alone."""
-    cells = [f"{rows[key + TORCH][field]:.2f}x torch"] if key + TORCH in rows else []
-    cells.append(f"{rows[key + old][field]:.2f}x" + (" sort" if cells else ""))
+    """``(torch x, sort x)`` (``unique x`` for prefix-value), or ``(x)`` of the replaced
+    algorithm alone."""
+    torch_key = key + TORCH[key]
+    cells = [f"{rows[torch_key][field]:.2f}x torch"] if torch_key in rows else []
+    cells.append(f"{rows[key + old][field]:.2f}x" + (f" {old.strip(' []')}" if cells else ""))
     return "(" + ", ".join(cells) + ")"
 
 
@@ -352,9 +355,10 @@ def speed(*folders: Path) -> str:
              f"{shape[0]} prompts x {shape[1]} responses x <= {shape[2]} tokens (real tokens in "
              "the batch column; topics: the preset's ids, half from a per-prompt topic "
              "vocabulary; Zipf ids: `--zipf`); kernels: torch's CPU kernel level "
-             "(`--kernel`); in brackets, timed in the same rounds, KTAE's counting in "
+             "(`--kernel`); in brackets, timed in the same rounds, each estimator in "
              "torch where numba runs its chunks in compiled loops (`torch`: the path "
-             "without `ktae[fast]`) and the algorithm each replaced (a sort of the keys, "
+             "without `ktae[fast]`; for prefix-value, its classes from prefix hashes) and "
+             "the algorithm each replaced (a sort of the keys, "
              "`torch.unique`); busy processes are `--contend K` busy loops."]
     return "\n".join(rows)
 
@@ -368,13 +372,14 @@ def speed_summary(*folders: Path) -> str:
         xs = [d["rows"][key]["median_x_sort"] for d in timed]
         return f"{min(xs):.2f}x-{max(xs):.2f}x"
 
-    torch_rows = all(key + TORCH in d["rows"] for _, key, _ in SPEED_COLUMNS[:2]
+    torch_rows = all(key + TORCH[key] in d["rows"] for _, key, _ in SPEED_COLUMNS[:2]
                      for d in timed)
     rows = ["| estimator | time over one sort | "
             + ("without numba (`ktae[fast]`) | " if torch_rows else "")
             + "the algorithm it replaced |", "|---" * (3 + torch_rows) + "|"]
     for title, key, old in SPEED_COLUMNS:
-        without = ((span(key + TORCH) if key + TORCH in timed[0]["rows"] else "the same")
+        without = ((span(key + TORCH[key]) if all(key + TORCH[key] in d["rows"] for d in timed)
+                    else "the same")
                    + " | ") if torch_rows else ""
         rows.append(f"| {title} | **{span(key)}** | {without}{span(key + old)} |")
     sorts = [d["rows"]["sort (floor)"]["median_seconds"] for d in timed]

@@ -235,5 +235,5 @@ def test_compare_times_the_replaced_and_the_torch_paths_in_the_same_rounds(tmp_p
     # the small preset is under JIT_MIN_POSITIONS: the loops are also timed forced
     for unit in ("ktae exact", "ktae ngram=3"):
         assert {unit + s for s in ("", " [sort]", " [torch]", " [jit]")} <= set(rows)
-    assert {"prefix-value", "prefix-value [unique]"} <= set(rows)
+    assert {"prefix-value" + s for s in ("", " [unique]", " [lcp]", " [jit]")} <= set(rows)
     assert all(len(r["seconds"]) == 2 for r in rows.values() if "seconds" in r)

@@ -409,10 +409,10 @@ def test_prefix_value_is_the_same_bits_with_either_classes(monkeypatch, seed, un
     kw = dict(rewards=torch.tensor(rewards), group=torch.tensor(group),
               token_ids=torch.tensor(ids), mask=torch.tensor(mask))
     out = {}
-    for classes in ("lcp", "unique"):
+    for classes in prefix_value.CLASSES_ALL:
         monkeypatch.setattr(prefix_value, "CLASSES", classes)
         out[classes] = ktae.compute_advantages("prefix-value", **kw, apply="all", unit=unit)
-    assert torch.equal(out["lcp"], out["unique"])
+    assert all(torch.equal(v, out["lcp"]) for v in out.values()), list(out)
 
 
 def test_the_classes_switch_picks_the_algorithm(monkeypatch):
@@ -450,7 +450,9 @@ def test_groups_over_the_lcp_limit_take_the_unique_path_and_match_the_reference(
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("unit", ["token", "span", "word"])
-def test_prefix_value_is_the_same_bits_in_any_chunking(monkeypatch, seed, unit):
+@pytest.mark.parametrize("classes", prefix_value.CLASSES_ALL)
+def test_prefix_value_is_the_same_bits_in_any_chunking(monkeypatch, seed, unit, classes):
+    monkeypatch.setattr(prefix_value, "CLASSES", classes)
     rewards, group, ids, mask, correct = random_groups(seed, holes=seed % 2 == 0)
     kw = dict(rewards=torch.tensor(rewards), group=torch.tensor(group),
               token_ids=torch.tensor(ids), mask=torch.tensor(mask), apply="all", unit=unit,
@@ -531,8 +533,9 @@ def test_every_element_of_prefix_values_output_is_written_by_one_task(monkeypatc
                                                                 dtype=dtype, device=device))
     threads = torch.get_num_threads()
     try:
-        for n in (1, 2):
+        for n, classes in itertools.product((1, 2), prefix_value.CLASSES_ALL):
             torch.set_num_threads(n)
+            monkeypatch.setattr(prefix_value, "CLASSES", classes)
             got = ktae.compute_advantages("prefix-value", **kw)
             assert not got.isnan().any() and (got[~mask] == 0).all()
             assert torch.equal(got.view(torch.int64), want.view(torch.int64))

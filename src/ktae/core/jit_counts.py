@@ -1,4 +1,5 @@
-"""KTAE's pass over a chunk of single tokens as compiled loops (numba), where it is installed.
+"""KTAE's and prefix-value's passes over a chunk as compiled loops (numba), where it is
+installed.
 
 The torch path counts a chunk in a dozen or so passes, each a gather or a scatter over the
 chunk's tokens (:mod:`ktae.core.scatter_counts`), and then spreads the values and writes
@@ -21,9 +22,19 @@ chunk's rows, in the rows' own memory:
 
 The counts are integers and every value is computed by the same torch code from them, so
 each token's value is the same bits as on the other paths; only the order of the pairs
-differs (group, then first occurrence). The loops release the GIL: the chunks run on the
-task threads of :mod:`ktae.core.chunk_pool` as before. numba compiles them on first use
-and caches the machine code beside this file (``cache=True``).
+differs (group, then first occurrence).
+
+Prefix-value (:mod:`ktae.core.prefix_value`) takes two loops over a chunk's rows:
+:func:`prefix_class_rows` builds a trie of each group's responses, in a hash table keyed
+by the exact (parent class, token) pair, so that no collision can merge two classes (the
+torch path hashes whole prefixes and checks its classes afterwards), and counts each
+class's responses and correct ones; :func:`write_prefix_rows` (``unit="token"``) then
+writes each row's advantages with the operations of
+:func:`ktae.core.prefix_value._credit_rows`, in the same order, so again the same bits.
+
+The loops release the GIL: the chunks run on the task threads of
+:mod:`ktae.core.chunk_pool`. numba compiles them on first use and caches the machine code
+beside this file (``cache=True``).
 """
 
 from __future__ import annotations
@@ -61,7 +72,8 @@ def _compile():
         except RuntimeError:  # no writable cache location: compile in each process
             return numba.njit(nogil=True)(fn)
 
-    return tuple(njit(fn) for fn in (_scan, _count, _write, _count_spans, _write_spans))
+    return tuple(njit(fn) for fn in (_scan, _count, _write, _count_spans, _write_spans,
+                                     _prefix_classes, _prefix_write))
 
 
 # -- the loops (plain Python and NumPy: numba compiles them, :func:`_compile`) ----------
@@ -240,6 +252,88 @@ def _write_spans(out, mask, rows, base, value, span_at, n, mean, tie):
             k += 1
 
 
+def _prefix_classes(ids, mask, rows, order, start, gid, correct, cls, count, right,
+                    slot_prev, slot_token, slot_stamp, slot_rep, shift, epoch):
+    # a trie of each group's responses in an open-addressing table of (parent class,
+    # token) -> class slots; a slot stamped with an earlier group's epoch is free, so the
+    # table is not cleared between groups (``order``: the rows in group order)
+    hmask = slot_stamp.shape[0] - 1
+    for k in range(cls.shape[0]):
+        count[k] = 0
+        right[k] = 0
+    g_prev = np.int64(-1)
+    for o in range(order.shape[0]):
+        i = order[o]
+        r = rows[i]
+        g = np.int64(gid[i])
+        if g != g_prev:
+            epoch += 1
+            g_prev = g
+        ok = 1 if correct[i] else 0
+        parent = -1 - g  # the group's root: the empty prefix
+        k = start[i]
+        for j in range(ids.shape[1]):
+            if not mask[r, j]:
+                continue
+            tok = np.int64(ids[r, j])
+            if tok < 0:
+                return -1
+            h = np.int64(((np.uint64(parent) * np.uint64(0x9E3779B97F4A7C15))
+                          ^ (np.uint64(tok) * np.uint64(0xC2B2AE3D27D4EB4F))) >> shift)
+            while True:
+                if slot_stamp[h] != epoch:  # a new class, named by this token
+                    slot_stamp[h] = epoch
+                    slot_prev[h] = parent
+                    slot_token[h] = tok
+                    slot_rep[h] = k
+                    rep = k
+                    break
+                if slot_prev[h] == parent and slot_token[h] == tok:
+                    rep = slot_rep[h]
+                    break
+                h = (h + 1) & hmask
+            cls[k] = rep
+            count[rep] += 1
+            right[rep] += ok
+            parent = rep
+            k += 1
+    return epoch
+
+
+def _prefix_write(out, mask, rows, start, length, cls, count, right, n_g, c_g, seq, chosen,
+                  weight, keep_total):
+    # prefix_value._credit_rows for unit="token", each operation in the same order
+    zero = out.dtype.type(0)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        s = start[i]
+        n = length[i]
+        keep = seq[i]
+        scale = 0.0
+        if n > 0:
+            end = cls[s + n - 1]
+            num = right[end] * n_g[i] - c_g[i] * count[end]
+            if chosen[i] and num != 0:
+                d_total = np.float64(num) / np.float64(count[end] * n_g[i])
+                if keep_total:
+                    scale = weight * seq[i] * np.float64(n) / d_total
+                    keep = (1.0 - weight) * seq[i]
+                else:
+                    scale = weight * seq[i] / d_total
+        root = np.float64(c_g[i]) / np.float64(max(n_g[i], 1))
+        before = root
+        k = s
+        for j in range(out.shape[1]):
+            if mask[r, j]:
+                c = cls[k]
+                v = np.float64(right[c]) / np.float64(count[c])
+                out[r, j] = keep + scale * (v - before)
+                before = v
+                k += 1
+            else:
+                out[r, j] = zero
+
+
 def usable(token_ids: torch.Tensor, mask: torch.Tensor) -> bool:
     """Whether a batch's ids and mask can be read by the loops: numba installed, CPU
     tensors, integer ids and a bool mask."""
@@ -340,7 +434,7 @@ def count_span_rows(token_ids: torch.Tensor, mask: torch.Tensor, rows: np.ndarra
     Raises:
         ValueError: a negative token id where mask is 1.
     """
-    scan, _, _, count_spans, _ = _kernels()
+    scan, _, _, count_spans, *_ = _kernels()
     ids, flags = token_ids.numpy(), mask.numpy()
     m, lo, hi = scan(ids, flags, rows)
     if m and lo < 0:
@@ -370,3 +464,64 @@ def write_span_rows(out: torch.Tensor, mask: torch.Tensor, rows: np.ndarray,
     write_spans = _kernels()[4]
     write_spans(out.numpy(), mask.numpy(), rows, base.detach().numpy(), value.detach().numpy(),
                 span_at.numpy(), n, reduce == "mean", tie)
+
+
+
+@torch.no_grad()
+def prefix_class_rows(token_ids: torch.Tensor, mask: torch.Tensor, rows: np.ndarray,
+                      start: np.ndarray, gid: np.ndarray, correct: np.ndarray, n: int,
+                      group_tokens: int):
+    """The prefix classes of :func:`ktae.core.prefix_value.prefix_classes` in one pass: a
+    trie of each group's responses, in a hash table keyed by exact (parent class, token)
+    pairs, so no collision can merge two classes.
+
+    Args:
+        token_ids, mask: the batch's ``[B, T]`` ids and bool mask (:func:`usable`).
+        rows: ``[R]`` int64 the batch rows read. start: ``[R]`` int64 the index of each
+            row's first real token among the real tokens read (each row's real tokens get
+            the next ones). gid: ``[R]`` int64 each row's group, dense. correct: ``[R]``
+            bool. n: the real tokens of the rows.
+        group_tokens: the most real tokens of one group among the rows (sizes the table).
+
+    Returns:
+        ``(cls, count, right)`` ``[N]`` int64: each real token's class, named by the index
+        of its first token (rows of a group in the order of ``rows``), and each class's
+        responses and correct responses at that index (0 at indices that name no class).
+        Views of this thread's work arrays: read them before the thread's next call.
+
+    Raises:
+        ValueError: a negative token id where mask is 1.
+    """
+    loop = _kernels()[5]
+    bits = max(4, (2 * group_tokens - 1).bit_length())  # at most half full
+    cls, count = _work("prefix_cls", n, np.int64), _work("prefix_count", n, np.int64)
+    right = _work("prefix_right", n, np.int64)
+    stamp = _local.__dict__.get("prefix_stamp")
+    if stamp is None or stamp.shape[0] < 1 << bits:
+        # fresh stamps below every epoch: each slot starts free
+        stamp = _local.prefix_stamp = np.full(1 << bits, -1, np.int64)
+    order = np.argsort(gid, kind="stable")
+    epoch = loop(token_ids.numpy(), mask.numpy(), rows, order, start, gid, correct, cls[:n],
+                 count[:n], right[:n], _work("prefix_parent", 1 << bits, np.int64),
+                 _work("prefix_token", 1 << bits, np.int64), stamp[: 1 << bits],
+                 _work("prefix_rep", 1 << bits, np.int64), np.uint64(64 - bits),
+                 _local.__dict__.get("prefix_epoch", 0))
+    if epoch < 0:
+        raise ValueError("token_ids: expected non-negative ids on real tokens")
+    _local.prefix_epoch = epoch
+    return cls[:n], count[:n], right[:n]
+
+
+def write_prefix_rows(out: torch.Tensor, mask: torch.Tensor, rows: np.ndarray,
+                      start: np.ndarray, length: np.ndarray, classes, n_g: np.ndarray,
+                      c_g: np.ndarray, seq: np.ndarray, chosen: np.ndarray, weight: float,
+                      keep_total: bool) -> None:
+    """Write the rows ``rows`` of the ``[B, T]`` output ``out`` (float32 or float64) with
+    the prefix-value advantages of ``unit="token"``: the operations of
+    :func:`ktae.core.prefix_value._credit_rows` in the same order, from ``classes`` (what
+    :func:`prefix_class_rows` returned for the same rows and ``start``), each row's
+    ``length``, its group's responses ``n_g`` and correct ones ``c_g``, its base advantage
+    ``seq`` (float64) and whether it is ``chosen``; 0 on padding."""
+    write = _kernels()[6]
+    write(out.numpy(), mask.numpy(), rows, start, length, *classes, n_g, c_g, seq, chosen,
+          float(weight), bool(keep_total))

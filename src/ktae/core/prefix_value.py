@@ -68,13 +68,14 @@ call (each token against its class's representative); on a collision the keys ar
 recomputed with other bases and salts, and a collision under every attempt raises (never
 observed: it needs two prefixes equal modulo both primes three times over). The estimator
 leaves out the groups with one outcome (all correct or all wrong: ``D_i = 0``, their
-tokens keep ``A_i``) before hashing.
+tokens keep ``A_i``) before hashing. Where numba is installed (``ktae[fast]``), a CPU
+batch of at least :data:`JIT_MIN_POSITIONS` positions takes compiled loops instead
+(:data:`CLASSES`, :mod:`ktae.core.jit_counts`): a trie of each group's responses with
+exact keys, then, for ``unit="token"``, each row written with the same operations as here;
+the same bits either way.
 
-Cost (``benchmarks/bench_advantages.py --preset paper --prefix-value --compare``, the
-Zipf batch without shared prefixes, 29.4M real tokens, 45% of groups mixed; a shared
-2-core machine at load 4 to 5, 3 paired rounds; docs/speed.md): ``unit="token"`` 0.65x
-one ``torch.sort`` of the batch's int64 keys at 1 thread and 0.92x at 2, against 1.62x and
-2.05x for the classes by one ``torch.unique`` in the same rounds.
+Cost: docs/speed.md times each path against one ``torch.sort`` of the batch's keys
+(``benchmarks/bench_advantages.py --preset paper --prefix-value --compare``).
 
 References: "prefix value" is the Monte-Carlo value of a partial response estimated from
 the group's own samples, as in VinePPO (Kazemnejad et al. 2024) and tree-structured
@@ -87,7 +88,7 @@ import functools
 
 import torch
 
-from ktae.core import prefix_lcp
+from ktae.core import jit_counts, prefix_lcp
 from ktae.core.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
 from ktae.core.baselines import SEQUENCE_BASELINES
 from ktae.core.checks import as_tensor, check_mask
@@ -173,24 +174,42 @@ def _keys_at(sums: torch.Tensor, at: torch.Tensor, first: torch.Tensor,
     return keys
 
 
-#: How :func:`prefix_classes` turns prefix hashes into classes: ``"lcp"`` (the common
+#: How :func:`prefix_classes` finds the classes: ``"lcp"`` (prefix hashes and the common
 #: prefix length of each pair of a group's responses, :mod:`ktae.core.prefix_lcp`; groups
-#: over its ``MAX_GROUP`` take the sort) or ``"unique"`` (one ``torch.unique`` of every
-#: token's prefix hash). Same classes either way; the benchmark times both.
-CLASSES = "lcp"
+#: over its ``MAX_GROUP`` take the sort), ``"unique"`` (one ``torch.unique`` of every
+#: token's prefix hash), ``"jit"`` (a trie of each group's responses in one compiled pass,
+#: :func:`ktae.core.jit_counts.prefix_class_rows`; needs numba, ``ktae[fast]``) or
+#: ``"auto"``: ``"jit"`` on a CPU batch of at least :data:`JIT_MIN_POSITIONS` positions
+#: where numba is installed, else ``"lcp"``. Same classes, so the same bits, every way; the
+#: benchmark times them side by side.
+CLASSES = "auto"
+CLASSES_ALL = ("auto", "lcp", "unique", *(("jit",) if jit_counts.AVAILABLE else ()))
+#: Below this many positions (``B * T``) ``"auto"`` keeps the torch path: numba's import
+#: and cache load (about 1 s, once per process) would cost a short run more than it saves.
+JIT_MIN_POSITIONS = 1 << 20
+
+
+def _classes_for(token_ids: torch.Tensor, mask: torch.Tensor) -> str:
+    """The algorithm :data:`CLASSES` names for this batch (``"auto"`` resolved)."""
+    if CLASSES != "auto":
+        return CLASSES
+    big = mask.numel() >= JIT_MIN_POSITIONS
+    return "jit" if big and jit_counts.usable(token_ids, mask) else "lcp"
 
 
 def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor,
-                   num_groups: int):
-    """Prefix classes of the real tokens, in row-major order of ``mask``.
+                   num_groups: int, classes: str | None = None):
+    """Prefix classes of the real tokens, in row-major order of ``mask``, found as
+    ``classes`` says (:data:`CLASSES` by default).
 
     Returns ``(flat, rows, pos, cls, prev, count)``: for each real token its flat index in
     ``[B * T]``, its row and its count ``t`` in the response (``[N]``), its prefix class
     (``[N]`` in ``0..U-1``), the class of the prefix one token shorter (``U + group`` for
     ``t = 0``: the group's root), and each class's number of responses (``[U]``; classes
-    are numbered densely with ``CLASSES="unique"``; with ``"lcp"`` a class is the index of
-    its representative token, ``U = N``, and indices of no class count 0).
+    are numbered densely with ``"unique"``; with ``"lcp"`` and ``"jit"`` a class is the
+    index of its representative token, ``U = N``, and indices of no class count 0).
     """
+    classes = _classes_for(token_ids, mask) if classes in (None, "auto") else classes
     T = mask.shape[1]
     flat, rows, length = real_positions(mask)
     start = length.cumsum(0) - length
@@ -208,8 +227,13 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
     def previous(cls: torch.Tensor, U: int) -> torch.Tensor:
         return torch.roll(cls, 1).index_copy_(0, head_at, U + head_group)
 
+    if classes == "jit" and jit_counts.usable(token_ids, mask):
+        cls, count, _ = _jit_classes(token_ids, mask, torch.arange(mask.shape[0]), start,
+                                     length, gid, torch.zeros(mask.shape[0], dtype=torch.bool),
+                                     num_groups)
+        return flat, rows, pos, cls, previous(cls, cls.numel()), count
     members = None
-    if CLASSES == "lcp":
+    if classes == "lcp":
         members, rank = prefix_lcp.members_of_groups(gid, num_groups)
         if members.shape[1] > prefix_lcp.MAX_GROUP:
             members = None
@@ -248,6 +272,21 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
                        "this batch")
 
 
+def _jit_classes(token_ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
+                 start: torch.Tensor, lengths: torch.Tensor, gid: torch.Tensor,
+                 correct: torch.Tensor, num_groups: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`ktae.core.jit_counts.prefix_class_rows` of the batch rows ``rows`` (``gid``
+    dense in ``[0, num_groups)``; ``start``, ``lengths`` and ``correct`` per row):
+    ``(cls, count, right)`` ``[N]`` int64 tensors."""
+    group_tokens = torch.zeros(max(num_groups, 1), dtype=torch.long).index_add_(0, gid,
+                                                                               lengths)
+    found = jit_counts.prefix_class_rows(
+        token_ids, mask, rows.numpy(), start.numpy(), gid.numpy(), correct.numpy(),
+        int(lengths.sum()), int(group_tokens.max()))
+    return tuple(torch.from_numpy(a) for a in found)
+
+
 def _classes_are_exact(cls: torch.Tensor, U: int, tokens: torch.Tensor,
                        prev: torch.Tensor) -> bool:
     """Every class's members share their token and their previous class: each member is
@@ -258,11 +297,12 @@ def _classes_are_exact(cls: torch.Tensor, U: int, tokens: torch.Tensor,
 
 
 def _prefix_credit(token_ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
-                   gid: torch.Tensor, num_groups: int) -> dict:
+                   gid: torch.Tensor, num_groups: int, classes: str | None = None) -> dict:
     """Per real token (row-major order of ``mask``): ``rows``, ``pos``, ``cls``, ``prev``
     (:func:`prefix_classes`), ``v`` = ``V_i(t)`` and ``d`` = ``V_i(t) - V_i(t-1)``
     (float64); per class ``n`` and ``c``; per group ``n_g`` and ``c_g`` (int64)."""
-    flat, rows, pos, cls, prev, count = prefix_classes(token_ids, mask, gid, num_groups)
+    flat, rows, pos, cls, prev, count = prefix_classes(token_ids, mask, gid, num_groups,
+                                                       classes)
     U = count.numel()
     ok = correct.to(torch.long)
     n_g = torch.zeros(num_groups, dtype=torch.long, device=mask.device).index_add_(
@@ -365,9 +405,19 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     chosen = {"wrong": ~is_correct, "right": is_correct,
               "all": torch.ones_like(is_correct)}[apply]
     chunk_tokens = CHUNK_TOKENS if batch.device.type == "cpu" else DEVICE_CHUNK_TOKENS
+    classes = _classes_for(ids, mask)  # decided on the whole batch, not on each chunk
+
+    row_counts = (n_g.index_select(0, batch.gid), c_g.index_select(0, batch.gid))
+    jit = (classes == "jit" and unit == "token" and out.is_contiguous()
+           and out.dtype in (torch.float32, torch.float64) and jit_counts.usable(ids, mask))
 
     def one_chunk(item) -> None:  # a task: writes its own rows of ``out``
         rows, first_group, num_groups = item
+        if jit:
+            _jit_chunk(out, ids, mask, rows, batch.gid.index_select(0, rows) - first_group,
+                       num_groups, row_len.index_select(0, rows), is_correct, seq, chosen,
+                       row_counts, weight, total)
+            return
         zero_rows(out, rows)
         if not bool(row_len.index_select(0, rows).any()):
             return
@@ -377,7 +427,7 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
             batch.gid.index_select(0, rows) - first_group, num_groups,
             seq.index_select(0, rows), chosen.index_select(0, rows),
             None if word_starts is None else word_starts.index_select(0, rows),
-            unit, weight, total)
+            unit, weight, total, classes)
         width = mask.shape[1]  # each token's position in the batch: its row moved to rows[r]
         at = rows.index_select(0, flat // width).mul_(width).add_(flat % width)
         out.view(-1).index_copy_(0, at, values.to(out.dtype))
@@ -392,13 +442,33 @@ def prefix_value_advantages(batch: AdvantageBatch, *, correct=None,
     return out
 
 
+def _jit_chunk(out: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
+               gid: torch.Tensor, num_groups: int, lengths: torch.Tensor,
+               is_correct: torch.Tensor, seq: torch.Tensor, chosen: torch.Tensor,
+               group_counts: tuple[torch.Tensor, torch.Tensor], weight: float,
+               total: str) -> None:
+    """A chunk of whole groups (batch ``rows``; ``gid`` their groups, dense from 0) for
+    ``unit="token"`` in the compiled loops of :mod:`ktae.core.jit_counts`: its rows of
+    ``out`` written with the same bits as :func:`_credit_rows` gives (the same operations
+    in the same order). ``lengths`` per chunk row; ``is_correct``, ``seq``, ``chosen`` per
+    batch row; ``group_counts`` each row's group's responses and correct ones."""
+    start = lengths.cumsum(0) - lengths
+    classes = _jit_classes(ids, mask, rows, start, lengths, gid,
+                           is_correct.index_select(0, rows), num_groups)
+    n_g, c_g = (counts.index_select(0, rows).numpy() for counts in group_counts)
+    jit_counts.write_prefix_rows(
+        out, mask, rows.numpy(), start.numpy(), lengths.numpy(),
+        tuple(c.numpy() for c in classes), n_g, c_g, seq.index_select(0, rows).numpy(),
+        chosen.index_select(0, rows).numpy(), weight, total == "keep")
+
+
 def _credit_rows(ids: torch.Tensor, mask: torch.Tensor, is_correct: torch.Tensor,
                  gid: torch.Tensor, num_groups: int, seq: torch.Tensor, chosen: torch.Tensor,
-                 word_starts: torch.Tensor | None, unit: str, weight: float, total: str
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 word_starts: torch.Tensor | None, unit: str, weight: float, total: str,
+                 classes: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The advantages of the real tokens of whole groups (all with both outcomes):
     ``(flat [N] positions in the [B, T] rows, [N] float64 values)``."""
-    p = _prefix_credit(ids, mask, is_correct, gid, num_groups)
+    p = _prefix_credit(ids, mask, is_correct, gid, num_groups, classes)
     rows, pos, cls, d = p["rows"], p["pos"], p["cls"], p["d"]
     first = pos == 0
     if unit == "word":
