@@ -209,13 +209,15 @@ SPEED = ("python benchmarks/bench_advantages.py --preset paper --ngram 1,3 --pre
          "--compare --no-reference --repeats 5 --no-memory --json {out}/bench.json")
 #: The rows of the speed table: both batches (the preset's ids with topic vocabularies;
 #: Zipf ids over the whole vocabulary) at the AVX2 and the portable kernel level, at 1
-#: and 2 threads.
-SPEED_RUNS = tuple(f"speed-{batch}-{kernel}-t{threads}" for threads in (1, 2)
-                   for kernel in ("avx2", "default") for batch in ("paper", "zipf"))
+#: and 2 threads, on an otherwise idle machine and beside two busy processes.
+SPEED_RUNS = tuple(f"speed-{batch}-{kernel}-t{threads}{busy}" for busy in ("", "-busy2")
+                   for threads in (1, 2) for kernel in ("avx2", "default")
+                   for batch in ("paper", "zipf"))
 for _name in SPEED_RUNS:
-    _batch, _kernel, _threads = _name.split("-")[1:]
+    _batch, _kernel, _threads, *_busy = _name.split("-")[1:]
     RUNS[_name] = Run(f"{SPEED}{' --zipf' if _batch == 'zipf' else ''} --kernel {_kernel} "
-                      f"--threads {_threads[1:]}", 480, ("bench.json",))
+                      f"--threads {_threads[1:]}{' --contend 2' if _busy else ''}", 600,
+                      ("bench.json",))
 # One step of SmolLM2-135M-Instruct against its floors and against TRL's own trainer
 # (studies/step-time/report.md): best on an otherwise idle machine; the table records the load.
 RUNS["step-idle"] = Run(
