@@ -389,8 +389,10 @@ def speed_summary(*folders: Path) -> str:
     kernels = sorted({d["cpu_capability"].lower() for d in timed})
     threads = sorted({d["threads"] for d in timed})
     cpus = sorted({d["cpu"] for d in timed})
+    busy = sorted({d["contend"] for d in timed})
     rows += ["", f"Range of the medians over {len(timed)} settings ({', '.join(batches)} "
-             f"batches; kernels {', '.join(kernels)}; {', '.join(map(str, threads))} threads) "
+             f"batches; kernels {', '.join(kernels)}; {', '.join(map(str, threads))} threads; "
+             f"{', '.join(map(str, busy))} busy processes) "
              f"on {', '.join(cpus)} ({timed[0]['cpu_count']} cores); one sort took "
              f"{min(sorts):.2f}-{max(sorts):.2f} s."]
     return "\n".join(rows)
