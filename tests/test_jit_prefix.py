@@ -126,6 +126,21 @@ def test_auto_takes_the_loops_on_large_batches(monkeypatch, threshold, opts, dty
     assert torch.equal(got, ktae.compute_advantages("prefix-value", **kw, apply="all", **opts))
 
 
+def test_forced_loops_where_they_cannot_run_take_the_lcp_path(monkeypatch):
+    """``CLASSES = "jit"`` on a batch the loops cannot read (a CUDA batch, or no numba):
+    the hashed lcp path, not the sort over every prefix hash."""
+    rewards, group, ids, mask, correct = random_groups(5)
+    kw = _kw(rewards, group, ids, mask, correct)
+    monkeypatch.setattr(prefix_value, "CLASSES", "lcp")
+    expected = ktae.compute_advantages("prefix-value", **kw, apply="all")
+    monkeypatch.setattr(prefix_value, "CLASSES", "jit")
+    monkeypatch.setattr(jit_counts, "usable", lambda token_ids, mask: False)
+    calls = _calls(monkeypatch)
+    got = ktae.compute_advantages("prefix-value", **kw, apply="all")
+    assert set(calls) == {"pair_lcp"}
+    assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("classes", ["lcp", "jit"])
 def test_a_negative_id_is_refused_in_one_line(monkeypatch, classes):
     monkeypatch.setattr(prefix_value, "CLASSES", classes)

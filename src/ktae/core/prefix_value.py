@@ -233,7 +233,7 @@ def prefix_classes(token_ids: torch.Tensor, mask: torch.Tensor, gid: torch.Tenso
                                      num_groups)
         return flat, rows, pos, cls, previous(cls, cls.numel()), count
     members = None
-    if classes == "lcp":
+    if classes in ("lcp", "jit"):  # "jit" where the loops cannot run: the lcp path
         members, rank = prefix_lcp.members_of_groups(gid, num_groups)
         if members.shape[1] > prefix_lcp.MAX_GROUP:
             members = None
