@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -168,3 +169,25 @@ def test_the_table_before_two_seeds_are_recorded_is_one_line(tmp_path, monkeypat
     assert len(err.splitlines()) == 1
     assert "expected at least 2 seeds recorded in every arm, got 0" in err
     assert "recorded 0 of" in err
+
+
+def test_the_runs_inherit_the_kernels_of_the_first_machine(tmp_path, monkeypatch):
+    """``run`` holds torch, oneDNN and MKL to AVX2 for every run it starts (the runs
+    inherit its environment), so that a CPU with AVX-512 reproduces the first runs."""
+    final = _final()
+    for name in final.KERNELS:  # restored (or removed) when the test ends
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(final, "plan_problems", lambda: [])
+    monkeypatch.setattr(driver, "runs_root", lambda study: tmp_path)
+    monkeypatch.setattr(driver, "code_tree", lambda root, commit: tmp_path / "code")
+    seen = {}
+
+    def drive(jobs, **kw):
+        seen.update({name: os.environ.get(name) for name in final.KERNELS})
+        return 0
+
+    monkeypatch.setattr(driver, "drive", drive)
+    assert final.main(["run"]) == 0
+    assert seen == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                    "MKL_ENABLE_INSTRUCTIONS": "AVX2"}

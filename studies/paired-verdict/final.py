@@ -26,6 +26,7 @@ corrected test rejects, and each label with one seed left out.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,11 @@ ARMS = {
 }
 """Arm -> its ``ktae train`` flags beside the recipe's; the 2026 arm is added by
 :data:`ARM_2026`."""
+KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+           "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+"""Every run's torch, oneDNN and MKL kernels, held to AVX2 on any x86 CPU: the first runs
+were recorded on a CPU with AVX2 only, and a CPU with AVX-512 reproduces their steps
+bit for bit only under these (report.md, "The final runs' machines")."""
 CANDIDATES_2026 = {
     "oar-g": "--credit oar-g",
     "stapo": "--credit stapo",
@@ -243,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = driver.runs_root(STUDY)
     code = driver.code_tree(root, json.loads(CODE.read_text())["commit"])
+    os.environ.update(KERNELS)  # the runs inherit this process's environment
     return driver.drive(jobs(), n_jobs=args.jobs, root=root, records=RECORDS, code=code)
 
 
