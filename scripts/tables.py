@@ -1235,7 +1235,23 @@ def _pilot_table() -> str:
     return pilot.tuning_table()
 
 
+def _paired_final_table() -> str:
+    """studies/paired-verdict/final.py's verdict table, once every final run is recorded."""
+    import importlib.util
+
+    sys.path[:0] = [str(REPO / "studies"), str(REPO / "studies" / "paired-verdict")]
+    spec = importlib.util.spec_from_file_location(
+        "paired_verdict_final", REPO / "studies" / "paired-verdict" / "final.py")
+    final = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(final)
+    try:
+        return final.final_table()
+    except ValueError as e:
+        sys.exit(f"tables: paired-verdict-final: {e}")
+
+
 TABLES["paired-verdict-pilot"] = Table((), _pilot_table)
+TABLES["paired-verdict-final"] = Table((), _paired_final_table)
 TABLES["self-teacher-audit"] = Table((), _self_teacher_audit("figures"))
 TABLES["self-teacher-audit-counts"] = Table((), _self_teacher_audit("counts"))
 

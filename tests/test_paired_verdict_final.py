@@ -191,3 +191,38 @@ def test_the_runs_inherit_the_kernels_of_the_first_machine(tmp_path, monkeypatch
     assert final.main(["run"]) == 0
     assert seen == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
                     "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def test_the_final_table_waits_for_every_planned_run(tmp_path, monkeypatch):
+    """``final_table`` refuses in one line while a planned run is missing, then reads them
+    all; ``scripts/tables.py`` says the same and writes nothing."""
+    final = _final()
+    monkeypatch.setattr(final, "N_SEEDS", 2)
+    rng = np.random.default_rng(5)
+    names = [j.name for j in final.jobs()]
+    for name in names[:-1]:
+        evals = {24: rng.random(40) < 0.5, 30: rng.random(40) < 0.5}
+        _record(tmp_path, name, {0: rng.random(40) < 0.3, **evals}
+                if name.startswith("grpo-") else evals)
+    with pytest.raises(ValueError, match=rf"^records: {len(names) - 1} of {len(names)} final "
+                                         r"runs recorded; [^\n]*$"):
+        final.final_table(tmp_path)
+    _record(tmp_path, names[-1], {24: rng.random(40) < 0.5, 30: rng.random(40) < 0.5})
+    text = final.final_table(tmp_path)
+    assert text.startswith("| comparison | difference |") and "\n|---" in text
+    assert text.count("\n| ") == 1 + len(final.COMPARISONS)
+    # scripts/tables.py on the committed records: the one-line refusal while the study runs,
+    # the table once it is done
+    spec = importlib.util.spec_from_file_location("tables_script",
+                                                  STUDIES.parent / "scripts" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "tables_script", tables)  # its dataclasses look it up
+    spec.loader.exec_module(tables)
+    planned = _final().jobs()
+    done = sum(driver.recorded(final.RECORDS, j.name) for j in planned)
+    if done < len(planned):
+        with pytest.raises(SystemExit, match=rf"^tables: paired-verdict-final: records: "
+                                             rf"{done} of {len(planned)} final runs"):
+            tables.TABLES["paired-verdict-final"].render()
+    else:
+        assert tables.TABLES["paired-verdict-final"].render().startswith("| comparison")

@@ -225,6 +225,20 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def final_table(records: Path = RECORDS) -> str:
+    """The verdict's table (:func:`table` without its caption) once every run of the plan
+    is recorded (``scripts/tables.py run paired-verdict-final`` writes it into the report);
+    a ValueError in one line before, so that no reader sees the comparisons of a study
+    under way."""
+    planned = jobs()
+    done = sum(driver.recorded(records, j.name) for j in planned)
+    if done < len(planned):
+        raise ValueError(f"records: {done} of {len(planned)} final runs recorded; the "
+                         "table reads all of them (final.py run)")
+    text = table(analyse(records, list(arms()), seeds()))
+    return text[text.index("| comparison"):]  # the table; its caption is the report's
+
+
 def main(argv: list[str] | None = None) -> int:
     args = driver.study_arguments("final", __doc__.splitlines()[0], argv)
     if args is None:
