@@ -132,3 +132,51 @@ def test_a_check_from_a_finished_thread_pool_still_works():
         t.start()
         t.join()
     assert results == [True, True]
+
+
+def test_a_pause_in_the_middle_of_a_check_restarts_its_wait(monkeypatch):
+    """The caller stopped for an hour while it waited (SIGSTOP, a suspended machine): the
+    wait returns late with nothing read, and the check gets its whole time again and is
+    answered, not timed out. The clock and the first wait are simulated; the worker and
+    its answer are real."""
+    pool = pool_mod.get_pool()
+    pool.warm_up(1)
+    clock = {"offset": 0.0}
+    real_select, real_monotonic = pool_mod.select.select, time.monotonic
+    waits = []
+
+    def paused_once(r, w, x, timeout):
+        waits.append(timeout)
+        if len(waits) == 1:  # stopped for an hour: the wait returns late, having read nothing
+            clock["offset"] += 3600.0
+            return [], [], []
+        return real_select(r, w, x, timeout)
+
+    monkeypatch.setattr(pool_mod, "select", type("S", (), {"select": staticmethod(paused_once)}))
+    monkeypatch.setattr(pool_mod, "time",
+                        type("T", (), {"monotonic": staticmethod(
+                            lambda: real_monotonic() + clock["offset"])}))
+    payload = {"scorer": "number", "gold": "7", "pred": "so the answer is 7"}
+    reply = pool.run(payload, timeout=5.0)
+    assert reply["equal"] is True
+    assert len(waits) >= 2 and 4.0 < waits[1] <= 5.0  # the whole time again after the pause
+
+
+def test_a_late_wait_within_the_slack_keeps_the_deadline(monkeypatch):
+    """A wait that returns later than due by less than PAUSE_SLACK is not a pause: the
+    deadline stands, and a check still unanswered at it times out."""
+    pool = pool_mod.get_pool()
+    pool.warm_up(1)
+    clock = {"offset": 0.0}
+    real_monotonic = time.monotonic
+
+    def never_ready(r, w, x, timeout):  # the worker never answers; each wait runs late
+        clock["offset"] += timeout + 0.5 * pool_mod.PAUSE_SLACK
+        return [], [], []
+
+    monkeypatch.setattr(pool_mod, "select", type("S", (), {"select": staticmethod(never_ready)}))
+    monkeypatch.setattr(pool_mod, "time",
+                        type("T", (), {"monotonic": staticmethod(
+                            lambda: real_monotonic() + clock["offset"])}))
+    with pytest.raises(pool_mod.VerifierTimeout):
+        pool.run({"scorer": "number", "gold": "7", "pred": "7"}, timeout=2.0)

@@ -9,6 +9,13 @@ the deadline; a worker that misses it is killed and replaced on the next check. 
 caller can therefore be any thread of any process, and is never blocked longer than
 ``timeout`` (plus a one-off start-up of the worker, bounded by ``STARTUP_TIMEOUT``).
 
+A deadline is time the caller could wait, not time it was stopped: when a wait on the pipe
+returns more than :data:`PAUSE_SLACK` seconds after it was due (the process was stopped,
+as by ``SIGSTOP`` or Ctrl-Z, or suspended, or not scheduled), the check gets its whole
+``timeout`` again from then. A run paused in the middle of a check therefore scores it as
+an unpaused run does, while a check that runs past its deadline in a running process is
+still killed at it.
+
 A forked child never reuses its parent's workers: the pool is per process id.
 
 Workers die with this process, even mid-check (see :mod:`ktae.rewards._worker`). On Linux
@@ -33,6 +40,9 @@ from pathlib import Path
 
 STARTUP_TIMEOUT = 120.0  # seconds to import math-verify in a fresh worker (loaded machines)
 MAX_IDLE = 32  # idle workers kept alive; more are stopped when released
+PAUSE_SLACK = 1.0
+"""Seconds a wait may return after it was due before the caller counts itself paused and
+gives the check its whole time again."""
 _WORKER_SCRIPT = str(Path(__file__).with_name("_worker.py"))
 
 
@@ -80,7 +90,7 @@ class _Worker:
             raise WorkerError(f"cannot start the verifier process: {e}") from e
         self._buf = b""
         try:
-            ready = self._read_line(time.monotonic() + STARTUP_TIMEOUT)
+            ready = self._read_line(STARTUP_TIMEOUT)
         except VerifierTimeout as e:
             self.kill()
             raise WorkerError("the verifier process did not start in time") from e
@@ -92,13 +102,20 @@ class _Worker:
             self.kill()
             raise WorkerError(f"unexpected greeting from the verifier: {ready!r}")
 
-    def _read_line(self, deadline: float) -> bytes:
+    def _read_line(self, timeout: float) -> bytes:
+        """The worker's next line, waited for at most ``timeout`` seconds of time this
+        process could wait (a pause restarts the wait: see the module's docstring)."""
         fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
         while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 raise VerifierTimeout
             readable, _, _ = select.select([fd], [], [], left)
+            woke = time.monotonic()
+            if woke - now > left + PAUSE_SLACK:  # stopped or starved past the deadline
+                deadline = woke + timeout
             if not readable:
                 continue
             chunk = os.read(fd, 65536)
@@ -116,7 +133,7 @@ class _Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
             raise WorkerError(f"the verifier process is gone: {e}") from e
-        line = self._read_line(time.monotonic() + timeout)
+        line = self._read_line(timeout)
         try:
             reply = json.loads(line)
         except ValueError:
