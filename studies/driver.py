@@ -10,7 +10,11 @@ driver runs them ``jobs`` at a time (one thread each):
   outlives the machine (run folders live outside the work tree);
 * a job killed by a signal (the out-of-memory killer) goes again at the end of the queue,
   from its last checkpoint, at most :data:`RETRIES` times;
-* a refused command (exit 2: bad settings) stops the queue: the others would be refused.
+* a refused command (exit 2: bad settings) stops the queue: the others would be refused;
+* with a deadline (``until``, ``--until HH:MM``), a job starts only if the longest recorded
+  run of its kind (its name without the seed, :func:`kind`) would end before it, so that a
+  sitting with a known end does not start runs it would cut (a cut run resumes only where
+  its run folder outlives the sitting); a job of a kind with no record starts.
 
 Every job imports ``ktae`` from one pinned commit (a detached worktree beside the run
 folders, made once), so that work landing on the branch while a study runs for hours
@@ -119,18 +123,56 @@ def run_job(job: Job, root: Path, records: Path, code: Path) -> int:
     return 0
 
 
-def drive(jobs: list[Job], *, n_jobs: int, root: Path, records: Path, code: Path) -> int:
+def kind(name: str) -> str:
+    """A run's kind: its name without a trailing ``-s<seed>`` (``ktae-s202`` -> ``ktae``)."""
+    stem, sep, seed = name.rpartition("-s")
+    return stem if sep and seed.isdigit() else name
+
+
+def longest_seconds(records: Path) -> dict[str, float]:
+    """Per kind of run, the longest time a recorded run of it took (its marker's seconds)."""
+    out: dict[str, float] = {}
+    for marker in sorted(records.glob(f"*/{MARKER}")) if records.is_dir() else []:
+        seconds = json.loads(marker.read_text()).get("seconds")
+        if isinstance(seconds, (int, float)):
+            k = kind(marker.parent.name)
+            out[k] = max(out.get(k, 0.0), float(seconds))
+    return out
+
+
+def _next_fitting(pending: list[Job], records: Path, until: float | None) -> Job | None:
+    """The first pending job that would end before ``until`` (any, without a deadline)."""
+    if until is None:
+        return pending.pop(0) if pending else None
+    longest, now = longest_seconds(records), time.time()
+    for i, job in enumerate(pending):
+        if now + longest.get(kind(job.name), 0.0) <= until:
+            return pending.pop(i)
+    return None
+
+
+def drive(jobs: list[Job], *, n_jobs: int, root: Path, records: Path, code: Path,
+          until: float | None = None) -> int:
     """Runs the jobs not yet recorded, ``n_jobs`` at a time, in order; one a signal killed
-    goes again at the end of the queue (:data:`RETRIES`). Returns 1 if any failed."""
+    goes again at the end of the queue (:data:`RETRIES`). With ``until`` (seconds since
+    the epoch), a job starts only if the longest recorded run of its kind would end by
+    then; the rest wait for a later sitting. Returns 1 if any failed."""
     pending = [j for j in jobs if not recorded(records, j.name)]
     print(f"{len(jobs) - len(pending)} of {len(jobs)} recorded; {len(pending)} to do, "
-          f"{n_jobs} at a time; logs in {root / 'logs'}", flush=True)
+          f"{n_jobs} at a time; logs in {root / 'logs'}"
+          + (f"; starting only runs that end by {time.strftime('%H:%M', time.gmtime(until))}"
+             " UTC" if until is not None else ""), flush=True)
     running, failed, retried = {}, 0, Counter()
     with ThreadPoolExecutor(max_workers=n_jobs) as pool:
         while pending or running:
             while pending and len(running) < n_jobs:
-                job = pending.pop(0)
+                job = _next_fitting(pending, records, until)
+                if job is None:
+                    break
                 running[pool.submit(run_job, job, root, records, code)] = job
+            if not running:
+                print(f"{len(pending)} left: none would end by the deadline", flush=True)
+                break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 job, rc = running.pop(future), future.result()
@@ -155,11 +197,32 @@ def study_arguments(prog: str, description: str, argv: list[str] | None):
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("action", choices=("status", "run", "table"))
     p.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
+    p.add_argument("--until", default=None, metavar="HH:MM",
+                   help="start only runs that the longest recorded run of their kind says "
+                        "would end by then (UTC; the next such time)")
     args = p.parse_args(argv)
     if args.jobs < 1:
         print(f"{prog}: --jobs: expected a positive integer", file=sys.stderr)
         return None
+    if args.until is not None:
+        args.until = deadline(args.until)
+        if args.until is None:
+            print(f"{prog}: --until: expected a UTC time as HH:MM", file=sys.stderr)
+            return None
     return args
+
+
+def deadline(text: str, now: float | None = None) -> float | None:
+    """``HH:MM`` (UTC) as seconds since the epoch: the next such time after ``now``; None
+    when ``text`` is not a time of day."""
+    hours, sep, minutes = text.partition(":")
+    if not (sep and hours.isdigit() and minutes.isdigit() and len(minutes) == 2
+            and int(hours) < 24 and int(minutes) < 60):
+        return None
+    now = time.time() if now is None else now
+    day = now - now % 86400
+    at = day + int(hours) * 3600 + int(minutes) * 60
+    return at if at > now else at + 86400
 
 
 def status_line(jobs: list[Job], records: Path) -> str:

@@ -67,6 +67,50 @@ def test_a_start_without_checkpoint_is_cleared_and_a_refusal_stops_the_queue(tmp
     assert "no further job starts" in capsys.readouterr().out
 
 
+def _recorded(records: Path, name: str, seconds: float) -> None:
+    (records / name).mkdir(parents=True)
+    (records / name / driver.MARKER).write_text(json.dumps({"seconds": seconds}))
+
+
+def test_a_deadline_starts_only_runs_that_would_end_by_it(tmp_path, code, capsys, monkeypatch):
+    """With ``until``, a job starts only if the longest recorded run of its kind ends by
+    then; a kind with no record starts; the rest wait, and the driver says so."""
+    root, records = tmp_path / "runs", tmp_path / "records"
+    _recorded(records, "grpo-s201", 9000.0)
+    _recorded(records, "grpo-s202", 8000.0)
+    _recorded(records, "short-s201", 1500.0)
+    assert driver.kind("ktae-length-s202") == "ktae-length" and driver.kind("grpo") == "grpo"
+    assert driver.longest_seconds(records) == {"grpo": 9000.0, "short": 1500.0}
+    now = 1_000_000.0
+    monkeypatch.setattr(driver.time, "time", lambda: now)
+    jobs = [driver.Job(n, ("train",)) for n in ("grpo-s203", "short-s203", "new-s203")]
+    # an hour left: GRPO's 2.5 hours do not fit; the short kind and the unknown one do
+    assert driver.drive(jobs, n_jobs=1, root=root, records=records, code=code,
+                        until=now + 3600) == 0
+    assert sorted(p.name for p in records.iterdir() if "s203" in p.name) == ["new-s203",
+                                                                              "short-s203"]
+    assert "1 left: none would end by the deadline" in capsys.readouterr().out
+    # without a deadline it runs
+    assert driver.drive(jobs, n_jobs=1, root=root, records=records, code=code) == 0
+    assert (records / "grpo-s203" / driver.MARKER).exists()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("03:50", 3 * 3600 + 50 * 60), ("00:00", 86400), ("23:59", 23 * 3600 + 59 * 60),
+    ("1:05", 3600 + 5 * 60)])
+def test_until_is_the_next_such_time_of_day_in_utc(text, expected):
+    day = 20_000 * 86400.0
+    assert driver.deadline(text, now=day + 60) == day + expected
+
+
+@pytest.mark.parametrize("text", ["24:00", "3:5", "soon", "12:60", "1:0x", "12"])
+def test_a_bad_until_is_a_one_line_error(text, capsys):
+    assert driver.deadline(text) is None
+    assert driver.study_arguments("final", "d", ["run", "--until", text]) is None
+    err = capsys.readouterr().err.strip()
+    assert err == "final: --until: expected a UTC time as HH:MM"
+
+
 def test_the_pilot_tunes_on_development_seeds_and_the_eval_split():
     import importlib.util
 

@@ -20,6 +20,7 @@ corrected test rejects, and each label with one seed left out.
 
     python studies/paired-verdict/final.py status
     python studies/paired-verdict/final.py run --jobs 2     # hours; resumable
+    python studies/paired-verdict/final.py run --until 03:50  # only runs that end by then
     python studies/paired-verdict/final.py table            # the verdict's table
 """
 
@@ -264,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     root = driver.runs_root(STUDY)
     code = driver.code_tree(root, json.loads(CODE.read_text())["commit"])
     os.environ.update(KERNELS)  # the runs inherit this process's environment
-    return driver.drive(jobs(), n_jobs=args.jobs, root=root, records=RECORDS, code=code)
+    return driver.drive(jobs(), n_jobs=args.jobs, root=root, records=RECORDS, code=code,
+                        until=args.until)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     root = driver.runs_root(STUDY)
     code = driver.code_tree(root, json.loads(CODE.read_text())["commit"])
-    return driver.drive(jobs(), n_jobs=args.jobs, root=root, records=RECORDS, code=code)
+    return driver.drive(jobs(), n_jobs=args.jobs, root=root, records=RECORDS, code=code,
+                        until=args.until)
 
 
 if __name__ == "__main__":
